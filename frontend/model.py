@@ -1,0 +1,98 @@
+"""Records that cross module boundaries.
+
+Data flows one way: the kernel's maps give :class:`RawSample` (bpf/), the symbolizer turns them into
+:class:`Sample` rows over a shared :class:`Frame` table, and a :class:`Record` (what `optrace record`
+writes and `optrace report` reads) holds those rows plus :class:`RecordMeta`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KERNEL_DSO = "[kernel.kallsyms]"
+UNKNOWN = "[unknown]"
+
+
+@dataclass(frozen=True)
+class UserFrame:
+    """One user-space frame as the kernel's build-id stack map returned it.
+
+    With ``build_id`` set, ``offset`` is a file offset inside the ELF object with that build-id (valid
+    even after the process exited). Without it (the kernel fell back to a raw IP, as it does for
+    anonymous memory such as JIT code), ``offset`` is the virtual address in the process.
+    """
+
+    build_id: bytes | None
+    offset: int
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """One kernel aggregation bucket: how often this (process, comm, stacks) was sampled."""
+
+    pid: int
+    comm: str
+    user: tuple[UserFrame, ...]  # leaf first; empty for kernel threads or when the stack was lost
+    kernel: tuple[int, ...]  # kernel IPs, leaf first; empty when the sample was in user space
+    count: int
+    time: float = 0.0  # monotonic time (seconds) of the drain that collected it
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A symbolized frame. ``symbol`` is always printable: a demangled name, ``dso+0xOFFSET`` when
+    the object is known but the address is not in its symbols, or ``[unknown]``."""
+
+    symbol: str
+    dso: str  # full path, or "[kernel.kallsyms]", "[vdso]", "[jit] <map or dump path>", "[unknown]"
+    kernel: bool = False
+    address: int = 0  # file offset for user frames, the address for kernel and JIT frames
+    resolved: bool = True  # False when `symbol` is the dso+0xOFFSET / [unknown] fallback
+    build_id: str | None = None  # hex, lets a later tool symbolize again
+
+
+@dataclass
+class Sample:
+    """A symbolized stack: indices into :attr:`Record.frames`, leaf first (kernel frames, then user)."""
+
+    pid: int
+    comm: str
+    frames: tuple[int, ...]
+    count: int
+
+
+@dataclass
+class CallCount:
+    """Exact uprobe call counts (``optrace count`` / ``record --uprobe``)."""
+
+    probe: str  # the SPEC as the user gave it
+    binary: str
+    symbol: str
+    offset: int
+    calls: int
+    per_pid: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class RecordMeta:
+    optrace_version: str
+    hostname: str
+    kernel: str
+    started: float  # unix time
+    duration_s: float
+    frequency_hz: int
+    event: str  # "cpu-clock" or "cycles"
+    command: list[str] | None = None
+    pids: list[int] = field(default_factory=list)
+    system_wide: bool = False
+    exit_status: int | None = None
+    total_samples: int = 0
+    lost: dict[str, int] = field(default_factory=dict)  # reason -> count, never silently dropped
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Record:
+    meta: RecordMeta
+    frames: list[Frame] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    calls: list[CallCount] = field(default_factory=list)

@@ -1,0 +1,56 @@
+"""Shared fixtures. BPF tests need root; under CI=true a missing capability fails instead of skipping."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = REPO / "workloads" / "build"
+OPTRACE = Path(sys.executable).parent / "optrace"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def missing_capability(reason: str) -> None:
+    """Skip locally, fail in CI: in CI a BPF test that cannot run is a broken machine, not a pass."""
+    if IN_CI:
+        pytest.fail(f"CI=true and BPF is unavailable: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def bpf_ready() -> None:
+    """Requires root and a BCC that compiles here (checked once per session)."""
+    if os.geteuid() != 0:
+        missing_capability("needs root")
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        missing_capability("BCC (python3-bpfcc) is not importable")
+    if not os.path.exists(f"/lib/modules/{os.uname().release}/build"):
+        missing_capability("kernel headers for BCC are missing: run make setup")
+
+
+@pytest.fixture(scope="session")
+def workloads() -> Path:
+    """The bundled C/C++ workloads, built once."""
+    subprocess.run(["make", "-s", "-C", str(REPO / "workloads")], check=True)
+    return WORKLOADS
+
+
+def run_optrace(*args: str, check: bool = False, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """Run the installed CLI as a user would, capturing text output."""
+    proc = subprocess.run(
+        [str(OPTRACE), *args], capture_output=True, text=True, timeout=timeout, **kw
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"optrace {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def optrace():
+    return run_optrace
