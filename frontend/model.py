@@ -70,6 +70,7 @@ class CallCount:
     offset: int
     calls: int
     per_pid: dict[int, int] = field(default_factory=dict)
+    comms: dict[int, str] = field(default_factory=dict)  # pid -> command name, for the pids in per_pid
 
 
 @dataclass
@@ -87,6 +88,8 @@ class RecordMeta:
     exit_status: int | None = None
     total_samples: int = 0
     lost: dict[str, int] = field(default_factory=dict)  # reason -> count, never silently dropped
+    idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile like BCC's profile
+    stacks: bool = True  # False with --no-stacks: each sample keeps only its leaf frame
     warnings: list[str] = field(default_factory=list)
 
 

@@ -1,0 +1,257 @@
+"""Benchmark of `optrace serve`: scrape latency, and the exporter's own cost next to BCC's profile.
+
+1. Scrape latency (p50/p99) at 1,000 and 10,000 series per metric: an exporter process serving
+   synthetic totals that change every 50 ms (so nearly every scrape renders a new page), scraped
+   from this process with and without gzip, as Prometheus does.
+2. Exporter CPU (% of one core, steady state, after the BPF compile) and RSS, whole machine at 99 Hz,
+   while the demo workload keeps one core busy and the page is scraped every 5 s; side by side with
+   BCC's `profile-bpfcc -F 99` over the same window, in the same run.
+
+Run as root: `.venv/bin/python bench/bench_serve.py [--seconds 30]`. Writes bench/results/serve.json.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OPTRACE = Path(sys.executable).parent / "optrace"
+BCC_PROFILE = "/usr/sbin/profile-bpfcc"
+RESULTS = REPO / "bench" / "results" / "serve.json"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# -- 1. scrape latency ------------------------------------------------------------------------------
+def serve_synthetic(series: int) -> None:
+    """Child mode: serve `series` CPU series and `series` call series, all bumped every 50 ms."""
+    from optrace.exporters.daemon import ServeDaemon, ServeOptions
+    from optrace.exporters.httpserver import ListenAddress
+    from optrace.exporters.totals import Delta
+
+    class Synthetic:
+        event = "cpu-clock"
+
+        def start(self) -> None:
+            pass
+
+        def collect(self, delta: Delta) -> None:
+            for i in range(series):
+                delta.cpu_samples[(f"comm{i % 50}", f"/usr/lib/x86_64-linux-gnu/libbench{i % 40}.so",
+                                   f"bench::Namespace::function_{i}(double, int)")] += 1
+                delta.uprobe_calls[(f"/usr/bin/bench{i % 20}", f"probe_{i}", f"comm{i % 50}")] += 3
+
+        def close(self) -> None:
+            pass
+
+    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), max_series=series + 1, drain_interval_s=0.05)
+    daemon = ServeDaemon(options, [Synthetic()])
+    stop = threading.Event()
+    daemon.run(stop, on_ready=lambda url: print(url, flush=True))
+
+
+def scrape_once(url: str, gzip_ok: bool) -> tuple[float, int]:
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gzip_ok else {})
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read()
+    elapsed = time.perf_counter() - started
+    if gzip_ok:
+        body = gzip.decompress(body)
+    return elapsed, body.count(b"\n")
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def bench_scrape(series: int, scrapes: int) -> dict:
+    child = subprocess.Popen([sys.executable, __file__, "--serve-synthetic", str(series)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        url = child.stdout.readline().strip()
+        time.sleep(0.5)
+        result = {"series_per_metric": series}
+        for gzip_ok in (False, True):
+            times = []
+            for _ in range(scrapes):
+                elapsed, lines = scrape_once(url, gzip_ok)
+                times.append(elapsed * 1000)
+                time.sleep(0.05)  # let a drain change the totals: most scrapes render a new page
+            key = "gzip" if gzip_ok else "plain"
+            result[key] = {"p50_ms": round(percentile(times, 50), 1), "p99_ms": round(percentile(times, 99), 1),
+                           "max_ms": round(max(times), 1), "lines": lines}
+        return result
+    finally:
+        child.terminate()
+        child.wait(10)
+
+
+# -- 2. CPU and RSS next to BCC's profile -----------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+    peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
+    return round(rss, 1), round(peak, 1)
+
+
+def wait_ready(process: subprocess.Popen, stderr_path: Path, pattern: str, timeout: float = 90) -> re.Match | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(pattern, stderr_path.read_text())
+        if found:
+            return found
+        if process.poll() is not None:
+            raise SystemExit(f"{process.args[0]} exited: {stderr_path.read_text()}")
+        time.sleep(0.2)
+    raise SystemExit(f"{process.args[0]} did not start: {stderr_path.read_text()}")
+
+
+def measure_window(pid: int, seconds: float, during=None) -> dict:
+    """CPU use of `pid` over `seconds` (calling `during()` every 5 s), and its RSS at the end."""
+    start_cpu, start = cpu_seconds(pid), time.monotonic()
+    next_call = start
+    while (elapsed := time.monotonic() - start) < seconds:
+        if during and time.monotonic() >= next_call:
+            during()
+            next_call += 5.0
+        time.sleep(min(0.5, max(seconds - elapsed, 0.0)))
+    cpu = cpu_seconds(pid) - start_cpu
+    wall = time.monotonic() - start
+    rss, peak = rss_mb(pid)
+    return {"cpu_percent_of_one_core": round(100 * cpu / wall, 2), "window_s": round(wall, 1),
+            "rss_mb": rss, "peak_rss_mb": peak}
+
+
+def bench_optrace(seconds: float, tmp: Path) -> dict:
+    err = tmp / "serve.err"
+    with open(err, "w") as stderr:
+        process = subprocess.Popen([str(OPTRACE), "serve", "--listen", "127.0.0.1:0", "-F", "99"],
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        url = wait_ready(process, err, r"serving (\S+)").group(1)
+        time.sleep(3)  # past the first drains
+        scrapes = Counter()
+
+        def scrape() -> None:
+            elapsed, lines = scrape_once(url, gzip_ok=True)
+            scrapes["count"] += 1
+            scrapes["lines"] = lines
+
+        result = measure_window(process.pid, seconds, during=scrape)
+        result["scrapes"] = scrapes["count"]
+        result["page_lines"] = scrapes["lines"]
+        return result
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def bench_bcc_profile(seconds: float, tmp: Path) -> dict:
+    err = tmp / "bcc.err"
+    out = tmp / "bcc.out"
+    with open(err, "w") as stderr, open(out, "w") as stdout:
+        process = subprocess.Popen([BCC_PROFILE, "-F", "99", "-f"], stdout=stdout, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 90
+        while not bpf_attached(process.pid) and time.monotonic() < deadline:  # it prints nothing when ready
+            time.sleep(0.2)
+        time.sleep(3)
+        result = measure_window(process.pid, seconds)
+        before_end = end_cpu = cpu_seconds(process.pid)
+        peak = result["peak_rss_mb"]
+        process.send_signal(2)  # SIGINT: it reads and symbolizes the stacks, prints them, exits
+        started = time.monotonic()
+        while process.poll() is None:  # sampled until it exits: its last readings stand for the end
+            try:
+                end_cpu = cpu_seconds(process.pid)
+                peak = max(peak, rss_mb(process.pid)[1])
+            except (OSError, AttributeError):
+                break
+            time.sleep(0.05)
+        process.wait(60)
+        result["report_cpu_s"] = round(end_cpu - before_end, 2)
+        result["report_wall_s"] = round(time.monotonic() - started, 2)
+        result["peak_rss_mb"] = peak
+        return result
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def bpf_attached(pid: int) -> bool:
+    for fdinfo in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            if "prog_id:" in fdinfo.read_text():
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def markdown(results: dict) -> str:
+    lines = ["## optrace serve", "", "Scrape latency (HTTP GET of /metrics from another process; page re-rendered "
+             "on nearly every scrape):", "",
+             "| series per metric | lines | plain p50 | plain p99 | gzip p50 | gzip p99 |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for row in results["scrape"]:
+        lines.append(f"| {row['series_per_metric']:,} | {row['plain']['lines']:,} | {row['plain']['p50_ms']} ms | "
+                     f"{row['plain']['p99_ms']} ms | {row['gzip']['p50_ms']} ms | {row['gzip']['p99_ms']} ms |")
+    o, b = results["optrace_serve"], results["bcc_profile"]
+    lines += ["", f"Whole machine at 99 Hz, {o['window_s']} s steady-state window, demo workload busy on one core:", "",
+              "| tool | CPU (% of one core) | RSS | peak RSS | notes |", "|---|---:|---:|---:|---|",
+              f"| optrace serve -F 99 | {o['cpu_percent_of_one_core']} % | {o['rss_mb']} MB | {o['peak_rss_mb']} MB | "
+              f"drains every 1 s, symbolizes, {o['scrapes']} scrapes ({o['page_lines']} lines) |",
+              f"| profile-bpfcc -F 99 -f | {b['cpu_percent_of_one_core']} % | {b['rss_mb']} MB | {b['peak_rss_mb']} MB | "
+              f"reads the kernel only at exit: then {b['report_cpu_s']} s CPU to print |"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="steady-state window per tool")
+    parser.add_argument("--scrapes", type=int, default=200, help="scrapes per series count and encoding")
+    parser.add_argument("--serve-synthetic", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_synthetic:
+        serve_synthetic(args.serve_synthetic)
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("bench_serve.py needs root (BPF): run with sudo")
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-serve-{os.getpid()}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["make", "-s", "-C", str(REPO / "workloads")], check=True)
+    results = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
+               "scrape": [bench_scrape(n, args.scrapes) for n in (1000, 10000)]}
+    demo = subprocess.Popen([str(REPO / "workloads" / "build" / "demo"), str(args.seconds * 3 + 120)],
+                            stdout=subprocess.DEVNULL)
+    try:
+        results["optrace_serve"] = bench_optrace(args.seconds, tmp)
+        results["bcc_profile"] = bench_bcc_profile(args.seconds, tmp)
+    finally:
+        demo.kill()
+        demo.wait()
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+// CPU profile sampler: counts (process, comm, user stack, kernel stack) in the kernel.
+//
+// Stack maps come in two sets (0 and 1); a count's key says which set its stack ids are in.
+// `active[0]` says which set the sampler writes; the frontend flips it, waits a grace period,
+// then reads and clears the other set's counts and stacks, so a drain never races with the
+// sampler and nothing is lost or counted twice.
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
+#include <linux/sched.h>
+
+struct key_t {
+    u32 set;  // which map set the stack ids belong to
+    u32 pid;
+    s32 user_stack_id;
+    s32 kernel_stack_id;
+    char comm[TASK_COMM_LEN];
+};
+
+struct proc_event_t {
+    u32 pid;
+    u32 kind;  // 0 exec, 1 exit
+    char filename[256];
+};
+
+// Indices into `lost` (keep in sync with LOST_REASONS in profiler.py).
+enum lost_reason {
+    USER_STACK_COLLISION = 0,
+    KERNEL_STACK_COLLISION,
+    USER_STACK_MISSING,
+    KERNEL_STACK_MISSING,
+    COUNTS_MAP_FULL,
+    IDLE,
+    NR_LOST,
+};
+
+BPF_HASH(counts, struct key_t, u64, COUNTS_SIZE);
+BPF_STACK_TRACE_BUILDID(ustacks0, STACK_SIZE);
+BPF_STACK_TRACE_BUILDID(ustacks1, STACK_SIZE);
+BPF_STACK_TRACE(kstacks0, STACK_SIZE);
+BPF_STACK_TRACE(kstacks1, STACK_SIZE);
+BPF_ARRAY(active, u32, 1);
+BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
+BPF_HASH(targets, u32, u8, TARGETS_SIZE);
+BPF_PERF_OUTPUT(proc_events);
+
+static inline void count_lost(u32 reason)
+{
+    u64 *slot = lost.lookup(&reason);
+    if (slot)
+        (*slot)++;
+}
+
+static inline int is_target(u32 tgid)
+{
+#ifdef FILTER_PIDS
+    return targets.lookup(&tgid) != 0;
+#else
+    return 1;
+#endif
+}
+
+static inline void check_stack(s32 id, u32 collision, u32 missing, int expected)
+{
+    if (id == -EEXIST)
+        count_lost(collision);
+    else if (id < 0 && expected)
+        count_lost(missing);
+}
+
+static inline void add_count(struct key_t *key)
+{
+    u64 *value = counts.lookup(key);
+    if (!value) {
+        u64 zero = 0;
+        counts.insert(key, &zero);  // fails harmlessly when another CPU created it first
+        value = counts.lookup(key);
+    }
+    if (value)
+        __sync_fetch_and_add(value, 1);
+    else
+        count_lost(COUNTS_MAP_FULL);
+}
+
+int on_sample(struct bpf_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if ((u32)id == 0) {
+        count_lost(IDLE);
+        return 0;
+    }
+    if (!is_target(tgid))
+        return 0;
+
+    int in_kernel = (ctx->regs.cs & 3) == 0;
+    u32 zero = 0;
+    u32 *set = active.lookup(&zero);
+    struct key_t key = {.set = set ? *set : 0, .pid = tgid};
+    bpf_get_current_comm(&key.comm, sizeof(key.comm));
+
+    if (key.set == 1) {
+        key.user_stack_id = ustacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        key.kernel_stack_id = in_kernel ? kstacks1.get_stackid(&ctx->regs, 0) : -EFAULT;
+    } else {
+        key.user_stack_id = ustacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        key.kernel_stack_id = in_kernel ? kstacks0.get_stackid(&ctx->regs, 0) : -EFAULT;
+    }
+    check_stack(key.user_stack_id, USER_STACK_COLLISION, USER_STACK_MISSING, !in_kernel);
+    check_stack(key.kernel_stack_id, KERNEL_STACK_COLLISION, KERNEL_STACK_MISSING, in_kernel);
+
+    add_count(&key);
+    return 0;
+}
+
+// Children of profiled processes are profiled too.
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+#ifdef FILTER_PIDS
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    if (targets.lookup(&parent)) {
+        u32 child = args->child_pid;
+        u8 one = 1;
+        targets.update(&child, &one);
+    }
+#endif
+    return 0;
+}
+
+// Exec'd files let the frontend find the objects behind build-ids of processes that already exited.
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!is_target(tgid))
+        return 0;
+    struct proc_event_t ev = {.pid = tgid, .kind = 0};
+    TP_DATA_LOC_READ_STR(&ev.filename, filename, sizeof(ev.filename));
+    proc_events.perf_submit(args, &ev, sizeof(ev));
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if ((u32)id != tgid || !is_target(tgid))
+        return 0;
+    struct proc_event_t ev = {.pid = tgid, .kind = 1};
+    proc_events.perf_submit(args, &ev, offsetof(struct proc_event_t, filename));
+    return 0;
+}

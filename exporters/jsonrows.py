@@ -1,0 +1,56 @@
+"""`--format json`: the stable machine interface of `optrace report`.
+
+One object: ``{"meta": {...}, "report": {...}, "rows": [...], "calls": [...]}``. Row keys ``comm``, ``pid``,
+``dso``, ``symbol``, ``samples``, ``percent`` are always present (a key not in the sort order is null);
+``children``/``children_percent`` are added with --children. Later versions add fields, never rename these.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from optrace.frontend.model import Record
+from optrace.frontend.report.rows import ReportOptions, Row, sample_total
+
+
+def render_json(record: Record, rows: list[Row], options: ReportOptions, source: str) -> str:
+    document = {
+        "meta": dataclasses.asdict(record.meta),
+        "report": report_settings(record, options, source),
+        "rows": [row_object(row, options) for row in rows],
+        "calls": [dataclasses.asdict(call) for call in record.calls],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def report_settings(record: Record, options: ReportOptions, source: str) -> dict[str, Any]:
+    return {
+        "input": source,
+        "sort": list(options.sort),
+        "children": options.children,
+        "total_samples": sample_total(record),
+        "filters": {
+            "pid": sorted(options.pids),
+            "comm": sorted(options.comms),
+            "dso": sorted(options.dsos),
+            "percent_limit": options.percent_limit,
+        },
+    }
+
+
+def row_object(row: Row, options: ReportOptions) -> dict[str, Any]:
+    """One row as a flat dict; also the shape of a CSV line."""
+    obj: dict[str, Any] = {
+        "comm": row.key.comm,
+        "pid": row.key.pid,
+        "dso": row.key.dso,
+        "symbol": row.key.symbol,
+        "kernel": row.key.kernel,
+        "samples": row.samples,
+        "percent": row.percent,
+    }
+    if options.children:
+        obj["children"] = row.children
+        obj["children_percent"] = row.children_percent
+    return obj

@@ -1,0 +1,199 @@
+"""What `optrace serve` drains each period: the CPU profile and the uprobe call counts, as a Delta.
+
+Each source owns its kernel side (start/close) and, per drain, adds to a :class:`Delta` the rows it
+saw since the previous drain. Per-process state is dropped when the process exits, so memory stays
+bounded however many processes come and go.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from optrace.exporters.totals import Delta
+from optrace.frontend.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample
+
+JIT_DSO = "[jit]"
+
+
+class Source(Protocol):
+    event: str | None  # the sampling event once started ("cpu-clock"...), None for non-sampling sources
+
+    def start(self) -> None: ...
+
+    def collect(self, delta: Delta) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def dso_label(dso: str) -> str:
+    """JIT dsos name a per-process file (`[jit] /tmp/perf-PID.map`): one label for all of them, or
+    every process would add series."""
+    return JIT_DSO if dso.startswith(JIT_DSO) else dso
+
+
+def leaf_labels(comm: str, frame: Frame | None) -> tuple[str, str, str]:
+    """(comm, dso, symbol) of a sample's leaf frame. An unnamed address becomes symbol="[unknown]"
+    (keeping its dso): `dso+0xOFFSET` labels would add a series per address."""
+    if frame is None:
+        return (comm, UNKNOWN, UNKNOWN)
+    return (comm, dso_label(frame.dso), frame.symbol if frame.resolved else UNKNOWN)
+
+
+def add_leaf_rows(delta: Delta, frames: list[Frame], samples: Iterable[Sample]) -> None:
+    for sample in samples:
+        leaf = frames[sample.frames[0]] if sample.frames else None
+        if leaf is None or not leaf.resolved:
+            delta.unresolved_frames += sample.count
+        delta.cpu_samples[leaf_labels(sample.comm, leaf)] += sample.count
+
+
+class BuildIdTracker:
+    """Which build-ids each live process has shown: a process is re-read (its maps snapshotted) only
+    when a sample shows an object not seen before in it, as the recorder does."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, set[bytes]] = {}
+
+    def processes_to_snapshot(self, samples: Iterable[RawSample]) -> set[int]:
+        pids = set()
+        for sample in samples:
+            known = self._seen.setdefault(sample.pid, set())
+            new = {f.build_id for f in sample.user if f.build_id is not None} - known
+            if new:
+                known |= new
+                pids.add(sample.pid)
+        return pids
+
+    def forget(self, pid: int) -> None:
+        self._seen.pop(pid, None)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+class ProfileSource:
+    """The continuous CPU profile: Profiler -> leaf frames -> Symbolizer (JIT included) -> rows."""
+
+    def __init__(self, frequency_hz: int, pids: list[int], comms: list[str]) -> None:
+        self._frequency_hz = frequency_hz
+        self._pids = pids
+        self._comms = set(comms)
+        self._tracker = BuildIdTracker()
+        self._exited: list[int] = []  # forgotten one drain late: their last samples may still come
+        self._refused_seen = 0
+        self.event: str | None = None
+        self.profiler = None
+
+    def start(self) -> None:
+        from optrace.bpf.profiler import Profiler
+        from optrace.frontend.symbols.kallsyms import Kallsyms
+        from optrace.frontend.symbols.symbolizer import Symbolizer
+        from optrace.jitmaps.jitsymbols import JitSymbols
+
+        self.jit = JitSymbols()
+        self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
+        self.profiler = Profiler(self._frequency_hz, pids=self._pids or None)
+        self.profiler.start()
+        self.event = self.profiler.event
+        for pid in self._pids:
+            self.symbolizer.snapshot_process(pid)
+
+    def target_pids(self) -> set[int]:
+        """With -p: the given processes and their children; empty for the whole machine."""
+        return self.profiler.target_pids() if self.profiler and self._pids else set()
+
+    def collect(self, delta: Delta) -> None:
+        from optrace.frontend.recorder import _leaf_only, _resolve_exec_path
+
+        result = self.profiler.drain()
+        lost = dict(result.lost)
+        delta.idle_samples += lost.pop("idle", 0)
+        delta.lost.update(lost)
+        for pid, filename in result.execs:
+            self.symbolizer.add_executable(_resolve_exec_path(pid, filename))
+        samples = [s for s in result.samples if not self._comms or s.comm in self._comms]
+        for pid in self._tracker.processes_to_snapshot(samples):
+            self.symbolizer.snapshot_process(pid)
+        for pid in {s.pid for s in samples}:
+            self.jit.poll(pid, result.time)
+        started = time.perf_counter()
+        frames, symbolized = self.symbolizer.symbolize([_leaf_only(s) for s in samples])
+        delta.symbolize_seconds += time.perf_counter() - started
+        add_leaf_rows(delta, frames, symbolized)
+        self._forget(self._exited)
+        self._exited = list(result.exits)
+        for pid in result.exits:
+            self.jit.process_exited(pid, result.time)
+        delta.jit_refused_files += self._new_refusals()
+        self._take_warnings(delta)
+
+    def _forget(self, pids: list[int]) -> None:
+        """Drop what is kept per process, so memory does not grow with every process that ever ran.
+        (Symbolizer and JitSymbols have no forget API yet: their per-pid tables are dropped here.)"""
+        for pid in pids:
+            self.symbolizer.machine.processes.pop(pid, None)
+            self.jit._procs.pop(pid, None)
+            self._tracker.forget(pid)
+
+    def _take_warnings(self, delta: Delta) -> None:
+        """Hand new warnings to the daemon (it logs them) instead of keeping them forever."""
+        for owner in (self.symbolizer, self.jit):
+            delta.warnings.extend(owner.warnings)
+            owner.warnings.clear()
+
+    def _new_refusals(self) -> int:
+        total = sum(n for key, n in self.jit.stats.items() if key.startswith("refused_"))
+        new, self._refused_seen = total - self._refused_seen, total
+        return new
+
+    def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.close()
+
+
+def read_comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n").decode("utf-8", "replace")
+    except OSError:
+        return UNKNOWN
+
+
+class CallSource:
+    """Exact uprobe call counts: the probe manager's cumulative counts since start, turned into
+    per-drain increments by (binary, symbol, comm). Calls the kernel could not attribute to a process
+    (its per-pid map was full) are counted with comm="[unknown]", so the totals stay exact."""
+
+    event = None
+
+    def __init__(self, specs: list[str], comms: list[str], targets: Callable[[], set[int]] | None) -> None:
+        self._specs = specs
+        self._comms = set(comms)
+        self._targets = targets
+        self._seen: dict[tuple[str, int | None], int] = {}  # (probe, pid or None) -> calls counted
+        self.counter = None
+
+    def start(self) -> None:
+        from optrace.frontend.uprobes.session import CallCounter
+
+        pid_filter = (lambda pid: pid in self._targets()) if self._targets else None
+        self.counter = CallCounter(self._specs, pid_filter=pid_filter)
+        self.counter.start()
+
+    def collect(self, delta: Delta) -> None:
+        seen: dict[tuple[str, int | None], int] = {}
+        for count in self.counter.calls():
+            cumulative: dict[int | None, int] = dict(count.per_pid)
+            cumulative[None] = count.calls - sum(count.per_pid.values())
+            for pid, calls in cumulative.items():
+                seen[(count.probe, pid)] = calls
+                new = calls - self._seen.get((count.probe, pid), 0)
+                comm = UNKNOWN if pid is None else count.comms.get(pid) or read_comm(pid)
+                if new > 0 and (not self._comms or comm in self._comms):
+                    delta.uprobe_calls[(count.binary, count.symbol, comm)] += new
+        self._seen = seen  # pids the probe manager no longer reports are dropped here too
+
+    def close(self) -> None:
+        if self.counter is not None:
+            self.counter.close()

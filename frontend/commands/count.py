@@ -1,0 +1,182 @@
+"""`optrace count SPEC... [-p PID ...] [-d SECONDS] [-i INTERVAL] [--per-pid] [--format table|json] [-- CMD]`."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+
+import click
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.uprobes.render import CountReport, render_json, render_table
+from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
+from optrace.frontend.uprobes.session import CallCounter
+
+POLL_S = 0.05
+
+
+class _CommandAfterDoubleDash(click.Command):
+    """SPECs and the command are both free arguments: everything after ``--`` is the command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            args, ctx.meta["optrace.count.command"] = args[:at], args[at + 1:]
+        return super().parse_args(ctx, args)
+
+
+class _Stop(Exception):
+    """SIGTERM while counting: stop and print the final counts like Ctrl-C."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop()
+
+
+def _check_pids(pids: tuple[int, ...]) -> None:
+    for pid in pids:
+        if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+            raise OptraceError(f"no process with pid {pid}")
+
+
+def _alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}") and not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+class _Run:
+    """One counting run: the counter, the optional command, and when to stop."""
+
+    def __init__(self, counter: CallCounter, pids: tuple[int, ...], command: list[str], duration: float | None):
+        self.counter = counter
+        self.pids = pids
+        self.command = command
+        self.duration = duration
+        self.deadline: float | None = None
+        self.child: subprocess.Popen | None = None
+        self.followed: set[int] = set()
+        self.started = time.monotonic()
+
+    def start(self) -> None:
+        """Attach, then start the clock (and the command): -d counts attached time, not compile time."""
+        self.counter.start()
+        self.started = time.monotonic()
+        self.deadline = self.started + self.duration if self.duration else None
+        if self.command:
+            me = os.getpid()
+            self.counter.manager.follow(me)  # our next fork is the command; its forks follow it
+            self.child = subprocess.Popen(self.command)
+
+    def refresh_filter(self) -> None:
+        if self.child is not None:
+            self.followed = self.counter.manager.descendants(os.getpid()) - {os.getpid()}
+
+    def finished(self) -> bool:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return True
+        if self.child is not None:
+            return self.child.poll() is not None
+        return bool(self.pids) and not any(_alive(pid) for pid in self.pids)
+
+    def report(self) -> CountReport:
+        self.refresh_filter()
+        resolution = self.counter.resolve()
+        return CountReport(
+            probes=resolution.probes, counts=self.counter.calls(), elapsed_s=time.monotonic() - self.started,
+            lost_pid_rows=self.counter.lost_rows(),
+            exit_status=self.child.returncode if self.child is not None else None,
+        )
+
+    def stop_child(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.terminate()
+            try:
+                self.child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.wait()
+
+
+def _pid_filter(run_ref: list[_Run], pids: tuple[int, ...], command: list[str]) -> Callable[[int], bool] | None:
+    if command:
+        return lambda pid: pid in run_ref[0].followed
+    if pids:
+        wanted = set(pids)
+        return wanted.__contains__
+    return None
+
+
+def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = False) -> None:
+    if fmt == "json":
+        click.echo(render_json(report, per_pid))
+        return
+    if interval_mark:
+        click.echo(f"--- {time.strftime('%H:%M:%S')} after {report.elapsed_s:.1f} s")
+    click.echo(render_table(report, per_pid))
+
+
+@click.command(cls=_CommandAfterDoubleDash, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("specs", nargs=-1, metavar="SPEC...")
+@click.option("-p", "--pid", "pids", type=int, multiple=True, help="Count only in these processes.")
+@click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after SECONDS.")
+@click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True), help="Print counts every INTERVAL s.")
+@click.option("--per-pid", is_flag=True, help="Also show counts per process.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--max-probes", type=click.IntRange(min=1), default=DEFAULT_MAX_MATCHES, show_default=True,
+              help="Most functions one glob may match.")
+@click.pass_context
+def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], duration: float | None,
+            interval: float | None, per_pid: bool, fmt: str, max_probes: int) -> None:
+    """Count exact calls of functions: SPEC is BINARY:SYMBOL, LIB:SYMBOL (c:malloc), LIB:GLOB (c:str*)
+    or BINARY:0xADDRESS. Counts every process unless -p or -- CMD ARGS... is given. Ctrl-C prints the
+    final counts."""
+    command_args: list[str] = ctx.meta.get("optrace.count.command", [])
+    if pids and command_args:
+        raise OptraceError("give either -p PID or -- CMD, not both")
+    if command_args and not shutil.which(command_args[0]):
+        raise OptraceError(f"command not found: {command_args[0]}")
+    _check_pids(pids)
+    run_ref: list[_Run] = []
+    counter = CallCounter(specs, _pid_filter(run_ref, pids, command_args), max_probes)
+    counter.resolve()
+    for warning in counter.warnings:
+        click.echo(f"optrace: warning: {warning}", err=True)
+    run = _Run(counter, pids, command_args, duration)
+    run_ref.append(run)
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        _count(run, fmt, per_pid, interval)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        counter.close()
+    if run.child is not None and run.child.returncode:
+        ctx.exit(run.child.returncode if run.child.returncode > 0 else 128 - run.child.returncode)
+
+
+def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None) -> None:
+    try:
+        run.start()
+        functions = len(run.counter.resolve().probes)
+        click.echo(f"Counting calls of {functions} function{'s' if functions != 1 else ''}. "
+                   "Ctrl-C to stop.", err=True)
+        next_print = time.monotonic() + interval if interval else None
+        while not run.finished():
+            time.sleep(POLL_S)
+            if next_print is not None and time.monotonic() >= next_print:
+                next_print += interval
+                _print(run.report(), fmt, per_pid, interval_mark=True)
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        run.stop_child()
+    _print(run.report(), fmt, per_pid)

@@ -1,0 +1,90 @@
+"""`optrace record`: profile a command, processes, or the whole machine into a record file."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.recorder import Recorder, RecordOptions
+from optrace.frontend.target import check_command, check_pids, describe_exit
+
+MAX_RATE_FILE = "/proc/sys/kernel/perf_event_max_sample_rate"
+
+
+def parse_pids(values: tuple[str, ...]) -> list[int]:
+    """`-p 1 -p 2` and perf's `-p 1,2` both work."""
+    pids = []
+    for value in values:
+        for part in value.split(","):
+            if not part.strip().isdigit():
+                raise OptraceError(f"not a process id: {part!r}")
+            pids.append(int(part))
+    return pids
+
+
+def check_frequency(hz: int) -> None:
+    try:
+        with open(MAX_RATE_FILE) as f:
+            limit = int(f.read())
+    except OSError:
+        limit = 100000
+    if not 1 <= hz <= limit:
+        raise OptraceError(f"frequency {hz} Hz is out of range: use 1..{limit} (kernel.perf_event_max_sample_rate)")
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.option("-o", "--output", default="optrace.data", show_default=True, help="Record file to write.")
+@click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
+@click.option("-g/--no-stacks", "stacks", default=True, help="Keep whole stacks (default) or only the sampled frame.")
+@click.option("-p", "--pid", "pids", multiple=True, help="Profile running processes (repeat, or comma list).")
+@click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="Profile the whole machine.")
+@click.option("-d", "--duration", type=float, help="Stop after this many seconds.")
+@click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Also count calls of SPEC (see optrace count).")
+@click.option("--jitdump", "jitdumps", multiple=True, type=click.Path(), help="A jitdump file to use for JIT symbols.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, command) -> None:
+    """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS..."""
+    options = RecordOptions(
+        frequency_hz=frequency,
+        stacks=stacks,
+        pids=parse_pids(pids),
+        system_wide=system_wide,
+        duration_s=duration,
+        command=list(command) or None,
+        uprobes=list(uprobes),
+        jitdumps=list(jitdumps),
+    )
+    validate(options)
+    from optrace.frontend.doctor import require_recording
+    from optrace.frontend.recordfile import write_record
+
+    require_recording()
+    record = Recorder(options).run()
+    write_record(record, output)
+    summarize(record, output)
+
+
+def validate(options: RecordOptions) -> None:
+    if not (options.command or options.pids or options.system_wide):
+        raise OptraceError("nothing to record: give a command after --, -p PID or -a")
+    if options.duration_s is not None and options.duration_s <= 0:
+        raise OptraceError("duration must be a positive number of seconds")
+    check_frequency(options.frequency_hz)
+    check_pids(options.pids)
+    if options.command:
+        check_command(options.command)
+
+
+def summarize(record, output: str) -> None:
+    meta = record.meta
+    if meta.command:
+        click.echo(f"[ optrace record: {meta.command[0]}: {describe_exit(meta.exit_status)} ]", err=True)
+    lost = sum(meta.lost.values())
+    lost_text = f", {lost} lost" if lost else ""
+    size_kb = os.path.getsize(output) / 1024
+    click.echo(
+        f"[ optrace record: {meta.total_samples} samples{lost_text}, {len(record.frames)} frames, "
+        f"wrote {output} ({size_kb:.1f} KB) ]",
+        err=True,
+    )

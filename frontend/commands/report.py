@@ -1,0 +1,75 @@
+"""`optrace report`: read a record file and print it per symbol. Needs no root and never loads BCC."""
+from __future__ import annotations
+
+import math
+import sys
+
+import click
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.recordfile import printable, read_record
+from optrace.frontend.report.render import check_format, render_report
+from optrace.frontend.report.rows import ReportOptions, parse_sort_keys
+
+
+@click.command("report")
+@click.option("-i", "--input", "source", default="optrace.data", show_default=True, help="Record file to read.")
+@click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
+              help="Comma-separated row keys: comm, pid, dso, symbol.")
+@click.option("-f", "--format", "fmt", default="table", show_default=True, help="table, json, csv or folded.")
+@click.option("--pid", "pids", default="", help="Only these pids (comma-separated).")
+@click.option("--comm", "comms", default="", help="Only these command names (comma-separated).")
+@click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated).")
+@click.option("--percent-limit", default="0", help="Hide rows below this percentage of all samples.")
+@click.option("--children", is_flag=True, help="Add inclusive (children) counts from the stacks.")
+@click.option("-o", "--output", default="-", help="Write here instead of stdout.")
+def command(source: str, sort: str, fmt: str, pids: str, comms: str, dsos: str, percent_limit: str,
+            children: bool, output: str) -> None:
+    """Show a recorded profile per symbol, like perf report."""
+    options = ReportOptions(
+        sort=parse_sort_keys(sort),
+        pids=frozenset(_parse_pids(pids)),
+        comms=_split(comms),
+        dsos=_split(dsos),
+        percent_limit=_parse_percent(percent_limit),
+        children=children,
+    )
+    check_format(fmt)
+    text = render_report(read_record(source), options, fmt, printable(source))
+    _write(text, output)
+
+
+def _split(text: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def _parse_pids(text: str) -> set[int]:
+    try:
+        pids = {int(part) for part in _split(text)}
+    except ValueError:
+        raise OptraceError(f"--pid takes comma-separated process ids, not {text!r}") from None
+    if any(pid <= 0 for pid in pids):
+        raise OptraceError(f"--pid takes positive process ids, not {text!r}")
+    return pids
+
+
+def _parse_percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 100.0:
+        raise OptraceError(f"--percent-limit takes a number from 0 to 100, not {text!r}")
+    return value
+
+
+def _write(text: str, output: str) -> None:
+    if output == "-":
+        sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
+        sys.stdout.flush()
+        return
+    try:
+        with open(output, "w", encoding="utf-8", errors="backslashreplace") as out:
+            out.write(text)
+    except OSError as exc:
+        raise OptraceError(f"cannot write {printable(output)}: {exc.strerror or exc}") from None

@@ -1,0 +1,174 @@
+"""Can this machine record? Each check says ok or FAIL and, when it fails, the command that fixes it.
+
+`optrace doctor` prints them all; `optrace record` calls :func:`require_recording` first so it fails early
+with one line instead of a BCC compile error. Nothing here imports BCC (it is only looked up).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from optrace.frontend.errors import OptraceError
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
+BPF_MAP_CREATE = 0
+BPF_MAP_TYPE_ARRAY = 2
+TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""  # the command or action that fixes a failure
+    required: bool = True  # False: informational, never makes doctor fail
+    uprobes_only: bool = False  # needed by uprobe probes (count, record --uprobe), not by plain sampling
+
+    @property
+    def status(self) -> str:
+        if self.ok:
+            return "ok"
+        return "FAIL" if self.required else "warn"
+
+
+def check_privileges() -> CheckResult:
+    if os.geteuid() == 0:
+        return CheckResult("privileges", True, "running as root")
+    caps = effective_capabilities()
+    has = {name for bit, name in ((CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")) if caps >> bit & 1}
+    if len(has) == 2 or caps >> CAP_SYS_ADMIN & 1:
+        return CheckResult("privileges", True, f"not root, but has {' + '.join(sorted(has)) or 'CAP_SYS_ADMIN'}")
+    return CheckResult("privileges", False, "needs root or CAP_BPF+CAP_PERFMON", "run with sudo")
+
+
+def effective_capabilities() -> int:
+    """CapEff from /proc/self/status (0 when it cannot be read)."""
+    try:
+        for line in Path("/proc/self/status").read_text(errors="replace").splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def check_bpf_syscall() -> CheckResult:
+    """Create and close a one-entry array map: proves bpf() is usable without loading a program."""
+    err = _try_bpf_map_create()
+    if err == 0:
+        return CheckResult("bpf syscall", True, "BPF_MAP_CREATE works")
+    if err == errno.ENOSYS:
+        return CheckResult("bpf syscall", False, "the kernel has no bpf() (CONFIG_BPF_SYSCALL off)",
+                           "use a kernel built with CONFIG_BPF_SYSCALL=y")
+    return CheckResult("bpf syscall", False, f"bpf(BPF_MAP_CREATE) failed: {os.strerror(err)}",
+                       "run with sudo")
+
+
+def _try_bpf_map_create() -> int:
+    """0 on success, else the errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 32)(BPF_MAP_TYPE_ARRAY, 4, 4, 1)  # type, key size, value size, max entries
+    fd = libc.syscall(ctypes.c_long(SYS_BPF), ctypes.c_int(BPF_MAP_CREATE), attr, ctypes.c_uint(ctypes.sizeof(attr)))
+    if fd < 0:
+        return ctypes.get_errno() or errno.EPERM
+    os.close(fd)
+    return 0
+
+
+def check_kernel_headers() -> CheckResult:
+    release = os.uname().release
+    build = Path(f"/lib/modules/{release}/build/include")
+    if build.is_dir():
+        return CheckResult("kernel headers", True, f"{build.parent} (resolves to {build.parent.resolve()})")
+    if Path("/sys/kernel/kheaders.tar.xz").exists():
+        return CheckResult("kernel headers", True, "/sys/kernel/kheaders.tar.xz (CONFIG_IKHEADERS)")
+    return CheckResult("kernel headers", False, f"BCC finds no headers in /lib/modules/{release}/build",
+                       "sudo make setup")
+
+
+def check_tracefs() -> CheckResult:
+    """Read /proc/self/mounts (readable by anyone; /sys/kernel/tracing itself is root-only)."""
+    mounted = tracefs_mount_points()
+    if mounted:
+        return CheckResult("tracefs", True, f"mounted at {mounted[0]}", uprobes_only=True)
+    return CheckResult("tracefs", False, "not mounted: uprobes could not be detached cleanly",
+                       "sudo mount -t tracefs nodev /sys/kernel/tracing", uprobes_only=True)
+
+
+def tracefs_mount_points() -> list[str]:
+    try:
+        lines = Path("/proc/self/mounts").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    points = [fields[1] for fields in (line.split() for line in lines) if len(fields) > 2 and fields[2] == "tracefs"]
+    return [point for point in points if point in TRACEFS_DIRS]
+
+
+def check_bcc() -> CheckResult:
+    """Looks BCC up without importing it (an import compiles nothing but loads libbcc and LLVM)."""
+    spec = importlib.util.find_spec("bcc")
+    if spec is None or not spec.origin:
+        return CheckResult("BCC", False, "python module bcc not found", "sudo apt-get install python3-bpfcc")
+    package = Path(spec.origin).parent
+    if not (package / "libbcc.py").exists():
+        return CheckResult("BCC", False, f"{package} is not BCC (PyPI's bcc is another project)",
+                           "pip uninstall bcc; sudo apt-get install python3-bpfcc")
+    return CheckResult("BCC", True, str(package))
+
+
+def check_perf_event_paranoid() -> CheckResult:
+    try:
+        value = Path("/proc/sys/kernel/perf_event_paranoid").read_text().strip()
+    except OSError:
+        value = "unreadable"
+    note = "no limit for root or CAP_PERFMON" if os.geteuid() == 0 else "root or CAP_PERFMON bypass it"
+    return CheckResult("perf_event_paranoid", True, f"{value} ({note})", required=False)
+
+
+def check_btf() -> CheckResult:
+    if Path("/sys/kernel/btf/vmlinux").exists():
+        return CheckResult("BTF", True, "/sys/kernel/btf/vmlinux", required=False)
+    return CheckResult("BTF", False, "no /sys/kernel/btf/vmlinux (BCC uses headers, so only informational)",
+                       "a kernel with CONFIG_DEBUG_INFO_BTF=y", required=False)
+
+
+CHECKS: tuple[Callable[[], CheckResult], ...] = (
+    check_privileges,
+    check_bpf_syscall,
+    check_kernel_headers,
+    check_bcc,
+    check_tracefs,
+    check_perf_event_paranoid,
+    check_btf,
+)
+
+
+def run_checks() -> list[CheckResult]:
+    return [check() for check in CHECKS]
+
+
+def format_result(result: CheckResult) -> str:
+    line = f"{result.status:<4}  {result.name:<20}  {result.detail}"
+    return f"{line}: fix: {result.fix}" if result.fix and not result.ok else line
+
+
+def summary(result: CheckResult) -> str:
+    """One line for an error message: what is missing and how to fix it."""
+    return f"{result.detail}: {result.fix}" if result.fix else result.detail
+
+
+def require_recording(uprobes: bool = False) -> None:
+    """Raise OptraceError for the first required check that fails (tracefs only when uprobes are used)."""
+    for check in CHECKS:
+        result = check()
+        if not result.ok and result.required and (uprobes or not result.uprobes_only):
+            raise OptraceError(f"cannot record: {summary(result)} (see optrace doctor)")

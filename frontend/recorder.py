@@ -1,0 +1,203 @@
+"""`optrace record`'s engine: run the profiler, drain it on a fixed period, symbolize at the end.
+
+Flow: Profiler.drain() (raw samples) -> Symbolizer / JitSymbols learn about processes while they are
+alive -> at the end everything is symbolized once and written as a Record. Names are resolved while
+the recording still has root and the processes' files, so `optrace report` needs neither.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections import Counter
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+from optrace import __version__
+from optrace.frontend.model import RawSample, Record, RecordMeta
+from optrace.frontend.stopsignals import StopSignals
+from optrace.frontend.target import GatedChild
+
+POLL_SECONDS = 0.05  # how quickly the end of the profiled command is noticed
+
+
+@dataclass
+class RecordOptions:
+    frequency_hz: int = 99
+    stacks: bool = True
+    pids: list[int] = field(default_factory=list)
+    system_wide: bool = False
+    duration_s: float | None = None
+    command: list[str] | None = None
+    uprobes: list[str] = field(default_factory=list)
+    jitdumps: list[str] = field(default_factory=list)
+    drain_interval_s: float = 1.0
+    stack_storage_size: int = 8192
+
+
+class SampleStore:
+    """Raw samples summed over drains. The drain time is kept only for stacks with raw-IP user frames
+    (possible JIT code, whose addresses get reused); other stacks are merged across drains."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[tuple] = Counter()
+        self.build_ids: dict[int, set[bytes]] = {}
+
+    def add(self, sample: RawSample) -> bool:
+        """Store a sample; True when it shows a build-id not seen before in its process."""
+        timed = any(frame.build_id is None for frame in sample.user)
+        key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0)
+        self._counts[key] += sample.count
+        known = self.build_ids.setdefault(sample.pid, set())
+        new = {f.build_id for f in sample.user if f.build_id is not None} - known
+        known |= new
+        return bool(new)
+
+    def samples(self) -> list[RawSample]:
+        return [RawSample(pid, comm, user, kernel, n, t) for (pid, comm, user, kernel, t), n in self._counts.items()]
+
+    @property
+    def total(self) -> int:
+        return sum(self._counts.values())
+
+
+class Recorder:
+    def __init__(self, options: RecordOptions) -> None:
+        self.options = options
+        self.store = SampleStore()
+        self.lost: Counter[str] = Counter()
+        self.child: GatedChild | None = None
+        self.exit_status: int | None = None
+        self.warnings: list[str] = []
+
+    def run(self) -> Record:
+        from optrace.bpf.profiler import Profiler
+        from optrace.frontend.symbols.kallsyms import Kallsyms
+        from optrace.frontend.symbols.symbolizer import Symbolizer
+        from optrace.jitmaps.jitsymbols import JitSymbols
+
+        opts = self.options
+        self.jit = JitSymbols(jitdumps=opts.jitdumps)
+        self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
+        targets = None if opts.system_wide else list(opts.pids)
+        self.profiler = Profiler(opts.frequency_hz, pids=targets, stack_storage_size=opts.stack_storage_size)
+        started = time.time()
+        with ExitStack() as stack:
+            stop = stack.enter_context(StopSignals())
+            stack.enter_context(self.profiler)
+            calls = self._start_call_counter(stack)
+            t0 = time.monotonic()
+            self._start_targets()
+            self._loop(stop, t0)
+            self._final_drain()
+            call_counts = calls.calls() if calls else []
+        duration = time.monotonic() - t0
+        return self._build_record(started, duration, call_counts)
+
+    def _start_call_counter(self, stack: ExitStack):
+        if not self.options.uprobes:
+            return None
+        from optrace.frontend.uprobes.session import CallCounter
+
+        pid_filter = None if self.options.system_wide else self._is_target
+        counter = CallCounter(self.options.uprobes, pid_filter=pid_filter)
+        stack.enter_context(counter)
+        return counter
+
+    def _is_target(self, pid: int) -> bool:
+        return pid in self._targets
+
+    def _start_targets(self) -> None:
+        for pid in self.options.pids:
+            self.symbolizer.snapshot_process(pid)
+        if self.options.command:
+            self.child = GatedChild.launch(self.options.command)
+            self.profiler.add_pid(self.child.pid)
+            self.child.release()
+
+    def _loop(self, stop: StopSignals, t0: float) -> None:
+        opts = self.options
+        deadline = t0 + opts.duration_s if opts.duration_s else None
+        next_drain = t0 + opts.drain_interval_s
+        while True:
+            now = time.monotonic()
+            if self.child and self.child.poll() is not None:
+                break
+            if deadline and now >= deadline:
+                break
+            if now >= next_drain:
+                self._drain()
+                next_drain += opts.drain_interval_s
+            wake = min(next_drain, deadline or next_drain)
+            if stop.wait(min(POLL_SECONDS, wake - now) if self.child else wake - now):
+                break
+
+    def _final_drain(self) -> None:
+        if self.child:
+            self.exit_status = self.child.poll()
+            if self.exit_status is None:
+                self.exit_status = self.child.stop()
+                self.warnings.append("the recording ended first: the command was sent SIGTERM")
+        result = self._drain()
+        self.jit.finish(result.time)
+        self._targets = self.profiler.target_pids()
+
+    def _drain(self):
+        result = self.profiler.drain()
+        self.lost.update(result.lost)
+        for pid, filename in result.execs:
+            self.symbolizer.add_executable(_resolve_exec_path(pid, filename))
+        snapshot = set()
+        for sample in result.samples:
+            if self.store.add(sample):
+                snapshot.add(sample.pid)
+        for pid in snapshot:
+            self.symbolizer.snapshot_process(pid)
+        for pid in {s.pid for s in result.samples}:
+            self.jit.poll(pid, result.time)
+        for pid in result.exits:
+            self.jit.process_exited(pid, result.time)
+        return result
+
+    def _build_record(self, started: float, duration: float, calls) -> Record:
+        raw = self.store.samples()
+        if not self.options.stacks:
+            raw = [_leaf_only(s) for s in raw]
+        frames, samples = self.symbolizer.symbolize(raw)
+        lost = dict(self.lost)
+        idle = lost.pop("idle", 0)
+        meta = RecordMeta(
+            optrace_version=__version__,
+            hostname=socket.gethostname(),
+            kernel=os.uname().release,
+            started=started,
+            duration_s=round(duration, 3),
+            frequency_hz=self.options.frequency_hz,
+            event=self.profiler.event,
+            command=self.options.command,
+            pids=list(self.options.pids),
+            system_wide=self.options.system_wide,
+            exit_status=self.exit_status,
+            total_samples=sum(s.count for s in samples),
+            lost=lost,
+            idle_samples=idle if self.options.system_wide else 0,
+            stacks=self.options.stacks,
+            warnings=self.warnings + self.symbolizer.warnings + self.jit.warnings,
+        )
+        return Record(meta=meta, frames=frames, samples=samples, calls=calls)
+
+
+def _leaf_only(sample: RawSample) -> RawSample:
+    if sample.kernel:
+        return RawSample(sample.pid, sample.comm, (), sample.kernel[:1], sample.count, sample.time)
+    return RawSample(sample.pid, sample.comm, sample.user[:1], (), sample.count, sample.time)
+
+
+def _resolve_exec_path(pid: int, filename: str) -> str:
+    """The kernel reports the path as passed to execve; make a relative one absolute."""
+    if os.path.isabs(filename):
+        return filename
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return os.path.abspath(filename)

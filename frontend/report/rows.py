@@ -1,0 +1,154 @@
+"""Aggregate a Record's samples into report rows, the way `perf report` builds its histogram.
+
+Self counts go to the leaf frame (``Sample.frames[0]``); with ``children`` every distinct row key in a
+stack is also credited once with the whole sample (inclusive time). Percentages are of all samples in
+the record (perf's default ``--percentage absolute``), so filtering never inflates them.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.model import UNKNOWN, Frame, Record, Sample
+
+SORT_KEYS = ("comm", "pid", "dso", "symbol")
+DEFAULT_SORT = ("comm", "dso", "symbol")
+UNKNOWN_FRAME = Frame(symbol=UNKNOWN, dso=UNKNOWN, resolved=False)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    sort: tuple[str, ...] = DEFAULT_SORT
+    pids: frozenset[int] = frozenset()
+    comms: frozenset[str] = frozenset()
+    dsos: frozenset[str] = frozenset()  # basenames or full paths
+    percent_limit: float = 0.0
+    children: bool = False
+
+
+class RowKey(NamedTuple):
+    """The values of the sort keys; a key not in the sort order is None. (A tuple: millions are hashed.)"""
+
+    comm: str | None = None
+    pid: int | None = None
+    dso: str | None = None
+    symbol: str | None = None
+    kernel: bool | None = None  # set with the symbol key: drives the [k]/[.] marker
+
+
+@dataclass(slots=True)
+class Row:
+    key: RowKey
+    samples: int  # self: samples whose leaf frame is this row
+    percent: float
+    children: int | None = None  # inclusive samples, with --children
+    children_percent: float | None = None
+
+
+def parse_sort_keys(text: str) -> tuple[str, ...]:
+    """`comm,dso,symbol` -> a tuple of known keys, in order, without repeats."""
+    keys = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [key for key in keys if key not in SORT_KEYS]
+    if unknown or not keys:
+        shown = ", ".join(repr(key) for key in unknown) or "(empty)"
+        raise OptraceError(f"unknown sort key {shown}: valid keys are {', '.join(SORT_KEYS)}")
+    return keys
+
+
+def sample_total(record: Record) -> int:
+    return sum(sample.count for sample in record.samples)
+
+
+def percent(count: int, total: int) -> float:
+    return round(100.0 * count / total, 4) if total else 0.0
+
+
+def build_rows(record: Record, options: ReportOptions) -> list[Row]:
+    """Rows sorted by their main count (children with --children, else self), largest first."""
+    self_counts, child_counts = _count(record, options)
+    total = sample_total(record)
+    keys = set(self_counts) | (set(child_counts) if options.children else set())
+    rows = [_make_row(key, self_counts[key], child_counts, total, options) for key in keys]
+    rows = [row for row in rows if _main_percent(row) >= options.percent_limit]
+    rows.sort(key=lambda row: (-_main_count(row), _key_order(row.key)))
+    return rows
+
+
+def selected_samples(record: Record, options: ReportOptions) -> list[Sample]:
+    """Samples passing --pid and --comm (the filters that apply to a whole stack)."""
+    return [
+        sample
+        for sample in record.samples
+        if (not options.pids or sample.pid in options.pids)
+        and (not options.comms or sample.comm in options.comms)
+    ]
+
+
+def dso_selected(frame: Frame, dsos: frozenset[str]) -> bool:
+    return not dsos or frame.dso in dsos or os.path.basename(frame.dso) in dsos
+
+
+def leaf_frame(record: Record, sample: Sample) -> Frame:
+    return record.frames[sample.frames[0]] if sample.frames else UNKNOWN_FRAME
+
+
+def stack_frames(record: Record, sample: Sample) -> list[Frame]:
+    """The sample's frames, leaf first; an empty stack counts as one [unknown] frame."""
+    return [record.frames[i] for i in sample.frames] or [UNKNOWN_FRAME]
+
+
+FramePart = tuple[str | None, str | None, bool | None]  # (dso, symbol, kernel) as the sort keys need them
+
+
+def _count(record: Record, options: ReportOptions) -> tuple[Counter[RowKey], Counter[RowKey]]:
+    """Self and children counts; each frame's part of the key is computed once, not once per sample."""
+    parts = [_frame_part(frame, options) for frame in record.frames]
+    unknown = _frame_part(UNKNOWN_FRAME, options)
+    self_counts: Counter[RowKey] = Counter()
+    child_counts: Counter[RowKey] = Counter()
+    for sample in selected_samples(record, options):
+        comm = sample.comm if "comm" in options.sort else None
+        pid = sample.pid if "pid" in options.sort else None
+        leaf = parts[sample.frames[0]] if sample.frames else unknown
+        if leaf is not None:
+            self_counts[RowKey(comm, pid, *leaf)] += sample.count
+        if options.children:
+            for part in {parts[i] for i in sample.frames} if sample.frames else {unknown}:
+                if part is not None:
+                    child_counts[RowKey(comm, pid, *part)] += sample.count
+    return self_counts, child_counts
+
+
+def _frame_part(frame: Frame, options: ReportOptions) -> FramePart | None:
+    """None when --dso filters the frame out."""
+    if not dso_selected(frame, options.dsos):
+        return None
+    with_symbol = "symbol" in options.sort
+    return (
+        frame.dso if "dso" in options.sort else None,
+        frame.symbol if with_symbol else None,
+        frame.kernel if with_symbol else None,
+    )
+
+
+def _make_row(key: RowKey, count: int, child_counts: Counter[RowKey], total: int, options: ReportOptions) -> Row:
+    row = Row(key=key, samples=count, percent=percent(count, total))
+    if options.children:
+        row.children = child_counts[key]
+        row.children_percent = percent(row.children, total)
+    return row
+
+
+def _main_count(row: Row) -> int:
+    return row.children if row.children is not None else row.samples
+
+
+def _main_percent(row: Row) -> float:
+    return row.children_percent if row.children_percent is not None else row.percent
+
+
+def _key_order(key: RowKey) -> tuple[str, int, str, str]:
+    return (key.comm or "", key.pid or 0, key.dso or "", key.symbol or "")

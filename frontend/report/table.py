@@ -1,0 +1,129 @@
+"""The text report, laid out like `perf report --stdio -n`: a `#` header, then one line per row."""
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from dataclasses import dataclass
+
+from optrace.frontend.model import CallCount, Record, RecordMeta
+from optrace.frontend.report.rows import ReportOptions, Row, sample_total
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    right: bool = False  # numbers are right-aligned, names left-aligned
+
+
+KEY_COLUMNS = {
+    "comm": Column("Command"),
+    "pid": Column("Pid", right=True),
+    "dso": Column("Shared Object"),
+    "symbol": Column("Symbol"),
+}
+
+
+def render_table(record: Record, rows: list[Row], options: ReportOptions, source: str) -> str:
+    lines = header_lines(record, source) + ["#"]
+    lines += profile_lines(rows, options)
+    if record.calls:
+        lines += ["", "# Uprobe call counts", "#"] + calls_lines(record.calls)
+    return "\n".join(lines) + "\n"
+
+
+def header_lines(record: Record, source: str) -> list[str]:
+    meta = record.meta
+    lines = [
+        f"# optrace report of {source}",
+        "#",
+        f"# Samples: {sample_total(record)} of event '{meta.event}', {meta.frequency_hz} Hz,"
+        f" {meta.duration_s:.2f} s",
+        f"# Target: {target_text(meta)}",
+        f"# Recorded: {_when(meta.started)} on {meta.hostname} (kernel {meta.kernel}),"
+        f" optrace {meta.optrace_version}",
+        f"# {lost_text(meta.lost)}",
+    ]
+    if meta.idle_samples:
+        lines.append(f"# Idle samples (pid 0, not in the profile): {meta.idle_samples}")
+    if not meta.stacks:
+        lines.append("# Recorded without stacks (--no-stacks): leaf frames only")
+    return lines + [f"# Warning: {warning}" for warning in meta.warnings]
+
+
+def target_text(meta: RecordMeta) -> str:
+    if meta.command:
+        status = "still running" if meta.exit_status is None else f"exit status {meta.exit_status}"
+        return f"command {shlex.join(meta.command)} ({status})"
+    if meta.system_wide:
+        return "whole machine"
+    return "pids " + ", ".join(str(pid) for pid in meta.pids) if meta.pids else "unknown"
+
+
+def lost_text(lost: dict[str, int]) -> str:
+    total = sum(lost.values())
+    if not total:
+        return "Total Lost Samples: 0"
+    reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(lost.items()) if count)
+    return f"Total Lost Samples: {total} ({reasons})"
+
+
+def profile_lines(rows: list[Row], options: ReportOptions) -> list[str]:
+    columns = _profile_columns(options)
+    cells = [_profile_cells(row, options) for row in rows]
+    if not cells:
+        return format_columns(columns, []) + ["# (no samples match)"]
+    return format_columns(columns, cells)
+
+
+def calls_lines(calls: list[CallCount]) -> list[str]:
+    columns = [Column("Calls", right=True), Column("Probe"), Column("Binary"), Column("Symbol")]
+    ordered = sorted(calls, key=lambda call: (-call.calls, call.probe, call.symbol))
+    cells = [[str(c.calls), c.probe, c.binary, c.symbol] for c in ordered]
+    return format_columns(columns, cells)
+
+
+def format_columns(columns: list[Column], cells: list[list[str]]) -> list[str]:
+    """perf's layout: `# Title` line, a line of dots under each title, `#`, then the aligned rows."""
+    widths = [max([len(col.title)] + [len(row[i]) for row in cells]) for i, col in enumerate(columns)]
+    head = [_align(col.title, width, col.right) for col, width in zip(columns, widths)]
+    dots = ["." * width for width in widths]
+    body = ["  " + "  ".join(_align(cell, width, col.right) for cell, col, width in zip(row, columns, widths))
+            for row in cells]
+    return ["# " + "  ".join(head).rstrip(), "# " + "  ".join(dots), "#"] + [line.rstrip() for line in body]
+
+
+def shown_dso(dso: str) -> str:
+    """perf shows the object's basename; bracketed names like [kernel.kallsyms] stay as they are."""
+    return os.path.basename(dso) if "/" in dso else dso
+
+
+def _profile_columns(options: ReportOptions) -> list[Column]:
+    counts = [Column("Children", True), Column("Self", True)] if options.children else [Column("Overhead", True)]
+    return counts + [Column("Samples", True)] + [KEY_COLUMNS[key] for key in options.sort]
+
+
+def _profile_cells(row: Row, options: ReportOptions) -> list[str]:
+    counts = [f"{row.percent:.2f}%"]
+    if options.children:
+        counts.insert(0, f"{row.children_percent:.2f}%")
+    return counts + [str(row.samples)] + [_key_cell(row, key) for key in options.sort]
+
+
+def _key_cell(row: Row, key: str) -> str:
+    if key == "dso":
+        return shown_dso(row.key.dso or "")
+    if key == "symbol":
+        return f"{'[k]' if row.key.kernel else '[.]'} {row.key.symbol}"
+    return str(getattr(row.key, key))
+
+
+def _align(text: str, width: int, right: bool) -> str:
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def _when(started: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+    except (OverflowError, OSError, ValueError):  # a hand-edited or zero start time
+        return "unknown time"

@@ -1,0 +1,115 @@
+"""`optrace serve` settings: from flags, from a config file (YAML or TOML), or both (flags win).
+
+A config file holds the same settings as the flags, under these keys::
+
+    listen = "127.0.0.1:9469"        # HOST:PORT, [IPv6]:PORT; port 0 picks a free port
+    frequency = 99                   # -F
+    uprobes = ["c:malloc"]           # --uprobe
+    pids = [1234]                    # -p
+    comms = ["nginx"]                # --comm
+    max_series = 10000               # --max-series
+    tls_cert = "/etc/optrace/cert.pem"
+    tls_key = "/etc/optrace/key.pem"
+
+Every value is checked here, so a bad file or flag is one clear line before any BPF is loaded.
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from optrace.exporters.cardinality import MIN_SERIES
+from optrace.exporters.daemon import DEFAULT_PORT, ServeOptions
+from optrace.exporters.httpserver import ListenAddress, TlsFiles
+from optrace.frontend.commands.record import check_frequency, parse_pids
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.target import check_pids
+from optrace.frontend.uprobes.spec import parse_spec
+
+COMM_MAX = 15  # TASK_COMM_LEN - 1
+SETTING_TYPES: dict[str, type] = {
+    "listen": str,
+    "frequency": int,
+    "uprobes": list,
+    "pids": list,
+    "comms": list,
+    "max_series": int,
+    "tls_cert": str,
+    "tls_key": str,
+}
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """The settings in a .yaml/.yml or .toml file, type-checked (values are checked by build_options)."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml"):
+        raise OptraceError(f"config {path}: unknown format: name it .yaml, .yml or .toml")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise OptraceError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        settings = tomllib.loads(data.decode()) if suffix == ".toml" else yaml.safe_load(data)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise OptraceError(f"config {path}: not valid {suffix[1:].upper()}: {first_line}") from None
+    return check_setting_types(settings if settings is not None else {}, path)
+
+
+def check_setting_types(settings: object, path: str) -> dict[str, Any]:
+    if not isinstance(settings, dict):
+        raise OptraceError(f"config {path}: expected a mapping of settings at the top level")
+    for key, value in settings.items():
+        expected = SETTING_TYPES.get(key)
+        if expected is None:
+            raise OptraceError(f"config {path}: unknown setting {key!r} (known: {', '.join(SETTING_TYPES)})")
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise OptraceError(f"config {path}: {key} must be a {expected.__name__}, not {value!r}")
+    return settings
+
+
+def parse_listen(text: str) -> ListenAddress:
+    """HOST:PORT or [IPV6]:PORT; an empty host means every interface."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise OptraceError(f"bad listen address {text!r}: expected HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return ListenAddress(host or "0.0.0.0", int(port))
+
+
+def _tls_files(cert: str | None, key: str | None) -> TlsFiles | None:
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise OptraceError("TLS needs both --tls-cert and --tls-key")
+    for name in (cert, key):
+        if not os.access(name, os.R_OK):
+            raise OptraceError(f"cannot read TLS file {name}: it does not exist or is not readable")
+    return TlsFiles(cert, key)
+
+
+def build_options(settings: dict[str, Any]) -> ServeOptions:
+    """Validated ServeOptions from merged settings (keys as in SETTING_TYPES)."""
+    options = ServeOptions()
+    if "listen" in settings:
+        options.listen = parse_listen(settings["listen"])
+    options.frequency_hz = settings.get("frequency", options.frequency_hz)
+    check_frequency(options.frequency_hz)
+    options.pids = parse_pids(tuple(str(p) for p in settings.get("pids", [])))
+    check_pids(options.pids)
+    options.uprobes = [str(s) for s in settings.get("uprobes", [])]
+    for spec in options.uprobes:
+        parse_spec(spec)
+    options.comms = [str(c) for c in settings.get("comms", [])]
+    for comm in options.comms:
+        if not 0 < len(comm.encode()) <= COMM_MAX:
+            raise OptraceError(f"bad --comm {comm!r}: the kernel keeps 1 to {COMM_MAX} bytes of a command name")
+    options.max_series = settings.get("max_series", options.max_series)
+    if options.max_series < MIN_SERIES:
+        raise OptraceError(f"--max-series must be at least {MIN_SERIES}")
+    options.tls = _tls_files(settings.get("tls_cert"), settings.get("tls_key"))
+    return options

@@ -1,0 +1,194 @@
+"""The public entry: turns :class:`RawSample` stacks into a shared :class:`Frame` table and
+:class:`Sample` rows.
+
+User frames with a build-id are named from the file with that build-id, found in this order: the
+index (maps snapshots, exec'd executables and their libraries), a debug file ``<root>/.build-id/..``
+(then the frame's dso is the binary's path guessed from the debug root, else ``[build-id <12 hex>]``),
+then a one-time scan of the standard library dirs. Frames without a build-id are raw addresses, looked
+up in the pid's maps snapshots: file mappings, the [vdso], else JIT code through ``jit_lookup``.
+
+Not thread-safe: the recorder calls it from one thread.
+"""
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterable, Sequence
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample, UserFrame
+from optrace.frontend.symbols import debuginfo
+from optrace.frontend.symbols.buildid import read_build_id
+from optrace.frontend.symbols.demangle import demangle
+from optrace.frontend.symbols.dso import Dso, DsoContext
+from optrace.frontend.symbols.kallsyms import Kallsyms
+from optrace.frontend.symbols.machine import FileRef, Machine
+from optrace.frontend.symbols.maps import MapEntry
+from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
+
+JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]
+
+
+class Symbolizer:
+    def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
+                 jit_lookup: JitLookup | None = None) -> None:
+        self.warnings: list[str] = []
+        self.stats: dict[str, int] = {"frames_resolved": 0, "frames_unresolved": 0, "dsos_loaded": 0}
+        self.machine = Machine(self._warn, self.stats)
+        self._context = DsoContext(tuple(debug_roots), self._warn, self.stats)
+        self._kallsyms = kallsyms
+        self._kallsyms_loaded = kallsyms is not None
+        self._jit_lookup = jit_lookup
+        self._by_build_id: dict[bytes, Dso] = {}
+        self._by_file: dict[tuple[str, int], Dso] = {}
+        self._missing: dict[bytes, int] = {}  # build-id -> index generation when last not found
+        self._frames: dict[tuple[bytes, int], Frame] = {}
+        self._kernel_frames: dict[int, Frame] = {}
+        self._vdso: Dso | None = None
+        self._vdso_read = False
+        self._warned: set[str] = set()
+
+    def snapshot_process(self, pid: int) -> None:
+        self.machine.snapshot_process(pid)
+
+    def add_executable(self, path: str) -> None:
+        self.machine.add_executable(path)
+
+    def close(self) -> None:
+        """Release the files kept open for objects of other mount namespaces."""
+        self.machine.close()
+
+    def symbolize(self, samples: Iterable[RawSample]) -> tuple[list[Frame], list[Sample]]:
+        index: dict[Frame, int] = {}
+        rows = []
+        for raw in samples:
+            frames = [self._kernel_frame(ip) for ip in raw.kernel]
+            frames += [self._user_frame(raw, frame) for frame in raw.user]
+            for frame in frames:
+                self.stats["frames_resolved" if frame.resolved else "frames_unresolved"] += 1
+            rows.append(Sample(raw.pid, raw.comm, tuple(index.setdefault(f, len(index)) for f in frames), raw.count))
+        return list(index), rows
+
+    def _warn(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            self.warnings.append(message)
+
+    def _user_frame(self, raw: RawSample, frame: UserFrame) -> Frame:
+        if frame.build_id is None:
+            return self._address_frame(raw.pid, frame.offset, raw.time)
+        key = (frame.build_id, frame.offset)
+        cached = self._frames.get(key)
+        if cached is not None:
+            return cached
+        dso = self._dso_for_build_id(frame.build_id)
+        if dso is None:
+            return Frame(UNKNOWN, UNKNOWN, address=frame.offset, resolved=False, build_id=frame.build_id.hex())
+        self._frames[key] = named = self._object_frame(dso, frame.offset)
+        return named
+
+    def _address_frame(self, pid: int, address: int, time: float) -> Frame:
+        entry = self.machine.mapping_at(pid, address)
+        if entry is not None and entry.is_file:
+            return self._object_frame(self._dso_for_mapping(entry), entry.file_offset(address))
+        if entry is not None and entry.path == VDSO:
+            vdso = self._own_vdso()
+            offset = entry.file_offset(address)
+            if vdso is None:
+                return Frame(f"{VDSO}+0x{offset:x}", VDSO, address=offset, resolved=False)
+            return self._object_frame(vdso, offset)
+        jitted = self._lookup_jit(pid, address, time)
+        if jitted is not None:
+            symbol, source = jitted
+            return Frame(demangle(symbol), f"[jit] {source}", address=address)
+        return Frame(UNKNOWN, UNKNOWN, address=address, resolved=False)
+
+    def _lookup_jit(self, pid: int, address: int, time: float) -> tuple[str, str] | None:
+        if self._jit_lookup is None:
+            return None
+        try:
+            return self._jit_lookup(pid, address, time)
+        except Exception as err:  # noqa: BLE001 - a broken JIT map must not lose the whole profile
+            self._warn(f"JIT symbol lookup failed for pid {pid}: {err}")
+            return None
+
+    @staticmethod
+    def _object_frame(dso: Dso, offset: int) -> Frame:
+        name = dso.symbol_at(offset)
+        build_id = dso.build_id.hex() if dso.build_id else None
+        if name is None:
+            return Frame(f"{dso.basename}+0x{offset:x}", dso.name, address=offset, resolved=False,
+                         build_id=build_id)
+        return Frame(name, dso.name, address=offset, build_id=build_id)
+
+    def _dso_for_mapping(self, entry: MapEntry) -> Dso:
+        ref, build_id = self.machine.files.get(entry.file_key, (FileRef(entry.file_path, entry.file_path), None))
+        if build_id is not None:
+            dso = self._dso_for_build_id(build_id)
+            if dso is not None:
+                return dso
+        dso = self._by_file.get(entry.file_key)
+        if dso is None:
+            dso = self._by_file[entry.file_key] = Dso(ref.name, self._context, path=ref.read_path, build_id=build_id)
+        return dso
+
+    def _dso_for_build_id(self, build_id: bytes) -> Dso | None:
+        dso = self._by_build_id.get(build_id)
+        if dso is not None:
+            return dso
+        if self._missing.get(build_id) == self.machine.generation:
+            return None
+        dso = self._find_dso(build_id)
+        if dso is None:
+            self._missing[build_id] = self.machine.generation
+            return None
+        self._by_build_id[build_id] = dso
+        return dso
+
+    def _find_dso(self, build_id: bytes) -> Dso | None:
+        ref = self.machine.by_build_id.get(build_id)
+        if ref is None:
+            vdso = self._own_vdso()
+            if vdso is not None and vdso.build_id == build_id:
+                return vdso
+            debug_path = debuginfo.build_id_debug_path(build_id, self._context.debug_roots)
+            if debug_path is not None:
+                name = debuginfo.original_path(build_id, self._context.debug_roots)
+                return Dso(name or f"[build-id {build_id.hex()[:12]}]", self._context, path=debug_path,
+                           build_id=build_id, debug_only=True)
+            self.machine.scan_library_dirs()
+            ref = self.machine.by_build_id.get(build_id)
+        if ref is None:
+            return None
+        return Dso(ref.name, self._context, path=ref.read_path, build_id=build_id)
+
+    def _own_vdso(self) -> Dso | None:
+        if not self._vdso_read:
+            self._vdso_read = True
+            image = read_own_vdso()
+            if image is None:
+                self._warn("cannot read this process's [vdso]; [vdso] frames show as [vdso]+0xOFFSET")
+            else:
+                self._vdso = Dso(VDSO, self._context, image=image, build_id=read_build_id(io.BytesIO(image)))
+        return self._vdso
+
+    def _kernel_frame(self, ip: int) -> Frame:
+        frame = self._kernel_frames.get(ip)
+        if frame is None:
+            kallsyms = self._kernel_symbols()
+            symbol = kallsyms.find(ip) if kallsyms is not None else None
+            if symbol is None:
+                frame = Frame(f"{KERNEL_DSO}+0x{ip:x}", KERNEL_DSO, kernel=True, address=ip, resolved=False)
+            else:
+                dso = f"[{symbol.module}]" if symbol.module else KERNEL_DSO
+                frame = Frame(demangle(symbol.name), dso, kernel=True, address=ip)
+            self._kernel_frames[ip] = frame
+        return frame
+
+    def _kernel_symbols(self) -> Kallsyms | None:
+        if not self._kallsyms_loaded:
+            self._kallsyms_loaded = True
+            try:
+                self._kallsyms = Kallsyms.load()
+            except OptraceError as err:
+                self._warn(f"{err}; kernel frames show as {KERNEL_DSO}+0xADDRESS")
+        return self._kallsyms

@@ -1,0 +1,93 @@
+"""What a recording profiles: a command started for it, running processes, or the whole machine."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+from optrace.frontend.errors import OptraceError
+
+
+def check_pids(pids: list[int]) -> None:
+    for pid in pids:
+        if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
+            raise OptraceError(f"no such process: {pid}")
+
+
+def check_command(argv: list[str]) -> None:
+    """Fail before loading BPF when the command cannot be run (like a shell: exit 127)."""
+    name = argv[0]
+    path = name if "/" in name else shutil.which(name)
+    if path is None or not os.path.exists(path):
+        raise OptraceError(f"command not found: {name}", exit_code=127)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise OptraceError(f"cannot execute {name}: permission denied or not a program", exit_code=126)
+
+
+class GatedChild:
+    """A command forked but held before exec until the profiler knows its pid, so no early sample is
+    missed (perf record does the same with its workload pipe). subprocess cannot do this: Popen waits
+    for the exec to happen."""
+
+    def __init__(self, argv: list[str]) -> None:
+        read_fd, write_fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child(argv, read_fd, write_fd)
+        os.close(read_fd)
+        self._gate_fd = write_fd
+        self.returncode: int | None = None
+
+    @classmethod
+    def launch(cls, argv: list[str]) -> "GatedChild":
+        return cls(argv)
+
+    @staticmethod
+    def _child(argv: list[str], read_fd: int, write_fd: int) -> None:
+        try:
+            os.close(write_fd)
+            os.read(read_fd, 1)
+            os.close(read_fd)
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            os.write(2, f"optrace: cannot run {argv[0]}: {exc.strerror}\n".encode())
+        finally:
+            os._exit(127)
+
+    def release(self) -> None:
+        if self._gate_fd >= 0:
+            os.write(self._gate_fd, b"x")
+            os.close(self._gate_fd)
+            self._gate_fd = -1
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.returncode
+
+    def stop(self, timeout: float = 2.0) -> int:
+        """End the command when the recording ends first (duration or a signal to optrace)."""
+        self.release()
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            if self.wait(timeout) is None:
+                os.kill(self.pid, signal.SIGKILL)
+                self.wait(timeout)
+        return self.returncode if self.returncode is not None else -signal.SIGKILL
+
+
+def describe_exit(status: int | None) -> str:
+    if status is None:
+        return "still running"
+    if status < 0:
+        return f"killed by {signal.Signals(-status).name}"
+    return f"exit status {status}"

@@ -1,0 +1,204 @@
+"""Uprobes shared by consumers, keyed like the kernel keys them: (device, inode, file offset).
+
+This mirrors the kernel's uprobe design (seed 003): one uprobe per key, any number of consumers on it,
+each with its own filter; the first consumer of a key attaches it, the last one to leave detaches it,
+and a consumer leaving never disturbs the others' counts. The kernel side is an injected
+:class:`Attacher`, so this module runs (and is unit-tested) without BPF.
+
+Counts live in the kernel per (probe id, pid) and are never reset while a probe is attached; a consumer
+that joins an attached probe remembers the counts at that moment and reports what came after.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.model import CallCount
+from optrace.frontend.uprobes.resolve import ProbeKey, ResolvedProbe
+
+PidFilter = Callable[[int], bool]
+
+
+@dataclass
+class KernelCounts:
+    """One read of the kernel maps."""
+
+    totals: dict[int, int] = field(default_factory=dict)  # probe id -> calls, exact
+    per_pid: dict[tuple[int, int], int] = field(default_factory=dict)  # (probe id, pid) -> calls
+    comms: dict[int, str] = field(default_factory=dict)  # pid -> command name at its first hit
+    lost_rows: int = 0  # hits the per-pid map had no room for (still in totals)
+    followed: dict[int, int] = field(default_factory=dict)  # pid -> the followed root it descends from
+
+
+class Attacher(Protocol):
+    """The kernel side: one uprobe per probe id, hits counted per (probe id, pid)."""
+
+    max_probes: int
+
+    def attach(self, probe_id: int, path: str, offset: int) -> None:
+        """Attach a uprobe at ``offset`` in ``path``; raise OptraceError when the kernel refuses."""
+
+    def detach(self, probe_id: int) -> None:
+        """Remove the uprobe and forget its counts (the id may be reused)."""
+
+    def read(self) -> KernelCounts: ...
+
+    def follow(self, root_pid: int) -> None:
+        """Record ``root_pid`` and every process it forks from now on in :attr:`KernelCounts.followed`."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Attached:
+    key: ProbeKey
+    probe_id: int
+    consumers: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Consumer:
+    """One user of probes (a count command, a record, an exporter's probe list)."""
+
+    id: int
+    probes: tuple[ResolvedProbe, ...]
+    pid_filter: PidFilter | None
+    baseline_totals: dict[ProbeKey, int] = field(default_factory=dict)
+    baseline_per_pid: dict[tuple[ProbeKey, int], int] = field(default_factory=dict)
+
+
+class ProbeManager:
+    """Attaches each (device, inode, offset) once, whatever the number of consumers and spellings."""
+
+    def __init__(self, attacher_factory: Callable[[], Attacher]) -> None:
+        self._factory = attacher_factory
+        self._attacher: Attacher | None = None
+        self._attached: dict[ProbeKey, _Attached] = {}
+        self._consumers: dict[int, Consumer] = {}
+        self._next_consumer = 1
+        self._lock = threading.RLock()
+
+    @property
+    def attached_keys(self) -> set[ProbeKey]:
+        return set(self._attached)
+
+    def register(self, probes: Sequence[ResolvedProbe], pid_filter: PidFilter | None = None) -> Consumer:
+        """Add a consumer; attach the keys nobody watches yet (all or nothing)."""
+        with self._lock:
+            consumer = Consumer(id=self._next_consumer, probes=tuple(probes), pid_filter=pid_filter)
+            self._next_consumer += 1
+            new: list[ProbeKey] = []
+            try:
+                for probe in consumer.probes:
+                    if probe.key not in self._attached:
+                        self._attach(probe)
+                        new.append(probe.key)
+            except BaseException:
+                for key in new:
+                    self._detach(key)
+                self._close_attacher_if_idle()
+                raise
+            self._remember_baseline(consumer, set(new))
+            for probe in consumer.probes:
+                self._attached[probe.key].consumers.add(consumer.id)
+            self._consumers[consumer.id] = consumer
+            return consumer
+
+    def unregister(self, consumer: Consumer) -> None:
+        """Remove a consumer (idempotent); keys it was the last one on are detached."""
+        with self._lock:
+            if self._consumers.pop(consumer.id, None) is None:
+                return
+            for key in {p.key for p in consumer.probes}:
+                attached = self._attached[key]
+                attached.consumers.discard(consumer.id)
+                if not attached.consumers:
+                    self._detach(key)
+            self._close_attacher_if_idle()
+
+    def counts(self, consumer: Consumer) -> list[CallCount]:
+        """The consumer's calls since it registered, per probe, its filter applied."""
+        with self._lock:
+            kernel = self._read()
+            return [self._count_one(consumer, probe, kernel) for probe in consumer.probes]
+
+    def lost_rows(self) -> int:
+        with self._lock:
+            return self._read().lost_rows
+
+    def follow(self, root_pid: int) -> None:
+        with self._lock:
+            if self._attacher is None:
+                raise OptraceError("internal: follow() needs attached probes")
+            self._attacher.follow(root_pid)
+
+    def descendants(self, root_pid: int) -> set[int]:
+        """``root_pid`` and the processes it forked since :meth:`follow`, exited ones included."""
+        with self._lock:
+            return {pid for pid, root in self._read().followed.items() if root == root_pid}
+
+    def close(self) -> None:
+        """Detach everything (idempotent): every consumer is gone afterwards."""
+        with self._lock:
+            for consumer in list(self._consumers.values()):
+                self.unregister(consumer)
+            self._close_attacher_if_idle()
+
+    def _read(self) -> KernelCounts:
+        return self._attacher.read() if self._attacher is not None else KernelCounts()
+
+    def _attach(self, probe: ResolvedProbe) -> None:
+        if self._attacher is None:
+            self._attacher = self._factory()
+        used = {a.probe_id for a in self._attached.values()}
+        probe_id = next((i for i in range(self._attacher.max_probes) if i not in used), None)
+        if probe_id is None:
+            raise OptraceError(
+                f"too many probes: at most {self._attacher.max_probes} can be attached at once"
+            )
+        self._attacher.attach(probe_id, probe.binary, probe.offset)
+        self._attached[probe.key] = _Attached(key=probe.key, probe_id=probe_id)
+
+    def _detach(self, key: ProbeKey) -> None:
+        attached = self._attached.pop(key)
+        assert self._attacher is not None
+        self._attacher.detach(attached.probe_id)
+
+    def _close_attacher_if_idle(self) -> None:
+        if not self._attached and self._attacher is not None:
+            attacher, self._attacher = self._attacher, None
+            attacher.close()
+
+    def _remember_baseline(self, consumer: Consumer, new_keys: set[ProbeKey]) -> None:
+        """Counts of probes other consumers already hold, so this consumer reports only what follows."""
+        shared = {p.key for p in consumer.probes} - new_keys
+        if not shared:
+            return
+        kernel = self._read()
+        for key in shared:
+            probe_id = self._attached[key].probe_id
+            consumer.baseline_totals[key] = kernel.totals.get(probe_id, 0)
+            for (pid_probe, pid), calls in kernel.per_pid.items():
+                if pid_probe == probe_id:
+                    consumer.baseline_per_pid[(key, pid)] = calls
+
+    def _count_one(self, consumer: Consumer, probe: ResolvedProbe, kernel: KernelCounts) -> CallCount:
+        probe_id = self._attached[probe.key].probe_id
+        per_pid = {}
+        for (pid_probe, pid), calls in kernel.per_pid.items():
+            if pid_probe != probe_id or (consumer.pid_filter and not consumer.pid_filter(pid)):
+                continue
+            since = calls - consumer.baseline_per_pid.get((probe.key, pid), 0)
+            if since:
+                per_pid[pid] = since
+        if consumer.pid_filter is None:
+            calls = kernel.totals.get(probe_id, 0) - consumer.baseline_totals.get(probe.key, 0)
+        else:
+            calls = sum(per_pid.values())
+        return CallCount(
+            probe=probe.spec, binary=probe.binary, symbol=probe.symbol, offset=probe.offset, calls=calls,
+            per_pid=per_pid, comms={pid: kernel.comms.get(pid, "") for pid in per_pid},
+        )

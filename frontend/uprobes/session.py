@@ -1,0 +1,117 @@
+"""CallCounter: what `optrace count`, `optrace record --uprobe` and the exporter use to count calls.
+
+Every CallCounter of a process is a consumer of one shared :class:`ProbeManager`, so two users of the
+same function (say a record and the exporter) share one uprobe and still get their own counts.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.model import CallCount
+from optrace.frontend.uprobes.manager import Attacher, Consumer, PidFilter, ProbeManager
+from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES, Resolution, resolve_specs
+
+_shared: ProbeManager | None = None
+_shared_lock = threading.Lock()
+
+
+def _bpf_attacher() -> Attacher:
+    from optrace.bpf.uprobes import BpfUprobeAttacher
+
+    return BpfUprobeAttacher()
+
+
+def shared_manager() -> ProbeManager:
+    """The process's ProbeManager, attaching through BPF (created on first use)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = ProbeManager(_bpf_attacher)
+        return _shared
+
+
+def require_recording() -> None:
+    """The doctor's root/capability check when it exists, else a minimal one of our own."""
+    try:
+        from optrace.frontend.doctor import require_recording as doctor_check
+    except ImportError:
+        doctor_check = _require_bpf_privileges
+    doctor_check()
+
+
+_CAP_BPF, _CAP_PERFMON, _CAP_SYS_ADMIN = 39, 38, 21
+
+
+def _require_bpf_privileges() -> None:
+    with open("/proc/self/status") as f:
+        effective = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    has = lambda cap: bool(effective >> cap & 1)  # noqa: E731
+    if not (has(_CAP_SYS_ADMIN) or (has(_CAP_BPF) and has(_CAP_PERFMON))):
+        raise OptraceError("counting calls needs root or CAP_BPF+CAP_PERFMON: run with sudo")
+
+
+class CallCounter:
+    """Exact call counts of the functions the SPECs name, in processes ``pid_filter`` accepts (all by default)."""
+
+    def __init__(
+        self,
+        specs: Sequence[str],
+        pid_filter: Callable[[int], bool] | None = None,
+        max_matches: int = DEFAULT_MAX_MATCHES,
+        manager: ProbeManager | None = None,
+    ) -> None:
+        self.specs = tuple(specs)
+        self.pid_filter: PidFilter | None = pid_filter
+        self.max_matches = max_matches
+        self.resolution: Resolution | None = None
+        self._manager = manager
+        self._consumer: Consumer | None = None
+
+    @property
+    def manager(self) -> ProbeManager:
+        if self._manager is None:
+            self._manager = shared_manager()
+        return self._manager
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.resolution.warnings if self.resolution else []
+
+    def resolve(self) -> Resolution:
+        """Resolve the SPECs (idempotent); bad input raises OptraceError here, before any attach."""
+        if self.resolution is None:
+            if not self.specs:
+                raise OptraceError("no probe given: name at least one BINARY:SYMBOL (e.g. c:malloc)")
+            self.resolution = resolve_specs(self.specs, self.max_matches)
+        return self.resolution
+
+    def start(self) -> None:
+        resolution = self.resolve()
+        if self._consumer is not None:
+            return
+        if self._manager is None:
+            require_recording()
+        self._consumer = self.manager.register(resolution.probes, self.pid_filter)
+
+    def calls(self) -> list[CallCount]:
+        if self._consumer is None:
+            raise OptraceError("internal: CallCounter.calls() before start()")
+        return self.manager.counts(self._consumer)
+
+    def lost_rows(self) -> int:
+        """Hits not attributed to a pid because the kernel's per-pid map was full (totals stay exact)."""
+        return self.manager.lost_rows() if self._consumer is not None else 0
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            self.manager.unregister(consumer)
+
+    def __enter__(self) -> CallCounter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,152 @@
+"""`optrace jit convert`: one ELF file per process from its JIT functions, as OProfile's opjitconv did.
+
+Layout (ET_DYN, the dump's machine and byte order):
+- one SHT_PROGBITS, SHF_ALLOC|SHF_EXECINSTR section per anonymous executable region holding JIT code, at
+  the region's start address (``.jit.0x<start>``). The regions are the process's anonymous executable
+  mappings when it is still running, else page-aligned runs of JIT code (a dump does not record mappings).
+  The bytes are the code as it was at the end of the dump (later code overwrites earlier code at the same
+  address); a region with no code bytes at all is SHT_NOBITS.
+- ``.symtab``/``.strtab``: one STT_FUNC symbol per function load. Code still in place at the end keeps its
+  name; code that later code replaced (address reuse) or that moved is named ``name@BORN..DIED`` (seconds
+  since the dump's header time; ``@lineN..lineM`` for perf maps), so each lifetime is its own symbol.
+- ``.note.gnu.build-id``: SHA-1 of the symbols and section bytes (20 bytes, NT_GNU_BUILD_ID).
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from optrace.jitmaps.lifetimes import JitFunction, symbol_name
+
+PAGE = 4096
+SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_NOTE, SHT_NOBITS = 1, 2, 3, 7, 8
+SHF_ALLOC, SHF_EXECINSTR = 0x2, 0x4
+STB_GLOBAL, STT_FUNC = 1, 2
+NT_GNU_BUILD_ID = 3
+EHDR = "16sHHIQQQIHHHHHH"
+SHDR = "IIQQQQIIQQ"
+SYM = "IBBHQQ"
+
+
+@dataclass(frozen=True)
+class ElfSummary:
+    path: str
+    sections: list[tuple[str, int, int]]  # (name, address, size)
+    symbols: int
+    build_id: str
+
+
+def page_regions(functions: Sequence[JitFunction]) -> list[tuple[int, int]]:
+    """Page-aligned runs of memory that held JIT code, merged where they touch."""
+    spans = sorted((f.start // PAGE * PAGE, -(-f.end // PAGE) * PAGE) for f in functions)
+    regions: list[tuple[int, int]] = []
+    for start, end in spans:
+        if regions and start <= regions[-1][1]:
+            regions[-1] = (regions[-1][0], max(regions[-1][1], end))
+        else:
+            regions.append((start, end))
+    return regions
+
+
+def live_regions(maps_text: str, functions: Sequence[JitFunction]) -> list[tuple[int, int]]:
+    """The anonymous executable mappings (from /proc/PID/maps text) that contain JIT code, trimmed to end
+    at the last byte of code they hold (a code cache reserves far more than it uses)."""
+    regions: list[tuple[int, int]] = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5 or "x" not in parts[1]:
+            continue
+        path = parts[5].strip() if len(parts) > 5 else ""
+        if path and not path.startswith("[anon"):
+            continue
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        inside = [f.end for f in functions if lo <= f.start < hi]
+        if inside:
+            regions.append((lo, min(hi, max(inside))))
+    return regions
+
+
+def _region_image(region: tuple[int, int], functions: Sequence[JitFunction]) -> bytes | None:
+    """The region's bytes at the end of the dump (functions are in load order: later ones overwrite)."""
+    lo, hi = region
+    image = bytearray(hi - lo)
+    has_code = False
+    for function in functions:
+        if function.code and lo <= function.start and function.end <= hi:
+            image[function.start - lo : function.end - lo] = function.code
+            has_code = True
+    return bytes(image) if has_code else None
+
+
+class _StringTable:
+    def __init__(self) -> None:
+        self.data = bytearray(b"\0")
+        self._seen: dict[str, int] = {}
+
+    def add(self, text: str) -> int:
+        if text not in self._seen:
+            self._seen[text] = len(self.data)
+            self.data += text.encode("utf-8", "replace").replace(b"\0", b" ") + b"\0"
+        return self._seen[text]
+
+
+def write_elf(path: str, functions: Sequence[JitFunction], elf_mach: int, regions: Sequence[tuple[int, int]],
+              byte_order: str = "<", times_are_lines: bool = False) -> ElfSummary:
+    """Write the ELF file; ``functions`` in load order, ``regions`` must cover every function."""
+    o = byte_order
+    shstr, strtab = _StringTable(), _StringTable()
+    sections: list[dict] = []  # name, type, flags, addr, data (bytes or None for NOBITS), size, align, ...
+    for lo, hi in regions:
+        image = _region_image((lo, hi), functions)
+        sections.append(dict(name=f".jit.0x{lo:x}", type=SHT_PROGBITS if image else SHT_NOBITS,
+                             flags=SHF_ALLOC | SHF_EXECINSTR, addr=lo, data=image, size=hi - lo, align=16))
+    symbols = [struct.pack(o + SYM, 0, 0, 0, 0, 0, 0)]
+    digest = hashlib.sha1(struct.pack(o + "I", elf_mach))
+    for function in functions:
+        name = symbol_name(function, times_are_lines)
+        shndx = next((i + 1 for i, (lo, hi) in enumerate(regions) if lo <= function.start < hi), 0xFFF1)
+        symbols.append(struct.pack(o + SYM, strtab.add(name), (STB_GLOBAL << 4) | STT_FUNC, 0, shndx,
+                                   function.start, function.size))
+        digest.update(f"{function.start:x} {function.size:x} {name}\n".encode("utf-8", "replace"))
+    for section in sections:
+        digest.update(section["data"] or b"")
+    build_id = digest.digest()
+    note = struct.pack(o + "III", 4, len(build_id), NT_GNU_BUILD_ID) + b"GNU\0" + build_id
+    sections.append(dict(name=".note.gnu.build-id", type=SHT_NOTE, flags=SHF_ALLOC, addr=0, data=note,
+                         size=len(note), align=4))
+    symtab_index = len(sections) + 1
+    sections.append(dict(name=".symtab", type=SHT_SYMTAB, flags=0, addr=0, data=b"".join(symbols),
+                         size=24 * len(symbols), align=8, link=symtab_index + 1, info=1, entsize=24))
+    sections.append(dict(name=".strtab", type=SHT_STRTAB, flags=0, addr=0, data=bytes(strtab.data),
+                         size=len(strtab.data), align=1))
+    for section in sections:
+        section["name_off"] = shstr.add(section["name"])
+    shstrtab_name = shstr.add(".shstrtab")
+    sections.append(dict(name=".shstrtab", name_off=shstrtab_name, type=SHT_STRTAB, flags=0, addr=0,
+                         data=bytes(shstr.data), size=len(shstr.data), align=1))
+    _emit(path, sections, elf_mach, o)
+    return ElfSummary(path, [(s["name"], s["addr"], s["size"]) for s in sections if s["flags"] & SHF_EXECINSTR],
+                      len(symbols) - 1, build_id.hex())
+
+
+def _emit(path: str, sections: list[dict], elf_mach: int, o: str) -> None:
+    body = bytearray(struct.calcsize(o + EHDR))
+    for section in sections:
+        pad = -len(body) % section["align"]
+        body += bytes(pad)
+        section["offset"] = len(body)
+        if section["type"] != SHT_NOBITS:
+            body += section["data"]
+    body += bytes(-len(body) % 8)
+    shoff = len(body)
+    body += struct.pack(o + SHDR, *([0] * 10))
+    for s in sections:
+        body += struct.pack(o + SHDR, s["name_off"], s["type"], s["flags"], s["addr"], s["offset"], s["size"],
+                            s.get("link", 0), s.get("info", 0), s["align"], s.get("entsize", 0))
+    ident = b"\x7fELF" + bytes([2, 1 if o == "<" else 2, 1, 0]) + bytes(8)
+    body[: struct.calcsize(o + EHDR)] = struct.pack(
+        o + EHDR, ident, 3, elf_mach, 1, 0, 0, shoff, 0, 64, 0, 0, 64, len(sections) + 1, len(sections))
+    with open(path, "wb") as f:
+        f.write(body)

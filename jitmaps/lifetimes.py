@@ -1,0 +1,107 @@
+"""JIT functions with their lifetimes, from a jitdump's records or a perf map's lines.
+
+A function lives from its load until code loaded later overlaps it (address reuse) or it is moved
+(jitdump MOVE). Used by ``optrace jit show`` and ``optrace jit convert``.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from optrace.jitmaps import jitdump as jd
+from optrace.jitmaps.perfmap import PerfMapEntry
+
+
+@dataclass(frozen=True)
+class JitFunction:
+    name: str
+    start: int
+    size: int
+    born: float  # seconds since the jitdump's header (perf maps: the line number)
+    died: float | None = None  # when later code replaced it; None: still there at the end of the file
+    code: bytes | None = None
+    moved_from: int | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+class _LiveSet:
+    """Functions alive now, non-overlapping, sorted by start."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.ids: list[int] = []
+
+    def replace(self, start: int, end: int, new_id: int) -> list[int]:
+        """Insert ``new_id`` at [start, end) and return the ids it pushes out."""
+        lo = bisect_left(self.starts, start)
+        if lo and self.ends[lo - 1] > start:
+            lo -= 1
+        hi = lo
+        while hi < len(self.starts) and self.starts[hi] < end:
+            hi += 1
+        dead = self.ids[lo:hi]
+        self.starts[lo:hi], self.ends[lo:hi], self.ids[lo:hi] = [start], [end], [new_id]
+        return dead
+
+    def remove(self, function_id: int) -> None:
+        if function_id in self.ids:
+            pos = self.ids.index(function_id)
+            del self.starts[pos], self.ends[pos], self.ids[pos]
+
+
+class Timeline:
+    """Builds the functions in load order and ends the ones later code overlaps."""
+
+    def __init__(self) -> None:
+        self.functions: list[JitFunction] = []
+        self._live = _LiveSet()
+
+    def load(self, function: JitFunction) -> int:
+        new_id = len(self.functions)
+        self.functions.append(function)
+        for dead in self._live.replace(function.start, function.end, new_id):
+            self.functions[dead] = replace(self.functions[dead], died=function.born)
+        return new_id
+
+    def retire(self, function_id: int, when: float) -> None:
+        self._live.remove(function_id)
+        self.functions[function_id] = replace(self.functions[function_id], died=when)
+
+
+def from_jitdump(header: jd.JitDumpHeader, records: Iterable[jd.JitRecord]) -> list[JitFunction]:
+    timeline = Timeline()
+    by_index: dict[int, int] = {}  # code_index -> function id of its current copy
+    for record in records:
+        when = (record.timestamp - header.timestamp) / 1e9
+        if isinstance(record, jd.CodeLoad):
+            by_index[record.code_index] = timeline.load(
+                JitFunction(record.name, record.code_addr, record.code_size, when, code=record.code))
+        elif isinstance(record, jd.CodeMove) and record.code_index in by_index:
+            old_id = by_index[record.code_index]
+            old = timeline.functions[old_id]
+            timeline.retire(old_id, when)
+            code = old.code if old.code is not None and len(old.code) == record.code_size else None
+            by_index[record.code_index] = timeline.load(JitFunction(
+                old.name, record.new_code_addr, record.code_size, when, code=code, moved_from=old.start))
+    return timeline.functions
+
+
+def from_perf_map(entries: Sequence[PerfMapEntry]) -> list[JitFunction]:
+    timeline = Timeline()
+    for line, entry in enumerate(entries, 1):
+        timeline.load(JitFunction(entry.name, entry.start, entry.size, float(line)))
+    return timeline.functions
+
+
+def symbol_name(function: JitFunction, times_are_lines: bool = False) -> str:
+    """The plain name for code still there at the end; ``name@BORN..DIED`` for replaced code."""
+    if function.died is None:
+        return function.name
+    if times_are_lines:
+        return f"{function.name}@line{function.born:.0f}..line{function.died:.0f}"
+    return f"{function.name}@{function.born:.6f}s..{function.died:.6f}s"

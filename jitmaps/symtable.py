@@ -1,0 +1,153 @@
+"""Address -> JIT symbol over time, for one process.
+
+JIT code is freed and its addresses reused, so every entry keeps the time it became known (``stamp``: the
+jitdump record's CLOCK_MONOTONIC time, or for perf maps the drain at which its line was read) and its
+arrival order. :meth:`SymbolHistory.lookup` answers "which code was at this address at this time": among the
+entries covering the address, the newest one known at that time (later arrival wins on overlap and ties);
+when none was known yet (a map written at exit, or a ``jcmd`` snapshot taken after the samples), the
+earliest one known afterwards.
+
+Memory: names are interned (one string per distinct name), entries live in flat arrays (32 bytes each), and
+an entry identical to the one already at the same start (same size and name) is dropped when the index is
+rebuilt, so a map that repeats itself costs the distinct symbols, not its lines.
+"""
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from dataclasses import dataclass
+
+MAX_SPAN = 1 << 24  # entries larger than this (16 MiB) go to a short list scanned linearly
+
+
+@dataclass(frozen=True)
+class JitSymbol:
+    start: int
+    size: int
+    name: str
+    source: str  # the perf map or jitdump path the entry came from
+    stamp: float
+
+
+class SymbolHistory:
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._name_ids: dict[str, int] = {}
+        self.sources: list[str] = []
+        self._starts = array("Q")
+        self._ends = array("Q")
+        self._stamps = array("d")
+        self._name_idx = array("I")
+        self._source_idx = array("H")
+        self._index: _Index | None = None
+        self._compacted_at = 0
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def add(self, start: int, size: int, name: str, source: str, stamp: float) -> None:
+        name_id = self._name_ids.get(name)
+        if name_id is None:
+            name_id = self._name_ids[name] = len(self.names)
+            self.names.append(name)
+        if source not in self.sources:
+            self.sources.append(source)
+        self._starts.append(start)
+        self._ends.append(start + size)
+        self._stamps.append(stamp)
+        self._name_idx.append(name_id)
+        self._source_idx.append(self.sources.index(source))
+        self._index = None
+        if len(self._starts) >= 2 * max(self._compacted_at, 1 << 16):
+            self.compact()
+
+    def compact(self) -> None:
+        """Drop entries that repeat the entry already at their start (keeps the first, older stamp)."""
+        order = self._sorted_order()
+        keep = sorted(order)  # back to arrival order: arrival order is the tie-breaker on overlap
+        self._starts = array("Q", (self._starts[i] for i in keep))
+        self._ends = array("Q", (self._ends[i] for i in keep))
+        self._stamps = array("d", (self._stamps[i] for i in keep))
+        self._name_idx = array("I", (self._name_idx[i] for i in keep))
+        self._source_idx = array("H", (self._source_idx[i] for i in keep))
+        self._compacted_at = len(self._starts)
+        self._index = None
+
+    def _sorted_order(self) -> list[int]:
+        """Entry indices by start (then arrival), without exact repeats of the previous entry at a start."""
+        starts, ends, names = self._starts, self._ends, self._name_idx
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        kept: list[int] = []
+        last_at_start: dict[int, int] = {}
+        prev_start = -1
+        for i in order:
+            if starts[i] != prev_start:
+                last_at_start.clear()
+                prev_start = starts[i]
+            key = (ends[i], names[i])
+            if last_at_start.get(key) is not None and _only_same_since(kept, last_at_start[key], key, ends, names):
+                continue
+            last_at_start[key] = len(kept)
+            kept.append(i)
+        return kept
+
+    def lookup(self, address: int, time: float) -> JitSymbol | None:
+        if self._index is None:
+            self._index = _Index(self)
+        best = self._index.best(address, time)
+        if best is None:
+            return None
+        start = self._starts[best]
+        return JitSymbol(start, self._ends[best] - start, self.names[self._name_idx[best]],
+                         self.sources[self._source_idx[best]], self._stamps[best])
+
+    def entries(self) -> list[JitSymbol]:
+        """Every entry, in arrival order (for `jit show` and ELF conversion)."""
+        return [JitSymbol(s, e - s, self.names[n], self.sources[src], t) for s, e, n, src, t in
+                zip(self._starts, self._ends, self._name_idx, self._source_idx, self._stamps)]
+
+
+def _only_same_since(kept: list[int], pos: int, key: tuple[int, int], ends: array, names: array) -> bool:
+    """True when every entry kept at this start since position ``pos`` is the same symbol again."""
+    return all((ends[j], names[j]) == key for j in kept[pos + 1 :])
+
+
+class _Index:
+    """Entries sorted by start with a running maximum of their ends, so a lookup scans back from the
+    address only as far as some entry can still reach it. Entries over MAX_SPAN are kept apart."""
+
+    def __init__(self, table: SymbolHistory) -> None:
+        self.table = table
+        small: list[int] = []
+        self.large: list[int] = []
+        for i in table._sorted_order():
+            (self.large if table._ends[i] - table._starts[i] > MAX_SPAN else small).append(i)
+        self.order = small
+        self.starts = array("Q", (table._starts[i] for i in small))
+        self.reach = array("Q")
+        top = 0
+        for i in small:
+            top = max(top, table._ends[i])
+            self.reach.append(top)
+
+    def covering(self, address: int) -> list[int]:
+        ends = self.table._ends
+        found = [i for i in self.large if self.table._starts[i] <= address < ends[i]]
+        pos = bisect_right(self.starts, address) - 1
+        while pos >= 0 and self.reach[pos] > address and self.starts[pos] + MAX_SPAN > address:
+            i = self.order[pos]
+            if ends[i] > address:
+                found.append(i)
+            pos -= 1
+        return found
+
+    def best(self, address: int, time: float) -> int | None:
+        """The newest entry known at ``time``, else the earliest known after it (ties: later arrival)."""
+        stamps = self.table._stamps
+        candidates = self.covering(address)
+        if not candidates:
+            return None
+        known = [i for i in candidates if stamps[i] <= time]
+        if known:
+            return max(known, key=lambda i: (stamps[i], i))
+        return min(candidates, key=lambda i: (stamps[i], -i))

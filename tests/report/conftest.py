@@ -1,0 +1,62 @@
+"""A Record with known counts, built in code: the ground truth for the report tests.
+
+demo (pid 100): main -> hot_a (400), main -> hot_b (200), main -> lib_burn in libburn.so (200),
+                main -> write -> ksys_write [k] (100)
+bash (pid 200): main -> hot_a in /usr/bin/bash (50), a lost stack (50)
+Total 1000 samples.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from optrace.frontend.model import KERNEL_DSO, CallCount, Frame, Record, RecordMeta, Sample
+from optrace.frontend.recordfile import write_record
+
+DEMO = "/work/main/workloads/build/demo"
+LIBBURN = "/work/main/workloads/build/libburn.so"
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+BASH = "/usr/bin/bash"
+
+FRAMES = [
+    Frame("main", DEMO, address=0x1100),  # 0
+    Frame("hot_a", DEMO, address=0x1200),  # 1
+    Frame("hot_b", DEMO, address=0x1300),  # 2
+    Frame("lib_burn", LIBBURN, address=0x500),  # 3
+    Frame("write", LIBC, address=0x9000),  # 4
+    Frame("ksys_write", KERNEL_DSO, kernel=True, address=0xFFFFFFFF81000000),  # 5
+    Frame("main", BASH, address=0x2000),  # 6
+    Frame("hot_a", BASH, address=0x2100),  # 7
+]
+
+
+def synthetic_record(with_calls: bool = False) -> Record:
+    meta = RecordMeta(
+        optrace_version="0.1.0", hostname="testhost", kernel="6.18.0", started=1_795_000_000.0,
+        duration_s=2.5, frequency_hz=499, event="cpu-clock", command=[DEMO, "3"], exit_status=0,
+        total_samples=1000, lost={"stack collisions": 3, "map full": 0}, warnings=["one test warning"],
+    )
+    samples = [
+        Sample(100, "demo", (1, 0), 400),
+        Sample(100, "demo", (2, 0), 200),
+        Sample(100, "demo", (3, 0), 200),
+        Sample(100, "demo", (5, 4, 0), 100),
+        Sample(200, "bash", (7, 6), 50),
+        Sample(200, "bash", (), 50),
+    ]
+    calls = [CallCount("c:write", LIBC, "write", 0x9000, 1234, {100: 1234})] if with_calls else []
+    return Record(meta=meta, frames=list(FRAMES), samples=samples, calls=calls)
+
+
+@pytest.fixture
+def record() -> Record:
+    return synthetic_record()
+
+
+@pytest.fixture
+def record_file(tmp_path: Path) -> Path:
+    """The synthetic record (with call counts) written to a file in a world-readable tmp dir."""
+    path = tmp_path / "optrace.data"
+    write_record(synthetic_record(with_calls=True), path)
+    return path

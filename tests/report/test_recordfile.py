@@ -1,0 +1,250 @@
+"""The record file: round trip, atomic replacement, ownership under sudo, and every kind of bad input."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from optrace.frontend import recordfile
+from optrace.frontend.model import Record
+from optrace.frontend.recordfile import HEADER, MAGIC, RecordFileError, read_record, write_record
+from optrace.frontend.schema import encode
+
+ROOT = os.geteuid() == 0
+
+
+def packed(payload: bytes, version: int = 1, raw_len: int | None = None, crc: int | None = None) -> bytes:
+    """A file with a correct header around any payload (so validation past the checksum is reached)."""
+    compressed = zlib.compress(payload)
+    header = HEADER.pack(MAGIC, version, zlib.crc32(compressed) if crc is None else crc, len(compressed),
+                         len(payload) if raw_len is None else raw_len)
+    return header + compressed
+
+
+def valid_bytes(record: Record) -> bytes:
+    return packed(json.dumps(encode(record)).encode())
+
+
+def test_round_trip_keeps_every_field(tmp_path: Path, record: Record) -> None:
+    record.frames[5] = dataclasses.replace(record.frames[5], build_id="abcdef")
+    write_record(record, tmp_path / "r.data")
+    assert read_record(tmp_path / "r.data") == record
+
+
+def test_file_starts_with_magic_and_version(tmp_path: Path, record: Record) -> None:
+    write_record(record, tmp_path / "r.data")
+    magic, version, *_ = HEADER.unpack((tmp_path / "r.data").read_bytes()[: HEADER.size])
+    assert (magic, version) == (b"OPTRDATA", 1)
+
+
+def test_rewrite_keeps_previous_as_old(tmp_path: Path, record: Record) -> None:
+    path = tmp_path / "r.data"
+    write_record(record, path)
+    first = path.read_bytes()
+    record.meta.hostname = "second"
+    write_record(record, path)
+    assert (tmp_path / "r.data.old").read_bytes() == first
+    assert read_record(path).meta.hostname == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.data", "r.data.old"]
+
+
+def test_failing_write_leaves_old_file_and_no_temp(tmp_path: Path, record: Record, monkeypatch) -> None:
+    path = tmp_path / "r.data"
+    write_record(record, path)
+    before = path.read_bytes()
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(recordfile.os, "fsync", broken_fsync)
+    with pytest.raises(RecordFileError, match=r"cannot write .*r\.data: Input/output error"):
+        write_record(record, path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["r.data"]
+
+
+@pytest.mark.skipif(not ROOT, reason="mounting a tiny tmpfs needs root")
+def test_full_disk_leaves_old_file_and_no_temp(tmp_path: Path, record: Record) -> None:
+    """A real ENOSPC: a 64 KiB tmpfs, an old small record, then a big record that cannot fit."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        path = mount / "r.data"
+        write_record(record, path)
+        before = path.read_bytes()
+        big = dataclasses.replace(record, frames=record.frames + [
+            dataclasses.replace(record.frames[0], symbol=os.urandom(32).hex()) for _ in range(4000)])
+        with pytest.raises(RecordFileError, match="No space left on device"):
+            write_record(big, path)
+        assert path.read_bytes() == before
+        assert [p.name for p in mount.iterdir()] == ["r.data"]
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.skipif(not ROOT, reason="chown needs root")
+def test_owned_by_sudo_user(tmp_path: Path, record: Record, monkeypatch) -> None:
+    monkeypatch.setenv("SUDO_UID", "65534")
+    monkeypatch.setenv("SUDO_GID", "65533")
+    write_record(record, tmp_path / "r.data")
+    info = os.stat(tmp_path / "r.data")
+    assert (info.st_uid, info.st_gid) == (65534, 65533)
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root")
+def test_owned_by_root_without_sudo_and_mode_follows_umask(tmp_path: Path, record: Record, monkeypatch) -> None:
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    monkeypatch.delenv("SUDO_GID", raising=False)
+    old = os.umask(0o027)
+    try:
+        write_record(record, tmp_path / "r.data")
+    finally:
+        os.umask(old)
+    info = os.stat(tmp_path / "r.data")
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o640)
+
+
+def test_write_into_missing_directory(tmp_path: Path, record: Record) -> None:
+    with pytest.raises(RecordFileError, match=r"cannot write .*: No such file or directory"):
+        write_record(record, tmp_path / "nope" / "r.data")
+
+
+def test_symlink_at_final_name_is_replaced_not_followed(tmp_path: Path, record: Record) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "r.data").symlink_to(victim)
+    write_record(record, tmp_path / "r.data")
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / "r.data").is_symlink()
+
+
+BAD_FILES = {
+    "empty": (b"", "is empty: record it again"),
+    "perf": (b"PERFILE2" + bytes(200), "is a perf.data file: use perf report"),
+    "foreign": (b"\x7fELF\x02\x01\x01" + bytes(100), "is not an optrace record file"),
+    "text": (b"hello world\n", "is not an optrace record file"),
+    "short magic": (b"OPTR", "is truncated"),
+    "short header": (MAGIC + b"\x01\x00", "is truncated"),
+    "newer": (packed(b"{}", version=7), r"recorded by a newer optrace \(format 7\): upgrade"),
+    "version 0": (packed(b"{}", version=0), r"corrupt \(format version 0\)"),
+    "checksum": (packed(b"{}", crc=1), r"corrupt \(checksum mismatch\)"),
+    "trailing": (packed(b"{}") + b"x", r"corrupt \(trailing data"),
+    "bomb": (packed(b"[" * 100 + b"]" * 100, raw_len=10), r"corrupt \(payload size mismatch\)"),
+    "over cap": (packed(b"{}", raw_len=1 << 40), r"corrupt \(payload larger than 256 MiB\)"),
+    "not json": (packed(b"\xff\xfe"), r"corrupt \(bad JSON"),
+    "deep json": (packed(b"[" * 100000 + b"]" * 100000), r"corrupt \("),
+    "wrong shape": (packed(b"[1, 2]"), r"corrupt \(record: expected dict, got list\)"),
+    "missing meta": (packed(b'{"frames": []}'), r"corrupt \(record: missing field 'meta'\)"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FILES)
+def test_bad_files_give_one_line_errors(tmp_path: Path, name: str) -> None:
+    content, message = BAD_FILES[name]
+    path = tmp_path / "bad.data"
+    path.write_bytes(content)
+    with pytest.raises(RecordFileError, match=message) as info:
+        read_record(path)
+    assert "\n" not in str(info.value)
+
+
+def test_schema_errors_name_the_field(tmp_path: Path, record: Record) -> None:
+    doc = encode(record)
+    doc["samples"][2]["count"] = "many"
+    (tmp_path / "a").write_bytes(packed(json.dumps(doc).encode()))
+    with pytest.raises(RecordFileError, match=r"record\.samples\[2\]\.count: expected int, got str"):
+        read_record(tmp_path / "a")
+    doc = encode(record)
+    doc["samples"][0]["frames"] = [0, 99]
+    (tmp_path / "b").write_bytes(packed(json.dumps(doc).encode()))
+    with pytest.raises(RecordFileError, match=r"samples\[0\]: frame index out of range"):
+        read_record(tmp_path / "b")
+
+
+def test_missing_directory_fifo_and_truncated_payload(tmp_path: Path, record: Record) -> None:
+    with pytest.raises(RecordFileError, match="no such file: .*; record one with optrace record"):
+        read_record(tmp_path / "missing.data")
+    with pytest.raises(RecordFileError, match="is a directory"):
+        read_record(tmp_path)
+    os.mkfifo(tmp_path / "fifo")  # opening a FIFO for reading would block without a writer
+    with pytest.raises(RecordFileError, match="is not a regular file"):
+        read_record(tmp_path / "fifo")
+    whole = valid_bytes(record)
+    (tmp_path / "cut").write_bytes(whole[:-10])
+    with pytest.raises(RecordFileError, match="is truncated"):
+        read_record(tmp_path / "cut")
+
+
+def test_path_with_newline_stays_one_line(tmp_path: Path) -> None:
+    with pytest.raises(RecordFileError) as info:
+        read_record(tmp_path / "a\nb")
+    assert "\n" not in str(info.value)
+
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def read_bytes_only_record_file_error(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "p.data"
+    path.write_bytes(content)
+    try:
+        read_record(path)
+    except RecordFileError as exc:
+        assert "\n" not in str(exc)
+
+
+@PROPERTY
+@given(content=st.binary(max_size=300))
+def test_random_bytes(tmp_path: Path, content: bytes) -> None:
+    read_bytes_only_record_file_error(tmp_path, content)
+
+
+@PROPERTY
+@given(content=st.binary(max_size=300))
+def test_random_bytes_after_the_magic(tmp_path: Path, content: bytes) -> None:
+    read_bytes_only_record_file_error(tmp_path, MAGIC + content)
+
+
+@PROPERTY
+@given(data=st.data())
+def test_truncations_of_a_valid_file(tmp_path: Path, record: Record, data) -> None:
+    whole = valid_bytes(record)
+    cut = data.draw(st.integers(min_value=0, max_value=len(whole) - 1))
+    (tmp_path / "p.data").write_bytes(whole[:cut])
+    with pytest.raises(RecordFileError, match="truncated|empty"):
+        read_record(tmp_path / "p.data")
+
+
+@PROPERTY
+@given(data=st.data())
+def test_bit_flips_of_a_valid_file(tmp_path: Path, record: Record, data) -> None:
+    whole = bytearray(valid_bytes(record))
+    for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+        bit = data.draw(st.integers(min_value=0, max_value=len(whole) * 8 - 1))
+        whole[bit // 8] ^= 1 << (bit % 8)
+    read_bytes_only_record_file_error(tmp_path, bytes(whole))
+
+
+@PROPERTY
+@given(payload=st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                            lambda children: st.lists(children, max_size=4)
+                            | st.dictionaries(st.sampled_from(["meta", "frames", "samples", "calls", "pid",
+                                                               "count", "symbol"]), children, max_size=4),
+                            max_leaves=20))
+def test_random_json_with_a_valid_header(tmp_path: Path, payload) -> None:
+    """Past the checksum, the schema check is the only guard: random JSON must still be refused cleanly."""
+    read_bytes_only_record_file_error(tmp_path, packed(json.dumps(payload).encode()))
+
+
+def test_header_layout_is_32_bytes() -> None:
+    assert HEADER.size == 32 == struct.calcsize("<8sIIQQ")

@@ -1,0 +1,252 @@
+"""The exporter core without BPF: guard, totals, page, HTTP(S) server, daemon loop, with fake sources."""
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from optrace.exporters.cardinality import OTHER, SeriesGuard
+from optrace.exporters.daemon import ServeDaemon, ServeOptions
+from optrace.exporters.httpserver import ListenAddress, TlsFiles
+from optrace.exporters.prometheus import ExporterInfo, MetricsPage
+from optrace.exporters.sources import CallSource, add_leaf_rows, leaf_labels
+from optrace.exporters.totals import Delta, ExporterTotals, guard_for
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.model import CallCount, Frame, Sample
+
+CPU = "optrace_cpu_samples_total"
+LABEL_SETS = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["/x", "/y"]), st.text(min_size=1, max_size=3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(max_series=st.integers(3, 30), stream=st.lists(st.tuples(LABEL_SETS, st.integers(1, 5)), max_size=300))
+def test_guard_caps_series_keeps_every_sample_and_never_moves_a_series(max_series, stream):
+    totals = ExporterTotals(max_series)
+    before: dict = {}
+    for labels, amount in stream:
+        totals.apply(Delta(cpu_samples=Counter({labels: amount})), drain_seconds=0)
+        values = totals.cpu_samples.values()
+        assert len(values) <= max_series
+        assert all(values[k] >= v for k, v in before.items())  # monotonic, no series removed
+        before = values
+    assert sum(before.values()) == sum(a for _, a in stream)
+    regular = sum(v for k, v in before.items() if OTHER not in k)
+    assert totals.cpu_samples.overflow == sum(before.values()) - regular
+
+
+def test_guard_degrades_symbol_first_then_everything():
+    guard = guard_for(("comm", "dso", "symbol"), "symbol", max_series=4)  # 2 regular, 1 coarse, 1 catch-all
+    existing: dict = {}
+    for labels in [("a", "/x", "f"), ("a", "/x", "g"), ("a", "/x", "h"), ("b", "/y", "k"), ("a", "/x", "i")]:
+        existing.setdefault(guard.admit(labels, existing).labels, 0)
+    assert list(existing) == [("a", "/x", "f"), ("a", "/x", "g"), ("a", "/x", OTHER), (OTHER, OTHER, OTHER)]
+    assert guard.admit(("a", "/x", "f"), existing).overflow is False
+    with pytest.raises(ValueError):
+        SeriesGuard(2, coarse_index=2, label_count=3)
+
+
+def test_uprobe_metric_degrades_comm_not_symbol():
+    totals = ExporterTotals(3)
+    for comm in ("p1", "p2", "p3", "p4"):
+        totals.apply(Delta(uprobe_calls=Counter({("/bin/x", "f", comm): 1})), drain_seconds=0)
+    assert totals.uprobe_calls.values() == {("/bin/x", "f", "p1"): 1, ("/bin/x", "f", OTHER): 3}
+
+
+def test_leaf_labels_fold_jit_files_and_unresolved_addresses():
+    frames = [
+        Frame("hot_a", "/w/demo"),
+        Frame("demo+0x1234", "/w/demo", resolved=False),
+        Frame("Hot.f(long)", "[jit] /tmp/perf-4242.map"),
+    ]
+    delta = Delta()
+    add_leaf_rows(delta, frames, [Sample(1, "demo", (0,), 3), Sample(1, "demo", (1, 0), 2),
+                                  Sample(7, "java", (2,), 5), Sample(8, "kworker", (), 1)])
+    assert delta.cpu_samples == Counter({("demo", "/w/demo", "hot_a"): 3, ("demo", "/w/demo", "[unknown]"): 2,
+                                         ("java", "[jit]", "Hot.f(long)"): 5, ("kworker", "[unknown]", "[unknown]"): 1})
+    assert delta.unresolved_frames == 3
+    assert leaf_labels("x", None) == ("x", "[unknown]", "[unknown]")
+
+
+class FakeCounter:
+    def __init__(self) -> None:
+        self.per_pid: dict[int, int] = {}
+        self.unattributed = 0  # calls the kernel's per-pid map had no room for
+
+    def calls(self) -> list[CallCount]:
+        return [CallCount("c:getpid", "/lib/libc.so.6", "getpid", 0, sum(self.per_pid.values()) + self.unattributed,
+                          dict(self.per_pid), comms={pid: f"p{pid}" for pid in self.per_pid if pid != 12})]
+
+
+def test_call_source_turns_cumulative_counts_into_increments(monkeypatch):
+    source = CallSource(["c:getpid"], comms=[], targets=None)
+    source.counter = FakeCounter()
+    monkeypatch.setattr("optrace.exporters.sources.read_comm", lambda pid: "fromproc")
+    source.counter.per_pid = {10: 5, 11: 2, 12: 1}
+    first = Delta()
+    source.collect(first)
+    source.counter.per_pid = {10: 9, 12: 1}  # 11 is no longer reported
+    source.counter.unattributed = 3
+    second = Delta()
+    source.collect(second)
+    libc = ("/lib/libc.so.6", "getpid")
+    assert first.uprobe_calls == Counter({(*libc, "p10"): 5, (*libc, "p11"): 2, (*libc, "fromproc"): 1})
+    assert second.uprobe_calls == Counter({(*libc, "p10"): 4, (*libc, "[unknown]"): 3})
+    assert set(source._seen) == {("c:getpid", 10), ("c:getpid", 12), ("c:getpid", None)}
+
+
+def test_page_parses_escapes_labels_and_has_no_created_series(expo):
+    totals = ExporterTotals(100)
+    weird = 'op"er\\ator\n<>' + "\udcff"  # an undecodable byte as os.fsdecode leaves it
+    totals.apply(Delta(cpu_samples=Counter({("demo", "/w/demo", weird): 7}), lost=Counter({"counts_map_full": 2})), 0.5)
+    text = MetricsPage(totals, ExporterInfo(99, "cpu-clock")).render().decode()
+    assert expo.samples(text, CPU) == {(("comm", "demo"), ("dso", "/w/demo"), ("symbol", 'op"er\\ator\n<>?')): 7}
+    assert expo.value(text, "optrace_lost_samples_total", reason="counts_map_full") == 2
+    assert expo.value(text, "optrace_drains_total") == 1
+    assert expo.value(text, "optrace_drain_seconds_total") == 0.5
+    assert expo.value(text, "optrace_sampling_frequency_hertz", event="cpu-clock") == 99
+    assert expo.value(text, "optrace_build_info", version="0.1.0") == 1
+    assert "_created" not in text
+
+
+def test_page_is_rendered_once_per_drain():
+    totals = ExporterTotals(100)
+    page = MetricsPage(totals, ExporterInfo(99, "cpu-clock"))
+    first = page.render()
+    assert page.render() is first
+    totals.apply(Delta(cpu_samples=Counter({("a", "b", "c"): 1})), 0)
+    assert page.render() is not first
+
+
+class TickSource:
+    """A fake profile: each drain adds one sample to a fixed symbol and one to a new process name."""
+
+    event = "cpu-clock"
+
+    def __init__(self) -> None:
+        self.drains = 0
+        self.closed = False
+
+    def start(self) -> None:
+        pass
+
+    def collect(self, delta: Delta) -> None:
+        self.drains += 1
+        delta.cpu_samples[("demo", "/w/demo", "hot_a")] += 10
+        delta.cpu_samples[(f"short{self.drains}", "/w/shortlived", "short_burn")] += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def served(request):
+    """A daemon with a TickSource on a free loopback port, drained every 20 ms."""
+    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), max_series=50, drain_interval_s=0.02,
+                           **getattr(request, "param", {}))
+    source = TickSource()
+    daemon = ServeDaemon(options, [source])
+    stop = threading.Event()
+    ready = threading.Event()
+    urls: list[str] = []
+    thread = threading.Thread(target=daemon.run, args=(stop,),
+                              kwargs={"on_ready": lambda url: (urls.append(url), ready.set())})
+    thread.start()
+    assert ready.wait(10)
+    yield urls[0], source, daemon
+    stop.set()
+    thread.join(10)
+    assert source.closed and not thread.is_alive()
+
+
+def test_many_scrapers_see_monotonic_counters_and_capped_series(served, expo):
+    url, _, daemon = served
+    seen: list[list[float]] = [[] for _ in range(4)]
+
+    def scraper(out: list[float]) -> None:
+        for _ in range(25):
+            text = expo.scrape(url, gzip_ok=len(out) % 2 == 0)
+            out.append(expo.value(text, CPU, symbol="hot_a"))
+            assert expo.value(text, "optrace_series", metric=CPU) <= 50
+
+    threads = [threading.Thread(target=scraper, args=(s,)) for s in seen]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for series in seen:
+        assert series == sorted(series) and series[-1] > series[0]
+    while expo.value(text := expo.scrape(url), "optrace_drains_total") < 60:
+        time.sleep(0.05)
+    assert len(expo.samples(text, CPU)) == 50
+    assert expo.value(text, "optrace_cardinality_overflow_total", metric=CPU) > 0
+    total = sum(expo.samples(text, CPU).values())
+    drains = expo.value(text, "optrace_drains_total")
+    assert total == drains * 11  # every sample is somewhere: nothing lost to the guard
+
+
+def test_index_page_404_and_405(served):
+    url, _, _ = served
+    base = url.removesuffix("/metrics")
+    with urllib.request.urlopen(base + "/") as response:
+        assert b'href="/metrics"' in response.read()
+        assert response.headers["Content-Type"].startswith("text/html")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(base + "/nothing")
+    assert err.value.code == 404
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(urllib.request.Request(url, data=b"x", method="POST"))
+    assert err.value.code == 405
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory) -> TlsFiles:
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return TlsFiles(str(cert), str(key))
+
+
+def test_tls_serves_https_and_refuses_plain_http(self_signed, expo):
+    import ssl
+
+    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), tls=self_signed, drain_interval_s=0.02)
+    daemon = ServeDaemon(options, [TickSource()])
+    stop = threading.Event()
+    urls: list[str] = []
+    thread = threading.Thread(target=daemon.run, args=(stop,), kwargs={"on_ready": urls.append})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not urls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert urls[0].startswith("https://127.0.0.1:")
+        time.sleep(0.1)
+        context = ssl.create_default_context(cafile=self_signed.cert)
+        assert expo.value(expo.scrape(urls[0], context=context), CPU, symbol="hot_a") > 0
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            expo.scrape(urls[0], context=ssl.create_default_context())  # not trusted without the cert
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            expo.scrape(urls[0].replace("https://", "http://"), timeout=3)
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def test_busy_port_and_bad_tls_files_are_one_line_errors(served, tmp_path):
+    url, _, daemon = served
+    with pytest.raises(OptraceError, match="cannot listen on 127.0.0.1:.*choose another --listen"):
+        ServeDaemon(ServeOptions(listen=daemon.address), [TickSource()]).run(threading.Event())
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(OptraceError, match="cannot use TLS certificate"):
+        ServeDaemon(ServeOptions(listen=ListenAddress("127.0.0.1", 0), tls=TlsFiles(str(junk), str(junk))),
+                    [TickSource()]).run(threading.Event())

@@ -1,0 +1,302 @@
+"""`optrace serve` for real: BPF attached, ground-truth workloads, a real Prometheus scraping it.
+
+Workloads are copied under unique names, so other processes on the machine (the whole machine is
+profiled) cannot add to the series these tests read: their comm and binary labels are ours alone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+OPTRACE = Path(sys.executable).parent / "optrace"
+CPU = "optrace_cpu_samples_total"
+CALLS = "optrace_uprobe_calls_total"
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen
+    url: str
+    stderr_path: Path
+
+    def stop(self, timeout: float = 20) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+def start_serve(args: list[str], tmp: Path, timeout: float = 60) -> Served:
+    """Start `optrace serve` and wait for its "serving URL" line (the BPF compile takes a few s)."""
+    err_path = tmp / f"serve-{time.monotonic_ns()}.err"
+    with open(err_path, "w") as err:
+        process = subprocess.Popen([str(OPTRACE), "serve", "--listen", "127.0.0.1:0", *args],
+                                   stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"serving (\S+)", err_path.read_text())
+        if found:
+            return Served(process, found.group(1), err_path)
+        if process.poll() is not None:
+            raise AssertionError(f"optrace serve exited {process.returncode}: {err_path.read_text()}")
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"optrace serve did not start: {err_path.read_text()}")
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def bpf_prog_ids(pid: int) -> set[int]:
+    """BPF programs a process holds open (from its fds' fdinfo)."""
+    ids = set()
+    for fdinfo in Path(f"/proc/{pid}/fdinfo").iterdir():
+        try:
+            found = re.search(r"^prog_id:\s*(\d+)", fdinfo.read_text(), re.M)
+        except OSError:
+            continue
+        if found:
+            ids.add(int(found.group(1)))
+    return ids
+
+
+def loaded_prog_ids() -> set[int]:
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True).stdout
+    return {prog["id"] for prog in json.loads(out)}
+
+
+@pytest.fixture(scope="module")
+def unique_workloads(workloads, tmp_path_factory) -> Path:
+    """demo (with its libburn.so), calls and shortlived under names nobody else runs."""
+    folder = tmp_path_factory.mktemp("serve-workloads")
+    os.chmod(folder, 0o755)
+    for name, copy in (("demo", "srvdemo"), ("calls", "srvcalls"), ("shortlived", "srvshort"), ("libburn.so", "libburn.so")):
+        shutil.copy2(workloads / name, folder / copy)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(bpf_ready, unique_workloads, tmp_path_factory):
+    """One serve session for the module: whole machine at 499 Hz, counting srvcalls:target."""
+    tmp = tmp_path_factory.mktemp("serve")
+    serve = start_serve(["-F", "499", "--uprobe", f"{unique_workloads}/srvcalls:target"], tmp)
+    prog_ids = wait_for(lambda: bpf_prog_ids(serve.process.pid), 10, "BPF programs in the serve process")
+    yield serve
+    if serve.process.poll() is None:  # the SIGTERM test normally stopped it already
+        serve.stop()
+    assert not prog_ids & loaded_prog_ids()
+
+
+@dataclass
+class WorkloadRun:
+    before: str
+    after: str
+
+
+@pytest.fixture(scope="module")
+def workload_run(served, unique_workloads, expo) -> WorkloadRun:
+    """Runs the ground-truth workloads once while serving: demo for 2 s of CPU, calls 1234 times."""
+    before = expo.scrape(served.url)
+    subprocess.run([str(unique_workloads / "srvdemo"), "2"], check=True)
+    subprocess.run([str(unique_workloads / "srvcalls"), "1234"], check=True, capture_output=True)
+    drains = expo.value(expo.scrape(served.url), "optrace_drains_total")
+    wait_for(lambda: expo.value(expo.scrape(served.url), "optrace_drains_total") >= drains + 2, 10, "two drains")
+    return WorkloadRun(before, expo.scrape(served.url))
+
+
+def increase(run: WorkloadRun, expo, name: str, **labels: str) -> float:
+    return expo.value(run.after, name, **labels) - expo.value(run.before, name, **labels)
+
+
+def test_hot_function_has_its_share_of_samples(workload_run, expo):
+    total = increase(workload_run, expo, CPU, comm="srvdemo")
+    assert total > 0.8 * 2 * 499  # 2 s of CPU at 499 Hz, give or take lost samples
+    shares = {symbol: increase(workload_run, expo, CPU, comm="srvdemo", symbol=symbol) / total
+              for symbol in ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix(double)")}
+    shares["lost"] = {reason: increase(workload_run, expo, "optrace_lost_samples_total", reason=reason)
+                      for reason in ("user_stack_collision", "kernel_stack_collision", "counts_map_full")}
+    assert abs(shares["hot_a"] - 0.40) < 0.05, shares
+    assert abs(shares["hot_b"] - 0.20) < 0.05, shares
+    assert abs(shares["lib_burn"] - 0.20) < 0.05, shares
+    assert abs(shares["demo::Hasher::mix(double)"] - 0.20) < 0.05, shares
+    libburn = expo.samples(workload_run.after, CPU)
+    assert any(dict(key)["symbol"] == "lib_burn" and dict(key)["dso"].endswith("/libburn.so") for key in libburn)
+
+
+def test_exact_call_count(workload_run, unique_workloads, expo):
+    binary = str(unique_workloads / "srvcalls")
+    assert increase(workload_run, expo, CALLS, binary=binary, symbol="target", comm="srvcalls") == 1234
+    assert expo.value(workload_run.after, CALLS, binary=binary) == 1234
+
+
+PROMETHEUS_CONFIG = """
+global:
+  scrape_interval: 1s
+  scrape_timeout: 900ms
+scrape_configs:
+  - job_name: optrace
+    static_configs:
+      - targets: ["{target}"]
+"""
+
+
+def prometheus_query(base: str, query: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body = json.load(response)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+@pytest.fixture
+def prometheus(served, tmp_path):
+    """Debian's Prometheus on loopback, scraping the serve session every second."""
+    if shutil.which("prometheus") is None:
+        pytest.fail("prometheus is not installed (apt-get install prometheus)")
+    target = urllib.parse.urlsplit(served.url).netloc
+    (tmp_path / "prometheus.yml").write_text(PROMETHEUS_CONFIG.format(target=target))
+    process = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         "--web.listen-address=127.0.0.1:0", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    yield process
+    process.terminate()
+    process.wait(20)
+
+
+def prometheus_address(process: subprocess.Popen) -> str:
+    """Prometheus does not print an ephemeral port: find its listening socket in /proc."""
+    inodes = {os.readlink(f"/proc/{process.pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{process.pid}/fd")
+              if os.readlink(f"/proc/{process.pid}/fd/{fd}").startswith("socket:[")}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+            return f"http://127.0.0.1:{int(fields[1].split(':')[1], 16)}"
+    return ""
+
+
+def test_real_prometheus_ingests_the_counters(workload_run, prometheus, unique_workloads, expo):
+    base = wait_for(lambda: prometheus_address(prometheus), 30, "prometheus to listen")
+    binary = str(unique_workloads / "srvcalls")
+    calls = wait_for(lambda: prometheus_query(base, f'{CALLS}{{binary="{binary}"}}'), 30, "prometheus to scrape")
+    assert [(r["metric"]["symbol"], r["metric"]["comm"], r["value"][1]) for r in calls] == [("target", "srvcalls", "1234")]
+    share = prometheus_query(base, f'sum({CPU}{{comm="srvdemo",symbol="hot_a"}}) / sum({CPU}{{comm="srvdemo"}})')
+    assert abs(float(share[0]["value"][1]) - 0.40) < 0.05
+    top = wait_for(lambda: prometheus_query(base, f"topk(10, sum by (symbol) (rate({CPU}[5m])))"), 10, "rates")
+    assert len(top) == 10 and all(float(r["value"][1]) >= 0 for r in top)
+    up = prometheus_query(base, 'up{job="optrace"}')
+    assert up[0]["value"][1] == "1"
+
+
+def test_counters_stay_monotonic_while_processes_come_and_go(served, unique_workloads, expo):
+    pages = [expo.samples(expo.scrape(served.url), CPU)]
+    deadline = time.monotonic() + 4
+    processes = 0
+    while time.monotonic() < deadline:
+        for _ in range(5):
+            subprocess.run([str(unique_workloads / "srvshort"), "5"], check=True)
+        processes += 5
+        pages.append(expo.samples(expo.scrape(served.url, gzip_ok=True), CPU))
+    for earlier, later in zip(pages, pages[1:]):
+        assert set(earlier) <= set(later)  # no series disappears
+        assert all(later[key] >= value for key, value in earlier.items())
+    short = {dict(key)["symbol"]: v for key, v in pages[-1].items() if dict(key)["comm"] == "srvshort"}
+    assert short["short_burn"] > 0
+    assert len(short) < processes / 2  # series per symbol (kernel ones included), not per process
+
+
+def test_sigterm_exits_zero_and_detaches_everything(served):
+    """Runs last in this module: stops the shared serve session."""
+    pid = served.process.pid
+    prog_ids = bpf_prog_ids(pid)
+    assert prog_ids
+    assert served.stop() == 0
+    assert not prog_ids & loaded_prog_ids()
+    assert f"bcc_{pid}" not in Path("/sys/kernel/tracing/uprobe_events").read_text()
+    assert "Traceback" not in served.stderr_path.read_text()
+
+
+def test_guard_and_memory_stay_bounded_as_processes_come_and_go(bpf_ready, unique_workloads, expo):
+    """In-process daemon with the real sources: per-process state of exited processes is dropped,
+    the guard caps the series, and stopping closes every BPF program it opened."""
+    import threading
+
+    from optrace.exporters.daemon import ServeDaemon, ServeOptions
+    from optrace.exporters.httpserver import ListenAddress
+
+    progs_before = bpf_prog_ids(os.getpid())
+    daemon = ServeDaemon(ServeOptions(listen=ListenAddress("127.0.0.1", 0), frequency_hz=999, max_series=30,
+                                      drain_interval_s=0.2))
+    stop = threading.Event()
+    urls: list[str] = []
+    thread = threading.Thread(target=daemon.run, args=(stop,), kwargs={"on_ready": urls.append})
+    thread.start()
+    try:
+        wait_for(lambda: urls, 60, "the daemon to start")
+        profile = daemon.sources[0]
+        pids = []
+        for _ in range(60):
+            child = subprocess.Popen([str(unique_workloads / "srvshort"), "5"])
+            child.wait()
+            pids.append(child.pid)
+        drains = daemon.totals.drains
+        wait_for(lambda: daemon.totals.drains >= drains + 3, 10, "three more drains")
+        tables = {"build-ids": set(profile._tracker._seen), "maps": set(profile.symbolizer.machine.processes),
+                  "jit": set(profile.jit._procs)}
+        assert {name: table & set(pids) for name, table in tables.items()} == {name: set() for name in tables}
+        text = expo.scrape(urls[0])
+        assert expo.value(text, "optrace_series", metric=CPU) == 30
+        assert len(expo.samples(text, CPU)) == 30
+        assert expo.value(text, "optrace_cardinality_overflow_total", metric=CPU) > 0
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert bpf_prog_ids(os.getpid()) <= progs_before
+
+
+TLS_CONFIG = """
+frequency: 199
+max_series: 20
+tls_cert: {cert}
+tls_key: {key}
+"""
+
+
+def test_config_file_with_tls(bpf_ready, tmp_path, expo):
+    import ssl
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    config = tmp_path / "serve.yaml"
+    config.write_text(TLS_CONFIG.format(cert=cert, key=key))
+    serve = start_serve(["--config", str(config)], tmp_path)
+    try:
+        assert serve.url.startswith("https://127.0.0.1:")
+        context = ssl.create_default_context(cafile=str(cert))
+        text = wait_for(lambda: (t := expo.scrape(serve.url, context=context)) and
+                        expo.value(t, "optrace_drains_total") >= 2 and t, 20, "two drains over https")
+        assert expo.value(text, "optrace_sampling_frequency_hertz") == 199
+        assert 0 < len(expo.samples(text, CPU)) <= 20
+    finally:
+        assert serve.stop() == 0
