@@ -169,19 +169,22 @@ class BpfUprobeAttacher:
 
         self._prog_fd = self._bpf.load_func(handler.encode(), bcc.BPF.KPROBE).fd
         self._links: dict[int, UprobeLink] = {}
+        self._stale: set[int] = set()  # detached ids whose kernel counts are not yet zeroed
         self._closed = False
         _install_exit_cleanup()
         _live.add(self)
 
     def attach(self, probe_id: int, path: str, offset: int) -> None:
-        self._forget(probe_id)
+        if probe_id in self._stale:
+            self._purge_stale()
         self._links[probe_id] = UprobeLink.attach(self._prog_fd, path, offset, probe_id)
 
     def detach(self, probe_id: int) -> None:
+        """Close the probe; its kernel counts are purged later in one pass (detaching 500 stays fast)."""
         link = self._links.pop(probe_id, None)
         if link is not None:
             link.close()
-        self._forget(probe_id)
+            self._stale.add(probe_id)
 
     def follow(self, root_pid: int) -> None:
         followed = self._bpf[b"followed"]
@@ -190,16 +193,16 @@ class BpfUprobeAttacher:
     def read(self) -> KernelCounts:
         totals = self._bpf[b"totals"]
         counts = KernelCounts(
-            totals={pid: totals[totals.Key(pid)].value for pid in self._links},
-            per_pid={(k.probe, k.pid): v.value for k, v in self._bpf[b"per_pid"].items()},
+            totals={probe_id: totals[totals.Key(probe_id)].value for probe_id in self._links},
+            per_pid={(k.probe, k.pid): v.value for k, v in _all_items(self._bpf[b"per_pid"])
+                     if k.probe in self._links},
             lost_rows=self._bpf[b"lost_rows"][0].value,
-            followed={k.value: v.value for k, v in self._bpf[b"followed"].items()},
+            followed={k.value: v.value for k, v in _all_items(self._bpf[b"followed"])},
         )
-        comms = self._bpf[b"comms"]
+        comms = {k.value: v.comm.decode(errors="replace") for k, v in _all_items(self._bpf[b"comms"])}
         for _probe, pid in counts.per_pid:
             if pid not in counts.comms:
-                leaf = comms.get(comms.Key(pid))
-                counts.comms[pid] = leaf.comm.decode(errors="replace") if leaf else _proc_comm(pid)
+                counts.comms[pid] = comms.get(pid) or _proc_comm(pid)
         return counts
 
     def close(self) -> None:
@@ -212,12 +215,22 @@ class BpfUprobeAttacher:
         self._bpf.cleanup()
         _live.discard(self)
 
-    def _forget(self, probe_id: int) -> None:
-        totals = self._bpf[b"totals"]
-        totals[totals.Key(probe_id)] = totals.Leaf(0)
-        per_pid = self._bpf[b"per_pid"]
-        for key in [k for k in per_pid.keys() if k.probe == probe_id]:
+    def _purge_stale(self) -> None:
+        """Zero the counts of detached probe ids before an id is reused."""
+        totals, per_pid = self._bpf[b"totals"], self._bpf[b"per_pid"]
+        for probe_id in self._stale:
+            totals[totals.Key(probe_id)] = totals.Leaf(0)
+        for key in [k for k, _v in _all_items(per_pid) if k.probe in self._stale]:
             del per_pid[key]
+        self._stale.clear()
+
+
+def _all_items(table) -> list:
+    """Every (key, value) of a hash map, in batches of syscalls when the kernel allows it."""
+    try:
+        return list(table.items_lookup_batch())
+    except Exception:  # BCC raises plain Exception when the kernel lacks BPF_MAP_LOOKUP_BATCH
+        return table.items()
 
 
 def _proc_comm(pid: int) -> str:

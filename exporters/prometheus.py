@@ -72,6 +72,11 @@ def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[M
     yield lost
     yield CounterMetricFamily("optrace_idle_samples", "Samples of the idle task (pid 0), not in "
                               "optrace_cpu_samples_total.", value=snap.idle_samples)
+    events = CounterMetricFamily("optrace_process_events", "Processes exec'd and exited, as the profiler saw "
+                                 "them (the symbolizer works for those that get sampled).", labels=["event"])
+    for event in ("exec", "exit"):
+        events.add_metric([event], snap.process_events.get(event, 0))
+    yield events
     yield CounterMetricFamily("optrace_unresolved_frames", "Samples whose leaf frame could not be named "
                               "(counted as symbol=\"[unknown]\").", value=snap.unresolved_frames)
     yield CounterMetricFamily("optrace_jit_refused_files", "JIT symbol files (perf maps, jitdumps) refused "

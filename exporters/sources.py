@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from optrace.exporters.totals import Delta
-from optrace.frontend.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample
+from optrace.frontend.model import UNKNOWN, Frame, RawSample, Sample
+from optrace.frontend.recorder import _leaf_only as leaf_only
+from optrace.frontend.recorder import _resolve_exec_path
 
 JIT_DSO = "[jit]"
 
@@ -48,28 +50,44 @@ def add_leaf_rows(delta: Delta, frames: list[Frame], samples: Iterable[Sample]) 
         delta.cpu_samples[leaf_labels(sample.comm, leaf)] += sample.count
 
 
-class BuildIdTracker:
-    """Which build-ids each live process has shown: a process is re-read (its maps snapshotted) only
-    when a sample shows an object not seen before in it, as the recorder does."""
+class ProcessTracker:
+    """Per live process: its exec'd path until it is first sampled, and the build-ids its samples
+    showed. Only sampled processes cost anything (a busy machine execs hundreds of processes a
+    second); a process is re-read (maps snapshot) only when a sample shows an object not seen
+    before in it, as the recorder does. Everything about a process goes when it exits."""
 
     def __init__(self) -> None:
         self._seen: dict[int, set[bytes]] = {}
+        self._execs: dict[int, str] = {}
 
-    def processes_to_snapshot(self, samples: Iterable[RawSample]) -> set[int]:
-        pids = set()
+    def exec(self, pid: int, path: str) -> None:
+        self._execs[pid] = path
+
+    def sampled(self, samples: Iterable[RawSample]) -> tuple[list[str], set[int]]:
+        """(executables to index, processes to snapshot) for this drain's samples."""
+        executables, snapshot = [], set()
         for sample in samples:
+            if sample.pid in self._execs:
+                executables.append(self._execs.pop(sample.pid))
             known = self._seen.setdefault(sample.pid, set())
             new = {f.build_id for f in sample.user if f.build_id is not None} - known
             if new:
                 known |= new
-                pids.add(sample.pid)
-        return pids
+                snapshot.add(sample.pid)
+        return executables, snapshot
 
     def forget(self, pid: int) -> None:
         self._seen.pop(pid, None)
+        self._execs.pop(pid, None)
 
-    def __len__(self) -> int:
-        return len(self._seen)
+    def pids(self) -> set[int]:
+        return set(self._seen) | set(self._execs)
+
+
+def _leaf_is_raw_address(sample: RawSample) -> bool:
+    """A user leaf without build-id is anonymous memory, JIT code maybe: only then are the
+    process's perf map and jitdumps worth reading (only the leaf is named here)."""
+    return not sample.kernel and bool(sample.user) and sample.user[0].build_id is None
 
 
 class ProfileSource:
@@ -79,9 +97,10 @@ class ProfileSource:
         self._frequency_hz = frequency_hz
         self._pids = pids
         self._comms = set(comms)
-        self._tracker = BuildIdTracker()
+        self._tracker = ProcessTracker()
         self._exited: list[int] = []  # forgotten one drain late: their last samples may still come
         self._refused_seen = 0
+        self._jit_pids: set[int] = set()  # processes whose JIT symbol files are being read
         self.event: str | None = None
         self.profiler = None
 
@@ -104,29 +123,43 @@ class ProfileSource:
         return self.profiler.target_pids() if self.profiler and self._pids else set()
 
     def collect(self, delta: Delta) -> None:
-        from optrace.frontend.recorder import _leaf_only, _resolve_exec_path
-
         result = self.profiler.drain()
         lost = dict(result.lost)
         delta.idle_samples += lost.pop("idle", 0)
         delta.lost.update(lost)
-        for pid, filename in result.execs:
-            self.symbolizer.add_executable(_resolve_exec_path(pid, filename))
+        delta.execs += len(result.execs)
+        delta.exits += len(result.exits)
         samples = [s for s in result.samples if not self._comms or s.comm in self._comms]
-        for pid in self._tracker.processes_to_snapshot(samples):
-            self.symbolizer.snapshot_process(pid)
-        for pid in {s.pid for s in samples}:
-            self.jit.poll(pid, result.time)
+        self._learn_processes(result, samples)
         started = time.perf_counter()
-        frames, symbolized = self.symbolizer.symbolize([_leaf_only(s) for s in samples])
+        frames, symbolized = self.symbolizer.symbolize([leaf_only(s) for s in samples])
         delta.symbolize_seconds += time.perf_counter() - started
         add_leaf_rows(delta, frames, symbolized)
+        self._end_processes(result)
+        delta.jit_refused_files += self._new_refusals()
+        self._take_warnings(delta)
+
+    def _learn_processes(self, result, samples: list[RawSample]) -> None:
+        """What the symbolizer and JIT symbols must know before this drain's samples are named."""
+        for pid, filename in result.execs:
+            self._tracker.exec(pid, _resolve_exec_path(pid, filename))
+        executables, snapshot = self._tracker.sampled(samples)
+        for path in executables:
+            self.symbolizer.add_executable(path)
+        for pid in snapshot:
+            self.symbolizer.snapshot_process(pid)
+        for pid in {s.pid for s in samples if _leaf_is_raw_address(s)}:
+            self._jit_pids.add(pid)
+            self.jit.poll(pid, result.time)
+
+    def _end_processes(self, result) -> None:
+        """Exited processes are forgotten one drain late: samples taken just before an exit may
+        reach the next drain."""
         self._forget(self._exited)
         self._exited = list(result.exits)
         for pid in result.exits:
-            self.jit.process_exited(pid, result.time)
-        delta.jit_refused_files += self._new_refusals()
-        self._take_warnings(delta)
+            if pid in self._jit_pids:
+                self.jit.process_exited(pid, result.time)
 
     def _forget(self, pids: list[int]) -> None:
         """Drop what is kept per process, so memory does not grow with every process that ever ran.
@@ -134,6 +167,7 @@ class ProfileSource:
         for pid in pids:
             self.symbolizer.machine.processes.pop(pid, None)
             self.jit._procs.pop(pid, None)
+            self._jit_pids.discard(pid)
             self._tracker.forget(pid)
 
     def _take_warnings(self, delta: Delta) -> None:

@@ -24,6 +24,8 @@ class Delta:
     uprobe_calls: Counter[Labels] = field(default_factory=Counter)  # (binary, symbol, comm) -> calls
     lost: Counter[str] = field(default_factory=Counter)  # reason -> lost samples or stacks
     idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile
+    execs: int = 0  # processes exec'd (what drives the symbolizer's work on a busy machine)
+    exits: int = 0
     unresolved_frames: int = 0  # samples whose leaf frame has no symbol
     jit_refused_files: int = 0  # perf maps / jitdumps refused (untrusted owner, bad format...)
     symbolize_seconds: float = 0.0
@@ -66,6 +68,7 @@ class TotalsSnapshot:
     overflow: dict[str, int]  # metric -> samples or calls sent to [other] series
     lost: dict[str, int]
     idle_samples: int
+    process_events: dict[str, int]  # "exec" / "exit" -> count
     unresolved_frames: int
     jit_refused_files: int
     drains: int
@@ -82,6 +85,7 @@ class ExporterTotals:
         self.uprobe_calls = CounterTotals(CALL_LABELS, guard_for(CALL_LABELS, "comm", max_series))
         self.lost: Counter[str] = Counter()
         self.idle_samples = 0
+        self.process_events: Counter[str] = Counter()
         self.unresolved_frames = 0
         self.jit_refused_files = 0
         self.drains = 0
@@ -97,6 +101,7 @@ class ExporterTotals:
                 self.uprobe_calls.add(labels, calls)
             self.lost.update(delta.lost)
             self.idle_samples += delta.idle_samples
+            self.process_events.update(exec=delta.execs, exit=delta.exits)
             self.unresolved_frames += delta.unresolved_frames
             self.jit_refused_files += delta.jit_refused_files
             self.symbolize_seconds += delta.symbolize_seconds
@@ -114,6 +119,7 @@ class ExporterTotals:
                           "optrace_uprobe_calls_total": self.uprobe_calls.overflow},
                 lost=dict(self.lost),
                 idle_samples=self.idle_samples,
+                process_events=dict(self.process_events),
                 unresolved_frames=self.unresolved_frames,
                 jit_refused_files=self.jit_refused_files,
                 drains=self.drains,

@@ -19,7 +19,6 @@ import json
 import os
 import stat
 import struct
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -87,6 +86,8 @@ def _serialize(record: Record) -> bytes:
 
 def _write_temp(final: Path, data: bytes) -> str:
     """Write data to a new file beside `final` (same filesystem, so rename is atomic); return its name."""
+    import tempfile  # only writers need it; report start-up stays lean
+
     directory = final.parent if str(final.parent) else Path(".")
     fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp")
     try:

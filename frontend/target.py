@@ -47,6 +47,8 @@ class GatedChild:
     def _child(argv: list[str], read_fd: int, write_fd: int) -> None:
         try:
             os.close(write_fd)
+            with open("/proc/self/comm", "w") as comm:
+                comm.write("optrace-exec")  # like perf's "perf-exec": samples before exec are not optrace's
             os.read(read_fd, 1)
             os.close(read_fd)
             os.execvp(argv[0], argv)

@@ -119,7 +119,7 @@ class JitAgent:
             raise ValueError("address must be >= 0 and size > 0")
         if code is not None and len(code) != size:
             raise ValueError(f"code is {len(code)} bytes but size is {size}")
-        name = " ".join(name.splitlines()) or "[anonymous]"
+        name = " ".join(name.replace("\0", " ").splitlines()).strip() or "[anonymous]"  # same in both files
         with self._lock:
             self._check_open()
             if self._map_fd is not None:

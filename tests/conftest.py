@@ -3,15 +3,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-WORKLOADS = REPO / "workloads" / "build"
-OPTRACE = Path(sys.executable).parent / "optrace"
-IN_CI = os.environ.get("CI", "").lower() == "true"
+from support import IN_CI, REPO, WORKLOADS, run_optrace
 
 
 def missing_capability(reason: str) -> None:
@@ -39,16 +35,6 @@ def workloads() -> Path:
     """The bundled C/C++ workloads, built once."""
     subprocess.run(["make", "-s", "-C", str(REPO / "workloads")], check=True)
     return WORKLOADS
-
-
-def run_optrace(*args: str, check: bool = False, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    """Run the installed CLI as a user would, capturing text output."""
-    proc = subprocess.run(
-        [str(OPTRACE), *args], capture_output=True, text=True, timeout=timeout, **kw
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"optrace {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc
 
 
 @pytest.fixture

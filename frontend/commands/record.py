@@ -42,8 +42,11 @@ def check_frequency(hz: int) -> None:
 @click.option("-d", "--duration", type=float, help="Stop after this many seconds.")
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Also count calls of SPEC (see optrace count).")
 @click.option("--jitdump", "jitdumps", multiple=True, type=click.Path(), help="A jitdump file to use for JIT symbols.")
+@click.option("--stack-storage-size", type=click.IntRange(1, 1 << 20), default=8192, show_default=True,
+              help="Distinct stacks the kernel holds per drain period (more: fewer collisions, more memory).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, command) -> None:
+def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, stack_storage_size,
+            command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS..."""
     options = RecordOptions(
         frequency_hz=frequency,
@@ -54,6 +57,7 @@ def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jit
         command=list(command) or None,
         uprobes=list(uprobes),
         jitdumps=list(jitdumps),
+        stack_storage_size=stack_storage_size,
     )
     validate(options)
     from optrace.frontend.doctor import require_recording

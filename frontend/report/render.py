@@ -1,13 +1,12 @@
-"""From a Record and the report options to the text of one output format."""
+"""From a Record and the report options to the text of one output format.
+
+Each format's module is imported only when asked for: report start-up time is part of its benchmark.
+"""
 from __future__ import annotations
 
-from optrace.exporters.csvrows import render_csv
-from optrace.exporters.folded import render_folded
-from optrace.exporters.jsonrows import render_json
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import Record
 from optrace.frontend.report.rows import ReportOptions, build_rows
-from optrace.frontend.report.table import render_table
 
 FORMATS = ("table", "json", "csv", "folded")
 
@@ -20,10 +19,18 @@ def check_format(name: str) -> str:
 
 def render_report(record: Record, options: ReportOptions, fmt: str, source: str) -> str:
     if check_format(fmt) == "folded":
+        from optrace.exporters.folded import render_folded
+
         return render_folded(record, options)
     rows = build_rows(record, options)
     if fmt == "json":
+        from optrace.exporters.jsonrows import render_json
+
         return render_json(record, rows, options, source)
     if fmt == "csv":
+        from optrace.exporters.csvrows import render_csv
+
         return render_csv(rows, options)
+    from optrace.frontend.report.table import render_table
+
     return render_table(record, rows, options, source)

@@ -248,3 +248,35 @@ def test_random_json_with_a_valid_header(tmp_path: Path, payload) -> None:
 
 def test_header_layout_is_32_bytes() -> None:
     assert HEADER.size == 32 == struct.calcsize("<8sIIQQ")
+
+
+SCALARS = {int, float, str, bool, bytes, type(None)}
+
+
+def supported(hint) -> bool:
+    import types
+    import typing
+
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType, list, tuple, dict):
+        return all(arg is Ellipsis or supported(arg) for arg in typing.get_args(hint))
+    return hint in SCALARS or dataclasses.is_dataclass(hint)
+
+
+def test_every_model_field_has_a_type_the_file_can_hold() -> None:
+    """A field added to model.py with, say, a Path or set type would break the file: fail here first."""
+    import typing
+
+    from optrace.frontend import model
+
+    classes = [obj for obj in vars(model).values() if dataclasses.is_dataclass(obj)]
+    for cls in classes:
+        for name, hint in typing.get_type_hints(cls).items():
+            assert supported(hint), f"{cls.__name__}.{name}: {hint} cannot be stored in a record file"
+
+
+def test_write_over_a_directory_is_one_error(tmp_path: Path, record: Record) -> None:
+    (tmp_path / "r.data").mkdir()
+    with pytest.raises(RecordFileError, match=r"cannot write .*r\.data: Is a directory"):
+        write_record(record, tmp_path / "r.data")
+    assert [p.name for p in tmp_path.iterdir()] == ["r.data"]

@@ -88,7 +88,8 @@ def unique_workloads(workloads, tmp_path_factory) -> Path:
     """demo (with its libburn.so), calls and shortlived under names nobody else runs."""
     folder = tmp_path_factory.mktemp("serve-workloads")
     os.chmod(folder, 0o755)
-    for name, copy in (("demo", "srvdemo"), ("calls", "srvcalls"), ("shortlived", "srvshort"), ("libburn.so", "libburn.so")):
+    for name, copy in (("demo", "srvdemo"), ("calls", "srvcalls"), ("shortlived", "srvshort"),
+                       ("jitcode", "srvjit"), ("libburn.so", "libburn.so")):
         shutil.copy2(workloads / name, folder / copy)
     return folder
 
@@ -117,6 +118,7 @@ def workload_run(served, unique_workloads, expo) -> WorkloadRun:
     before = expo.scrape(served.url)
     subprocess.run([str(unique_workloads / "srvdemo"), "2"], check=True)
     subprocess.run([str(unique_workloads / "srvcalls"), "1234"], check=True, capture_output=True)
+    subprocess.run([str(unique_workloads / "srvjit"), "1", "0.7"], check=True, capture_output=True)
     drains = expo.value(expo.scrape(served.url), "optrace_drains_total")
     wait_for(lambda: expo.value(expo.scrape(served.url), "optrace_drains_total") >= drains + 2, 10, "two drains")
     return WorkloadRun(before, expo.scrape(served.url))
@@ -145,6 +147,14 @@ def test_exact_call_count(workload_run, unique_workloads, expo):
     binary = str(unique_workloads / "srvcalls")
     assert increase(workload_run, expo, CALLS, binary=binary, symbol="target", comm="srvcalls") == 1234
     assert expo.value(workload_run.after, CALLS, binary=binary) == 1234
+
+
+def test_jit_symbols_are_named(workload_run, expo):
+    """jitcode runs 70% of its CPU time in code it copied to anonymous memory and named in its perf map."""
+    total = increase(workload_run, expo, CPU, comm="srvjit")
+    jit = increase(workload_run, expo, CPU, comm="srvjit", dso="[jit]", symbol="jitcode::hot loop(long)")
+    assert total > 0.8 * 499
+    assert abs(jit / total - 0.70) < 0.07, (jit, total)
 
 
 PROMETHEUS_CONFIG = """
@@ -218,8 +228,9 @@ def test_counters_stay_monotonic_while_processes_come_and_go(served, unique_work
     for earlier, later in zip(pages, pages[1:]):
         assert set(earlier) <= set(later)  # no series disappears
         assert all(later[key] >= value for key, value in earlier.items())
-    short = {dict(key)["symbol"]: v for key, v in pages[-1].items() if dict(key)["comm"] == "srvshort"}
-    assert short["short_burn"] > 0
+    short = {(dict(key)["dso"], dict(key)["symbol"]): v for key, v in pages[-1].items()
+             if dict(key)["comm"] == "srvshort"}
+    assert short.get((str(unique_workloads / "srvshort"), "short_burn"), 0) > 0, short
     assert len(short) < processes / 2  # series per symbol (kernel ones included), not per process
 
 
@@ -259,7 +270,7 @@ def test_guard_and_memory_stay_bounded_as_processes_come_and_go(bpf_ready, uniqu
             pids.append(child.pid)
         drains = daemon.totals.drains
         wait_for(lambda: daemon.totals.drains >= drains + 3, 10, "three more drains")
-        tables = {"build-ids": set(profile._tracker._seen), "maps": set(profile.symbolizer.machine.processes),
+        tables = {"processes": profile._tracker.pids(), "maps": set(profile.symbolizer.machine.processes),
                   "jit": set(profile.jit._procs)}
         assert {name: table & set(pids) for name, table in tables.items()} == {name: set() for name in tables}
         text = expo.scrape(urls[0])

@@ -1,0 +1,239 @@
+"""Helpers shared by the bench/bench_*.py scripts and bench/run.py.
+
+Kept free of optrace imports: a benchmark drives optrace and the reference tools as separate processes,
+the way a user runs them, and measures them from the outside (wall time, CPU time and peak RSS from
+wait4, perf-event file descriptors from /proc).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+OPTRACE = ROOT / ".venv" / "bin" / "optrace"
+WORKLOADS = ROOT / "workloads" / "build"
+PERF_EVENT_FD = "anon_inode:[perf_event]"
+
+
+def _default_signals() -> None:
+    """Child set-up: a harness started in the background inherits SIGINT ignored, and then a tool
+    (perf, BCC's profile, optrace) would never see the Ctrl-C that tells it to stop and write."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@dataclass
+class ToolRun:
+    """What a finished process cost, measured from outside."""
+
+    returncode: int
+    wall_s: float
+    cpu_s: float  # user + system of the process and the children it waited for
+    maxrss_kb: int  # peak RSS of its largest process (wait4: exact, never misses a short spike)
+    tree_rss_kb: int  # sum of the peak RSS of every process seen in its tree (polled every 50 ms)
+    processes: int  # processes seen in its tree
+
+
+@dataclass
+class Launched:
+    """A process started by the benchmark: its tree's RSS is polled until it is reaped."""
+
+    popen: subprocess.Popen
+    started: float
+    _hwm_kb: dict[int, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _poller: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, argv: Sequence[str | os.PathLike], stdin=None, stdout: int | IO | None = subprocess.DEVNULL,
+              stderr: int | IO | None = subprocess.PIPE, cwd: Path | None = None) -> "Launched":
+        started = time.monotonic()
+        popen = subprocess.Popen([str(a) for a in argv], stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd,
+                                 preexec_fn=_default_signals)
+        launched = cls(popen=popen, started=started)
+        launched._poller = threading.Thread(target=launched._poll_rss, daemon=True)
+        launched._poller.start()
+        return launched
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def _poll_rss(self) -> None:
+        while not self._stop.is_set():
+            for pid in process_tree(self.pid):
+                hwm = read_status_kb(pid, "VmHWM")
+                if hwm:
+                    self._hwm_kb[pid] = max(self._hwm_kb.get(pid, 0), hwm)
+            self._stop.wait(0.05)
+
+    def perf_event_fds(self) -> int:
+        """Open perf events in the tree: a sampling profiler is attached once these exist."""
+        return sum(count_fds(pid, PERF_EVENT_FD) for pid in process_tree(self.pid))
+
+    def wait_attached(self, settle_s: float = 0.5, timeout_s: float = 60.0) -> float:
+        """Wait until the tree holds perf events and their number has not changed for settle_s;
+        returns the time from launch to the last change (when the profiler finished attaching)."""
+        deadline = time.monotonic() + timeout_s
+        count, changed = 0, time.monotonic()
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.popen.args[0]} exited with status {self.popen.returncode} before attaching")
+            now_count = self.perf_event_fds()
+            if now_count != count:
+                count, changed = now_count, time.monotonic()
+            elif count and time.monotonic() - changed >= settle_s:
+                return changed - self.started
+            time.sleep(0.01)
+        raise TimeoutError(f"{self.popen.args[0]} did not attach within {timeout_s:.0f} s")
+
+    def interrupt(self) -> None:
+        if self.popen.returncode is None:
+            os.kill(self.pid, signal.SIGINT)
+
+    def finish(self, timeout_s: float = 120.0) -> ToolRun:
+        """Reap the process (killing it after timeout_s) and return what it cost."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(0.02)
+        wall = time.monotonic() - self.started
+        self.popen.returncode = os.waitstatus_to_exitcode(status)
+        self._stop.set()
+        self._poller.join()
+        return ToolRun(
+            returncode=self.popen.returncode,
+            wall_s=wall,
+            cpu_s=usage.ru_utime + usage.ru_stime,
+            maxrss_kb=usage.ru_maxrss,
+            tree_rss_kb=sum(self._hwm_kb.values()),
+            processes=len(self._hwm_kb),
+        )
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (through /proc/PID/task/TID/children)."""
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        try:
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    todo.extend(int(child) for child in f.read().split())
+        except OSError:
+            continue
+    return tree
+
+
+def read_status_kb(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def count_fds(pid: int, target: str) -> int:
+    count = 0
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                count += os.readlink(f"/proc/{pid}/fd/{fd}") == target
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return count
+
+
+def run_timed(argv: Sequence[str | os.PathLike], stdout: int | IO = subprocess.DEVNULL,
+              timeout_s: float = 300.0) -> ToolRun:
+    launched = Launched.start(argv, stdout=stdout, stderr=subprocess.DEVNULL)
+    return launched.finish(timeout_s)
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float] | None:
+    """First and third quartile (inclusive method); None below two values."""
+    if len(values) < 2:
+        return None
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join("" if cell is None else str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_results(area: str, data: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{area}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def command_output(argv: Sequence[str], default: str = "not found") -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return default
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else default
+
+
+def machine_info() -> dict[str, str]:
+    """The facts a reader needs to judge the numbers: hardware, kernel, load, tool versions."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    try:
+        distro = next(line.split("=", 1)[1].strip('"') for line in Path("/etc/os-release").read_text().splitlines()
+                      if line.startswith("PRETTY_NAME="))
+    except (OSError, StopIteration):
+        distro = "unknown"
+    return {
+        "cpu": f"{cpu} ({os.cpu_count()} CPUs)",
+        "memory": f"{mem_gib:.1f} GiB",
+        "os": distro,
+        "kernel": platform.release(),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "python": platform.python_version(),
+        "perf": command_output(["perf", "--version"]),
+        "bcc (python3-bpfcc)": command_output(["dpkg-query", "-W", "-f=${Version}", "python3-bpfcc"]),
+        "optrace": command_output([str(OPTRACE), "--version"]),
+        "pmu": "none (cpu-clock software event)" if not Path("/sys/bus/event_source/devices/cpu").exists()
+        else "present",
+    }
+

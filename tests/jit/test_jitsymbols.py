@@ -1,0 +1,118 @@
+"""The recorder's JIT source on real processes: perf maps read as they grow, jitdumps found in
+/proc/PID/maps, maps written at exit, pid namespaces, and a dump that names another pid."""
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+from jithelpers import PROGRAMS, PYTHON, needs_root, wait_for
+from optrace.jitmaps import jitdump as jd
+from optrace.jitmaps.jitsymbols import JitSymbols
+
+
+def test_perf_map_read_incrementally_and_reuse_named_by_poll_time(spawn):
+    proc = spawn(["sleep", "30"])
+    path = f"/tmp/perf-{proc.pid}.map"
+    jit = JitSymbols()
+    with open(path, "w") as f:
+        f.write("0x1000 0x100 first version\n2000 10 other")  # second line not finished yet
+    jit.poll(proc.pid, 10.0)
+    assert jit.lookup(proc.pid, 0x2004, 10.0) is None
+    with open(path, "a") as f:
+        f.write("\n1000 100 second version\n")
+    jit.poll(proc.pid, 11.0)
+    assert jit.lookup(proc.pid, 0x1010, 10.0) == ("first version", path)
+    assert jit.lookup(proc.pid, 0x1010, 11.0) == ("second version", path)
+    assert jit.lookup(proc.pid, 0x2004, 11.0) == ("other", path)
+    assert jit.stats["perfmap_lines"] == 3
+
+
+def test_map_written_at_exit_is_read_at_exit(spawn):
+    proc = spawn(["sh", "-c", 'read x; echo "3000 40 written_at_exit" > /tmp/perf-$$.map'],
+                 stdin=subprocess.PIPE)
+    jit = JitSymbols()
+    jit.poll(proc.pid, 1.0)
+    proc.communicate(b"go\n")
+    jit.process_exited(proc.pid, 2.0)
+    assert jit.lookup(proc.pid, 0x3010, 1.0) == ("written_at_exit", f"/tmp/perf-{proc.pid}.map")
+
+
+def test_last_line_without_newline_counts_at_finish(spawn):
+    proc = spawn(["sleep", "30"])
+    with open(f"/tmp/perf-{proc.pid}.map", "w") as f:
+        f.write("1000 10 no_newline")
+    jit = JitSymbols()
+    jit.poll(proc.pid, 1.0)
+    assert jit.lookup(proc.pid, 0x1000, 1.0) is None
+    jit.finish(2.0)
+    assert jit.lookup(proc.pid, 0x1000, 1.0)[0] == "no_newline"
+
+
+def test_jitdump_found_in_proc_maps(spawn, tmp_path):
+    proc = spawn([PYTHON, str(PROGRAMS / "agent_child.py"), str(tmp_path), "dumped_fn:5000:80"],
+                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    dump = proc.stdout.readline().split()[1]
+    os.unlink(f"/tmp/perf-{proc.pid}.map")  # only the jitdump may name it
+    jit = JitSymbols()
+    jit.poll(proc.pid, 1e9)
+    assert jit.lookup(proc.pid, 0x5010, 1e9) == ("dumped_fn", dump)
+    assert jit.stats["jitdump_records"] >= 1
+
+
+def test_jitdump_naming_another_pid_is_refused(spawn, tmp_path):
+    """A process cannot pose as another's agent: the dump header must name the process itself."""
+    script = textwrap.dedent(f"""
+        import mmap, os, sys
+        sys.path.insert(0, {str(PROGRAMS.parent)!r})
+        from jithelpers import dump_bytes, load
+        path = os.path.join({str(tmp_path)!r}, f"jit-{{os.getpid()}}.dump")
+        with open(path, "wb") as f:
+            f.write(dump_bytes([load(0x5000, 0x80, "posing", 1)], pid=1))
+        fd = os.open(path, os.O_RDONLY)
+        m = mmap.mmap(fd, 40, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_EXEC)
+        print("ready", flush=True)
+        sys.stdin.read()
+    """)
+    proc = spawn([PYTHON, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    jit = JitSymbols()
+    jit.poll(proc.pid, 1e9)
+    assert jit.lookup(proc.pid, 0x5010, 1e9) is None
+    assert jit.stats["refused_corrupt"] == 1 and "header names pid 1" in jit.warnings[0]
+
+
+def test_explicit_jitdump(tmp_path):
+    from jithelpers import dump_bytes, load
+    path = tmp_path / "elsewhere.dump"
+    path.write_bytes(dump_bytes([load(0x7000, 0x10, "explicit_fn", 5_000_000_000)], pid=999999))
+    jit = JitSymbols(jitdumps=[str(path)])
+    jit.finish(9.0)
+    assert jit.lookup(999999, 0x7004, 6.0) == ("explicit_fn", str(path))
+
+
+def test_explicit_jitdump_bad_input_is_one_clear_error(tmp_path):
+    from optrace.frontend.errors import OptraceError
+    (tmp_path / "bad.dump").write_bytes(b"not a dump at all, no no no no no no no no")
+    with pytest.raises(OptraceError, match="bad magic"):
+        JitSymbols(jitdumps=[str(tmp_path / "bad.dump")])
+    with pytest.raises(OptraceError, match="no such file"):
+        JitSymbols(jitdumps=[str(tmp_path / "missing.dump")])
+
+
+def test_process_in_another_pid_and_mount_namespace(spawn):
+    """/proc/PID/root/tmp/perf-NSPID.map, NSpid from /proc/PID/status (here NSpid is 1)."""
+    needs_root()
+    script = 'mount -t tmpfs none /tmp && echo "6000 20 in_container" > /tmp/perf-1.map && echo ok && exec sleep 30'
+    outer = spawn(["unshare", "--pid", "--mount", "--fork", "--mount-proc", "sh", "-c", script],
+                  stdout=subprocess.PIPE, text=True)
+    assert outer.stdout.readline().strip() == "ok"
+    children = wait_for(lambda: open(f"/proc/{outer.pid}/task/{outer.pid}/children").read().split())
+    inner = int(children[0])
+    assert not os.path.exists("/tmp/perf-1.map") or open("/tmp/perf-1.map").read().find("in_container") < 0
+    jit = JitSymbols()
+    jit.poll(inner, 1.0)
+    assert jit.lookup(inner, 0x6010, 1.0) == ("in_container", f"/proc/{inner}/root/tmp/perf-1.map")

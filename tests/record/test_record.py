@@ -1,0 +1,218 @@
+"""optrace record + report end to end, on workloads with known CPU shares (real BPF, needs root)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from support import OPTRACE, assert_no_programs_of, assert_one_line_error, run_as_nobody, run_optrace
+
+pytestmark = pytest.mark.usefixtures("bpf_ready")
+
+
+def record(tmp_path: Path, *args: str, name: str = "rec.data") -> Path:
+    out = tmp_path / name
+    proc = run_optrace("record", "-o", str(out), *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return out
+
+
+def report_json(path: Path, *args: str) -> dict:
+    proc = run_optrace("report", "-i", str(path), "--format", "json", *args, check=True)
+    return json.loads(proc.stdout)
+
+
+def share(rows: list[dict], symbol: str) -> float:
+    return sum(r["percent"] for r in rows if r["symbol"] == symbol)
+
+
+def test_demo_shares_match_design(tmp_path, workloads):
+    """hot_a 40%, hot_b 20%, lib_burn (shared library) 20%, the C++ method 20%: each within 5 points."""
+    data = record(tmp_path, "-F", "999", "--", str(workloads / "demo"), "3")
+    rows = report_json(data, "--comm", "demo")["rows"]
+    assert share(rows, "hot_a") == pytest.approx(40, abs=5)
+    assert share(rows, "hot_b") == pytest.approx(20, abs=5)
+    assert share(rows, "lib_burn") == pytest.approx(20, abs=5)
+    assert share(rows, "demo::Hasher::mix(double)") == pytest.approx(20, abs=5)
+    lib_rows = [r for r in rows if r["symbol"] == "lib_burn"]
+    assert {os.path.basename(r["dso"]) for r in lib_rows} == {"libburn.so"}
+
+
+def test_non_pie_binary(tmp_path, workloads):
+    data = record(tmp_path, "-F", "499", "--", str(workloads / "demo-nopie"), "1.5")
+    rows = report_json(data)["rows"]
+    assert share(rows, "hot_a") == pytest.approx(40, abs=7)
+
+
+def test_record_meta_and_exit_status(tmp_path, workloads):
+    out = tmp_path / "rec.data"
+    proc = run_optrace("record", "-o", str(out), "-F", "99", "--", "sh", "-c", "exit 3")
+    assert proc.returncode == 0, proc.stderr
+    assert "exit status 3" in proc.stderr
+    meta = report_json(out)["meta"]
+    assert meta["exit_status"] == 3
+    assert meta["frequency_hz"] == 99
+    assert meta["event"] == "cpu-clock"
+
+
+def test_kernel_functions_on_syscall_heavy_run(tmp_path, workloads):
+    data = record(tmp_path, "-F", "999", "--", str(workloads / "syscalls"), "1.5")
+    rows = report_json(data)["rows"]
+    kernel = [r for r in rows if r["dso"] == "[kernel.kallsyms]"]
+    assert sum(r["percent"] for r in kernel) > 50
+    kallsyms = {line.split()[2] for line in Path("/proc/kallsyms").read_text().splitlines()}
+    top = max(kernel, key=lambda r: r["samples"])
+    assert top["symbol"] in kallsyms
+    table = run_optrace("report", "-i", str(data), check=True).stdout
+    assert "[k]" in table and "[.]" in table
+
+
+def test_short_lived_processes_are_named(tmp_path, workloads):
+    """60 processes that exit long before the recording ends: build-id stacks still name them."""
+    loop = f"for i in $(seq 60); do {workloads / 'shortlived'} 25; done"
+    data = record(tmp_path, "-F", "999", "--", "sh", "-c", loop)
+    report = report_json(data, "--comm", "shortlived", "--sort", "pid,symbol")
+    rows = report["rows"]
+    assert len({r["pid"] for r in rows}) >= 50
+    named = sum(r["samples"] for r in rows if r["symbol"] == "short_burn")
+    total = sum(r["samples"] for r in rows)
+    assert named / total > 0.85
+
+
+def test_stripped_binary_named_through_build_id_debug_file(tmp_path, workloads):
+    binary = tmp_path / "stripped"
+    debug = tmp_path / "stripped.debug"
+    subprocess.run(["objcopy", "--only-keep-debug", str(workloads / "shortlived"), str(debug)], check=True)
+    subprocess.run(["strip", "--strip-all", "-o", str(binary), str(workloads / "shortlived")], check=True)
+    nm = subprocess.run(["nm", str(binary)], capture_output=True, text=True)
+    assert "short_burn" not in nm.stdout
+    build_id = subprocess.run(
+        ["readelf", "-n", str(binary)], capture_output=True, text=True, check=True
+    ).stdout.split("Build ID: ")[1].split()[0]
+    target = Path("/usr/lib/debug/.build-id") / build_id[:2] / f"{build_id[2:]}.debug"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(debug.read_bytes())
+    try:
+        data = record(tmp_path, "-F", "999", "--", str(binary), "500")
+    finally:
+        target.unlink()
+    rows = report_json(data, "--comm", "stripped")["rows"]
+    assert share(rows, "short_burn") > 85
+
+
+def test_attach_to_running_process(tmp_path, workloads):
+    proc = subprocess.Popen([str(workloads / "demo"), "20"])
+    try:
+        time.sleep(0.3)
+        data = record(tmp_path, "-F", "499", "-p", str(proc.pid), "-d", "2")
+    finally:
+        proc.kill()
+        proc.wait()
+    report = report_json(data)
+    assert {r["pid"] for r in report_json(data, "--sort", "pid")["rows"]} == {proc.pid}
+    assert share(report["rows"], "hot_a") == pytest.approx(40, abs=8)
+
+
+def test_system_wide(tmp_path, workloads):
+    proc = subprocess.Popen([str(workloads / "demo"), "20"])
+    try:
+        data = record(tmp_path, "-F", "199", "-a", "-d", "2")
+    finally:
+        proc.kill()
+        proc.wait()
+    rows = report_json(data, "--comm", "demo")["rows"]
+    demo_total = sum(r["percent"] for r in rows)
+    assert share(rows, "hot_a") / demo_total == pytest.approx(0.40, abs=0.08)
+
+
+def test_no_stacks_keeps_only_the_leaf(tmp_path, workloads):
+    data = record(tmp_path, "-F", "499", "--no-stacks", "--", str(workloads / "demo"), "1")
+    children = report_json(data, "--children")["rows"]
+    assert share(children, "main") == 0
+    with_stacks = record(tmp_path, "-F", "499", "--", str(workloads / "demo"), "1", name="g.data")
+    assert max(r["children"] for r in report_json(with_stacks, "--children")["rows"] if r["symbol"] == "main") > 90
+
+
+def test_lost_stacks_are_counted_and_reported(tmp_path, workloads):
+    """A tiny stack map forces collisions; they are counted in the record and shown by report."""
+    loop = f"for i in $(seq 20); do {workloads / 'shortlived'} 20; done"
+    data = record(tmp_path, "-F", "999", "--stack-storage-size", "2", "--", "sh", "-c", loop)
+    meta = report_json(data)["meta"]
+    assert meta["lost"].get("user_stack_collision", 0) > 0
+    table = run_optrace("report", "-i", str(data), check=True).stdout
+    assert "user_stack_collision" in table
+
+
+def test_file_owned_by_sudo_user(tmp_path, workloads):
+    out = tmp_path / "owned.data"
+    env = {**os.environ, "SUDO_UID": "65534", "SUDO_GID": "65534"}
+    proc = run_optrace("record", "-o", str(out), "--", "true", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (out.stat().st_uid, out.stat().st_gid) == (65534, 65534)
+
+
+def test_unprivileged_user_reports_a_root_record(tmp_path, workloads):
+    shared = Path(tempfile.mkdtemp(prefix="optrace-test-"))
+    try:
+        data = record(shared, "-F", "499", "--", str(workloads / "demo"), "1")
+        os.chmod(shared, 0o755)
+        os.chmod(data, 0o644)
+        proc = run_as_nobody(str(OPTRACE), "report", "-i", str(data))
+    finally:
+        shutil.rmtree(shared)
+    assert proc.returncode == 0, proc.stderr
+    assert "hot_a" in proc.stdout
+
+
+def wait_for_child(pid: int, comm: str, timeout: float = 60) -> int:
+    """The recorder is past BPF set-up once its command runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            if Path(f"/proc/{child}/comm").read_text().strip() == comm:
+                return int(child)
+        time.sleep(0.1)
+    raise AssertionError(f"{comm} never started under {pid}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_record_leaves_a_reportable_file(tmp_path, workloads, sig):
+    out = tmp_path / "sig.data"
+    proc = subprocess.Popen(
+        [str(OPTRACE), "record", "-F", "499", "-o", str(out), "--", str(workloads / "demo"), "60"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    wait_for_child(proc.pid, "demo")
+    time.sleep(2)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    report = report_json(out)
+    assert report["meta"]["total_samples"] > 100
+    assert share(report["rows"], "hot_a") == pytest.approx(40, abs=8)
+    assert not list(tmp_path.glob(".*sig.data*")), "temporary file left behind"
+    assert_no_programs_of(proc.pid, "on_sample")
+
+
+def test_bad_inputs(tmp_path):
+    out = str(tmp_path / "x.data")
+    assert_one_line_error(run_optrace("record", "-o", out, "-p", "999999999"), "no such process")
+    assert_one_line_error(run_optrace("record", "-o", out, "--", "no-such-cmd-xyz"), "command not found")
+    assert_one_line_error(run_optrace("record", "-o", out), "nothing to record")
+    assert_one_line_error(run_optrace("record", "-o", out, "-F", "0", "-a"), "frequency")
+    assert_one_line_error(run_optrace("record", "-o", out, "-p", "abc"), "not a process id")
+    assert not Path(out).exists()
+
+
+def test_not_root_fails_early_with_advice(tmp_path):
+    proc = run_as_nobody(str(OPTRACE), "record", "-o", str(tmp_path / "x.data"), "--", "true")
+    assert_one_line_error(proc, "root")

@@ -1,0 +1,65 @@
+"""Helpers shared by tests (importable as `support`: pytest's pythonpath includes tests/)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WORKLOADS = REPO / "workloads" / "build"
+OPTRACE = Path(sys.executable).parent / "optrace"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def run_optrace(*args: str, check: bool = False, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """Run the installed CLI as a user would, capturing text output."""
+    proc = subprocess.run(
+        [str(OPTRACE), *args], capture_output=True, text=True, timeout=timeout, **kw
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"optrace {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc
+
+
+def run_as_nobody(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a command as user nobody (uid/gid 65534, no groups)."""
+    return subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Bad input: non-zero exit, exactly one line on stderr, no traceback."""
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def bpf_programs_named(name: str) -> dict[int, set[int]]:
+    """Loaded BPF programs called `name`, each with the pids holding an fd to it (from /proc/*/fdinfo)."""
+    import json
+
+    listing = subprocess.run(["bpftool", "prog", "show", "--json"], capture_output=True, text=True, check=True)
+    ids = {p["id"] for p in json.loads(listing.stdout) if p.get("name") == name}
+    holders: dict[int, set[int]] = {i: set() for i in ids}
+    for fdinfo in Path("/proc").glob("[0-9]*/fdinfo/*"):
+        try:
+            text = fdinfo.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("prog_id:") and int(line.split()[1]) in holders:
+                holders[int(line.split()[1])].add(int(fdinfo.parts[2]))
+    return holders
+
+
+def assert_no_programs_of(pid: int, name: str) -> None:
+    """Nothing a (now exited) optrace process loaded is still there: no program of its, no orphan."""
+    for prog_id, pids in bpf_programs_named(name).items():
+        assert pid not in pids, f"program {prog_id} still held by {pid}"
+        assert pids, f"program {prog_id} ({name}) is loaded but held by no process"
