@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optrace.frontend.errors import OptraceError
-from optrace.frontend.uprobes.manager import KernelCounts
+from optrace.frontend.uprobes.manager import KernelCounts, UnprobeableError
 
 PROGRAM = Path(__file__).with_name("uprobe_count.c")
 MAX_PROBES = 4096
@@ -37,6 +37,7 @@ _PERF_FLAG_FD_CLOEXEC = 8
 _BPF_LINK_CREATE = 28
 _BPF_PERF_EVENT = 41
 _BPF_ATTR_SIZE = 64
+_ENOTSUPP = 524  # the kernel's answer for an instruction uprobes cannot handle (e.g. a lock prefix)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -70,6 +71,8 @@ def _syscall_numbers() -> tuple[int, int]:
 
 def _os_error(what: str) -> OptraceError:
     err = ctypes.get_errno()
+    if err == _ENOTSUPP:
+        return UnprobeableError(f"{what}: the kernel cannot single-step the instruction there")
     hint = ": run as root (or with CAP_BPF+CAP_PERFMON)" if err in (1, 13) else ""
     return OptraceError(f"{what}: {os.strerror(err)}{hint}")
 
@@ -194,12 +197,12 @@ class BpfUprobeAttacher:
         totals = self._bpf[b"totals"]
         counts = KernelCounts(
             totals={probe_id: totals[totals.Key(probe_id)].value for probe_id in self._links},
-            per_pid={(k.probe, k.pid): v.value for k, v in _all_items(self._bpf[b"per_pid"])
+            per_pid={(k.probe, k.pid): _int(v) for k, v in _all_items(self._bpf[b"per_pid"])
                      if k.probe in self._links},
             lost_rows=self._bpf[b"lost_rows"][0].value,
-            followed={k.value: v.value for k, v in _all_items(self._bpf[b"followed"])},
+            followed={_int(k): _int(v) for k, v in _all_items(self._bpf[b"followed"])},
         )
-        comms = {k.value: v.comm.decode(errors="replace") for k, v in _all_items(self._bpf[b"comms"])}
+        comms = {_int(k): v.comm.decode(errors="replace") for k, v in _all_items(self._bpf[b"comms"])}
         for _probe, pid in counts.per_pid:
             if pid not in counts.comms:
                 counts.comms[pid] = comms.get(pid) or _proc_comm(pid)
@@ -223,6 +226,11 @@ class BpfUprobeAttacher:
         for key in [k for k, _v in _all_items(per_pid) if k.probe in self._stale]:
             del per_pid[key]
         self._stale.clear()
+
+
+def _int(value) -> int:
+    """Batch lookups give plain ints for scalar keys and values, item lookups give ctypes."""
+    return value if isinstance(value, int) else value.value
 
 
 def _all_items(table) -> list:

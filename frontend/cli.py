@@ -50,15 +50,19 @@ def cli() -> None:
 def main() -> None:
     """Entry point: every OptraceError becomes one line on stderr and a non-zero exit."""
     try:
-        cli(standalone_mode=False)
+        status = cli(standalone_mode=False)
     except OptraceError as exc:
         click.echo(f"optrace: {exc}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("optrace: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        where = f" (see {exc.ctx.command_path} --help)" if exc.ctx else ""
+        click.echo(f"optrace: {exc.format_message()}{where}", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"optrace: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -71,3 +75,4 @@ def main() -> None:
             traceback.print_exc()
         click.echo(f"optrace: internal error: {exc!r} (set OPTRACE_DEBUG=1 for the traceback)", err=True)
         sys.exit(70)
+    sys.exit(status if isinstance(status, int) else 0)

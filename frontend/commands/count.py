@@ -90,9 +90,8 @@ class _Run:
 
     def report(self) -> CountReport:
         self.refresh_filter()
-        resolution = self.counter.resolve()
         return CountReport(
-            probes=resolution.probes, counts=self.counter.calls(), elapsed_s=time.monotonic() - self.started,
+            probes=list(self.counter.probes), counts=self.counter.calls(), elapsed_s=time.monotonic() - self.started,
             lost_pid_rows=self.counter.lost_rows(),
             exit_status=self.child.returncode if self.child is not None else None,
         )
@@ -166,7 +165,9 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
 def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None) -> None:
     try:
         run.start()
-        functions = len(run.counter.resolve().probes)
+        for warning in run.counter.warnings[len(run.counter.resolve().warnings):]:
+            click.echo(f"optrace: warning: {warning}", err=True)
+        functions = len(run.counter.probes)
         click.echo(f"Counting calls of {functions} function{'s' if functions != 1 else ''}. "
                    "Ctrl-C to stop.", err=True)
         next_print = time.monotonic() + interval if interval else None

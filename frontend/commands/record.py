@@ -63,7 +63,7 @@ def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jit
     from optrace.frontend.doctor import require_recording
     from optrace.frontend.recordfile import write_record
 
-    require_recording()
+    require_recording(uprobes=bool(options.uprobes))
     record = Recorder(options).run()
     write_record(record, output)
     summarize(record, output)

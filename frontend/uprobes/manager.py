@@ -20,6 +20,11 @@ from optrace.frontend.model import CallCount
 from optrace.frontend.uprobes.resolve import ProbeKey, ResolvedProbe
 
 PidFilter = Callable[[int], bool]
+SkipProbe = Callable[[ResolvedProbe, OptraceError], bool]
+
+
+class UnprobeableError(OptraceError):
+    """The kernel refuses a uprobe at this offset (an instruction it cannot single-step)."""
 
 
 @dataclass
@@ -85,22 +90,33 @@ class ProbeManager:
     def attached_keys(self) -> set[ProbeKey]:
         return set(self._attached)
 
-    def register(self, probes: Sequence[ResolvedProbe], pid_filter: PidFilter | None = None) -> Consumer:
-        """Add a consumer; attach the keys nobody watches yet (all or nothing)."""
+    def register(
+        self, probes: Sequence[ResolvedProbe], pid_filter: PidFilter | None = None,
+        skip_unprobeable: SkipProbe | None = None,
+    ) -> Consumer:
+        """Add a consumer; attach the keys nobody watches yet (all or nothing, except that probes the
+        kernel refuses are left out of the consumer when ``skip_unprobeable(probe, error)`` says so)."""
         with self._lock:
-            consumer = Consumer(id=self._next_consumer, probes=tuple(probes), pid_filter=pid_filter)
-            self._next_consumer += 1
+            kept: list[ResolvedProbe] = []
             new: list[ProbeKey] = []
             try:
-                for probe in consumer.probes:
+                for probe in probes:
                     if probe.key not in self._attached:
-                        self._attach(probe)
+                        try:
+                            self._attach(probe)
+                        except UnprobeableError as exc:
+                            if skip_unprobeable is None or not skip_unprobeable(probe, exc):
+                                raise
+                            continue
                         new.append(probe.key)
+                    kept.append(probe)
             except BaseException:
                 for key in new:
                     self._detach(key)
                 self._close_attacher_if_idle()
                 raise
+            consumer = Consumer(id=self._next_consumer, probes=tuple(kept), pid_filter=pid_filter)
+            self._next_consumer += 1
             self._remember_baseline(consumer, set(new))
             for probe in consumer.probes:
                 self._attached[probe.key].consumers.add(consumer.id)

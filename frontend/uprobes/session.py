@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import CallCount
 from optrace.frontend.uprobes.manager import Attacher, Consumer, PidFilter, ProbeManager
-from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES, Resolution, resolve_specs
+from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES, Resolution, ResolvedProbe, resolve_specs
+from optrace.frontend.uprobes.spec import parse_spec
 
 _shared: ProbeManager | None = None
 _shared_lock = threading.Lock()
@@ -68,6 +69,7 @@ class CallCounter:
         self.resolution: Resolution | None = None
         self._manager = manager
         self._consumer: Consumer | None = None
+        self._skipped: list[str] = []
 
     @property
     def manager(self) -> ProbeManager:
@@ -77,7 +79,19 @@ class CallCounter:
 
     @property
     def warnings(self) -> list[str]:
-        return self.resolution.warnings if self.resolution else []
+        """Resolution warnings (IFUNCs) and, after start(), glob matches the kernel could not probe."""
+        found = self.resolution.warnings if self.resolution else []
+        if not self._skipped:
+            return list(found)
+        shown = ", ".join(self._skipped[:5]) + (f" and {len(self._skipped) - 5} more" if len(self._skipped) > 5 else "")
+        return [*found, f"skipped {shown}: the kernel cannot probe their first instruction"]
+
+    @property
+    def probes(self) -> tuple[ResolvedProbe, ...]:
+        """The attached probes, in the order of :meth:`calls` (glob matches the kernel refused left out)."""
+        if self._consumer is None:
+            raise OptraceError("internal: CallCounter.probes before start()")
+        return self._consumer.probes
 
     def resolve(self) -> Resolution:
         """Resolve the SPECs (idempotent); bad input raises OptraceError here, before any attach."""
@@ -93,7 +107,14 @@ class CallCounter:
             return
         if self._manager is None:
             require_recording()
-        self._consumer = self.manager.register(resolution.probes, self.pid_filter)
+        self._consumer = self.manager.register(resolution.probes, self.pid_filter, self._skip_glob_match)
+
+    def _skip_glob_match(self, probe: ResolvedProbe, error: OptraceError) -> bool:
+        """A glob may match functions the kernel cannot probe: leave those out; a named one is an error."""
+        if parse_spec(probe.spec).is_glob:
+            self._skipped.append(probe.symbol)
+            return True
+        return False
 
     def calls(self) -> list[CallCount]:
         if self._consumer is None:

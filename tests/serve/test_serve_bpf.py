@@ -230,7 +230,7 @@ def test_counters_stay_monotonic_while_processes_come_and_go(served, unique_work
         assert all(later[key] >= value for key, value in earlier.items())
     short = {(dict(key)["dso"], dict(key)["symbol"]): v for key, v in pages[-1].items()
              if dict(key)["comm"] == "srvshort"}
-    assert short.get((str(unique_workloads / "srvshort"), "short_burn"), 0) > 0, short
+    assert short.get((str(unique_workloads / "srvshort"), "short_burn"), 0) > 0, (short, served.stderr_path.read_text())
     assert len(short) < processes / 2  # series per symbol (kernel ones included), not per process
 
 
