@@ -1,8 +1,9 @@
 """Benchmark of `optrace serve`: scrape latency, and the exporter's own cost next to BCC's profile.
 
 1. Scrape latency (p50/p99) at 1,000 and 10,000 series per metric: an exporter process serving
-   synthetic totals that change every 50 ms (so nearly every scrape renders a new page), scraped
-   from this process with and without gzip, as Prometheus does.
+   synthetic totals that change every 250 ms, scraped every 250 ms from this process with and
+   without gzip (as Prometheus does), so nearly every scrape renders a new page; and the render alone
+   (in this process, no HTTP), which is what the exporter's design controls.
 2. Exporter CPU (% of one core, steady state, after the BPF compile) and RSS, whole machine at 99 Hz,
    while the demo workload keeps one core busy and the page is scraped every 5 s; side by side with
    BCC's `profile-bpfcc -F 99` over the same window, in the same run.
@@ -31,32 +32,57 @@ OPTRACE = Path(sys.executable).parent / "optrace"
 BCC_PROFILE = "/usr/sbin/profile-bpfcc"
 RESULTS = REPO / "bench" / "results" / "serve.json"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+SYNTHETIC_DRAIN_S = 0.25
 
 
 # -- 1. scrape latency ------------------------------------------------------------------------------
+class SyntheticSource:
+    """`series` CPU series and `series` call series, every one bumped at each drain."""
+
+    event = "cpu-clock"
+
+    def __init__(self, series: int) -> None:
+        self.series = series
+
+    def start(self) -> None:
+        pass
+
+    def collect(self, delta) -> None:
+        for i in range(self.series):
+            delta.cpu_samples[(f"comm{i % 50}", f"/usr/lib/x86_64-linux-gnu/libbench{i % 40}.so",
+                               f"bench::Namespace::function_{i}(double, int)")] += 1
+            delta.uprobe_calls[(f"/usr/bin/bench{i % 20}", f"probe_{i}", f"comm{i % 50}")] += 3
+
+    def close(self) -> None:
+        pass
+
+
+def render_times(series: int, renders: int) -> dict:
+    """The page render alone, each after a drain changed every series (no HTTP, no other process)."""
+    from optrace.exporters.prometheus import ExporterInfo, MetricsPage
+    from optrace.exporters.totals import Delta, ExporterTotals
+
+    totals = ExporterTotals(series + 1)
+    page = MetricsPage(totals, ExporterInfo(99, "cpu-clock"))
+    delta = Delta()
+    SyntheticSource(series).collect(delta)
+    times = []
+    for _ in range(renders + 1):
+        totals.apply(delta, drain_seconds=0)
+        started = time.perf_counter()
+        page.render()
+        times.append((time.perf_counter() - started) * 1000)
+    times = times[1:]  # the first render also builds every series' prefix, once per process
+    return {"p50_ms": round(percentile(times, 50), 1), "p99_ms": round(percentile(times, 99), 1)}
+
+
 def serve_synthetic(series: int) -> None:
-    """Child mode: serve `series` CPU series and `series` call series, all bumped every 50 ms."""
+    """Child mode: serve a SyntheticSource until killed."""
     from optrace.exporters.daemon import ServeDaemon, ServeOptions
     from optrace.exporters.httpserver import ListenAddress
-    from optrace.exporters.totals import Delta
 
-    class Synthetic:
-        event = "cpu-clock"
-
-        def start(self) -> None:
-            pass
-
-        def collect(self, delta: Delta) -> None:
-            for i in range(series):
-                delta.cpu_samples[(f"comm{i % 50}", f"/usr/lib/x86_64-linux-gnu/libbench{i % 40}.so",
-                                   f"bench::Namespace::function_{i}(double, int)")] += 1
-                delta.uprobe_calls[(f"/usr/bin/bench{i % 20}", f"probe_{i}", f"comm{i % 50}")] += 3
-
-        def close(self) -> None:
-            pass
-
-    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), max_series=series + 1, drain_interval_s=0.05)
-    daemon = ServeDaemon(options, [Synthetic()])
+    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), max_series=series + 1, drain_interval_s=SYNTHETIC_DRAIN_S)
+    daemon = ServeDaemon(options, [SyntheticSource(series)])
     stop = threading.Event()
     daemon.run(stop, on_ready=lambda url: print(url, flush=True))
 
@@ -83,13 +109,13 @@ def bench_scrape(series: int, scrapes: int) -> dict:
     try:
         url = child.stdout.readline().strip()
         time.sleep(0.5)
-        result = {"series_per_metric": series}
+        result = {"series_per_metric": series, "render": render_times(series, scrapes)}
         for gzip_ok in (False, True):
             times = []
             for _ in range(scrapes):
                 elapsed, lines = scrape_once(url, gzip_ok)
                 times.append(elapsed * 1000)
-                time.sleep(0.05)  # let a drain change the totals: most scrapes render a new page
+                time.sleep(SYNTHETIC_DRAIN_S)  # a drain changes the totals: most scrapes render a new page
             key = "gzip" if gzip_ok else "plain"
             result[key] = {"p50_ms": round(percentile(times, 50), 1), "p99_ms": round(percentile(times, 99), 1),
                            "max_ms": round(max(times), 1), "lines": lines}
@@ -155,13 +181,24 @@ def bench_optrace(seconds: float, tmp: Path) -> dict:
             scrapes["count"] += 1
             scrapes["lines"] = lines
 
+        events_before = process_events(url)
         result = measure_window(process.pid, seconds, during=scrape)
+        result["load_average"] = os.getloadavg()[0]
+        events = {k: v - events_before.get(k, 0) for k, v in process_events(url).items()}
         result["scrapes"] = scrapes["count"]
         result["page_lines"] = scrapes["lines"]
+        result["execs_per_s"] = round(events.get("exec", 0) / result["window_s"], 1)
         return result
     finally:
         process.terminate()
         process.wait(30)
+
+
+def process_events(url: str) -> dict[str, float]:
+    """optrace_process_events_total by event: how busy the machine is with new processes."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r'optrace_process_events_total\{event="(\w+)"\} (\S+)', text)}
 
 
 def bench_bcc_profile(seconds: float, tmp: Path) -> dict:
@@ -175,6 +212,7 @@ def bench_bcc_profile(seconds: float, tmp: Path) -> dict:
             time.sleep(0.2)
         time.sleep(3)
         result = measure_window(process.pid, seconds)
+        result["load_average"] = os.getloadavg()[0]
         before_end = end_cpu = cpu_seconds(process.pid)
         peak = result["peak_rss_mb"]
         process.send_signal(2)  # SIGINT: it reads and symbolizes the stacks, prints them, exits
@@ -207,20 +245,26 @@ def bpf_attached(pid: int) -> bool:
 
 
 def markdown(results: dict) -> str:
-    lines = ["## optrace serve", "", "Scrape latency (HTTP GET of /metrics from another process; page re-rendered "
-             "on nearly every scrape):", "",
-             "| series per metric | lines | plain p50 | plain p99 | gzip p50 | gzip p99 |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["## optrace serve", "",
+             f"Scrape latency: HTTP GET of /metrics from another process, the page re-rendered on nearly every "
+             f"scrape (load average {results['scrape_load_average']:.1f} on {results['machine']['cpus']} CPUs); "
+             "render = the page alone, in process:", "",
+             "| series per metric | lines | render p50 | render p99 | plain p50 | plain p99 | gzip p50 | gzip p99 |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in results["scrape"]:
-        lines.append(f"| {row['series_per_metric']:,} | {row['plain']['lines']:,} | {row['plain']['p50_ms']} ms | "
-                     f"{row['plain']['p99_ms']} ms | {row['gzip']['p50_ms']} ms | {row['gzip']['p99_ms']} ms |")
+        lines.append(f"| {row['series_per_metric']:,} | {row['plain']['lines']:,} | {row['render']['p50_ms']} ms | "
+                     f"{row['render']['p99_ms']} ms | {row['plain']['p50_ms']} ms | {row['plain']['p99_ms']} ms | "
+                     f"{row['gzip']['p50_ms']} ms | {row['gzip']['p99_ms']} ms |")
     o, b = results["optrace_serve"], results["bcc_profile"]
-    lines += ["", f"Whole machine at 99 Hz, {o['window_s']} s steady-state window, demo workload busy on one core:", "",
+    bcc_total = round(100 * b["report_cpu_s"] / b["window_s"], 2)
+    lines += ["", f"Whole machine at 99 Hz, {o['window_s']} s steady-state window each (after the BPF compile), "
+              f"demo workload busy on one core; the machine exec'd {o['execs_per_s']} processes/s during optrace's "
+              f"window (load average {o['load_average']:.1f}, then {b['load_average']:.1f}):", "",
               "| tool | CPU (% of one core) | RSS | peak RSS | notes |", "|---|---:|---:|---:|---|",
               f"| optrace serve -F 99 | {o['cpu_percent_of_one_core']} % | {o['rss_mb']} MB | {o['peak_rss_mb']} MB | "
-              f"drains every 1 s, symbolizes, {o['scrapes']} scrapes ({o['page_lines']} lines) |",
-              f"| profile-bpfcc -F 99 -f | {b['cpu_percent_of_one_core']} % | {b['rss_mb']} MB | {b['peak_rss_mb']} MB | "
-              f"reads the kernel only at exit: then {b['report_cpu_s']} s CPU to print |"]
+              f"drains and symbolizes every 1 s; {o['scrapes']} scrapes of {o['page_lines']} lines |",
+              f"| profile-bpfcc -F 99 -f | {b['cpu_percent_of_one_core']} % ({bcc_total} % with its final read) | "
+              f"{b['rss_mb']} MB | {b['peak_rss_mb']} MB | reads the kernel only at exit: {b['report_cpu_s']} s CPU then |"]
     return "\n".join(lines)
 
 
@@ -239,7 +283,8 @@ def main() -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     subprocess.run(["make", "-s", "-C", str(REPO / "workloads")], check=True)
     results = {"machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()},
-               "scrape": [bench_scrape(n, args.scrapes) for n in (1000, 10000)]}
+               "scrape": [bench_scrape(n, args.scrapes) for n in (1000, 10000)],
+               "scrape_load_average": os.getloadavg()[0]}
     demo = subprocess.Popen([str(REPO / "workloads" / "build" / "demo"), str(args.seconds * 3 + 120)],
                             stdout=subprocess.DEVNULL)
     try:

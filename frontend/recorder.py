@@ -69,6 +69,7 @@ class Recorder:
         self.child: GatedChild | None = None
         self.exit_status: int | None = None
         self.warnings: list[str] = []
+        self._targets: set[int] = set()
 
     def run(self) -> Record:
         from optrace.bpf.profiler import Profiler
@@ -121,7 +122,7 @@ class Recorder:
         next_drain = t0 + opts.drain_interval_s
         while True:
             now = time.monotonic()
-            if self.child and self.child.poll() is not None:
+            if self._targets_gone():
                 break
             if deadline and now >= deadline:
                 break
@@ -129,8 +130,16 @@ class Recorder:
                 self._drain()
                 next_drain += opts.drain_interval_s
             wake = min(next_drain, deadline or next_drain)
-            if stop.wait(min(POLL_SECONDS, wake - now) if self.child else wake - now):
+            if stop.wait(min(POLL_SECONDS, wake - now)):
                 break
+
+    def _targets_gone(self) -> bool:
+        """Like perf: a command's recording ends with it; a -p recording ends when its processes have."""
+        if self.child:
+            return self.child.poll() is not None
+        if self.options.pids and not self.options.system_wide:
+            return not any(_alive(pid) for pid in self.options.pids)
+        return False
 
     def _final_drain(self) -> None:
         if self.child:
@@ -185,6 +194,16 @@ class Recorder:
             warnings=self.warnings + self.symbolizer.warnings + self.jit.warnings,
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls)
+
+
+def _alive(pid: int) -> bool:
+    """A zombie (exited, not yet reaped by its parent) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _leaf_only(sample: RawSample) -> RawSample:

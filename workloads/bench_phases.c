@@ -1,8 +1,9 @@
 /* Time-to-first-sample target for bench/bench_profile.py.
  * Usage: bench-phases SLOT_MS
  * Prints its start time (CLOCK_MONOTONIC seconds), then spends wall-clock slot k, from
- * start + k*SLOT_MS to start + (k+1)*SLOT_MS, busy in the function slot_K (K = k as three digits,
- * 300 slots). The first slot_K a profiler's output names dates its first sample to within one slot.
+ * start + k*SLOT_MS to start + (k+1)*SLOT_MS, busy in the function slot_K (K = k as three digits;
+ * 800 slots, 20 s at the default 25 ms). The first slot_K a profiler's output names dates its first
+ * sample to within one slot.
  * Then it waits for EOF on stdin before exiting (profilers that symbolize at exit still find it). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,10 +31,10 @@ static double mono(void)
 #define X10(M, p) M(p##0) M(p##1) M(p##2) M(p##3) M(p##4) M(p##5) M(p##6) M(p##7) M(p##8) M(p##9)
 #define X100(M, p) X10(M, p##0) X10(M, p##1) X10(M, p##2) X10(M, p##3) X10(M, p##4) \
                    X10(M, p##5) X10(M, p##6) X10(M, p##7) X10(M, p##8) X10(M, p##9)
-#define X300(M) X100(M, 0) X100(M, 1) X100(M, 2)
+#define X800(M) X100(M, 0) X100(M, 1) X100(M, 2) X100(M, 3) X100(M, 4) X100(M, 5) X100(M, 6) X100(M, 7)
 
-X300(SLOT_FN)
-static void (*const slots[])(double) = {X300(SLOT_PTR)};
+X800(SLOT_FN)
+static void (*const slots[])(double) = {X800(SLOT_PTR)};
 
 int main(int argc, char **argv)
 {

@@ -1,7 +1,8 @@
 /* A tiny "JIT": copies a counting loop's machine code into anonymous executable memory (mmap PROT_EXEC),
  * writes its own /tmp/perf-PID.map line for it, and burns CPU: JIT_SHARE of the CPU time in the copied
  * code, the rest in native_burn() (a normal symbol), until SECONDS of CPU time have passed.
- * usage: jitcode SECONDS [JIT_SHARE]   (defaults 2 and 0.7) */
+ * usage: jitcode SECONDS [JIT_SHARE [nomap]]   (defaults 2 and 0.7; "nomap": write no perf map, for tests
+ * that plant one) */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,7 +63,8 @@ int main(int argc, char **argv)
         perror("mprotect");
         return 1;
     }
-    write_perf_map(code, sizeof loop_code);
+    if (!(argc > 3 && strcmp(argv[3], "nomap") == 0))
+        write_perf_map(code, sizeof loop_code);
     printf("%p %zu\n", code, sizeof loop_code);
     fflush(stdout);
     double end = cpu_now() + seconds;

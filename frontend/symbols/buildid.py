@@ -21,6 +21,12 @@ def read_build_id_file(path: str) -> bytes | None:
         return read_build_id(stream)
 
 
+def is_elf_file(path: str) -> bool:
+    """True when ``path`` starts with the ELF magic. Raises OSError."""
+    with open(path, "rb") as stream:
+        return stream.read(4) == ELF_MAGIC
+
+
 def read_build_id(stream: BinaryIO) -> bytes | None:
     header = stream.read(64)
     if len(header) < 52 or header[:4] != ELF_MAGIC:

@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from optrace.frontend.symbols.buildid import read_build_id_file
+from optrace.frontend.symbols.buildid import is_elf_file, read_build_id_file
 from optrace.frontend.symbols.linker import STANDARD_LIBRARY_DIRS, needed_libraries
 from optrace.frontend.symbols.maps import MapEntry, parse_maps, read_maps_text
 
@@ -92,13 +92,15 @@ class Machine:
         path = os.path.abspath(path)
         try:
             info = os.stat(path)
+            identity = (info.st_dev, info.st_ino, info.st_mtime_ns)
+            if self._executables.get(path) == identity:
+                return
+            self._executables[path] = identity
+            if not is_elf_file(path):
+                return  # a script (#!): its interpreter shows up in the maps snapshots
         except OSError as err:
-            self._warn(f"cannot read {path}: {err.strerror}")
+            self._warn_unreadable(path, err)
             return
-        identity = (info.st_dev, info.st_ino, info.st_mtime_ns)
-        if self._executables.get(path) == identity:
-            return
-        self._executables[path] = identity
         if not self._index_path(path):
             return
         libraries, problems = needed_libraries(path)
@@ -125,6 +127,9 @@ class Machine:
                     self._index_path(real, quiet=True)
         self._stats["library_scan_files"] = len(seen)
 
+    def _warn_unreadable(self, path: str, err: OSError) -> None:
+        self._warn(f"cannot read {path}: {err.strerror}; its frames show as {os.path.basename(path)}+0xOFFSET")
+
     def _index(self, build_id: bytes, ref: FileRef) -> None:
         known = self.by_build_id.get(build_id)
         if known is None or (ref.from_maps and not known.from_maps):
@@ -136,8 +141,7 @@ class Machine:
             build_id = read_build_id_file(path)
         except OSError as err:
             if not quiet:
-                self._warn(f"cannot read {path}: {err.strerror}; its frames show as "
-                           f"{os.path.basename(path)}+0xOFFSET")
+                self._warn_unreadable(path, err)
             return False
         if build_id:
             self._index(build_id, FileRef(path, path))
@@ -154,7 +158,7 @@ class Machine:
         except FileNotFoundError:
             return  # the process or mapping went away meanwhile
         except OSError as err:
-            self._warn(f"cannot read {name}: {err.strerror}; its frames show as {os.path.basename(name)}+0xOFFSET")
+            self._warn_unreadable(name, err)
             ref, build_id = FileRef(name, name, from_maps=True), None
         self.files[entry.file_key] = (ref, build_id)
         if build_id:
@@ -162,15 +166,15 @@ class Machine:
 
     def _file_ref(self, name: str, sources: list[str]) -> FileRef:
         """Use the plain path when it is the same file here (stable after exit); else keep it open."""
-        error: OSError | None = None
+        errors: list[OSError] = []
         for source in sources:
             try:
                 mapped = os.stat(source)
                 break
             except OSError as err:
-                error = error if isinstance(error, PermissionError) else err
-        else:
-            raise error
+                errors.append(err)
+        else:  # report "Permission denied" rather than "No such file" when both happened
+            raise next((e for e in errors if isinstance(e, PermissionError)), errors[-1])
         try:
             here = os.stat(name)
             if (here.st_dev, here.st_ino) == (mapped.st_dev, mapped.st_ino):

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DELETED_SUFFIX = " (deleted)"
+# Shared anonymous memory shows a path but holds no ELF object (perf's is_anon_memory, plus memfd,
+# which JITs such as .NET use to double-map code).
+ANONYMOUS_PREFIXES = ("/dev/zero", "/anon_hugepage", "/SYSV", "/memfd:")
 
 
 @dataclass(frozen=True)
@@ -18,7 +21,7 @@ class MapEntry:
 
     @property
     def is_file(self) -> bool:
-        return self.inode != 0 and self.path.startswith("/")
+        return self.inode != 0 and self.path.startswith("/") and not self.path.startswith(ANONYMOUS_PREFIXES)
 
     @property
     def executable(self) -> bool:

@@ -216,3 +216,15 @@ def test_bad_inputs(tmp_path):
 def test_not_root_fails_early_with_advice(tmp_path):
     proc = run_as_nobody(str(OPTRACE), "record", "-o", str(tmp_path / "x.data"), "--", "true")
     assert_one_line_error(proc, "root")
+
+
+def test_pid_recording_ends_when_the_process_exits(tmp_path, workloads):
+    proc = subprocess.Popen([str(workloads / "demo"), "4"])
+    try:
+        data = record(tmp_path, "-F", "499", "-p", str(proc.pid), "-d", "120")
+    finally:
+        proc.kill()
+        proc.wait()
+    meta = report_json(data)["meta"]
+    assert meta["duration_s"] < 60
+    assert meta["total_samples"] > 0

@@ -159,9 +159,9 @@ def test_symbol_table_loaded_once_for_many_frames(workloads: Path, elf) -> None:
     symbolizer.add_executable(str(demo))
     demo_id, library_id = elf.build_id(demo), elf.build_id(library)
     start, size = elf.symbol(demo, "hot_a")
-    lib_offset = elf.offset_of(library, "lib_burn")
+    lib_offset, demo_offset = elf.offset_of(library, "lib_burn"), elf.file_offset(demo, start)
     samples = [RawSample(pid, "demo", (UserFrame(library_id, lib_offset + i % 64),
-                                       UserFrame(demo_id, elf.file_offset(demo, start) + i % size)), (), 1)
+                                       UserFrame(demo_id, demo_offset + i % size)), (), 1)
                for pid in range(2) for i in range(50_000)]
     for _ in range(2):
         frames, rows = symbolizer.symbolize(samples)
@@ -181,3 +181,25 @@ def test_binary_replaced_after_indexing_is_not_misnamed(tmp_path: Path, program:
     frame = symbolize_one(symbolizer, build_id, offset)
     assert frame.symbol == f"prog+{offset:#x}" and not frame.resolved
     assert any("changed since it was mapped" in line for line in symbolizer.warnings)
+
+
+def test_add_executable_skips_scripts_and_reports_missing_libraries(tmp_path: Path, elf) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    library_dir = tmp_path / "lib"
+    library_dir.mkdir()
+    (library_dir / "gone.c").write_text("int gone(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library_dir / "libgone.so"), str(library_dir / "gone.c")],
+                   check=True)
+    program = tmp_path / "uses_gone"
+    (tmp_path / "main.c").write_text("int gone(void); int main(void) { return gone(); }\n")
+    subprocess.run(["gcc", "-o", str(program), str(tmp_path / "main.c"), f"-L{library_dir}", "-lgone",
+                    "-Wl,--build-id", "-Wl,--no-as-needed"], check=True)
+    (library_dir / "libgone.so").unlink()
+    symbolizer = Symbolizer(debug_roots=NO_DEBUG_ROOTS)
+    symbolizer.add_executable(str(script))
+    assert symbolizer.warnings == []
+    symbolizer.add_executable(str(program))
+    symbolizer.add_executable(str(program))  # unchanged file: not read again, not warned twice
+    assert symbolizer.warnings == [f"libgone.so (needed by {program}) not found"]
+    assert elf.build_id(program) in symbolizer.machine.by_build_id

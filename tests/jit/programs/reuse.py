@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument("seconds", type=float)
     parser.add_argument("--dump-dir")
     args = parser.parse_args()
-    page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    # MAP_PRIVATE: a shared anonymous mapping would show as "/dev/zero (deleted)" in /proc/PID/maps
+    page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE,
+                     prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     address = ctypes.addressof(ctypes.c_char.from_buffer(page))
     with open_agent(dump_dir=args.dump_dir) as agent:
         agent.write_native_code("reuse_code_A", address, len(CODE_A), CODE_A)

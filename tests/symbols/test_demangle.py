@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from hypothesis import given, strategies as st
+
+from optrace.frontend.symbols.demangle import demangle
+
+
+def test_cplusplus() -> None:
+    assert demangle("_ZN4demo6Hasher3mixEd") == "demo::Hasher::mix(double)"
+    assert demangle("_ZL3foov.isra.0") == "foo() [clone .isra.0]"
+
+
+def test_plain_and_invalid_names_unchanged() -> None:
+    for name in ("main", "hot_a.cold", "_Zfoo", "_R", "_RNvXs_", "_ZN3foo", ""):
+        assert demangle(name) == name
+
+
+def test_rust_legacy_hash_dropped_and_escapes_decoded() -> None:
+    assert demangle("_ZN3std2rt10lang_start17h0123456789abcdefE") == "std::rt::lang_start"
+    name = "_$LT$alloc..vec..Vec$LT$T$C$A$GT$$u20$as$u20$core..ops..drop..Drop$GT$"
+    assert demangle(f"_ZN{len(name)}{name}4drop17h1e2f3a4b5c6d7e8fE") == "<alloc::vec::Vec<T,A> as core::ops::drop::Drop>::drop"
+    closure = "_ZN4core3ptr85drop_in_place$LT$std..rt..lang_start$LT$$LP$$RP$$GT$..$u7b$$u7b$closure$u7d$$u7d$$GT$17h0123456789abcdefE"
+    assert demangle(closure) == "core::ptr::drop_in_place<std::rt::lang_start<()>::{{closure}}>"
+
+
+def test_rust_v0() -> None:
+    assert demangle("_RNvCs6GmmlP4bgsG_1r4main") == "r::main"
+    assert demangle("_RNvMNtCs6GmmlP4bgsG_1r5innerNtB2_1S2go") == "<r::inner::S>::go"
+    assert demangle("_RNCNvNtCs6GmmlP4bgsG_1r5inner4work0B5_") == "r::inner::work::{closure#0}"
+    assert demangle("_RINvNtCs1234_3std3mem4swapReEB6_") == "std::mem::swap::<&str>"
+
+
+def test_rust_v0_from_rustc(tmp_path: Path) -> None:
+    """Names rustc itself produced, read back by nm: every main-crate function demangles."""
+    (tmp_path / "r.rs").write_text(
+        "mod inner { pub struct S; impl S { #[inline(never)] pub fn go(&self, x: u64) -> u64 { x * 3 } } }\n"
+        "fn main() { println!(\"{}\", inner::S.go(std::env::args().count() as u64)); }\n")
+    subprocess.run(["rustc", "-O", "-C", "symbol-mangling-version=v0", "-o", str(tmp_path / "r"), str(tmp_path / "r.rs")],
+                   check=True, capture_output=True)
+    names = [line.split()[-1] for line in subprocess.run(["nm", str(tmp_path / "r")], capture_output=True, text=True,
+                                                         check=True).stdout.splitlines()]
+    ours = {demangle(name) for name in names if name.startswith("_R") and "1r" in name}
+    assert {"r::main", "<r::inner::S>::go"} <= ours
+
+
+@given(st.text(max_size=40).map(lambda tail: "_R" + tail) | st.text(max_size=40).map(lambda t: "_ZN" + t)
+       | st.text(max_size=40))
+def test_never_raises(name: str) -> None:
+    assert isinstance(demangle(name), str)

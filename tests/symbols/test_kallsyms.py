@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.model import KERNEL_DSO, Frame, RawSample
+from optrace.frontend.symbols import Kallsyms, Symbolizer
+
+SAMPLE = """\
+ffffffff81000000 T _stext
+ffffffff81000000 T startup_64
+ffffffff81001000 t do_one
+ffffffff81002000 D some_data
+ffffffff81003000 W weak_fn
+ffffffffc0201000 t ext4_thing\t[ext4]
+"""
+
+
+def test_parse_text_symbols_and_modules(tmp_path: Path) -> None:
+    (tmp_path / "kallsyms").write_text(SAMPLE)
+    kallsyms = Kallsyms.load(str(tmp_path / "kallsyms"))
+    assert len(kallsyms) == 4
+    assert kallsyms.find(0xFFFFFFFF81000010).name == "startup_64"
+    assert kallsyms.find(0xFFFFFFFF81002010).name == "do_one"  # data symbols are not functions
+    assert kallsyms.find(0xFFFFFFFF81003001).name == "weak_fn"
+    symbol = kallsyms.find(0xFFFFFFFFC0201004)
+    assert (symbol.name, symbol.module) == ("ext4_thing", "ext4")
+    assert kallsyms.find(0xFFFFFFFF80000000) is None
+
+
+def test_hidden_addresses_are_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "kallsyms").write_text("".join("0000000000000000" + line[16:] + "\n" for line in SAMPLE.splitlines()))
+    with pytest.raises(OptraceError, match=r"kernel symbols are hidden \(kptr_restrict\): run as root"):
+        Kallsyms.load(str(tmp_path / "kallsyms"))
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(OptraceError, match="cannot read .*nothing: No such file"):
+        Kallsyms.load(str(tmp_path / "nothing"))
+
+
+def test_kernel_frames_come_first_with_module_dso(tmp_path: Path) -> None:
+    (tmp_path / "kallsyms").write_text(SAMPLE)
+    symbolizer = Symbolizer(kallsyms=Kallsyms.load(str(tmp_path / "kallsyms")), debug_roots=())
+    frames, samples = symbolizer.symbolize([RawSample(1, "k", (), (0xFFFFFFFFC0201004, 0xFFFFFFFF81001008, 5), 3)])
+    assert [frames[i] for i in samples[0].frames] == [
+        Frame("ext4_thing", "[ext4]", kernel=True, address=0xFFFFFFFFC0201004),
+        Frame("do_one", KERNEL_DSO, kernel=True, address=0xFFFFFFFF81001008),
+        Frame(f"{KERNEL_DSO}+0x5", KERNEL_DSO, kernel=True, address=5, resolved=False),
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="/proc/kallsyms shows addresses to root only")
+def test_real_kallsyms_names_a_known_function() -> None:
+    lines = Path("/proc/kallsyms").read_text().splitlines()
+    address = next(int(line.split()[0], 16) for line in lines if line.split()[2] == "do_sys_openat2")
+    symbolizer = Symbolizer(debug_roots=())  # loads /proc/kallsyms itself
+    frames, _ = symbolizer.symbolize([RawSample(1, "k", (), (address + 1,), 1)])
+    assert frames == [Frame("do_sys_openat2", KERNEL_DSO, kernel=True, address=address + 1)]
+    module_line = next((line for line in lines if line.endswith("]") and line.split()[1] in "tT"), None)
+    if module_line is not None:
+        module_address, _, name, module = module_line.split()
+        found = symbolizer.symbolize([RawSample(1, "k", (), (int(module_address, 16),), 1)])[0][0]
+        assert found.dso == module
+    assert symbolizer.warnings == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to nobody")
+def test_kallsyms_as_nobody_is_hidden() -> None:
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+         "from optrace.frontend.symbols import Kallsyms; Kallsyms.load()"],
+        capture_output=True, text=True, cwd="/", timeout=60)
+    assert result.returncode != 0 and "kernel symbols are hidden (kptr_restrict): run as root" in result.stderr
