@@ -62,7 +62,7 @@ def render_times(series: int, renders: int) -> dict:
     from optrace.exporters.prometheus import ExporterInfo, MetricsPage
     from optrace.exporters.totals import Delta, ExporterTotals
 
-    totals = ExporterTotals(series + 1)
+    totals = ExporterTotals(2 * series)
     page = MetricsPage(totals, ExporterInfo(99, "cpu-clock"))
     delta = Delta()
     SyntheticSource(series).collect(delta)
@@ -81,7 +81,8 @@ def serve_synthetic(series: int) -> None:
     from optrace.exporters.daemon import ServeDaemon, ServeOptions
     from optrace.exporters.httpserver import ListenAddress
 
-    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), max_series=series + 1, drain_interval_s=SYNTHETIC_DRAIN_S)
+    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), max_series=2 * series,  # room past the [other] reserve
+                           drain_interval_s=SYNTHETIC_DRAIN_S)
     daemon = ServeDaemon(options, [SyntheticSource(series)])
     stop = threading.Event()
     daemon.run(stop, on_ready=lambda url: print(url, flush=True))

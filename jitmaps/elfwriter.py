@@ -7,8 +7,9 @@ Layout (ET_DYN, the dump's machine and byte order):
   The bytes are the code as it was at the end of the dump (later code overwrites earlier code at the same
   address); a region with no code bytes at all is SHT_NOBITS.
 - ``.symtab``/``.strtab``: one STT_FUNC symbol per function load. Code still in place at the end keeps its
-  name; code that later code replaced (address reuse) or that moved is named ``name@BORN..DIED`` (seconds
-  since the dump's header time; ``@lineN..lineM`` for perf maps), so each lifetime is its own symbol.
+  name (STB_GLOBAL); code that later code replaced (address reuse) or that moved is a STB_LOCAL symbol named
+  ``name@BORN..DIED`` (seconds since the dump's header time; ``@lineN..lineM`` for perf maps), so each
+  lifetime is its own symbol.
 - ``.note.gnu.build-id``: SHA-1 of the symbols and section bytes (20 bytes, NT_GNU_BUILD_ID).
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from optrace.jitmaps.lifetimes import JitFunction, symbol_name
 PAGE = 4096
 SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_NOTE, SHT_NOBITS = 1, 2, 3, 7, 8
 SHF_ALLOC, SHF_EXECINSTR = 0x2, 0x4
-STB_GLOBAL, STT_FUNC = 1, 2
+STB_LOCAL, STB_GLOBAL, STT_FUNC = 0, 1, 2
 NT_GNU_BUILD_ID = 3
 EHDR = "16sHHIQQQIHHHHHH"
 SHDR = "IIQQQQIIQQ"
@@ -104,12 +105,17 @@ def write_elf(path: str, functions: Sequence[JitFunction], elf_mach: int, region
                              flags=SHF_ALLOC | SHF_EXECINSTR, addr=lo, data=image, size=hi - lo, align=16))
     symbols = [struct.pack(o + SYM, 0, 0, 0, 0, 0, 0)]
     digest = hashlib.sha1(struct.pack(o + "I", elf_mach))
-    for function in functions:
+    # Replaced code is STB_LOCAL (and locals come first), live code STB_GLOBAL: where several symbols share an
+    # address, disassemblers label the bytes (the final code) with the live one.
+    ordered = [f for f in functions if f.died is not None] + [f for f in functions if f.died is None]
+    for function in ordered:
         name = symbol_name(function, times_are_lines)
         shndx = next((i + 1 for i, (lo, hi) in enumerate(regions) if lo <= function.start < hi), 0xFFF1)
-        symbols.append(struct.pack(o + SYM, strtab.add(name), (STB_GLOBAL << 4) | STT_FUNC, 0, shndx,
+        bind = STB_LOCAL if function.died is not None else STB_GLOBAL
+        symbols.append(struct.pack(o + SYM, strtab.add(name), (bind << 4) | STT_FUNC, 0, shndx,
                                    function.start, function.size))
         digest.update(f"{function.start:x} {function.size:x} {name}\n".encode("utf-8", "replace"))
+    first_global = 1 + sum(1 for f in functions if f.died is not None)
     for section in sections:
         digest.update(section["data"] or b"")
     build_id = digest.digest()
@@ -118,7 +124,7 @@ def write_elf(path: str, functions: Sequence[JitFunction], elf_mach: int, region
                          size=len(note), align=4))
     symtab_index = len(sections) + 1
     sections.append(dict(name=".symtab", type=SHT_SYMTAB, flags=0, addr=0, data=b"".join(symbols),
-                         size=24 * len(symbols), align=8, link=symtab_index + 1, info=1, entsize=24))
+                         size=24 * len(symbols), align=8, link=symtab_index + 1, info=first_global, entsize=24))
     sections.append(dict(name=".strtab", type=SHT_STRTAB, flags=0, addr=0, data=bytes(strtab.data),
                          size=len(strtab.data), align=1))
     for section in sections:

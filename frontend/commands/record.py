@@ -84,8 +84,9 @@ def summarize(record, output: str) -> None:
     meta = record.meta
     if meta.command:
         click.echo(f"[ optrace record: {meta.command[0]}: {describe_exit(meta.exit_status)} ]", err=True)
-    lost = sum(meta.lost.values())
-    lost_text = f", {lost} lost" if lost else ""
+    lost = sum(n for reason, n in meta.lost.items() if "stack" not in reason)
+    stackless = sum(n for reason, n in meta.lost.items() if "stack" in reason)
+    lost_text = (f", {lost} lost" if lost else "") + (f", {stackless} without stack" if stackless else "")
     size_kb = os.path.getsize(output) / 1024
     click.echo(
         f"[ optrace record: {meta.total_samples} samples{lost_text}, {len(record.frames)} frames, "

@@ -61,11 +61,21 @@ def target_text(meta: RecordMeta) -> str:
 
 
 def lost_text(lost: dict[str, int]) -> str:
-    total = sum(lost.values())
+    """Samples lost outright (a full counts map) apart from samples kept without their stack
+    (a stack-map collision or a failed unwind: they count, under [unknown] or their kernel frames)."""
+    stacks = {reason: n for reason, n in lost.items() if "stack" in reason and n}
+    samples = {reason: n for reason, n in lost.items() if reason not in stacks and n}
+    text = f"Total Lost Samples: {_counted(samples)}"
+    if stacks:
+        text += f"; samples without their stack: {_counted(stacks)}"
+    return text
+
+
+def _counted(reasons: dict[str, int]) -> str:
+    total = sum(reasons.values())
     if not total:
-        return "Total Lost Samples: 0"
-    reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(lost.items()) if count)
-    return f"Total Lost Samples: {total} ({reasons})"
+        return "0"
+    return f"{total} (" + ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items())) + ")"
 
 
 def profile_lines(rows: list[Row], options: ReportOptions) -> list[str]:

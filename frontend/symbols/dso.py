@@ -26,11 +26,6 @@ class LoadSegment:
     size: int  # bytes in the file
     vaddr: int
 
-    def vaddr_of(self, file_offset: int) -> int | None:
-        if self.offset <= file_offset < self.offset + self.size:
-            return self.vaddr + file_offset - self.offset
-        return None
-
 
 @dataclass
 class DsoContext:
@@ -74,9 +69,8 @@ class Dso:
         if self._segments is None:
             self._load()
         for segment in self._segments:
-            vaddr = segment.vaddr_of(file_offset)
-            if vaddr is not None:
-                name = self._symbols.find(vaddr)
+            if segment.offset <= file_offset < segment.offset + segment.size:
+                name = self._symbols.find(segment.vaddr + file_offset - segment.offset)
                 return demangle(name) if name else None
         return None
 

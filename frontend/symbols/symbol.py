@@ -83,7 +83,9 @@ class SymbolTable:
         nearest = bisect.bisect_right(self._starts, address) - 1
         if nearest < 0:
             return None
-        for index in range(nearest, max(nearest - MAX_NESTING, -1), -1):
+        if self._ends[nearest] > address:
+            return self._names[nearest]
+        for index in range(nearest - 1, max(nearest - MAX_NESTING, -1), -1):
             if self._ends[index] > address:
                 return self._names[index]
         if self._ends[nearest] == self._starts[nearest]:

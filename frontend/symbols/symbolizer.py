@@ -60,12 +60,15 @@ class Symbolizer:
     def symbolize(self, samples: Iterable[RawSample]) -> tuple[list[Frame], list[Sample]]:
         index: dict[Frame, int] = {}
         rows = []
+        named = total = 0
         for raw in samples:
             frames = [self._kernel_frame(ip) for ip in raw.kernel]
             frames += [self._user_frame(raw, frame) for frame in raw.user]
-            for frame in frames:
-                self.stats["frames_resolved" if frame.resolved else "frames_unresolved"] += 1
+            total += len(frames)
+            named += sum(frame.resolved for frame in frames)
             rows.append(Sample(raw.pid, raw.comm, tuple(index.setdefault(f, len(index)) for f in frames), raw.count))
+        self.stats["frames_resolved"] += named
+        self.stats["frames_unresolved"] += total - named
         return list(index), rows
 
     def _warn(self, message: str) -> None:

@@ -11,7 +11,7 @@ that joins an attached probe remembers the counts at that moment and reports wha
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,15 +39,14 @@ class KernelCounts:
 
 
 class Attacher(Protocol):
-    """The kernel side: one uprobe per probe id, hits counted per (probe id, pid)."""
+    """The kernel side: uprobes at (path, file offset), hits counted per (probe id, pid)."""
 
-    max_probes: int
+    def attach(self, targets: Sequence[tuple[str, int]]) -> list[int | UnprobeableError]:
+        """Attach a uprobe at each (path, file offset); give back each one's probe id, or the
+        UnprobeableError the kernel answered for it. Any other failure raises, leaving none attached."""
 
-    def attach(self, probe_id: int, path: str, offset: int) -> None:
-        """Attach a uprobe at ``offset`` in ``path``; raise OptraceError when the kernel refuses."""
-
-    def detach(self, probe_id: int) -> None:
-        """Remove the uprobe and forget its counts (the id may be reused)."""
+    def detach(self, probe_ids: Collection[int]) -> None:
+        """Stop counting these ids; their counts are dropped and the ids may come back from attach."""
 
     def read(self) -> KernelCounts: ...
 
@@ -94,30 +93,24 @@ class ProbeManager:
         self, probes: Sequence[ResolvedProbe], pid_filter: PidFilter | None = None,
         skip_unprobeable: SkipProbe | None = None,
     ) -> Consumer:
-        """Add a consumer; attach the keys nobody watches yet (all or nothing, except that probes the
-        kernel refuses are left out of the consumer when ``skip_unprobeable(probe, error)`` says so)."""
+        """Add a consumer; attach, in one batch, the keys nobody watches yet. All or nothing, except
+        that probes the kernel refuses are left out when ``skip_unprobeable(probe, error)`` says so."""
         with self._lock:
-            kept: list[ResolvedProbe] = []
-            new: list[ProbeKey] = []
+            new = list({p.key: p for p in probes if p.key not in self._attached}.values())
+            refused = self._attach(new) if new else {}
             try:
-                for probe in probes:
-                    if probe.key not in self._attached:
-                        try:
-                            self._attach(probe)
-                        except UnprobeableError as exc:
-                            if skip_unprobeable is None or not skip_unprobeable(probe, exc):
-                                raise
-                            continue
-                        new.append(probe.key)
-                    kept.append(probe)
+                for key, error in refused.items():
+                    refusing = [p for p in probes if p.key == key]
+                    if skip_unprobeable is None or not all(skip_unprobeable(p, error) for p in refusing):
+                        raise error
             except BaseException:
-                for key in new:
-                    self._detach(key)
+                self._detach([p.key for p in new if p.key not in refused])
                 self._close_attacher_if_idle()
                 raise
-            consumer = Consumer(id=self._next_consumer, probes=tuple(kept), pid_filter=pid_filter)
+            consumer = Consumer(id=self._next_consumer, pid_filter=pid_filter,
+                                probes=tuple(p for p in probes if p.key not in refused))
             self._next_consumer += 1
-            self._remember_baseline(consumer, set(new))
+            self._remember_baseline(consumer, {p.key for p in new})
             for probe in consumer.probes:
                 self._attached[probe.key].consumers.add(consumer.id)
             self._consumers[consumer.id] = consumer
@@ -128,11 +121,13 @@ class ProbeManager:
         with self._lock:
             if self._consumers.pop(consumer.id, None) is None:
                 return
+            unused = []
             for key in {p.key for p in consumer.probes}:
                 attached = self._attached[key]
                 attached.consumers.discard(consumer.id)
                 if not attached.consumers:
-                    self._detach(key)
+                    unused.append(key)
+            self._detach(unused)
             self._close_attacher_if_idle()
 
     def counts(self, consumer: Consumer) -> list[CallCount]:
@@ -166,22 +161,27 @@ class ProbeManager:
     def _read(self) -> KernelCounts:
         return self._attacher.read() if self._attacher is not None else KernelCounts()
 
-    def _attach(self, probe: ResolvedProbe) -> None:
+    def _attach(self, probes: list[ResolvedProbe]) -> dict[ProbeKey, UnprobeableError]:
+        """Attach distinct new keys; return the ones the kernel refused (not attached)."""
         if self._attacher is None:
             self._attacher = self._factory()
-        used = {a.probe_id for a in self._attached.values()}
-        probe_id = next((i for i in range(self._attacher.max_probes) if i not in used), None)
-        if probe_id is None:
-            raise OptraceError(
-                f"too many probes: at most {self._attacher.max_probes} can be attached at once"
-            )
-        self._attacher.attach(probe_id, probe.binary, probe.offset)
-        self._attached[probe.key] = _Attached(key=probe.key, probe_id=probe_id)
+        try:
+            results = self._attacher.attach([(p.binary, p.offset) for p in probes])
+        except BaseException:
+            self._close_attacher_if_idle()
+            raise
+        refused = {}
+        for probe, result in zip(probes, results):
+            if isinstance(result, UnprobeableError):
+                refused[probe.key] = result
+            else:
+                self._attached[probe.key] = _Attached(key=probe.key, probe_id=result)
+        return refused
 
-    def _detach(self, key: ProbeKey) -> None:
-        attached = self._attached.pop(key)
-        assert self._attacher is not None
-        self._attacher.detach(attached.probe_id)
+    def _detach(self, keys: list[ProbeKey]) -> None:
+        if keys:
+            assert self._attacher is not None
+            self._attacher.detach([self._attached.pop(key).probe_id for key in keys])
 
     def _close_attacher_if_idle(self) -> None:
         if not self._attached and self._attacher is not None:
