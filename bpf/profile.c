@@ -9,7 +9,8 @@
 #include <linux/sched.h>
 
 struct key_t {
-    u32 set;  // which map set the stack ids belong to
+    u16 set;       // which map set the stack ids belong to
+    u16 user_alt;  // 1: the user stack id is in the set's spare map
     u32 pid;
     s32 user_stack_id;
     s32 kernel_stack_id;
@@ -36,6 +37,11 @@ enum lost_reason {
 BPF_HASH(counts, struct key_t, u64, COUNTS_SIZE);
 BPF_STACK_TRACE_BUILDID(ustacks0, STACK_SIZE);
 BPF_STACK_TRACE_BUILDID(ustacks1, STACK_SIZE);
+// Spare user-stack maps take a stack whose bucket in the main map is taken: by a hash collision,
+// or by the same stack resolved differently (the kernel falls back from build-ids to raw IPs when
+// it cannot take the mm lock in interrupt context).
+BPF_STACK_TRACE_BUILDID(ustacks0_alt, SPARE_SIZE);
+BPF_STACK_TRACE_BUILDID(ustacks1_alt, SPARE_SIZE);
 BPF_STACK_TRACE(kstacks0, STACK_SIZE);
 BPF_STACK_TRACE(kstacks1, STACK_SIZE);
 BPF_ARRAY(active, u32, 1);
@@ -100,9 +106,17 @@ int on_sample(struct bpf_perf_event_data *ctx)
 
     if (key.set == 1) {
         key.user_stack_id = ustacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        if (key.user_stack_id == -EEXIST) {
+            key.user_alt = 1;
+            key.user_stack_id = ustacks1_alt.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        }
         key.kernel_stack_id = in_kernel ? kstacks1.get_stackid(&ctx->regs, 0) : -EFAULT;
     } else {
         key.user_stack_id = ustacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        if (key.user_stack_id == -EEXIST) {
+            key.user_alt = 1;
+            key.user_stack_id = ustacks0_alt.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        }
         key.kernel_stack_id = in_kernel ? kstacks0.get_stackid(&ctx->regs, 0) : -EFAULT;
     }
     check_stack(key.user_stack_id, USER_STACK_COLLISION, USER_STACK_MISSING, !in_kernel);

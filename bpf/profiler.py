@@ -63,6 +63,7 @@ class Profiler:
         self._follow = follow_children
         self._cflags = [
             f"-DSTACK_SIZE={stack_storage_size}",
+            f"-DSPARE_SIZE={max(stack_storage_size // 4, 1)}",
             f"-DCOUNTS_SIZE={counts_size}",
             f"-DTARGETS_SIZE={targets_size}",
         ]
@@ -140,19 +141,21 @@ class Profiler:
     def _read_set(self, index: int, now: float) -> list[RawSample]:
         counts = self._bpf["counts"]
         ustacks = self._bpf[f"ustacks{index}"]
+        spare = self._bpf[f"ustacks{index}_alt"]
         kstacks = self._bpf[f"kstacks{index}"]
         items = [(k, v) for k, v in counts.items() if k.set == index]
-        ucache: dict[int, tuple[UserFrame, ...]] = {}
+        ucache: dict[tuple[int, int], tuple[UserFrame, ...]] = {}
         kcache: dict[int, tuple[int, ...]] = {}
         samples = []
         for key, value in items:
-            user = self._user_stack(ustacks, key.user_stack_id, ucache)
+            user = self._user_stack(spare if key.user_alt else ustacks, key.user_stack_id, ucache)
             kernel = self._kernel_stack(kstacks, key.kernel_stack_id, kcache)
             comm = key.comm.decode("utf-8", "replace")
             samples.append(RawSample(key.pid, comm, user, kernel, value.value, now))
         for key, _ in items:
             del counts[key]
         _clear_stacks(ustacks)
+        _clear_stacks(spare)
         _clear_stacks(kstacks)
         return samples
 
@@ -160,9 +163,10 @@ class Profiler:
     def _user_stack(table, stack_id: int, cache: dict) -> tuple[UserFrame, ...]:
         if stack_id < 0:
             return ()
-        if stack_id not in cache:
-            cache[stack_id] = _decode_build_id_stack(table, stack_id)
-        return cache[stack_id]
+        slot = (id(table), stack_id)
+        if slot not in cache:
+            cache[slot] = _decode_build_id_stack(table, stack_id)
+        return cache[slot]
 
     @staticmethod
     def _kernel_stack(table, stack_id: int, cache: dict) -> tuple[int, ...]:

@@ -156,9 +156,7 @@ class JitSymbols:
     def _read_perf_map(self, proc: _Process, source: _Source, fd: int, time: float, final: bool) -> None:
         reader = source.reader
         before_lines, before_bad = reader.lines, reader.bad_lines
-        add = proc.table.add
-        for entry in reader.read_new(fd, final):
-            add(entry.start, entry.size, entry.name, source.display, time)
+        proc.table.add_many(reader.read_new(fd, final), source.display, time)
         self.stats["perfmap_lines"] += reader.lines - before_lines
         self.stats["perfmap_bad_lines"] += reader.bad_lines - before_bad
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from collections.abc import Iterable
+from itertools import accumulate
 from dataclasses import dataclass
 
 MAX_SPAN = 1 << 24  # entries larger than this (16 MiB) go to a short list scanned linearly
+COMPACT_FROM = 1 << 21  # drop repeats once the table doubles past this many entries (64 MiB of arrays)
 
 
 @dataclass(frozen=True)
@@ -46,19 +49,30 @@ class SymbolHistory:
         return len(self._starts)
 
     def add(self, start: int, size: int, name: str, source: str, stamp: float) -> None:
-        name_id = self._name_ids.get(name)
-        if name_id is None:
-            name_id = self._name_ids[name] = len(self.names)
-            self.names.append(name)
+        self.add_many(((start, size, name),), source, stamp)
+
+    def add_many(self, entries: Iterable[tuple[int, int, str]], source: str, stamp: float) -> None:
+        """Append entries (in arrival order) that share a source and a stamp."""
         if source not in self.sources:
             self.sources.append(source)
-        self._starts.append(start)
-        self._ends.append(start + size)
-        self._stamps.append(stamp)
-        self._name_idx.append(name_id)
-        self._source_idx.append(self.sources.index(source))
+        source_id = self.sources.index(source)
+        name_ids, names = self._name_ids, self.names
+        starts, ends, stamps, name_idx, source_idx = (self._starts, self._ends, self._stamps, self._name_idx,
+                                                      self._source_idx)
+        before = len(starts)
+        for start, size, name in entries:
+            name_id = name_ids.get(name)
+            if name_id is None:
+                name_id = name_ids[name] = len(names)
+                names.append(name)
+            starts.append(start)
+            ends.append(start + size)
+            name_idx.append(name_id)
+        added = len(starts) - before
+        stamps.extend([stamp] * added)
+        source_idx.extend([source_id] * added)
         self._index = None
-        if len(self._starts) >= 2 * max(self._compacted_at, 1 << 16):
+        if len(starts) >= 2 * max(self._compacted_at, COMPACT_FROM):
             self.compact()
 
     def compact(self) -> None:
@@ -78,16 +92,20 @@ class SymbolHistory:
         starts, ends, names = self._starts, self._ends, self._name_idx
         order = sorted(range(len(starts)), key=starts.__getitem__)
         kept: list[int] = []
-        last_at_start: dict[int, int] = {}
+        run: dict[tuple[int, int], int] = {}  # (end, name) -> position in kept, for the current start
         prev_start = -1
         for i in order:
-            if starts[i] != prev_start:
-                last_at_start.clear()
-                prev_start = starts[i]
-            key = (ends[i], names[i])
-            if last_at_start.get(key) is not None and _only_same_since(kept, last_at_start[key], key, ends, names):
+            start = starts[i]
+            if start != prev_start:  # the common case: one entry per start
+                prev_start = start
+                run = {(ends[i], names[i]): len(kept)}
+                kept.append(i)
                 continue
-            last_at_start[key] = len(kept)
+            key = (ends[i], names[i])
+            pos = run.get(key)
+            if pos is not None and _only_same_since(kept, pos, key, ends, names):
+                continue
+            run[key] = len(kept)
             kept.append(i)
         return kept
 
@@ -120,15 +138,12 @@ class _Index:
         self.table = table
         small: list[int] = []
         self.large: list[int] = []
+        starts, ends = table._starts, table._ends
         for i in table._sorted_order():
-            (self.large if table._ends[i] - table._starts[i] > MAX_SPAN else small).append(i)
+            (self.large if ends[i] - starts[i] > MAX_SPAN else small).append(i)
         self.order = small
-        self.starts = array("Q", (table._starts[i] for i in small))
-        self.reach = array("Q")
-        top = 0
-        for i in small:
-            top = max(top, table._ends[i])
-            self.reach.append(top)
+        self.starts = array("Q", map(starts.__getitem__, small))
+        self.reach = array("Q", accumulate(map(ends.__getitem__, small), max))
 
     def covering(self, address: int) -> list[int]:
         ends = self.table._ends

@@ -54,10 +54,11 @@ def read_function_symbols(elf: ELFFile, section_name: str) -> list[Symbol]:
 
 def _preference(symbol: Symbol) -> tuple:
     """perf's choose_best_symbol for aliases at one address: sized, not weak, global, fewer leading
-    underscores, then the longest name."""
+    underscores, then the longest name; and, before the length, no symbol version (glibc's .symtab
+    has both ``xdr_pointer`` and ``xdr_pointer@GLIBC_2.2.5``)."""
     underscores = len(symbol.name) - len(symbol.name.lstrip("_"))
     return (symbol.size > 0, symbol.binding != STB_WEAK, symbol.binding == STB_GLOBAL,
-            -underscores, len(symbol.name))
+            -underscores, "@" not in symbol.name, len(symbol.name))
 
 
 class SymbolTable:

@@ -84,7 +84,7 @@ class CallCounter:
         if not self._skipped:
             return list(found)
         shown = ", ".join(self._skipped[:5]) + (f" and {len(self._skipped) - 5} more" if len(self._skipped) > 5 else "")
-        return [*found, f"skipped {shown}: the kernel cannot probe their first instruction"]
+        return [*found, f"skipped {shown}: the kernel refuses a uprobe on the first instruction"]
 
     @property
     def probes(self) -> tuple[ResolvedProbe, ...]:

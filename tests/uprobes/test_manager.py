@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from optrace.frontend.errors import OptraceError
-from optrace.frontend.uprobes.manager import KernelCounts, ProbeManager
+from optrace.frontend.uprobes.manager import KernelCounts, ProbeManager, UnprobeableError
 from optrace.frontend.uprobes.resolve import ProbeKey, ResolvedProbe
 
 
@@ -18,19 +18,31 @@ class FakeKernel:
         self.log: list[tuple[str, int]] = []
         self.rows: dict[tuple[int, int], int] = {}
         self.closed = False
-        self.fail_offsets: set[int] = set()
+        self.unprobeable: set[int] = set()
+        self.broken: set[int] = set()
 
-    def attach(self, probe_id: int, path: str, offset: int) -> None:
-        if offset in self.fail_offsets:
-            raise OptraceError(f"cannot set a uprobe at offset {offset:#x}")
-        assert probe_id not in self.attached
-        self.attached[probe_id] = (path, offset)
-        self.log.append(("attach", offset))
+    def attach(self, targets):
+        if any(offset in self.broken for _path, offset in targets):
+            raise OptraceError("cannot set uprobes: broken")
+        free = [i for i in range(self.max_probes) if i not in self.attached]
+        results = []
+        for path, offset in targets:
+            if offset in self.unprobeable:
+                results.append(UnprobeableError(f"cannot set a uprobe at offset {offset:#x}"))
+                continue
+            if not free:
+                raise OptraceError(f"too many probes: at most {self.max_probes}")
+            probe_id = free.pop(0)
+            self.attached[probe_id] = (path, offset)
+            self.log.append(("attach", offset))
+            results.append(probe_id)
+        return results
 
-    def detach(self, probe_id: int) -> None:
-        path, offset = self.attached.pop(probe_id)
-        self.rows = {k: v for k, v in self.rows.items() if k[0] != probe_id}
-        self.log.append(("detach", offset))
+    def detach(self, probe_ids) -> None:
+        for probe_id in probe_ids:
+            path, offset = self.attached.pop(probe_id)
+            self.rows = {k: v for k, v in self.rows.items() if k[0] != probe_id}
+            self.log.append(("detach", offset))
 
     def hit(self, offset: int, pid: int, times: int = 1) -> None:
         """A process executes the probed instruction: counted only if a probe is attached there."""
@@ -122,15 +134,26 @@ def test_filters_are_per_consumer(manager, kernel):
     assert (only.calls, only.per_pid, only.comms) == (3, {6: 3}, {6: "c6"})
 
 
-def test_failed_attach_rolls_back_what_this_consumer_attached(manager, kernel):
+def test_failed_attach_attaches_nothing_new(manager, kernel):
     kept = manager.register([probe(0x10)])
-    kernel.fail_offsets.add(0x30)
-    with pytest.raises(OptraceError, match="0x30"):
+    kernel.broken.add(0x30)
+    with pytest.raises(OptraceError, match="broken"):
         manager.register([probe(0x10), probe(0x20), probe(0x30)])
-    assert kernel.log == [("attach", 0x10), ("attach", 0x20), ("detach", 0x20)]
+    assert kernel.log == [("attach", 0x10)]
     assert manager.attached_keys == {probe(0x10).key}
     kernel.hit(0x10, pid=1)
     assert calls(manager, kept) == [1]
+
+
+def test_unprobeable_probes_fail_the_register_unless_skipped(manager, kernel):
+    kernel.unprobeable.add(0x30)
+    with pytest.raises(UnprobeableError, match="0x30"):
+        manager.register([probe(0x20), probe(0x30)])
+    assert kernel.log == [("attach", 0x20), ("detach", 0x20)] and kernel.closed
+    skipped = []
+    consumer = ProbeManager(lambda: kernel).register(
+        [probe(0x20), probe(0x30)], skip_unprobeable=lambda p, error: skipped.append(p.offset) or True)
+    assert skipped == [0x30] and [p.offset for p in consumer.probes] == [0x20]
 
 
 def test_probe_ids_are_reused_and_bounded(manager, kernel):
