@@ -27,10 +27,11 @@ class PerfMapEntry(NamedTuple):
 
 
 def _entries(block: bytes) -> Iterator[PerfMapEntry]:
-    for match in LINE.finditer(block):
-        start, size = int(match[1], 16), int(match[2], 16)
+    new = PerfMapEntry
+    for start_hex, size_hex, name in LINE.findall(block):
+        start, size = int(start_hex, 16), int(size_hex, 16)
         if size and start + size <= MAX_ADDRESS:
-            yield PerfMapEntry(start, size, match[3].decode("utf-8", "replace"))
+            yield new(start, size, name.decode("utf-8", "replace"))
 
 
 def parse_line(line: bytes) -> PerfMapEntry | None:

@@ -88,24 +88,16 @@ class SymbolHistory:
         self._index = None
 
     def _sorted_order(self) -> list[int]:
-        """Entry indices by start (then arrival), without exact repeats of the previous entry at a start."""
+        """Entry indices by start (then arrival), without an entry that repeats the one before it at the
+        same start (same end and name): the code there did not change."""
         starts, ends, names = self._starts, self._ends, self._name_idx
-        order = sorted(range(len(starts)), key=starts.__getitem__)
         kept: list[int] = []
-        run: dict[tuple[int, int], int] = {}  # (end, name) -> position in kept, for the current start
         prev_start = -1
-        for i in order:
+        for i in sorted(range(len(starts)), key=starts.__getitem__):
             start = starts[i]
-            if start != prev_start:  # the common case: one entry per start
-                prev_start = start
-                run = {(ends[i], names[i]): len(kept)}
-                kept.append(i)
+            if start == prev_start and ends[i] == ends[kept[-1]] and names[i] == names[kept[-1]]:
                 continue
-            key = (ends[i], names[i])
-            pos = run.get(key)
-            if pos is not None and _only_same_since(kept, pos, key, ends, names):
-                continue
-            run[key] = len(kept)
+            prev_start = start
             kept.append(i)
         return kept
 
@@ -123,11 +115,6 @@ class SymbolHistory:
         """Every entry, in arrival order (for `jit show` and ELF conversion)."""
         return [JitSymbol(s, e - s, self.names[n], self.sources[src], t) for s, e, n, src, t in
                 zip(self._starts, self._ends, self._name_idx, self._source_idx, self._stamps)]
-
-
-def _only_same_since(kept: list[int], pos: int, key: tuple[int, int], ends: array, names: array) -> bool:
-    """True when every entry kept at this start since position ``pos`` is the same symbol again."""
-    return all((ends[j], names[j]) == key for j in kept[pos + 1 :])
 
 
 class _Index:

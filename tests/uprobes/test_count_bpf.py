@@ -201,3 +201,35 @@ def test_interval_and_duration(bpf_ready, optrace):
     proc = optrace("count", "c:labs", "-d", "1.2", "-i", "0.5", check=True)
     assert proc.stdout.count("--- ") == 2
     assert proc.stdout.rstrip().splitlines()[-1].startswith("counted for 1.")
+
+
+@pytest.mark.parametrize("multi", [True, False], ids=["uprobe_multi", "perf_event"])
+def test_both_attach_paths_count_exactly_and_detach(bpf_ready, workloads, multi):
+    """uprobe_multi links (kernel >= 6.6) and per-probe perf events (older kernels) give the same counts."""
+    from optrace.bpf.uprobes import BpfUprobeAttacher
+    from optrace.frontend.uprobes.manager import ProbeManager
+
+    manager = ProbeManager(lambda: BpfUprobeAttacher(multi=multi))
+    before = probe_fds()
+    with CallCounter([f"{workloads}/many:fn_0*", f"{workloads}/calls:target"], manager=manager) as counter:
+        assert len(counter.probes) == 101
+        subprocess.run([str(workloads / "many"), "4"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([str(workloads / "calls"), "3000"], check=True, stdout=subprocess.DEVNULL)
+        calls = [c.calls for c in counter.calls()]
+    assert calls == [4] * 100 + [3000]
+    assert probe_fds() == before
+
+
+def test_500_function_glob(bpf_ready, workloads, optrace):
+    doc = count_json(optrace, f"{workloads}/many:fn_*", "--", str(workloads / "many"), "3")
+    assert len(doc["probes"]) == 500
+    assert {row["calls"] for row in doc["probes"]} == {3}
+
+
+def test_glob_skips_functions_the_kernel_cannot_probe(bpf_ready, optrace):
+    """pthread_spin_lock starts with a lock-prefixed instruction, which x86 uprobes refuse."""
+    proc = optrace("count", "c:pthread_spin_*", "-d", "0.2", check=True)
+    assert "optrace: warning: skipped pthread_spin_lock" in proc.stderr
+    named = optrace("count", "c:pthread_spin_lock", "-d", "0.2")
+    assert named.returncode == 1 and "Traceback" not in named.stderr
+    assert named.stderr.strip().splitlines()[-1].startswith("optrace: cannot set a uprobe at offset")
