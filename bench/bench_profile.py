@@ -3,12 +3,14 @@
 (a) slowdown of a fixed-work target, (b) time to first sample, (c) peak RSS, (d) file size of a
 system-wide run with a background load, (e) report time. Prints a markdown section on stdout,
 progress on stderr, and writes bench/results/profile.json. Run as root:
-    .venv/bin/python bench/bench_profile.py [--quick] [--pairs N] [--system-seconds S] [--tools optrace,perf,bcc]
+    .venv/bin/python bench/bench_profile.py [--quick] [--pairs N] [--system-seconds S] [--budget S]
+                                            [--tools optrace,perf,bcc]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import subprocess
@@ -31,6 +33,7 @@ SLOT_MS = 25.0  # bench-phases slot width: the resolution of the time to first s
 PERF = "/usr/bin/perf"
 BCC_PROFILE = "/usr/sbin/profile-bpfcc"
 SLOT_NAME = re.compile(r"slot_(\d{3})")
+MIN_PAIRS = 3
 
 
 @dataclass(frozen=True)
@@ -110,12 +113,36 @@ def log(message: str) -> None:
     print(f"[bench_profile {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def _nice_target() -> None:
+    """Targets run at nice -20 in their own autogroup (the kernel balances CPU between autogroups
+    before nice values count), so a busy shared machine steals less of their CPU; baseline and
+    profiled runs alike, which keeps the pairs comparable."""
+    os.setsid()
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write("-20")
+    except OSError:
+        pass
+    os.nice(-20)
+
+
 class Target:
-    """A workload started with a pipe on stdin: it waits for a line to start and for EOF to exit."""
+    """A workload started with a pipe on stdin: it waits for a line to start and for EOF to exit.
+    A context manager: the process is gone when the block ends, whatever happened in it."""
 
     def __init__(self, argv: list[str]):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     preexec_fn=_nice_target)
         self.first_line = self.proc.stdout.readline().strip()
+
+    def __enter__(self) -> "Target":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
     @property
     def pid(self) -> int:
@@ -127,82 +154,132 @@ class Target:
         self.proc.stdin.flush()
         return self.proc.stdout.readline().strip()
 
-    def close(self, kill: bool = False) -> None:
-        if kill:
-            self.proc.kill()
+    def close(self) -> None:
+        """Let it exit on its own (EOF on stdin)."""
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
 
 
 class Recording:
-    """One profiler run: started, optionally stopped with SIGINT, reaped; its output file and costs."""
+    """One profiler run: started, optionally stopped with SIGINT, reaped; its output file and costs.
+    A context manager: a tool still running when the block ends is killed."""
 
     def __init__(self, tool: Tool, argv: list[str], out: Path):
         self.tool, self.out = tool, out
         self._stdout = open(out, "w") if tool.writes_stdout else None
         self._stderr = tempfile.TemporaryFile()
         self.launched = Launched.start(argv, stdout=self._stdout or subprocess.DEVNULL, stderr=self._stderr)
+        self.run: ToolRun | None = None
+
+    def __enter__(self) -> "Recording":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.run is None:
+            self.launched.popen.kill()
+            self.launched.finish()
+        self._stderr.close()
+        if self._stdout:
+            self._stdout.close()
+
+    def stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")
+
+    def wait_attached(self, settle_s: float = 0.5) -> float:
+        try:
+            return self.launched.wait_attached(settle_s)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{exc}: {self.stderr().strip()[-400:]}") from exc
 
     def stop(self, interrupt: bool = True) -> tuple[ToolRun, int | None]:
         if interrupt:
             self.launched.interrupt()
-        run = self.launched.finish()
-        self._stderr.seek(0)
-        stderr = self._stderr.read().decode(errors="replace")
-        self._stderr.close()
+        self.run = self.launched.finish()
         if self._stdout:
-            self._stdout.close()
-        if run.returncode not in (0, 130, -2) or not self.out.exists() or not self.out.stat().st_size:
-            raise RuntimeError(f"{self.tool.name} failed (status {run.returncode}): {stderr.strip()[-400:]}")
-        return run, self.tool.sample_count(stderr, self.out)
+            self._stdout.flush()
+        stderr = self.stderr()
+        if self.run.returncode not in (0, 130, -2) or not self.out.exists() or not self.out.stat().st_size:
+            raise RuntimeError(f"{self.tool.name} failed (status {self.run.returncode}): {stderr.strip()[-400:]}")
+        return self.run, self.tool.sample_count(stderr, self.out)
+
+
+def per_tool(tools: dict[str, Tool], stage: str, measure: Callable[[str, Tool], dict]) -> dict:
+    """Run one stage for every tool; a tool that fails is reported with its error, the others go on."""
+    results = {}
+    for key, tool in tools.items():
+        try:
+            results[key] = measure(key, tool)
+        except Exception as exc:  # one broken tool must not hide the others' numbers
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        log(f"{stage} {key}: {results[key]}")
+    return results
 
 
 # (a) slowdown ------------------------------------------------------------------------------------------
 
 def fixed_work(tool: Tool | None, hz: int, out: Path) -> dict:
     """One run of the fixed-work target, profiled by tool (attached and settled first) or not."""
-    target = Target([str(WORKLOADS / "bench-fixed"), str(WORK_ITERATIONS)])
-    recording = None
-    if tool:
-        recording = Recording(tool, tool.record_pid(target.pid, hz, out), out)
-        attached_s = recording.launched.wait_attached()
-    result = json.loads(target.release())
-    row = {"wall_s": result["wall_s"], "cpu_s": result["cpu_s"]}
-    if recording:
-        run, samples = recording.stop()
-        row.update(tool_cpu_s=run.cpu_s, tool_maxrss_kb=run.maxrss_kb, samples=samples, attached_s=attached_s)
-    target.close()
-    return row
+    with Target([str(WORKLOADS / "bench-fixed"), str(WORK_ITERATIONS)]) as target:
+        if tool is None:
+            result = json.loads(target.release())
+            target.close()
+            return {"wall_s": result["wall_s"], "cpu_s": result["cpu_s"]}
+        with Recording(tool, tool.record_pid(target.pid, hz, out), out) as recording:
+            attached_s = recording.wait_attached()
+            result = json.loads(target.release())
+            run, samples = recording.stop()
+        target.close()
+    out.unlink(missing_ok=True)
+    return {"wall_s": result["wall_s"], "cpu_s": result["cpu_s"], "tool_cpu_s": run.cpu_s,
+            "tool_maxrss_kb": run.maxrss_kb, "samples": samples, "attached_s": attached_s}
 
 
-def measure_slowdown(tools: dict[str, Tool], pairs: int, workdir: Path) -> dict:
-    """Paired runs, baseline and profiled back to back in random order, so machine noise that lasts
-    longer than one pair cancels in the ratio; the median ratio is the slowdown."""
-    results: dict = {}
-    for hz in FREQUENCIES:
-        for key, tool in tools.items():
-            ratios, cpu_ratios, rows = [], [], []
-            for i in range(pairs):
-                out = workdir / f"slowdown-{key}-{hz}-{i}.out"
-                order = [None, tool]
-                random.shuffle(order)
-                runs = {("profiled" if t else "baseline"): fixed_work(t, hz, out) for t in order}
-                ratios.append(runs["profiled"]["wall_s"] / runs["baseline"]["wall_s"])
-                cpu_ratios.append(runs["profiled"]["cpu_s"] / runs["baseline"]["cpu_s"])
-                rows.append(runs)
-                out.unlink(missing_ok=True)
-            log(f"slowdown {key} {hz} Hz: wall ratios {', '.join(f'{r:.4f}' for r in ratios)}")
-            results.setdefault(str(hz), {})[key] = {
-                "slowdown_pct": (median(ratios) - 1) * 100,
-                "slowdown_iqr_pct": [(q - 1) * 100 for q in quartiles(ratios) or ()],
-                "cpu_slowdown_pct": (median(cpu_ratios) - 1) * 100,
-                "expected_samples": hz * median([r["profiled"]["cpu_s"] for r in rows]),
-                "samples_median": median([r["profiled"]["samples"] for r in rows if r["profiled"]["samples"]]),
-                "tool_cpu_s_median": median([r["profiled"]["tool_cpu_s"] for r in rows]),
-                "tool_maxrss_kb_median": median([r["profiled"]["tool_maxrss_kb"] for r in rows]),
-                "attached_s": [r["profiled"]["attached_s"] for r in rows],
-                "pairs": rows,
-            }
+def paired_runs(tool: Tool, hz: int, out: Path, pairs: int, deadline: float) -> dict:
+    """Baseline and profiled back to back in random order, so machine noise that lasts longer than one
+    pair cancels in the ratio; the median ratio is the slowdown. Past the deadline it stops after
+    MIN_PAIRS pairs (the number done is reported)."""
+    rows, errors = [], []
+    for i in range(pairs):
+        if i >= MIN_PAIRS and time.monotonic() > deadline:
+            break
+        order = [None, tool]
+        random.shuffle(order)
+        try:
+            rows.append({("profiled" if t else "baseline"): fixed_work(t, hz, out) for t in order})
+        except Exception as exc:  # a failed pair is counted, the others still measure
+            errors.append(f"{type(exc).__name__}: {exc}")
+    if not rows:
+        raise RuntimeError(f"every pair failed: {errors[-1]}")
+    wall = [r["profiled"]["wall_s"] / r["baseline"]["wall_s"] for r in rows]
+    cpu = [r["profiled"]["cpu_s"] / r["baseline"]["cpu_s"] for r in rows]
+    profiled = [r["profiled"] for r in rows]
+    return {
+        "slowdown_pct": (median(wall) - 1) * 100,
+        "slowdown_iqr_pct": [(q - 1) * 100 for q in quartiles(wall) or ()],
+        "cpu_slowdown_pct": (median(cpu) - 1) * 100,
+        "cpu_slowdown_iqr_pct": [(q - 1) * 100 for q in quartiles(cpu) or ()],
+        "expected_samples": hz * median([p["cpu_s"] for p in profiled]),
+        "samples_median": median([p["samples"] for p in profiled if p["samples"] is not None]),
+        "tool_cpu_s_median": median([p["tool_cpu_s"] for p in profiled]),
+        "tool_maxrss_kb_median": median([p["tool_maxrss_kb"] for p in profiled]),
+        "attached_s": [p["attached_s"] for p in profiled],
+        "pairs_done": len(rows),
+        "failed_pairs": errors,
+        "pairs": rows,
+    }
+
+
+def measure_slowdown(tools: dict[str, Tool], pairs: int, stage_s: float, workdir: Path) -> dict:
+    """Each (frequency, tool) gets an equal share of the stage's time; see paired_runs."""
+    combos = [(hz, key) for hz in FREQUENCIES for key in tools]
+    stage_end = time.monotonic() + stage_s
+    results: dict = {str(hz): {} for hz in FREQUENCIES}
+    for n, (hz, key) in enumerate(combos):
+        deadline = time.monotonic() + (stage_end - time.monotonic()) / (len(combos) - n)
+        out = workdir / f"slowdown-{key}-{hz}.out"
+        results[str(hz)].update(per_tool({key: tools[key]}, f"slowdown {hz} Hz",
+                                         lambda _, tool: paired_runs(tool, hz, out, pairs, deadline)))
     return results
 
 
@@ -212,13 +289,12 @@ def first_sample(tool: Tool, hz: int, out: Path) -> dict:
     """The target runs slot_000, slot_001, ... each SLOT_MS of wall time from its start; the tool is
     launched right after it starts. The earliest slot in the tool's own output dates its first
     sample: time to first sample = middle of that slot - tool launch (+- half a slot)."""
-    target = Target([str(WORKLOADS / "bench-phases"), str(SLOT_MS)])
-    target_start = float(target.first_line)
-    recording = Recording(tool, tool.record_pid(target.pid, hz, out), out)
-    attached_s = recording.launched.wait_attached(settle_s=0.3)
-    time.sleep(0.5)
-    recording.stop()
-    target.close(kill=True)
+    with Target([str(WORKLOADS / "bench-phases"), str(SLOT_MS)]) as target:
+        target_start = float(target.first_line)
+        with Recording(tool, tool.record_pid(target.pid, hz, out), out) as recording:
+            attached_s = recording.wait_attached(settle_s=0.3)
+            time.sleep(0.5)
+            recording.stop()
     slots = [int(s) for s in SLOT_NAME.findall(tool.stacks_text(out))]
     out.unlink(missing_ok=True)
     if not slots:
@@ -232,17 +308,15 @@ def first_sample(tool: Tool, hz: int, out: Path) -> dict:
 
 
 def measure_first_sample(tools: dict[str, Tool], repeats: int, workdir: Path) -> dict:
-    results = {}
-    for key, tool in tools.items():
+    def measure(key: str, tool: Tool) -> dict:
         runs = [first_sample(tool, 999, workdir / f"ttfs-{key}-{i}.out") for i in range(repeats)]
-        firsts = [r["first_sample_s"] for r in runs if r["first_sample_s"] is not None]
-        log(f"first sample {key}: {runs}")
-        results[key] = {
-            "first_sample_s": median(firsts),
+        return {
+            "first_sample_s": median([r["first_sample_s"] for r in runs if r["first_sample_s"] is not None]),
             "attached_s": median([r["attached_s"] for r in runs]),
             "runs": runs,
         }
-    return results
+
+    return per_tool(tools, "first sample", measure)
 
 
 # (d) system-wide file size, (c) its peak RSS, (e) report time -------------------------------------------
@@ -271,17 +345,16 @@ class BackgroundLoad:
 
 
 def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir: Path) -> dict:
-    results = {}
-    for key, tool in tools.items():
+    def measure(key: str, tool: Tool) -> dict:
         out = workdir / f"system-{key}.data"
         load = BackgroundLoad(seconds)
         try:
             time.sleep(1.0)
-            recording = Recording(tool, tool.record_system(hz, seconds, out), out)
-            run, samples = recording.stop(interrupt=False)
+            with Recording(tool, tool.record_system(hz, seconds, out), out) as recording:
+                run, samples = recording.stop(interrupt=False)
         finally:
             load.stop()
-        results[key] = {
+        return {
             "file_bytes": out.stat().st_size,
             "samples": samples,
             "maxrss_kb": run.maxrss_kb,
@@ -291,48 +364,56 @@ def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir
             "short_lived_processes": load.spawned,
             "path": str(out),
         }
-        log(f"system-wide {key}: {results[key]}")
-    return results
+
+    return per_tool(tools, "system-wide", measure)
 
 
 def measure_report_time(tools: dict[str, Tool], system: dict, repeats: int) -> dict:
-    results = {}
-    for key, tool in tools.items():
-        if tool.report is None or key not in system:
-            continue
+    def measure(key: str, tool: Tool) -> dict:
         runs = [run_timed(tool.report + [system[key]["path"]]) for _ in range(repeats)]
         if any(r.returncode for r in runs):
             raise RuntimeError(f"{tool.name}: report failed with status {[r.returncode for r in runs]}")
-        results[key] = {
+        return {
             "wall_s": median([r.wall_s for r in runs]),
             "cpu_s": median([r.cpu_s for r in runs]),
             "maxrss_kb": median([r.maxrss_kb for r in runs]),
             "runs_wall_s": [r.wall_s for r in runs],
         }
-        log(f"report {key}: {results[key]}")
-    return results
+
+    reportable = {k: t for k, t in tools.items() if t.report and "path" in system.get(k, {})}
+    return per_tool(reportable, "report", measure)
 
 
 # targets and markdown ------------------------------------------------------------------------------------
 
+def ok(section: dict, *keys: str) -> bool:
+    return all(key in section and "error" not in section[key] for key in keys)
+
+
 def targets(res: dict) -> list[dict]:
+    """Slowdown verdicts use the target's CPU time: on this kernel (no IRQ time accounting, paravirt
+    steal time excluded) it includes the sampling interrupt and BPF/stack-walk time spent in the
+    target's context, and not the time it waited for a CPU on a shared machine. Wall time is shown too."""
     out = []
     slow = res.get("slowdown", {})
-    if "optrace" in slow.get("99", {}):
-        value = slow["99"]["optrace"]["slowdown_pct"]
-        out.append({"name": "profile: slowdown at 99 Hz", "target": "<= 1%", "measured": f"{value:+.2f}%",
-                    "met": value <= 1.0})
-    if {"optrace", "perf"} <= set(slow.get("999", {})):
-        mine, perf = slow["999"]["optrace"]["slowdown_pct"], slow["999"]["perf"]["slowdown_pct"]
+    if ok(slow.get("99", {}), "optrace"):
+        r = slow["99"]["optrace"]
+        out.append({"name": "profile: slowdown at 99 Hz", "target": "<= 1%",
+                    "measured": f"CPU {r['cpu_slowdown_pct']:+.2f}% (wall {r['slowdown_pct']:+.2f}%)",
+                    "met": r["cpu_slowdown_pct"] <= 1.0})
+    if ok(slow.get("999", {}), "optrace", "perf"):
+        mine, perf = slow["999"]["optrace"], slow["999"]["perf"]
         out.append({"name": "profile: slowdown at 999 Hz", "target": "no worse than perf record -g",
-                    "measured": f"optrace {mine:+.2f}% vs perf {perf:+.2f}%", "met": mine <= perf})
+                    "measured": f"CPU optrace {mine['cpu_slowdown_pct']:+.2f}% vs perf {perf['cpu_slowdown_pct']:+.2f}% "
+                                f"(wall {mine['slowdown_pct']:+.2f}% vs {perf['slowdown_pct']:+.2f}%)",
+                    "met": mine["cpu_slowdown_pct"] <= perf["cpu_slowdown_pct"]})
     system = res.get("system_wide", {})
-    if {"optrace", "perf"} <= set(system):
+    if ok(system, "optrace", "perf"):
         ratio = system["perf"]["file_bytes"] / system["optrace"]["file_bytes"]
-        out.append({"name": "profile: file size (30 s system-wide)", "target": ">= 20x smaller than perf.data",
-                    "measured": f"{ratio:.1f}x smaller", "met": ratio >= 20})
+        out.append({"name": f"profile: file size ({res['config']['system_seconds']:.0f} s system-wide)",
+                    "target": ">= 20x smaller than perf.data", "measured": f"{ratio:.1f}x smaller", "met": ratio >= 20})
     report = res.get("report", {})
-    if {"optrace", "perf"} <= set(report):
+    if ok(report, "optrace", "perf"):
         mine, perf = report["optrace"]["wall_s"], report["perf"]["wall_s"]
         out.append({"name": "profile: report time", "target": "faster than perf report --stdio",
                     "measured": f"{mine:.2f} s vs {perf:.2f} s", "met": mine < perf})
@@ -348,43 +429,60 @@ def attach_summary(res: dict, key: str) -> str:
     return f"{median(times):.2f} ({min(times):.2f}..{max(times):.2f}, n={len(times)})" if times else "n/a"
 
 
+def pct_range(values: list[float]) -> str:
+    return f"{values[0]:+.2f} .. {values[1]:+.2f}" if values else "n/a"
+
+
 def markdown(res: dict, tools: dict[str, Tool]) -> str:
     cfg = res["config"]
+    errors = [f"- {tools[key].name}, {stage}: {r['error']}" for stage, section in stage_sections(res)
+              for key, r in section.items() if "error" in r]
     parts = ["## Profiler (issue 2): optrace record vs perf record -g vs BCC profile", ""]
     rows = []
     for hz, by_tool in res.get("slowdown", {}).items():
         for key, r in by_tool.items():
-            iqr = r["slowdown_iqr_pct"]
-            rows.append([f"{hz} Hz", tools[key].name, f"{r['slowdown_pct']:+.2f}%",
-                         f"{iqr[0]:+.2f}% .. {iqr[1]:+.2f}%" if iqr else "n/a", f"{r['cpu_slowdown_pct']:+.2f}%",
+            if "error" in r:
+                continue
+            rows.append([f"{hz} Hz", tools[key].name, f"{r['cpu_slowdown_pct']:+.2f}%",
+                         pct_range(r["cpu_slowdown_iqr_pct"]), f"{r['slowdown_pct']:+.2f}%",
+                         pct_range(r["slowdown_iqr_pct"]), r["pairs_done"],
                          f"{fmt(r['samples_median'], '.0f')} / {r['expected_samples']:.0f}",
                          f"{r['tool_cpu_s_median']:.2f}", f"{r['tool_maxrss_kb_median'] / 1024:.0f}"])
-    parts += [f"### (a) Slowdown of a fixed-work target (median of {cfg['pairs']} paired runs)", "",
-              md_table(["freq", "tool", "wall slowdown", "IQR", "CPU-time slowdown", "samples got / expected",
-                        "tool CPU s", "tool peak RSS MB"], rows), ""]
-    rows = [[tools[k].name, fmt(r["first_sample_s"], ".2f"), ", ".join(fmt(x["first_sample_s"], ".2f") for x in r["runs"]),
-             fmt(r["attached_s"], ".2f"), attach_summary(res, k)] for k, r in res.get("first_sample", {}).items()]
+    parts += ["### (a) Slowdown of a fixed-work target (median over paired runs)", "",
+              md_table(["freq", "tool", "CPU-time slowdown", "IQR (points)", "wall slowdown", "IQR (points)", "pairs",
+                        "samples got / expected", "tool CPU s", "tool peak RSS MB"], rows), ""]
+    rows = [[tools[k].name, fmt(r["first_sample_s"], ".2f"),
+             ", ".join(fmt(x["first_sample_s"], ".2f") for x in r["runs"]), fmt(r["attached_s"], ".2f"),
+             attach_summary(res, k)] for k, r in res.get("first_sample", {}).items() if "error" not in r]
     parts += ["### (b) Time to first sample (seconds from tool launch; 999 Hz, `-p PID`)", "",
               md_table(["tool", "first sample (median)", "runs", "perf events attached",
-                        "attached, median (min..max) over the sessions of (a)"], rows), ""]
-    system = res.get("system_wide", {})
+                        "attached: median (min..max) over the sessions of (a)"], rows), ""]
+    system = {k: r for k, r in res.get("system_wide", {}).items() if "error" not in r}
     rows = [[tools[k].name, f"{r['maxrss_kb'] / 1024:.0f}", f"{r['tree_rss_kb'] / 1024:.0f}",
              f"{r['tool_cpu_s']:.2f}"] for k, r in system.items()]
     parts += [f"### (c) Peak RSS and CPU of the profiler ({cfg['system_seconds']:.0f} s system-wide, "
               f"{cfg['system_hz']} Hz, background load)", "",
               md_table(["tool", "peak RSS MB (largest process)", "peak RSS MB (process tree)", "tool CPU s"], rows), ""]
     perf_bytes = system.get("perf", {}).get("file_bytes")
-    rows = [[tools[k].name, Path(r["path"]).name, f"{r['file_bytes'] / 1024:.1f}", fmt(r["samples"], "d"),
+    rows = [[tools[k].name, f"{r['file_bytes'] / 1024:.1f}", fmt(r["samples"], "d"),
              f"{perf_bytes / r['file_bytes']:.1f}x" if perf_bytes else "n/a"] for k, r in system.items()]
     parts += [f"### (d) File size ({cfg['system_seconds']:.0f} s system-wide, {cfg['system_hz']} Hz)", "",
-              md_table(["tool", "file", "KiB", "samples", "perf.data / file"], rows), ""]
+              md_table(["tool", "KiB", "samples", "perf.data size / this"], rows), ""]
     rows = [[f"`{tools[k].report_shown}`", f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}", f"{r['maxrss_kb'] / 1024:.0f}"]
-            for k, r in res.get("report", {}).items()]
+            for k, r in res.get("report", {}).items() if "error" not in r]
     parts += [f"### (e) Report time on the files of (d) (median of {cfg['report_repeats']})", "",
               md_table(["report command", "wall s", "CPU s", "peak RSS MB"], rows), ""]
     rows = [[t["name"], t["target"], t["measured"], "met" if t["met"] else "NOT met"] for t in res["targets"]]
-    parts += ["### Targets", "", md_table(["what", "target", "measured", "verdict"], rows), "", METHOD.format(**cfg)]
+    parts += ["### Targets", "", md_table(["what", "target", "measured", "verdict"], rows), ""]
+    if errors:
+        parts += ["### Failures in this run", ""] + errors + [""]
+    parts += [METHOD.format(**cfg)]
     return "\n".join(parts)
+
+
+def stage_sections(res: dict) -> list[tuple[str, dict]]:
+    sections = [(f"slowdown {hz} Hz", by_tool) for hz, by_tool in res.get("slowdown", {}).items()]
+    return sections + [(stage, res.get(stage, {})) for stage in ("first_sample", "system_wide", "report")]
 
 
 METHOD = """### Method
@@ -395,9 +493,13 @@ METHOD = """### Method
   Each tool attaches to it with `-p PID` (the one mode all three share: `optrace record -p`,
   `perf record -e cpu-clock -g -p`, `profile-bpfcc -f -p`); the go line is sent once the tool's perf
   events are open and unchanged for 0.5 s, so start-up cost is not counted here (it is in (b) and in
-  "tool CPU s"). Each pair is one baseline and one profiled run in random order; slowdown = median over
-  pairs of profiled/baseline wall time - 1 (IQR over pairs alongside). The machine is shared and noisy:
-  read differences smaller than the IQR as noise.
+  "tool CPU s"). Each pair is one baseline and one profiled run in random order (targets at nice -20 in
+  their own autogroup); slowdown = median over pairs of profiled/baseline - 1, up to {pairs} pairs per
+  tool and frequency (at least 3; fewer than {pairs} when the stage ran out of its time share).
+  The verdicts use CPU time: this kernel has no IRQ time accounting and excludes paravirt steal time, so
+  the target's CPU time includes the sampling interrupt, BPF program and stack walk run in its context,
+  but not the time it waited for a CPU. The machine is shared with other engineers' test runs: wall time
+  is shown but its IQR is often wider than the effect; read differences inside the IQR as noise.
 - (b) `workloads/build/bench-phases {slot_ms:.0f}` runs slot_000, slot_001, ... each for {slot_ms:.0f} ms of wall time
   from its start; the tool is launched (at 999 Hz, `-p PID`) right after it starts. The earliest slot
   named in the tool's own output dates the first sample it recorded: time to first sample = middle of
@@ -416,14 +518,15 @@ METHOD = """### Method
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 pairs, 8 s system-wide: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="3 pairs, 8 s system-wide: a smoke run")
+    parser.add_argument("--budget", type=float, default=BENCH_BUDGET_S, help="seconds the whole run may take")
     parser.add_argument("--pairs", type=int, default=None)
     parser.add_argument("--system-seconds", type=float, default=None)
     parser.add_argument("--tools", default="optrace,perf,bcc")
     args = parser.parse_args()
     tools = {key: TOOLS[key] for key in args.tools.split(",")}
     cfg = {
-        "pairs": args.pairs or (2 if args.quick else 5),
+        "pairs": args.pairs or (MIN_PAIRS if args.quick else 7),
         "system_seconds": args.system_seconds or (8.0 if args.quick else 30.0),
         "system_hz": 99,
         "report_repeats": 3,
@@ -434,12 +537,15 @@ def main() -> int:
         "frequencies": list(FREQUENCIES),
         "tools": list(tools),
     }
+    started = time.monotonic()
     subprocess.run(["make", "-s", "-C", str(WORKLOADS.parent)], check=True)
     res: dict = {"area": "profile", "config": cfg}
     with tempfile.TemporaryDirectory(prefix="optrace-bench-") as tmp:
         workdir = Path(tmp)
         res["first_sample"] = measure_first_sample(tools, cfg["ttfs_repeats"], workdir)
-        res["slowdown"] = measure_slowdown(tools, cfg["pairs"], workdir)
+        later_stages_s = len(tools) * (cfg["system_seconds"] + 20) + 30
+        stage_s = max(60.0, args.budget - 60 - (time.monotonic() - started) - later_stages_s)
+        res["slowdown"] = measure_slowdown(tools, cfg["pairs"], stage_s, workdir)
         res["system_wide"] = measure_system_wide(tools, cfg["system_seconds"], cfg["system_hz"], workdir)
         res["report"] = measure_report_time(tools, res["system_wide"], cfg["report_repeats"])
     res["targets"] = targets(res)

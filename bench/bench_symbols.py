@@ -17,6 +17,7 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -73,13 +74,13 @@ def random_frames(rng: random.Random, count: int, segments: dict[Path, list]) ->
     return frames
 
 
-def reference(tool: str, frames: list[tuple[Path, int, int]]) -> tuple[float, list[str | None]]:
+def reference(tool: str, frames: list[tuple[Path, int, int]], work: Path) -> tuple[float, list[str | None]]:
     """Wall seconds of one tool over all objects, and its function name per frame (None: no name)."""
     total = 0.0
     names: list[str | None] = [None] * len(frames)
     for path in OBJECTS:
         indices = [i for i, f in enumerate(frames) if f[0] == path]
-        given, answer = Path(f"/tmp/optrace-bench-symbols-{path.name}.in"), Path(f"/tmp/optrace-bench-symbols-{path.name}.out")
+        given, answer = work / f"{tool}-{path.name}.in", work / f"{tool}-{path.name}.out"
         given.write_text("".join(f"{frames[i][2]:#x}\n" for i in indices))
         argv = {"addr2line": ["addr2line", "-f", "-C", "-e", str(path)],
                 "eu-addr2line": ["eu-addr2line", "-f", "-C", "-e", str(path)],
@@ -109,7 +110,12 @@ def main() -> int:
     ids = {path: build_id(path) for path in OBJECTS}
     rng = random.Random(20261129)
     cold, warm = random_frames(rng, FRAMES, segments), random_frames(rng, FRAMES, segments)
-    spec_file, out_file = Path("/tmp/optrace-bench-symbols.json"), Path("/tmp/optrace-bench-symbols.out.json")
+    with tempfile.TemporaryDirectory(prefix="optrace-bench-symbols-") as work:
+        return measure(ids, cold, warm, Path(work))
+
+
+def measure(ids: dict[Path, str], cold: list, warm: list, work: Path) -> int:
+    spec_file, out_file = work / "spec.json", work / "optrace.json"
     spec_file.write_text(json.dumps({"objects": [str(p) for p in OBJECTS],
                                      "cold": [(ids[p], o) for p, o, _ in cold],
                                      "warm": [(ids[p], o) for p, o, _ in warm]}))
@@ -121,7 +127,7 @@ def main() -> int:
                        "new_frames": ours["new_frames"]}, "tools": {}}
     print("symbols: reference tools ...", file=sys.stderr, flush=True)
     for tool in ("addr2line", "eu-addr2line", "llvm-symbolizer"):
-        seconds, names = reference(tool, warm)
+        seconds, names = reference(tool, warm, work)
         entry = {"wall_s": seconds, "named": sum(n is not None for n in names)}
         if tool == "llvm-symbolizer":
             entry["agreement"] = agreement(warm, ours["names"], names)
@@ -139,7 +145,7 @@ def markdown(res: dict) -> str:
     opt = res["optrace"]
     rows = [["optrace (tables loaded)", f"{opt['warm_s']:.2f}", opt["named"],
              f"second call; {opt['new_frames']:,} of its frames not seen in the first"],
-            ["optrace (cold: loads 4 tables)", f"{opt['cold_s']:.2f}", "", f"dsos_loaded={opt['stats']['dsos_loaded']}, peak RSS {opt['maxrss_kb'] // 1024} MiB"]]
+            ["optrace (cold: loads 4 tables)", f"{opt['cold_s']:.2f}", "", f"dsos_loaded={opt['stats']['dsos_loaded']}, driver process peak RSS {opt['maxrss_kb'] // 1024} MiB"]]
     for tool, entry in res["tools"].items():
         rows.append([tool, f"{entry['wall_s']:.2f}", entry["named"], ""])
     same = [[name, a["compared"], f"{a['same'] / a['compared']:.1%}" if a["compared"] else ""]

@@ -132,11 +132,17 @@ class Profiler:
         time.sleep(GRACE_SECONDS)
         now = time.monotonic()
         result = DrainResult(samples=self._read_set(old, now), lost=self._read_lost(), time=now)
-        self._bpf.perf_buffer_poll(timeout=0)
-        for kind, pid, filename in self._events:
-            (result.execs.append((pid, filename)) if kind == PROC_EXEC else result.exits.append(pid))
-        self._events.clear()
+        result.execs, result.exits = self.poll_events()
         return result
+
+    def poll_events(self) -> tuple[list[tuple[int, str]], list[int]]:
+        """Exec'd files and exited processes since the last call (cheap: call it often, so a
+        short-lived process can be looked at while it still runs)."""
+        self._bpf.perf_buffer_poll(timeout=0)
+        execs = [(pid, filename) for kind, pid, filename in self._events if kind == PROC_EXEC]
+        exits = [pid for kind, pid, _ in self._events if kind == PROC_EXIT]
+        self._events.clear()
+        return execs, exits
 
     def _read_set(self, index: int, now: float) -> list[RawSample]:
         counts = self._bpf["counts"]

@@ -63,12 +63,12 @@ class ProcessTracker:
     def exec(self, pid: int, path: str) -> None:
         self._execs[pid] = path
 
-    def sampled(self, samples: Iterable[RawSample]) -> tuple[list[str], set[int]]:
-        """(executables to index, processes to snapshot) for this drain's samples."""
-        executables, snapshot = [], set()
+    def sampled(self, samples: Iterable[RawSample]) -> tuple[dict[int, str], set[int]]:
+        """(pid -> exec'd path of processes sampled for the first time, processes to snapshot)."""
+        executables, snapshot = {}, set()
         for sample in samples:
             if sample.pid in self._execs:
-                executables.append(self._execs.pop(sample.pid))
+                executables[sample.pid] = self._execs.pop(sample.pid)
             known = self._seen.setdefault(sample.pid, set())
             new = {f.build_id for f in sample.user if f.build_id is not None} - known
             if new:
@@ -144,10 +144,11 @@ class ProfileSource:
         for pid, filename in result.execs:
             self._tracker.exec(pid, _resolve_exec_path(pid, filename))
         executables, snapshot = self._tracker.sampled(samples)
-        for path in executables:
-            self.symbolizer.add_executable(path)
         for pid in snapshot:
             self.symbolizer.snapshot_process(pid)
+        for pid, path in executables.items():
+            if pid not in self.symbolizer.machine.processes:  # gone before its maps could be read
+                self.symbolizer.add_executable(path)
         for pid in {s.pid for s in samples if _leaf_is_raw_address(s)}:
             self._jit_pids.add(pid)
             self.jit.poll(pid, result.time)
@@ -206,16 +207,20 @@ class CallSource:
         self._comms = set(comms)
         self._targets = targets
         self._seen: dict[tuple[str, int | None], int] = {}  # (probe, pid or None) -> calls counted
+        self._target_set: set[int] = set()  # read once per drain, not once per pid
         self.counter = None
 
     def start(self) -> None:
         from optrace.frontend.uprobes.session import CallCounter
 
-        pid_filter = (lambda pid: pid in self._targets()) if self._targets else None
+        pid_filter = self._target_set.__contains__ if self._targets else None
         self.counter = CallCounter(self._specs, pid_filter=pid_filter)
         self.counter.start()
 
     def collect(self, delta: Delta) -> None:
+        if self._targets:
+            self._target_set.clear()
+            self._target_set.update(self._targets())
         seen: dict[tuple[str, int | None], int] = {}
         for count in self.counter.calls():
             cumulative: dict[int | None, int] = dict(count.per_pid)

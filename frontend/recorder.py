@@ -129,6 +129,8 @@ class Recorder:
             if now >= next_drain:
                 self._drain()
                 next_drain += opts.drain_interval_s
+            else:
+                self._process_events(*self.profiler.poll_events(), now)
             wake = min(next_drain, deadline or next_drain)
             if stop.wait(min(POLL_SECONDS, wake - now)):
                 break
@@ -154,8 +156,7 @@ class Recorder:
     def _drain(self):
         result = self.profiler.drain()
         self.lost.update(result.lost)
-        for pid, filename in result.execs:
-            self.symbolizer.add_executable(_resolve_exec_path(pid, filename))
+        self._process_events(result.execs, result.exits, result.time)
         snapshot = set()
         for sample in result.samples:
             if self.store.add(sample):
@@ -164,15 +165,22 @@ class Recorder:
             self.symbolizer.snapshot_process(pid)
         for pid in {s.pid for s in result.samples}:
             self.jit.poll(pid, result.time)
-        for pid in result.exits:
-            self.jit.process_exited(pid, result.time)
         return result
+
+    def _process_events(self, execs: list[tuple[int, str]], exits: list[int], now: float) -> None:
+        """A new program is looked at right away: a short-lived one may be gone by the next drain."""
+        for pid, filename in execs:
+            self.symbolizer.add_executable(_resolve_exec_path(pid, filename))
+            self.symbolizer.snapshot_process(pid)
+        for pid in exits:
+            self.jit.process_exited(pid, now)
 
     def _build_record(self, started: float, duration: float, calls) -> Record:
         raw = self.store.samples()
         if not self.options.stacks:
             raw = [_leaf_only(s) for s in raw]
         frames, samples = self.symbolizer.symbolize(raw)
+        self.symbolizer.close()
         lost = dict(self.lost)
         idle = lost.pop("idle", 0)
         meta = RecordMeta(

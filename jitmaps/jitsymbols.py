@@ -40,6 +40,7 @@ class _Process:
     table: SymbolHistory = field(default_factory=SymbolHistory)
     code_names: dict[int, str] = field(default_factory=dict)  # jitdump code_index -> name, for MOVE
     exited: bool = False
+    since: float = float("-inf")  # first poll of a process that reused the pid of an exited one
 
 
 class JitSymbols:
@@ -48,7 +49,7 @@ class JitSymbols:
         self.warnings: list[str] = []
         self.stats: Counter[str] = Counter()
         self._warned: set[tuple[str, str]] = set()
-        self._procs: dict[int, _Process] = {}
+        self._procs: dict[int, list[_Process]] = {}  # pid -> the processes that had it, oldest first
         self._explicit: dict[int, list[str]] = {}
         for path in jitdumps:
             self._explicit.setdefault(self._explicit_dump_pid(path), []).append(path)
@@ -56,6 +57,8 @@ class JitSymbols:
     # -- the recorder's calls -------------------------------------------------------------------------
     def poll(self, pid: int, time: float) -> None:
         proc = self._process(pid)
+        if proc.exited and self._pid_reused(proc):
+            proc = self._new_process(pid, since=time)
         if not proc.exited:
             self._discover(proc)
             self._read_all(proc, time, final=False)
@@ -74,29 +77,40 @@ class JitSymbols:
             self._process(pid)
         for pid in list(self._procs):
             self.process_exited(pid, time)
-        for proc in self._procs.values():
-            for source in proc.sources.values():
-                bad = getattr(source.reader, "bad_lines", 0)
-                if bad:
-                    self._warn(source.display, "bad_lines", f"{bad} malformed lines skipped",
-                               stat="files_with_bad_lines")
+        for generations in self._procs.values():
+            for proc in generations:
+                for source in proc.sources.values():
+                    bad = getattr(source.reader, "bad_lines", 0)
+                    if bad:
+                        self._warn(source.display, "bad_lines", f"{bad} malformed lines skipped",
+                                   stat="files_with_bad_lines")
 
     def lookup(self, pid: int, address: int, time: float) -> tuple[str, str] | None:
-        proc = self._procs.get(pid)
-        if proc is None:
+        generations = self._procs.get(pid)
+        if not generations:
             return None
+        proc = next((p for p in reversed(generations) if p.since <= time), generations[0])
         found = proc.table.lookup(address, time)
         return None if found is None else (found.name, found.source)
 
     # -- discovery ------------------------------------------------------------------------------------
     def _process(self, pid: int) -> _Process:
-        proc = self._procs.get(pid)
-        if proc is None:
-            proc = self._procs[pid] = _Process(pid, read_identity(pid))
-            self._add_perf_map(proc)
-            for path in self._explicit.get(pid, ()):
-                proc.sources[path] = _Source(path, path, jd.JitDumpReader(), explicit=True)
+        generations = self._procs.get(pid)
+        return generations[-1] if generations else self._new_process(pid)
+
+    def _new_process(self, pid: int, since: float = float("-inf")) -> _Process:
+        proc = _Process(pid, read_identity(pid), since=since)
+        self._procs.setdefault(pid, []).append(proc)
+        self._add_perf_map(proc)
+        for path in self._explicit.get(pid, ()):
+            proc.sources[path] = _Source(path, path, jd.JitDumpReader(), explicit=True)
         return proc
+
+    @staticmethod
+    def _pid_reused(proc: _Process) -> bool:
+        """A sample for an exited pid: a new process has the pid now (or a late sample of the old one)."""
+        now = read_identity(proc.pid)
+        return now is not None and (proc.identity is None or now.start_ticks != proc.identity.start_ticks)
 
     def _add_perf_map(self, proc: _Process) -> None:
         ident = proc.identity

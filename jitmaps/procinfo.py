@@ -14,6 +14,7 @@ class ProcessIdentity:
     euid: int
     nspid: int  # the pid inside the process's own (innermost) pid namespace
     host_root: bool  # the process sees the same / as optrace
+    start_ticks: int  # start time (/proc/PID/stat field 22): tells a reused pid from the process before
 
 
 def read_identity(pid: int) -> ProcessIdentity | None:
@@ -21,18 +22,22 @@ def read_identity(pid: int) -> ProcessIdentity | None:
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             status = f.read().decode("ascii", "replace")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_fields = f.read().rsplit(b")", 1)[1].split()
         root = os.stat(f"/proc/{pid}/root")
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     try:
         euid = int(fields["Uid"].split()[1])
+        start_ticks = int(stat_fields[19])  # field 22; the list starts at field 3 (state)
     except (KeyError, IndexError, ValueError):
         return None
     nspids = fields.get("NSpid", "").split()
     nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else pid
     here = os.stat("/")
-    return ProcessIdentity(pid, euid, nspid, (root.st_dev, root.st_ino) == (here.st_dev, here.st_ino))
+    same_root = (root.st_dev, root.st_ino) == (here.st_dev, here.st_ino)
+    return ProcessIdentity(pid, euid, nspid, same_root, start_ticks)
 
 
 def mapped_jitdumps(pid: int, nspid: int) -> list[str]:

@@ -57,8 +57,9 @@ def _is_zombie(pid: int) -> bool:
 class _Run:
     """One counting run: the counter, the optional command, and when to stop."""
 
-    def __init__(self, counter: CallCounter, pids: tuple[int, ...], command: list[str], duration: float | None):
-        self.counter = counter
+    def __init__(self, specs: tuple[str, ...], pids: tuple[int, ...], command: list[str], duration: float | None,
+                 max_probes: int) -> None:
+        self.counter = CallCounter(specs, self._pid_filter(pids, command), max_probes)
         self.pids = pids
         self.command = command
         self.duration = duration
@@ -66,6 +67,12 @@ class _Run:
         self.child: subprocess.Popen | None = None
         self.followed: set[int] = set()
         self.started = time.monotonic()
+
+    def _pid_filter(self, pids: tuple[int, ...], command: list[str]) -> Callable[[int], bool] | None:
+        """-- CMD: the command and its descendants (kept by the kernel, exited ones too); -p: those pids."""
+        if command:
+            return lambda pid: pid in self.followed
+        return set(pids).__contains__ if pids else None
 
     def start(self) -> None:
         """Attach, then start the clock (and the command): -d counts attached time, not compile time."""
@@ -91,7 +98,8 @@ class _Run:
     def report(self) -> CountReport:
         self.refresh_filter()
         return CountReport(
-            probes=list(self.counter.probes), counts=self.counter.calls(), elapsed_s=time.monotonic() - self.started,
+            probes=list(self.counter.probes), counts=self.counter.calls(),
+            elapsed_s=time.monotonic() - self.started,
             lost_pid_rows=self.counter.lost_rows(),
             exit_status=self.child.returncode if self.child is not None else None,
         )
@@ -104,15 +112,6 @@ class _Run:
             except subprocess.TimeoutExpired:
                 self.child.kill()
                 self.child.wait()
-
-
-def _pid_filter(run_ref: list[_Run], pids: tuple[int, ...], command: list[str]) -> Callable[[int], bool] | None:
-    if command:
-        return lambda pid: pid in run_ref[0].followed
-    if pids:
-        wanted = set(pids)
-        return wanted.__contains__
-    return None
 
 
 def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = False) -> None:
@@ -128,7 +127,8 @@ def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = F
 @click.argument("specs", nargs=-1, metavar="SPEC...")
 @click.option("-p", "--pid", "pids", type=int, multiple=True, help="Count only in these processes.")
 @click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after SECONDS.")
-@click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True), help="Print counts every INTERVAL s.")
+@click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True),
+              help="Print counts every INTERVAL s.")
 @click.option("--per-pid", is_flag=True, help="Also show counts per process.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--max-probes", type=click.IntRange(min=1), default=DEFAULT_MAX_MATCHES, show_default=True,
@@ -145,19 +145,15 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
     if command_args and not shutil.which(command_args[0]):
         raise OptraceError(f"command not found: {command_args[0]}")
     _check_pids(pids)
-    run_ref: list[_Run] = []
-    counter = CallCounter(specs, _pid_filter(run_ref, pids, command_args), max_probes)
-    counter.resolve()
-    for warning in counter.warnings:
+    run = _Run(specs, pids, command_args, duration, max_probes)
+    for warning in run.counter.resolve().warnings:
         click.echo(f"optrace: warning: {warning}", err=True)
-    run = _Run(counter, pids, command_args, duration)
-    run_ref.append(run)
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         _count(run, fmt, per_pid, interval)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        counter.close()
+        run.counter.close()
     if run.child is not None and run.child.returncode:
         ctx.exit(run.child.returncode if run.child.returncode > 0 else 128 - run.child.returncode)
 

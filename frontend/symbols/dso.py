@@ -102,7 +102,7 @@ class Dso:
             return True
         if found == self.build_id:
             return True
-        self._context.warn(f"{self.path} changed since it was mapped (build-id {self.build_id.hex()} expected, "
+        self._context.warn(f"{self.path} changed since it was seen (build-id {self.build_id.hex()} expected, "
                            f"{found.hex() if found else 'none'} found); its frames show as {self.basename}+0xOFFSET")
         return False
 

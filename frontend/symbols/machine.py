@@ -8,10 +8,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from optrace.frontend.symbols.buildid import is_elf_file, read_build_id_file
-from optrace.frontend.symbols.linker import STANDARD_LIBRARY_DIRS, needed_libraries
+from optrace.frontend.symbols.linker import needed_libraries
 from optrace.frontend.symbols.maps import MapEntry, parse_maps, read_maps_text
 
+# Scanned once, only when a build-id is found nowhere else: the standard library dirs, and the program
+# dirs for processes that ran before the recording and were never snapshotted.
+SCAN_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib", "/lib", "/usr/local/lib",
+             "/usr/bin", "/usr/sbin", "/usr/local/bin")
 MAX_KEPT_FDS = 256  # open files kept for objects only reachable through another mount namespace
+MAX_OLDER_MAPPINGS = 4096  # per pid; a JIT that maps and unmaps code keeps adding some
 
 
 @dataclass(frozen=True)
@@ -46,9 +51,13 @@ class ProcessMaps:
 
 
 class Machine:
+    """Fed by the recorder while it runs (maps snapshots of sampled pids, exec'd files); read by the
+    :class:`Symbolizer`. Frames carry build-ids, so what matters is that every build-id seen has a
+    file we can still open when symbolizing, possibly after its process is gone."""
+
     def __init__(self, warn: Callable[[str], None], stats: dict[str, int]) -> None:
         self.by_build_id: dict[bytes, FileRef] = {}
-        self.files: dict[tuple[str, int], tuple[FileRef, bytes | None]] = {}  # maps (dev, inode) ->
+        self.files: dict[tuple[str, int], tuple[FileRef, bytes | None]] = {}  # (dev, inode) -> file, build-id
         self.processes: dict[int, ProcessMaps] = {}
         self.generation = 0  # grows whenever a build-id is newly indexed
         self._warn = warn
@@ -77,7 +86,7 @@ class Machine:
         older = []
         if known is not None:
             keep = set(entries) | set(known.older)
-            older = known.older + [e for e in known.current if e not in keep]
+            older = (known.older + [e for e in known.current if e not in keep])[-MAX_OLDER_MAPPINGS:]
         self.processes[pid] = ProcessMaps(text, entries, older)
         self._stats["maps_snapshots"] = self._stats.get("maps_snapshots", 0) + 1
         for entry in entries:
@@ -109,7 +118,7 @@ class Machine:
         for problem in problems:
             self._warn(problem)
 
-    def scan_library_dirs(self, dirs: Iterable[str] = STANDARD_LIBRARY_DIRS) -> None:
+    def scan_standard_dirs(self, dirs: Iterable[str] = SCAN_DIRS) -> None:
         """Index every ELF file directly in ``dirs`` by build-id (once; reads only the ELF notes)."""
         if self._scanned:
             return
@@ -125,7 +134,7 @@ class Machine:
                 if real not in seen and os.path.isfile(real):
                     seen.add(real)
                     self._index_path(real, quiet=True)
-        self._stats["library_scan_files"] = len(seen)
+        self._stats["scanned_files"] = len(seen)
 
     def _warn_unreadable(self, path: str, err: OSError) -> None:
         self._warn(f"cannot read {path}: {err.strerror}; its frames show as {os.path.basename(path)}+0xOFFSET")

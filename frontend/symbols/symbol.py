@@ -47,6 +47,7 @@ def read_function_symbols(elf: ELFFile, section_name: str) -> list[Symbol]:
             continue
         name_end = strings.find(b"\0", name_at)
         name = strings[name_at:name_end if name_end >= 0 else None].decode("utf-8", "replace")
+        name = name.partition("@")[0]  # glibc's .symtab has "clock_gettime@@GLIBC_2.17"
         if name:
             symbols.append(Symbol(value, size, name, info >> 4))
     return symbols
@@ -54,11 +55,10 @@ def read_function_symbols(elf: ELFFile, section_name: str) -> list[Symbol]:
 
 def _preference(symbol: Symbol) -> tuple:
     """perf's choose_best_symbol for aliases at one address: sized, not weak, global, fewer leading
-    underscores, then the longest name; and, before the length, no symbol version (glibc's .symtab
-    has both ``xdr_pointer`` and ``xdr_pointer@GLIBC_2.2.5``)."""
+    underscores, then the longest name."""
     underscores = len(symbol.name) - len(symbol.name.lstrip("_"))
     return (symbol.size > 0, symbol.binding != STB_WEAK, symbol.binding == STB_GLOBAL,
-            -underscores, "@" not in symbol.name, len(symbol.name))
+            -underscores, len(symbol.name))
 
 
 class SymbolTable:

@@ -158,7 +158,7 @@ class Symbolizer:
                 name = debuginfo.original_path(build_id, self._context.debug_roots)
                 return Dso(name or f"[build-id {build_id.hex()[:12]}]", self._context, path=debug_path,
                            build_id=build_id, debug_only=True)
-            self.machine.scan_library_dirs()
+            self.machine.scan_standard_dirs()
             ref = self.machine.by_build_id.get(build_id)
         if ref is None:
             return None

@@ -138,9 +138,12 @@ def load_functions(path: str) -> ElfFunctions:
 
 def _preferred_name(names: list[FunctionSymbol], pattern: str | None) -> FunctionSymbol:
     """The name to show for an address: one the SPEC matches, else global, fewest leading _, shortest."""
-    return min(names, key=lambda s: (
-        pattern is None or not fnmatch.fnmatchcase(s.name, pattern), not s.is_global, len(s.name) - len(s.name.lstrip("_")), len(s.name), s.name,
-    ))
+    def rank(symbol: FunctionSymbol) -> tuple:
+        unmatched = pattern is None or not fnmatch.fnmatchcase(symbol.name, pattern)
+        underscores = len(symbol.name) - len(symbol.name.lstrip("_"))
+        return unmatched, not symbol.is_global, underscores, len(symbol.name), symbol.name
+
+    return min(names, key=rank)
 
 
 def _matching(spec: ProbeSpec, elf: ElfFunctions, path: str) -> list[FunctionSymbol]:
@@ -206,6 +209,12 @@ def _probe_at_address(spec: ProbeSpec, elf: ElfFunctions, path: str, st: os.stat
                          key=ProbeKey(st.st_dev, st.st_ino, offset))
 
 
+def name_list(names: list[str], shown: int = 5) -> str:
+    """``a, b, c, d, e and 7 more``: names for a one-line message."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def resolve_spec(spec: ProbeSpec, max_matches: int = DEFAULT_MAX_MATCHES) -> Resolution:
     path = os.path.realpath(find_object(spec.obj))
     elf = load_functions(path)
@@ -217,9 +226,8 @@ def resolve_spec(spec: ProbeSpec, max_matches: int = DEFAULT_MAX_MATCHES) -> Res
     ifuncs = [p.symbol.split(" ")[0] for p in probes if p.symbol.endswith("[ifunc resolver]")]
     warnings = []
     if ifuncs:
-        shown = ", ".join(ifuncs[:5]) + (f" and {len(ifuncs) - 5} more" if len(ifuncs) > 5 else "")
         warnings.append(
-            f"{shown} in {path} {'is an IFUNC' if len(ifuncs) == 1 else 'are IFUNCs'}: the probe counts "
+            f"{name_list(ifuncs)} in {path} {'is an IFUNC' if len(ifuncs) == 1 else 'are IFUNCs'}: the probe counts "
             "calls of the resolver (usually once per process), not of the implementation it selects"
         )
     return Resolution(probes=probes, warnings=warnings)

@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import CallCount
 from optrace.frontend.uprobes.manager import Attacher, Consumer, PidFilter, ProbeManager
-from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES, Resolution, ResolvedProbe, resolve_specs
+from optrace.frontend.uprobes.resolve import (DEFAULT_MAX_MATCHES, Resolution, ResolvedProbe, name_list,
+                                              resolve_specs)
 from optrace.frontend.uprobes.spec import parse_spec
 
 _shared: ProbeManager | None = None
@@ -83,8 +84,7 @@ class CallCounter:
         found = self.resolution.warnings if self.resolution else []
         if not self._skipped:
             return list(found)
-        shown = ", ".join(self._skipped[:5]) + (f" and {len(self._skipped) - 5} more" if len(self._skipped) > 5 else "")
-        return [*found, f"skipped {shown}: the kernel refuses a uprobe on the first instruction"]
+        return [*found, f"skipped {name_list(self._skipped)}: the kernel refuses a uprobe on the first instruction"]
 
     @property
     def probes(self) -> tuple[ResolvedProbe, ...]:

@@ -100,7 +100,7 @@ def test_convert_perf_map_symbols_only(optrace, tmp_path):
 @pytest.mark.parametrize("content,message", [
     (b"JiTD" + bytes(10), "truncated header"),
     (dump_bytes([])[:4] + b"\x09\0\0\0" + dump_bytes([])[8:], "unsupported jitdump version 9"),
-])
+], ids=["truncated-header", "version-9"])
 def test_bad_input_one_line_error(optrace, tmp_path, content, message):
     path = tmp_path / "bad.dump"
     path.write_bytes(content)

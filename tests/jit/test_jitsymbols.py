@@ -2,7 +2,6 @@
 /proc/PID/maps, maps written at exit, pid namespaces, and a dump that names another pid."""
 from __future__ import annotations
 
-import mmap
 import os
 import subprocess
 import textwrap
@@ -10,7 +9,6 @@ import textwrap
 import pytest
 
 from jithelpers import PROGRAMS, PYTHON, needs_root, wait_for
-from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.jitsymbols import JitSymbols
 
 
@@ -116,3 +114,26 @@ def test_process_in_another_pid_and_mount_namespace(spawn):
     jit = JitSymbols()
     jit.poll(inner, 1.0)
     assert jit.lookup(inner, 0x6010, 1.0) == ("in_container", f"/proc/{inner}/root/tmp/perf-1.map")
+
+
+def test_reused_pid_gets_its_own_symbols(spawn):
+    """After an exit, a new process with the same pid (told apart by its start time) starts afresh;
+    samples from before are still named from the old process's map."""
+    from dataclasses import replace
+
+    from optrace.jitmaps.procinfo import read_identity
+    proc = spawn(["sleep", "30"])
+    path = f"/tmp/perf-{proc.pid}.map"
+    with open(path, "w") as f:
+        f.write("1000 100 old_process\n")
+    jit = JitSymbols()
+    jit.poll(proc.pid, 1.0)
+    jit.process_exited(proc.pid, 2.0)
+    old = jit._procs[proc.pid][0]
+    old.identity = replace(old.identity, start_ticks=-1)  # as if that process had died and the pid was reused
+    with open(path, "w") as f:
+        f.write("1000 100 new_process\n")
+    jit.poll(proc.pid, 3.0)
+    assert jit.lookup(proc.pid, 0x1010, 1.0)[0] == "old_process"
+    assert jit.lookup(proc.pid, 0x1010, 3.0)[0] == "new_process"
+    assert read_identity(proc.pid).start_ticks > 0

@@ -66,12 +66,12 @@ def test_java_dump_perf_map_at_exit(bpf_ready, optrace, hot_class, tmp_path):
 
 
 def test_java_jcmd_perfmap_on_a_running_jvm(bpf_ready, optrace, spawn, hot_class, tmp_path):
-    java = spawn([*JAVA, str(hot_class), "Hot", "12"], stdout=subprocess.PIPE, text=True)
+    java = spawn([*JAVA, str(hot_class), "Hot", "15"], stdout=subprocess.PIPE, text=True)
     java.stdout.readline()
     time.sleep(1.5)  # let C2 compile hotMethod
     data = tmp_path / "jcmd.data"
     record = subprocess.Popen([str(OPTRACE), "record", "-F", "999", "-p", str(java.pid),
-                               "-d", "4", "-o", str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               "-d", "5", "-o", str(data)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
     time.sleep(2.5)  # recording is running (BPF compile ~2 s): take the snapshot now
     subprocess.run(["jcmd", str(java.pid), "Compiler.perfmap"], check=True, capture_output=True, timeout=30)
@@ -79,6 +79,7 @@ def test_java_jcmd_perfmap_on_a_running_jvm(bpf_ready, optrace, spawn, hot_class
     assert record.returncode == 0, err
     os.unlink(f"/tmp/perf-{java.pid}.map")
     report = report_rows(optrace, data)
+    assert report["meta"]["total_samples"] > 100, err
     assert share(report, "Hot.hotMethod") > 60, (err, report["meta"], report["rows"][:5])
 
 

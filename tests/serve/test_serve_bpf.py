@@ -318,3 +318,25 @@ def test_config_file_with_tls(bpf_ready, tmp_path, expo):
         assert 0 < len(expo.samples(text, CPU)) <= 20
     finally:
         assert serve.stop() == 0
+
+
+def test_pid_filter_keeps_other_processes_out(bpf_ready, unique_workloads, tmp_path, expo):
+    """-p: samples and calls of the given process only (a second srvcalls runs unprofiled beside it)."""
+    target = subprocess.Popen([str(unique_workloads / "srvcalls"), "777", "0", "-"], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, text=True)
+    try:
+        serve = start_serve(["-F", "999", "-p", str(target.pid), "--uprobe", f"{unique_workloads}/srvcalls:target"],
+                            tmp_path)
+        try:
+            subprocess.run([str(unique_workloads / "srvcalls"), "555"], check=True, capture_output=True)
+            subprocess.run([str(unique_workloads / "srvdemo"), "0.5"], check=True)
+            target.communicate("go\n", timeout=30)
+            wait_for_drains(serve.url, expo)
+            text = expo.scrape(serve.url)
+            assert expo.value(text, CALLS, binary=str(unique_workloads / "srvcalls")) == 777
+            assert {dict(key)["comm"] for key in expo.samples(text, CPU)} <= {"srvcalls"}
+        finally:
+            assert serve.stop() == 0
+    finally:
+        target.kill()
+        target.wait()

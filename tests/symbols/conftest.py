@@ -18,8 +18,8 @@ int main(int argc, char **argv) { alpha(argc); gamma_fn(argc); return 0; }
 """
 
 
-def run(*cmd: str, cwd: Path | None = None) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=cwd).stdout
+def run(*cmd: str) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 
 class ElfFacts:

@@ -57,7 +57,7 @@ def sleeper():
     process.wait()
 
 
-def test_vdso_raw_address_of_another_process(tmp_path: Path, sleeper: subprocess.Popen) -> None:
+def test_vdso_raw_address_of_another_process(tmp_path: Path, sleeper: subprocess.Popen, elf) -> None:
     value = vdso_symbol_value(tmp_path, "__vdso_clock_gettime")
     symbolizer = Symbolizer(debug_roots=())
     for pid in (os.getpid(), sleeper.pid):
@@ -65,6 +65,9 @@ def test_vdso_raw_address_of_another_process(tmp_path: Path, sleeper: subprocess
         (vdso,) = [e for e in maps_of(pid) if e.path == "[vdso]"]
         (frame,) = frame_of(symbolizer, pid, (UserFrame(None, vdso.start + value + 5),))
         assert (frame.symbol, frame.dso, frame.address) == ("__vdso_clock_gettime", "[vdso]", value + 5)
+    vdso_id = elf.build_id(tmp_path / "vdso.so")  # a build-id frame in the vDSO names it too
+    (frame,) = frame_of(symbolizer, 1, (UserFrame(vdso_id, value),))
+    assert (frame.symbol, frame.dso) == ("__vdso_clock_gettime", "[vdso]")
 
 
 def test_raw_address_in_shared_library_of_live_process(workloads: Path, elf) -> None:
