@@ -40,8 +40,8 @@ class ToolRun:
     wall_s: float
     cpu_s: float  # user + system of the process and the children it waited for
     maxrss_kb: int  # peak RSS of its largest process (wait4: exact, never misses a short spike)
-    tree_rss_kb: int  # sum of the peak RSS of every process seen in its tree (polled every 50 ms)
-    processes: int  # processes seen in its tree
+    tree_rss_kb: int  # peak RSS of its process tree (polled every 50 ms, see Launched._poll_rss)
+    processes: int  # processes seen in its tree (itself included)
 
 
 @dataclass
@@ -50,7 +50,8 @@ class Launched:
 
     popen: subprocess.Popen
     started: float
-    _hwm_kb: dict[int, int] = field(default_factory=dict)
+    _tree_peak_kb: int = 0
+    _seen: set[int] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     _poller: threading.Thread | None = None
 
@@ -70,11 +71,16 @@ class Launched:
         return self.popen.pid
 
     def _poll_rss(self) -> None:
+        """Peak over polls of: the tool's own VmHWM + the VmRSS of its other processes. A descendant
+        still running the tool's own executable (forked, not yet exec'd: subprocess's vfork window)
+        shares the tool's pages and is not counted again."""
+        root_exe = read_exe(self.pid)
         while not self._stop.is_set():
-            for pid in process_tree(self.pid):
-                hwm = read_status_kb(pid, "VmHWM")
-                if hwm:
-                    self._hwm_kb[pid] = max(self._hwm_kb.get(pid, 0), hwm)
+            tree = process_tree(self.pid)
+            others = [pid for pid in tree[1:] if read_exe(pid) != root_exe]
+            total = read_status_kb(self.pid, "VmHWM") + sum(read_status_kb(pid, "VmRSS") for pid in others)
+            self._tree_peak_kb = max(self._tree_peak_kb, total)
+            self._seen.update(others)
             self._stop.wait(0.05)
 
     def perf_event_fds(self) -> int:
@@ -121,8 +127,8 @@ class Launched:
             wall_s=wall,
             cpu_s=usage.ru_utime + usage.ru_stime,
             maxrss_kb=usage.ru_maxrss,
-            tree_rss_kb=sum(self._hwm_kb.values()),
-            processes=len(self._hwm_kb),
+            tree_rss_kb=self._tree_peak_kb,
+            processes=1 + len(self._seen),
         )
 
 
@@ -139,6 +145,13 @@ def process_tree(pid: int) -> list[int]:
         except OSError:
             continue
     return tree
+
+
+def read_exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
 
 
 def read_status_kb(pid: int, key: str) -> int:

@@ -4,8 +4,9 @@ Self-metrics come from a prometheus-client custom collector rendered by ``genera
 large families (``optrace_cpu_samples_total`` and ``optrace_uprobe_calls_total``, up to
 ``--max-series`` series each) are rendered from line prefixes computed once per series: measured
 on this machine, ``generate_latest`` spends 37 ms (text) to 68 ms (OpenMetrics) on 10,000 series, and
-its gzip another 18 ms, against about 3 ms for the prefix join. A series' labels never change, so its
-prefix is valid for the life of the process; the cache is bounded by the guard like the series.
+its gzip another 18 ms, against under 10 ms here when every series changed. A series' labels never
+change, so its prefix is valid for the life of the process, and its line until its value changes; the
+caches are bounded by the guard like the series.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ class CounterFamilyText:
         self._label_names = label_names
         self._header = f"# HELP {name} {help_text}\n# TYPE {name} counter\n"
         self._prefixes: dict[Labels, str] = {}
+        self._lines: dict[Labels, tuple[int, str]] = {}  # the line last rendered, with its value
 
     def _prefix(self, labels: Labels) -> str:
         prefix = self._prefixes.get(labels)
@@ -59,8 +61,16 @@ class CounterFamilyText:
         return prefix
 
     def render(self, values: dict[Labels, int]) -> str:
-        prefix = self._prefix
-        return self._header + "".join([f"{prefix(labels)}{value}\n" for labels, value in values.items()])
+        """A drain changes few series (at most ~200 CPU series per second at 99 Hz on 2 CPUs): only
+        their lines are formatted again."""
+        lines = self._lines
+        out = []
+        for labels, value in values.items():
+            cached = lines.get(labels)
+            if cached is None or cached[0] != value:
+                cached = lines[labels] = (value, f"{self._prefix(labels)}{value}\n")
+            out.append(cached[1])
+        return self._header + "".join(out)
 
 
 def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[Metric]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable
-from itertools import accumulate, chain
-from operator import sub
+from itertools import accumulate, compress, islice
+from operator import eq, sub
 from dataclasses import dataclass
 
 MAX_SPAN = 1 << 24  # entries larger than this (16 MiB) go to a short list scanned linearly
@@ -90,13 +90,20 @@ class SymbolHistory:
 
     def _sorted_order(self) -> list[int]:
         """Entry indices by start (then arrival), without an entry that repeats the one before it at the
-        same start (same end and name): the code there did not change. Built with C-level helpers
-        (sorted, map, zip): this runs once per million-line map."""
+        same start (same end and name): the code there did not change. Only C-level loops (sorted, map,
+        compress) touch every entry: this runs once per million-line map."""
         starts, ends, names = self._starts, self._ends, self._name_idx
         order = sorted(range(len(starts)), key=starts.__getitem__)
-        keys = list(zip(map(starts.__getitem__, order), map(ends.__getitem__, order),
-                        map(names.__getitem__, order)))
-        return [i for i, key, prev in zip(order, keys, chain((None,), keys)) if key != prev]
+        by_start = array("Q", map(starts.__getitem__, order))
+        same_start = compress(range(1, len(order)), map(eq, islice(by_start, 1, None), by_start))
+        repeats = [k for k in same_start
+                   if ends[order[k]] == ends[order[k - 1]] and names[order[k]] == names[order[k - 1]]]
+        if not repeats:
+            return order
+        keep = bytearray(b"\x01") * len(order)
+        for k in repeats:
+            keep[k] = 0
+        return list(compress(order, keep))
 
     def lookup(self, address: int, time: float) -> JitSymbol | None:
         if self._index is None:
@@ -120,14 +127,12 @@ class _Index:
 
     def __init__(self, table: SymbolHistory) -> None:
         self.table = table
-        small: list[int] = []
         self.large: list[int] = []
         starts, ends = table._starts, table._ends
         order = table._sorted_order()
-        sizes = list(map(sub, map(ends.__getitem__, order), map(starts.__getitem__, order)))
-        if sizes and max(sizes) > MAX_SPAN:
-            self.large = [i for i, size in zip(order, sizes) if size > MAX_SPAN]
-            order = [i for i, size in zip(order, sizes) if size <= MAX_SPAN]
+        if max(map(sub, map(ends.__getitem__, order), map(starts.__getitem__, order)), default=0) > MAX_SPAN:
+            self.large = [i for i in order if ends[i] - starts[i] > MAX_SPAN]
+            order = [i for i in order if ends[i] - starts[i] <= MAX_SPAN]
         self.order = order
         self.starts = array("Q", map(starts.__getitem__, order))
         self.reach = array("Q", accumulate(map(ends.__getitem__, order), max))

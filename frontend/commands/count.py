@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -11,6 +10,7 @@ from collections.abc import Callable
 import click
 
 from optrace.frontend.errors import OptraceError
+from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.uprobes.render import CountReport, render_json, render_table
 from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
 from optrace.frontend.uprobes.session import CallCounter
@@ -26,14 +26,6 @@ class _CommandAfterDoubleDash(click.Command):
             at = args.index("--")
             args, ctx.meta["optrace.count.command"] = args[:at], args[at + 1:]
         return super().parse_args(ctx, args)
-
-
-class _Stop(Exception):
-    """SIGTERM while counting: stop and print the final counts like Ctrl-C."""
-
-
-def _raise_stop(signum: int, frame: object) -> None:
-    raise _Stop()
 
 
 def _check_pids(pids: tuple[int, ...]) -> None:
@@ -148,32 +140,29 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
     run = _Run(specs, pids, command_args, duration, max_probes)
     for warning in run.counter.resolve().warnings:
         click.echo(f"optrace: warning: {warning}", err=True)
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         _count(run, fmt, per_pid, interval)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         run.counter.close()
     if run.child is not None and run.child.returncode:
         ctx.exit(run.child.returncode if run.child.returncode > 0 else 128 - run.child.returncode)
 
 
 def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None) -> None:
-    try:
-        run.start()
-        for warning in run.counter.warnings[len(run.counter.resolve().warnings):]:
-            click.echo(f"optrace: warning: {warning}", err=True)
-        functions = len(run.counter.probes)
-        click.echo(f"Counting calls of {functions} function{'s' if functions != 1 else ''}. "
-                   "Ctrl-C to stop.", err=True)
-        next_print = time.monotonic() + interval if interval else None
-        while not run.finished():
-            time.sleep(POLL_S)
-            if next_print is not None and time.monotonic() >= next_print:
-                next_print += interval
-                _print(run.report(), fmt, per_pid, interval_mark=True)
-    except (KeyboardInterrupt, _Stop):
-        pass
-    finally:
-        run.stop_child()
+    """Count until the end (-d, the command, the -p processes) or Ctrl-C / SIGTERM, then print."""
+    with StopSignals() as stops:
+        try:
+            run.start()
+            for warning in run.counter.warnings[len(run.counter.resolve().warnings):]:
+                click.echo(f"optrace: warning: {warning}", err=True)
+            functions = len(run.counter.probes)
+            click.echo(f"Counting calls of {functions} function{'s' if functions != 1 else ''}. "
+                       "Ctrl-C to stop.", err=True)
+            next_print = time.monotonic() + interval if interval else None
+            while not run.finished() and not stops.wait(POLL_S):
+                if next_print is not None and time.monotonic() >= next_print:
+                    next_print += interval
+                    _print(run.report(), fmt, per_pid, interval_mark=True)
+        finally:
+            run.stop_child()
     _print(run.report(), fmt, per_pid)

@@ -94,7 +94,9 @@ class ProbeManager:
         skip_unprobeable: SkipProbe | None = None,
     ) -> Consumer:
         """Add a consumer; attach, in one batch, the keys nobody watches yet. All or nothing, except
-        that probes the kernel refuses are left out when ``skip_unprobeable(probe, error)`` says so."""
+        that probes the kernel refuses are left out when ``skip_unprobeable(probe, error)`` says so.
+        A key named twice (a symlink, a hard link, overlapping globs) is one probe of the consumer, under
+        the first SPEC that named it, so its calls are never counted twice in a sum."""
         with self._lock:
             new = list({p.key: p for p in probes if p.key not in self._attached}.values())
             refused = self._attach(new) if new else {}
@@ -107,8 +109,12 @@ class ProbeManager:
                 self._detach([p.key for p in new if p.key not in refused])
                 self._close_attacher_if_idle()
                 raise
+            first_spelling = {}
+            for probe in probes:
+                if probe.key not in refused:
+                    first_spelling.setdefault(probe.key, probe)
             consumer = Consumer(id=self._next_consumer, pid_filter=pid_filter,
-                                probes=tuple(p for p in probes if p.key not in refused))
+                                probes=tuple(first_spelling.values()))
             self._next_consumer += 1
             self._remember_baseline(consumer, {p.key for p in new})
             for probe in consumer.probes:

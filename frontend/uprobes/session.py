@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+from optrace.frontend.doctor import require_recording
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import CallCount
 from optrace.frontend.uprobes.manager import Attacher, Consumer, PidFilter, ProbeManager
@@ -32,26 +33,6 @@ def shared_manager() -> ProbeManager:
         if _shared is None:
             _shared = ProbeManager(_bpf_attacher)
         return _shared
-
-
-def require_recording() -> None:
-    """The doctor's root/capability check when it exists, else a minimal one of our own."""
-    try:
-        from optrace.frontend.doctor import require_recording as doctor_check
-    except ImportError:
-        doctor_check = _require_bpf_privileges
-    doctor_check()
-
-
-_CAP_BPF, _CAP_PERFMON, _CAP_SYS_ADMIN = 39, 38, 21
-
-
-def _require_bpf_privileges() -> None:
-    with open("/proc/self/status") as f:
-        effective = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
-    has = lambda cap: bool(effective >> cap & 1)  # noqa: E731
-    if not (has(_CAP_SYS_ADMIN) or (has(_CAP_BPF) and has(_CAP_PERFMON))):
-        raise OptraceError("counting calls needs root or CAP_BPF+CAP_PERFMON: run with sudo")
 
 
 class CallCounter:
@@ -106,7 +87,7 @@ class CallCounter:
         if self._consumer is not None:
             return
         if self._manager is None:
-            require_recording()
+            require_recording(uprobes=True)  # tracefs too: BCC reads the fork tracepoint's format there
         self._consumer = self.manager.register(resolution.probes, self.pid_filter, self._skip_glob_match)
 
     def _skip_glob_match(self, probe: ResolvedProbe, error: OptraceError) -> bool:

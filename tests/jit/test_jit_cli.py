@@ -120,3 +120,17 @@ def test_missing_directory_and_empty_inputs(optrace, tmp_path):
     empty.write_text("")
     proc = optrace("jit", "convert", str(empty))
     assert proc.returncode != 0 and "no JIT functions" in proc.stderr
+
+
+def test_convert_a_live_process_dump_uses_its_mappings(optrace, spawn, tmp_path):
+    """While the process runs, the section is its anonymous executable mapping (trimmed to the code)."""
+    from jithelpers import PROGRAMS, PYTHON
+    proc = spawn([PYTHON, str(PROGRAMS / "reuse.py"), "30", "--dump-dir", str(tmp_path)],
+                 stdout=subprocess.PIPE, text=True)
+    address, dump = proc.stdout.readline().split()
+    out_path = tmp_path / "live.elf"
+    optrace("jit", "convert", dump, "-o", str(out_path), check=True)
+    with open(out_path, "rb") as f:
+        (section,) = [s for s in ELFFile(f).iter_sections() if s.name.startswith(".jit.")]
+        assert section["sh_addr"] == int(address, 16) and section["sh_size"] == 9
+        assert section.data()[:3] == b"\x48\x89\xf8"

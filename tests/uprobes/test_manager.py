@@ -96,10 +96,10 @@ def test_first_consumer_attaches_last_detaches(manager, kernel):
 
 
 def test_one_key_named_twice_by_one_consumer_attaches_once_and_counts_once(manager, kernel):
-    consumer = manager.register([probe(0x10, "a:f"), probe(0x10, "b:f")])
+    consumer = manager.register([probe(0x20, "c:g"), probe(0x10, "a:f"), probe(0x10, "b:f")])
     kernel.hit(0x10, pid=5, times=3)
-    assert kernel.log == [("attach", 0x10)]
-    assert calls(manager, consumer) == [3, 3]
+    assert kernel.log == [("attach", 0x20), ("attach", 0x10)]
+    assert [(c.probe, c.calls) for c in manager.counts(consumer)] == [("c:g", 0), ("a:f", 3)]
 
 
 def test_late_consumer_counts_only_what_follows(manager, kernel):
