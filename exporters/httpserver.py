@@ -66,12 +66,12 @@ def _index_page(scheme: str) -> bytes:
 
 
 def metrics_app(render: Callable[[], bytes], scheme: str) -> Callable[[dict, StartResponse], Iterable[bytes]]:
-    """The WSGI app: GET `/metrics` and `/`, 404 elsewhere, 405 for other methods."""
+    """The WSGI app: GET `/metrics` and `/`, 404 elsewhere, 405 for any other method."""
     index = _index_page(scheme)
 
     def app(environ: dict, start_response: StartResponse) -> Iterable[bytes]:
-        if environ["REQUEST_METHOD"] not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+        if environ["REQUEST_METHOD"] != "GET":
+            start_response("405 Method Not Allowed", [("Allow", "GET")])
             return [b""]
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":

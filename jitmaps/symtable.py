@@ -78,20 +78,19 @@ class SymbolHistory:
 
     def compact(self) -> None:
         """Drop entries that repeat the entry already at their start (keeps the first, older stamp)."""
-        order = self._sorted_order()
-        keep = sorted(order)  # back to arrival order: arrival order is the tie-breaker on overlap
-        self._starts = array("Q", (self._starts[i] for i in keep))
-        self._ends = array("Q", (self._ends[i] for i in keep))
-        self._stamps = array("d", (self._stamps[i] for i in keep))
-        self._name_idx = array("I", (self._name_idx[i] for i in keep))
-        self._source_idx = array("H", (self._source_idx[i] for i in keep))
+        keep = sorted(self._sorted_order()[0])  # back to arrival order, the tie-breaker on overlap
+        self._starts = array("Q", map(self._starts.__getitem__, keep))
+        self._ends = array("Q", map(self._ends.__getitem__, keep))
+        self._stamps = array("d", map(self._stamps.__getitem__, keep))
+        self._name_idx = array("I", map(self._name_idx.__getitem__, keep))
+        self._source_idx = array("H", map(self._source_idx.__getitem__, keep))
         self._compacted_at = len(self._starts)
         self._index = None
 
-    def _sorted_order(self) -> list[int]:
-        """Entry indices by start (then arrival), without an entry that repeats the one before it at the
-        same start (same end and name): the code there did not change. Only C-level loops (sorted, map,
-        compress) touch every entry: this runs once per million-line map."""
+    def _sorted_order(self) -> tuple[list[int], array]:
+        """Entry indices by start (then arrival), and their starts, without an entry that repeats the one
+        before it at the same start (same end and name): the code there did not change. Only C-level loops
+        (sorted, map, compress) touch every entry: this runs once per million-line map."""
         starts, ends, names = self._starts, self._ends, self._name_idx
         order = sorted(range(len(starts)), key=starts.__getitem__)
         by_start = array("Q", map(starts.__getitem__, order))
@@ -99,11 +98,11 @@ class SymbolHistory:
         repeats = [k for k in same_start
                    if ends[order[k]] == ends[order[k - 1]] and names[order[k]] == names[order[k - 1]]]
         if not repeats:
-            return order
+            return order, by_start
         keep = bytearray(b"\x01") * len(order)
         for k in repeats:
             keep[k] = 0
-        return list(compress(order, keep))
+        return list(compress(order, keep)), array("Q", compress(by_start, keep))
 
     def lookup(self, address: int, time: float) -> JitSymbol | None:
         if self._index is None:
@@ -129,12 +128,13 @@ class _Index:
         self.table = table
         self.large: list[int] = []
         starts, ends = table._starts, table._ends
-        order = table._sorted_order()
-        if max(map(sub, map(ends.__getitem__, order), map(starts.__getitem__, order)), default=0) > MAX_SPAN:
+        order, by_start = table._sorted_order()
+        if max(map(sub, ends, starts), default=0) > MAX_SPAN:
             self.large = [i for i in order if ends[i] - starts[i] > MAX_SPAN]
             order = [i for i in order if ends[i] - starts[i] <= MAX_SPAN]
+            by_start = array("Q", map(starts.__getitem__, order))
         self.order = order
-        self.starts = array("Q", map(starts.__getitem__, order))
+        self.starts = by_start
         self.reach = array("Q", accumulate(map(ends.__getitem__, order), max))
 
     def covering(self, address: int) -> list[int]:

@@ -3,7 +3,7 @@
 # Idempotent: every step checks before it acts, so a second run takes about a second.
 set -eu
 
-PACKAGES="python3-bpfcc bpfcc-tools python3-venv bpftool linux-perf prometheus gcc g++ make binutils elfutils xz-utils"
+PACKAGES="python3-bpfcc bpfcc-tools python3-venv bpftool linux-perf prometheus gcc g++ make binutils elfutils xz-utils openssl time util-linux"
 KREL="$(uname -r)"
 
 need_install=""
