@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import ROOT as REPO, run_timed, write_results  # noqa: E402
 
-BENCH_BUDGET_S = 900
+BENCH_BUDGET_S = 600
 PYTHON = sys.executable
 NS = 1_000_000_000
 

@@ -6,6 +6,7 @@ bounded however many processes come and go.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -16,6 +17,7 @@ from optrace.frontend.recorder import _leaf_only as leaf_only
 from optrace.frontend.recorder import _resolve_exec_path
 
 JIT_DSO = "[jit]"
+PRUNE_EVERY = 30  # drains between two looks for processes whose exit event was lost
 
 
 class Source(Protocol):
@@ -101,6 +103,7 @@ class ProfileSource:
         self._exited: list[int] = []  # forgotten one drain late: their last samples may still come
         self._refused_seen = 0
         self._jit_pids: set[int] = set()  # processes whose JIT symbol files are being read
+        self._drains = 0
         self.event: str | None = None
         self.profiler = None
 
@@ -146,18 +149,21 @@ class ProfileSource:
         executables, snapshot = self._tracker.sampled(samples)
         for pid in snapshot:
             self.symbolizer.snapshot_process(pid)
-        for pid, path in executables.items():
-            if pid not in self.symbolizer.machine.processes:  # gone before its maps could be read
-                self.symbolizer.add_executable(path)
+        for path in executables.values():  # for processes gone before their maps could be read
+            self.symbolizer.add_executable(path)
         for pid in {s.pid for s in samples if _leaf_is_raw_address(s)}:
             self._jit_pids.add(pid)
             self.jit.poll(pid, result.time)
 
     def _end_processes(self, result) -> None:
         """Exited processes are forgotten one drain late: samples taken just before an exit may
-        reach the next drain."""
+        reach the next drain. Every PRUNE_EVERY drains, processes whose exit event was lost (the
+        kernel's event buffer overflowed) are found in /proc and forgotten too."""
         self._forget(self._exited)
         self._exited = list(result.exits)
+        self._drains += 1
+        if self._drains % PRUNE_EVERY == 0:
+            self._exited += [pid for pid in self._tracker.pids() if not os.path.exists(f"/proc/{pid}")]
         for pid in result.exits:
             if pid in self._jit_pids:
                 self.jit.process_exited(pid, result.time)

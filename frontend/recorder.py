@@ -33,6 +33,7 @@ class RecordOptions:
     jitdumps: list[str] = field(default_factory=list)
     drain_interval_s: float = 1.0
     stack_storage_size: int = 8192
+    jit_max_file_size: int = 256 << 20
 
 
 class SampleStore:
@@ -78,7 +79,7 @@ class Recorder:
         from optrace.jitmaps.jitsymbols import JitSymbols
 
         opts = self.options
-        self.jit = JitSymbols(jitdumps=opts.jitdumps)
+        self.jit = JitSymbols(max_file_size=opts.jit_max_file_size, jitdumps=opts.jitdumps)
         self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
         targets = None if opts.system_wide else list(opts.pids)
         self.profiler = Profiler(opts.frequency_hz, pids=targets, stack_storage_size=opts.stack_storage_size)

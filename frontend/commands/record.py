@@ -42,11 +42,13 @@ def check_frequency(hz: int) -> None:
 @click.option("-d", "--duration", type=float, help="Stop after this many seconds.")
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Also count calls of SPEC (see optrace count).")
 @click.option("--jitdump", "jitdumps", multiple=True, type=click.Path(), help="A jitdump file to use for JIT symbols.")
+@click.option("--jit-max-file-size", type=click.IntRange(1), default=256, show_default=True, metavar="MB",
+              help="Larger perf maps and jitdumps are refused.")
 @click.option("--stack-storage-size", type=click.IntRange(1, 1 << 20), default=8192, show_default=True,
               help="Distinct stacks the kernel holds per drain period (more: fewer collisions, more memory).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, stack_storage_size,
-            command) -> None:
+def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
+            stack_storage_size, command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS..."""
     options = RecordOptions(
         frequency_hz=frequency,
@@ -58,6 +60,7 @@ def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jit
         uprobes=list(uprobes),
         jitdumps=list(jitdumps),
         stack_storage_size=stack_storage_size,
+        jit_max_file_size=jit_max_file_size << 20,
     )
     validate(options)
     from optrace.frontend.doctor import require_recording
@@ -82,6 +85,8 @@ def validate(options: RecordOptions) -> None:
 
 def summarize(record, output: str) -> None:
     meta = record.meta
+    for warning in meta.warnings:
+        click.echo(f"optrace: warning: {warning}", err=True)
     if meta.command:
         click.echo(f"[ optrace record: {meta.command[0]}: {describe_exit(meta.exit_status)} ]", err=True)
     lost = sum(n for reason, n in meta.lost.items() if "stack" not in reason)

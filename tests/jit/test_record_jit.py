@@ -3,6 +3,7 @@ program, JDK 17, Node 20 and the agent API, keeps the names after the files are 
 planted files without ever printing their content."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -16,6 +17,16 @@ from jithelpers import NOBODY, PROGRAMS, PYTHON, needs_root
 OPTRACE = os.path.join(os.path.dirname(PYTHON), "optrace")
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def remove_new_perf_maps():
+    """The runtimes under test leave /tmp/perf-PID.map behind: remove those of processes that are gone."""
+    before = set(glob.glob("/tmp/perf-*.map"))
+    yield
+    for path in set(glob.glob("/tmp/perf-*.map")) - before:
+        if not os.path.exists(f"/proc/{path[len('/tmp/perf-'):-len('.map')]}"):
+            os.unlink(path)
 
 
 def report_rows(optrace, data, sort="symbol"):

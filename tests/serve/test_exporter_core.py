@@ -250,3 +250,21 @@ def test_busy_port_and_bad_tls_files_are_one_line_errors(served, tmp_path):
     with pytest.raises(OptraceError, match="cannot use TLS certificate"):
         ServeDaemon(ServeOptions(listen=ListenAddress("127.0.0.1", 0), tls=TlsFiles(str(junk), str(junk))),
                     [TickSource()]).run(threading.Event())
+
+
+def test_process_tracker_indexes_each_process_once_and_forgets_it():
+    from optrace.exporters.sources import ProcessTracker
+    from optrace.frontend.model import RawSample, UserFrame
+
+    tracker = ProcessTracker()
+    tracker.exec(10, "/bin/a")
+    tracker.exec(11, "/bin/never-sampled")
+    first = [RawSample(10, "a", (UserFrame(b"x", 1),), (), 1), RawSample(12, "k", (), (0xffff,), 1)]
+    assert tracker.sampled(first) == ({10: "/bin/a"}, {10})
+    again = [RawSample(10, "a", (UserFrame(b"x", 2),), (), 1)]
+    assert tracker.sampled(again) == ({}, set())  # nothing new: no second snapshot
+    assert tracker.sampled([RawSample(10, "a", (UserFrame(b"y", 2),), (), 1)]) == ({}, {10})  # a new object
+    assert tracker.pids() == {10, 11, 12}
+    for pid in (10, 11, 12):
+        tracker.forget(pid)
+    assert tracker.pids() == set()
