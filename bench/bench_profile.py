@@ -195,6 +195,11 @@ class Recording:
         except (RuntimeError, TimeoutError) as exc:
             raise RuntimeError(f"{exc}: {self.stderr().strip()[-400:]}") from exc
 
+    def summary(self) -> str:
+        """The tool's last stderr line (optrace and perf end with a one-line summary of what they wrote)."""
+        lines = [line for line in self.stderr().splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
+
     def stop(self, interrupt: bool = True) -> tuple[ToolRun, int | None]:
         if interrupt:
             self.launched.interrupt()
@@ -355,6 +360,7 @@ def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir
             time.sleep(1.0)
             with Recording(tool, tool.record_system(hz, seconds, out), out) as recording:
                 run, samples = recording.stop(interrupt=False)
+                summary = recording.summary()
         finally:
             load.stop()
         return {
@@ -365,6 +371,7 @@ def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir
             "tool_cpu_s": run.cpu_s,
             "wall_s": run.wall_s,
             "short_lived_processes": load.spawned,
+            "summary": summary,
             "path": str(out),
         }
 
@@ -473,7 +480,9 @@ def markdown(res: dict, tools: dict[str, Tool]) -> str:
     rows = [[f"{hz} Hz", tools[k].name, f"{r['file_bytes'] / 1024:.1f}", fmt(r["samples"], "d"),
              f"{perf_bytes[hz] / r['file_bytes']:.1f}x" if hz in perf_bytes else "n/a"] for hz, k, r in system]
     parts += [f"### (d) File size ({cfg['system_seconds']:.0f} s system-wide, background load)", "",
-              md_table(["freq", "tool", "KiB", "samples", "perf.data size / this"], rows), ""]
+              md_table(["freq", "tool", "KiB", "samples", "perf.data size / this"], rows), "",
+              "perf's samples include the idle task (swapper); optrace and BCC's profile leave idle out "
+              "(optrace's summary counts them as `lost`, reason `idle`).", ""]
     rows = [[f"{hz} Hz", f"`{tools[k].report_shown}`", f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}",
              f"{r['maxrss_kb'] / 1024:.0f}"]
             for hz, by_tool in res.get("report", {}).items() for k, r in by_tool.items() if "error" not in r]

@@ -93,7 +93,7 @@ class Profiler:
             self.add_pid(pid)
         if not self._follow:
             self._bpf.detach_tracepoint(b"sched:sched_process_fork")
-        self._bpf["proc_events"].open_perf_buffer(self._on_event, page_cnt=64, lost_cb=self._on_events_lost)
+        self._bpf[b"proc_events"].open_perf_buffer(self._on_event, page_cnt=256, lost_cb=self._on_events_lost)
         self._attach_sampler(bcc)
 
     def _attach_sampler(self, bcc) -> None:
@@ -113,21 +113,21 @@ class Profiler:
         raise OptraceError("cannot open a cpu-clock perf event: check perf_event_paranoid and run optrace doctor")
 
     def add_pid(self, pid: int) -> None:
-        targets = self._bpf["targets"]
+        targets = self._bpf[b"targets"]
         targets[targets.Key(pid)] = targets.Leaf(1)
 
     def target_pids(self) -> set[int]:
         """Every process that was a target, children included (entries are never removed)."""
         if self._initial_pids is None:
             return set()
-        return {k.value for k in self._bpf["targets"].keys()}
+        return {k.value for k in self._bpf[b"targets"].keys()}
 
     def drain(self) -> DrainResult:
         """Flip the active map set, then read and clear the one the sampler no longer writes."""
         self._bpf.perf_buffer_poll(timeout=0)
         old = self._set
         self._set = 1 - old
-        active = self._bpf["active"]
+        active = self._bpf[b"active"]
         active[active.Key(0)] = active.Leaf(self._set)
         time.sleep(GRACE_SECONDS)
         now = time.monotonic()
@@ -145,10 +145,10 @@ class Profiler:
         return execs, exits
 
     def _read_set(self, index: int, now: float) -> list[RawSample]:
-        counts = self._bpf["counts"]
-        ustacks = self._bpf[f"ustacks{index}"]
-        spare = self._bpf[f"ustacks{index}_alt"]
-        kstacks = self._bpf[f"kstacks{index}"]
+        counts = self._bpf[b"counts"]
+        ustacks = self._bpf[f"ustacks{index}".encode()]
+        spare = self._bpf[f"ustacks{index}_alt".encode()]
+        kstacks = self._bpf[f"kstacks{index}".encode()]
         items = [(k, v) for k, v in counts.items() if k.set == index]
         ucache: dict[tuple[int, int], tuple[UserFrame, ...]] = {}
         kcache: dict[int, tuple[int, ...]] = {}
@@ -188,7 +188,7 @@ class Profiler:
 
     def _read_lost(self) -> dict[str, int]:
         """Increments since the previous drain (the per-CPU counters themselves only grow)."""
-        lost = self._bpf["lost"]
+        lost = self._bpf[b"lost"]
         delta = {}
         for i, reason in enumerate(LOST_REASONS):
             total = sum(lost[lost.Key(i)])
@@ -201,7 +201,7 @@ class Profiler:
         return delta
 
     def _on_event(self, cpu: int, data, size: int) -> None:
-        ev = self._bpf["proc_events"].event(data)
+        ev = self._bpf[b"proc_events"].event(data)
         filename = ev.filename.decode("utf-8", "replace") if ev.kind == PROC_EXEC else ""
         self._events.append((ev.kind, ev.pid, filename))
 

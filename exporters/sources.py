@@ -13,8 +13,7 @@ from typing import Protocol
 
 from optrace.exporters.totals import Delta
 from optrace.frontend.model import UNKNOWN, Frame, RawSample, Sample
-from optrace.frontend.recorder import _leaf_only as leaf_only
-from optrace.frontend.recorder import _resolve_exec_path
+from optrace.frontend.recorder import leaf_only, resolve_exec_path
 
 JIT_DSO = "[jit]"
 PRUNE_EVERY = 30  # drains between two looks for processes whose exit event was lost
@@ -145,7 +144,7 @@ class ProfileSource:
     def _learn_processes(self, result, samples: list[RawSample]) -> None:
         """What the symbolizer and JIT symbols must know before this drain's samples are named."""
         for pid, filename in result.execs:
-            self._tracker.exec(pid, _resolve_exec_path(pid, filename))
+            self._tracker.exec(pid, resolve_exec_path(pid, filename))
         executables, snapshot = self._tracker.sampled(samples)
         for pid in snapshot:
             self.symbolizer.snapshot_process(pid)
@@ -169,11 +168,10 @@ class ProfileSource:
                 self.jit.process_exited(pid, result.time)
 
     def _forget(self, pids: list[int]) -> None:
-        """Drop what is kept per process, so memory does not grow with every process that ever ran.
-        (Symbolizer and JitSymbols have no forget API yet: their per-pid tables are dropped here.)"""
+        """Drop what is kept per process, so memory does not grow with every process that ever ran."""
         for pid in pids:
-            self.symbolizer.machine.processes.pop(pid, None)
-            self.jit._procs.pop(pid, None)
+            self.symbolizer.forget_process(pid)
+            self.jit.forget_process(pid)
             self._jit_pids.discard(pid)
             self._tracker.forget(pid)
 
@@ -191,6 +189,7 @@ class ProfileSource:
     def close(self) -> None:
         if self.profiler is not None:
             self.profiler.close()
+            self.symbolizer.close()
 
 
 def read_comm(pid: int) -> str:
@@ -212,7 +211,7 @@ class CallSource:
         self._specs = specs
         self._comms = set(comms)
         self._targets = targets
-        self._seen: dict[tuple[str, int | None], int] = {}  # (probe, pid or None) -> calls counted
+        self._seen: dict[tuple[str, int, int | None], int] = {}  # (binary, offset, pid or None) -> calls
         self._target_set: set[int] = set()  # read once per drain, not once per pid
         self.counter = None
 
@@ -227,13 +226,14 @@ class CallSource:
         if self._targets:
             self._target_set.clear()
             self._target_set.update(self._targets())
-        seen: dict[tuple[str, int | None], int] = {}
+        seen: dict[tuple[str, int, int | None], int] = {}
         for count in self.counter.calls():
             cumulative: dict[int | None, int] = dict(count.per_pid)
             cumulative[None] = count.calls - sum(count.per_pid.values())
             for pid, calls in cumulative.items():
-                seen[(count.probe, pid)] = calls
-                new = calls - self._seen.get((count.probe, pid), 0)
+                key = (count.binary, count.offset, pid)  # one glob SPEC gives many rows
+                seen[key] = calls
+                new = calls - self._seen.get(key, 0)
                 comm = UNKNOWN if pid is None else count.comms.get(pid) or read_comm(pid)
                 if new > 0 and (not self._comms or comm in self._comms):
                     delta.uprobe_calls[(count.binary, count.symbol, comm)] += new

@@ -171,7 +171,7 @@ class Recorder:
     def _process_events(self, execs: list[tuple[int, str]], exits: list[int], now: float) -> None:
         """A new program is looked at right away: a short-lived one may be gone by the next drain."""
         for pid, filename in execs:
-            self.symbolizer.add_executable(_resolve_exec_path(pid, filename))
+            self.symbolizer.add_executable(resolve_exec_path(pid, filename))
             self.symbolizer.snapshot_process(pid)
         for pid in exits:
             self.jit.process_exited(pid, now)
@@ -179,7 +179,7 @@ class Recorder:
     def _build_record(self, started: float, duration: float, calls) -> Record:
         raw = self.store.samples()
         if not self.options.stacks:
-            raw = [_leaf_only(s) for s in raw]
+            raw = [leaf_only(s) for s in raw]
         frames, samples = self.symbolizer.symbolize(raw)
         self.symbolizer.close()
         lost = dict(self.lost)
@@ -215,13 +215,13 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _leaf_only(sample: RawSample) -> RawSample:
+def leaf_only(sample: RawSample) -> RawSample:
     if sample.kernel:
         return RawSample(sample.pid, sample.comm, (), sample.kernel[:1], sample.count, sample.time)
     return RawSample(sample.pid, sample.comm, sample.user[:1], (), sample.count, sample.time)
 
 
-def _resolve_exec_path(pid: int, filename: str) -> str:
+def resolve_exec_path(pid: int, filename: str) -> str:
     """The kernel reports the path as passed to execve; make a relative one absolute."""
     if os.path.isabs(filename):
         return filename

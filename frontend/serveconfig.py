@@ -42,6 +42,8 @@ SETTING_TYPES: dict[str, type] = {
     "tls_key": str,
 }
 
+TYPE_NAMES = {str: "a string", int: "an integer", list: "a list"}
+
 
 def load_config_file(path: str) -> dict[str, Any]:
     """The settings in a .yaml/.yml or .toml file, type-checked (values are checked by build_options)."""
@@ -68,7 +70,7 @@ def check_setting_types(settings: object, path: str) -> dict[str, Any]:
         if expected is None:
             raise OptraceError(f"config {path}: unknown setting {key!r} (known: {', '.join(SETTING_TYPES)})")
         if not isinstance(value, expected) or isinstance(value, bool):
-            raise OptraceError(f"config {path}: {key} must be a {expected.__name__}, not {value!r}")
+            raise OptraceError(f"config {path}: {key} must be {TYPE_NAMES[expected]}, not {value!r}")
     return settings
 
 

@@ -85,6 +85,13 @@ class JitSymbols:
                         self._warn(source.display, "bad_lines", f"{bad} malformed lines skipped",
                                    stat="files_with_bad_lines")
 
+    def forget_process(self, pid: int) -> None:
+        """Drop an exited process's symbols (for long-running consumers; the recorder keeps them)."""
+        for proc in self._procs.pop(pid, ()):
+            if proc.root_fd is not None:
+                os.close(proc.root_fd)
+                proc.root_fd = None
+
     def lookup(self, pid: int, address: int, time: float) -> tuple[str, str] | None:
         generations = self._procs.get(pid)
         if not generations:

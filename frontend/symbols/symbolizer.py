@@ -53,6 +53,10 @@ class Symbolizer:
     def add_executable(self, path: str) -> None:
         self.machine.add_executable(path)
 
+    def forget_process(self, pid: int) -> None:
+        """Drop what is kept about an exited process (a long-running exporter sees thousands)."""
+        self.machine.processes.pop(pid, None)
+
     def close(self) -> None:
         """Release the files kept open for objects of other mount namespaces."""
         self.machine.close()

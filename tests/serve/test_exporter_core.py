@@ -98,7 +98,30 @@ def test_call_source_turns_cumulative_counts_into_increments(monkeypatch):
     libc = ("/lib/libc.so.6", "getpid")
     assert first.uprobe_calls == Counter({(*libc, "p10"): 5, (*libc, "p11"): 2, (*libc, "fromproc"): 1})
     assert second.uprobe_calls == Counter({(*libc, "p10"): 4, (*libc, "[unknown]"): 3})
-    assert set(source._seen) == {("c:getpid", 10), ("c:getpid", 12), ("c:getpid", None)}
+    assert set(source._seen) == {("/lib/libc.so.6", 0, 10), ("/lib/libc.so.6", 0, 12), ("/lib/libc.so.6", 0, None)}
+
+
+class GlobCounter:
+    """One glob SPEC resolved to two functions: two rows with the same `probe`."""
+
+    def __init__(self, calls: int) -> None:
+        self.n = calls
+
+    def calls(self) -> list[CallCount]:
+        return [CallCount("c:get*", "/lib/libc.so.6", name, offset, self.n, {10: self.n}, comms={10: "p"})
+                for name, offset in (("getpid", 0x100), ("getppid", 0x200))]
+
+
+def test_call_source_keeps_glob_rows_apart():
+    source = CallSource(["c:get*"], comms=[], targets=None)
+    source.counter = GlobCounter(4)
+    first = Delta()
+    source.collect(first)
+    source.counter.n = 6
+    second = Delta()
+    source.collect(second)
+    assert first.uprobe_calls == Counter({("/lib/libc.so.6", "getpid", "p"): 4, ("/lib/libc.so.6", "getppid", "p"): 4})
+    assert second.uprobe_calls == Counter({("/lib/libc.so.6", "getpid", "p"): 2, ("/lib/libc.so.6", "getppid", "p"): 2})
 
 
 def test_page_parses_escapes_labels_and_has_no_created_series(expo):

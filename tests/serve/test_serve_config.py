@@ -64,8 +64,8 @@ def test_flags_override_the_config_file(tmp_path, optrace):
     ("listen = \n", ".toml", "not valid TOML"),
     ("- 1\n- 2\n", ".yaml", "expected a mapping of settings"),
     ("port: 1\n", ".yaml", "unknown setting 'port' (known: listen, frequency"),
-    ("frequency: fast\n", ".yaml", "frequency must be a int, not 'fast'"),
-    ("max_series: true\n", ".yaml", "max_series must be a int"),
+    ("frequency: fast\n", ".yaml", "frequency must be an integer, not 'fast'"),
+    ("max_series: true\n", ".yaml", "max_series must be an integer"),
     ("listen = 1\n", ".ini", "unknown format: name it .yaml, .yml or .toml"),
 ])
 def test_bad_config_files(tmp_path, optrace, config_text, suffix, message):
