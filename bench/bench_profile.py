@@ -18,6 +18,8 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,11 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (OPTRACE, WORKLOADS, Launched, ToolRun, md_table, median, quartiles,  # noqa: E402
                       run_timed, write_results)
 
-BENCH_BUDGET_S = 540  # read by bench/run.py; the slowdown stage adapts its pairs to fit
+BENCH_BUDGET_S = 480  # read by bench/run.py; the slowdown stage adapts its pairs to fit
 FREQUENCIES = (99, 999)
-# System-wide runs: (frequency, tools). BCC's profile aggregates like optrace (its folded output does not
-# grow with the sample count), so the 999 Hz run compares only the two per-sample-vs-aggregated designs.
-SYSTEM_RUNS = ((99, ("optrace", "perf", "bcc")), (999, ("optrace", "perf")))
+SYSTEM_HZ = (99, 999)  # whole-machine runs, all tools at once
 WORK_ITERATIONS = 750_000_000  # about 1 s of CPU here
 SLOT_MS = 25.0  # bench-phases slot width: the resolution of the time to first sample
 PERF = "/usr/bin/perf"
@@ -45,7 +45,7 @@ class Tool:
 
     name: str
     record_pid: Callable[[int, int, Path], list[str]]  # (pid, hz, out) -> argv
-    record_system: Callable[[int, float, Path], list[str]]  # (hz, seconds, out) -> argv
+    record_system: Callable[[int, Path], list[str]]  # (hz, out) -> argv recording the whole machine until Ctrl-C
     writes_stdout: bool  # the output file is the tool's stdout (BCC's profile -f)
     stacks_text: Callable[[Path], str]  # every sampled stack of a file, as text naming its functions
     report: list[str] | None  # argv prefix of its report command, the file path appended; None: no report step
@@ -79,8 +79,7 @@ TOOLS = {
     "optrace": Tool(
         name="optrace record",
         record_pid=lambda pid, hz, out: [str(OPTRACE), "record", "-F", str(hz), "-g", "-p", str(pid), "-o", str(out)],
-        record_system=lambda hz, secs, out: [str(OPTRACE), "record", "-a", "-F", str(hz), "-g", "-d", str(secs),
-                                             "-o", str(out)],
+        record_system=lambda hz, out: [str(OPTRACE), "record", "-a", "-F", str(hz), "-g", "-o", str(out)],
         writes_stdout=False,
         stacks_text=lambda out: _stdout_of([str(OPTRACE), "report", "-i", str(out), "--format", "folded"]),
         report=[str(OPTRACE), "report", "-i"],
@@ -91,8 +90,7 @@ TOOLS = {
         name="perf record -g",
         record_pid=lambda pid, hz, out: [PERF, "record", "-e", "cpu-clock", "-F", str(hz), "-g", "-p", str(pid),
                                          "-o", str(out)],
-        record_system=lambda hz, secs, out: [PERF, "record", "-e", "cpu-clock", "-F", str(hz), "-g", "-a",
-                                             "-o", str(out), "--", "sleep", str(secs)],
+        record_system=lambda hz, out: [PERF, "record", "-e", "cpu-clock", "-F", str(hz), "-g", "-a", "-o", str(out)],
         writes_stdout=False,
         stacks_text=lambda out: _stdout_of([PERF, "script", "-i", str(out), "-F", "ip,sym"]),
         report=[PERF, "report", "--stdio", "-i"],
@@ -102,7 +100,7 @@ TOOLS = {
     "bcc": Tool(
         name="BCC profile",
         record_pid=lambda pid, hz, out: [BCC_PROFILE, "-F", str(hz), "-f", "-p", str(pid)],
-        record_system=lambda hz, secs, out: [BCC_PROFILE, "-F", str(hz), "-f", str(int(secs))],
+        record_system=lambda hz, out: [BCC_PROFILE, "-F", str(hz), "-f"],
         writes_stdout=True,
         stacks_text=lambda out: out.read_text(errors="replace"),
         report=None,
@@ -353,29 +351,54 @@ class BackgroundLoad:
 
 
 def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir: Path) -> dict:
-    def measure(key: str, tool: Tool) -> dict:
-        out = workdir / f"system-{key}-{hz}.data"
-        load = BackgroundLoad(seconds)
-        try:
-            time.sleep(1.0)
-            with Recording(tool, tool.record_system(hz, seconds, out), out) as recording:
-                run, samples = recording.stop(interrupt=False)
-                summary = recording.summary()
-        finally:
-            load.stop()
-        return {
-            "file_bytes": out.stat().st_size,
-            "samples": samples,
-            "maxrss_kb": run.maxrss_kb,
-            "tree_rss_kb": run.tree_rss_kb,
-            "tool_cpu_s": run.cpu_s,
-            "wall_s": run.wall_s,
-            "short_lived_processes": load.spawned,
-            "summary": summary,
-            "path": str(out),
-        }
+    """All tools record the whole machine at once, over the same window (started together, stopped
+    together with Ctrl-C once every one is attached), so on a shared machine they all see the same
+    processes: file sizes compare like for like."""
+    load = BackgroundLoad(seconds + 60)
+    results: dict = {}
+    try:
+        with ExitStack() as stack:
+            recordings = {}
+            for key, tool in tools.items():
+                out = workdir / f"system-{key}-{hz}.data"
+                recordings[key] = stack.enter_context(Recording(tool, tool.record_system(hz, out), out))
+            for key, recording in list(recordings.items()):
+                try:
+                    recording.wait_attached()
+                except RuntimeError as exc:
+                    results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+                    del recordings[key]
+            time.sleep(seconds)
+            for recording in recordings.values():
+                recording.launched.interrupt()
+            stopped = time.monotonic()
+            with ThreadPoolExecutor(len(recordings) or 1) as pool:  # reap each as it exits, not in turn
+                futures = {key: pool.submit(system_result, rec, stopped, load) for key, rec in recordings.items()}
+            results.update({key: future.result() for key, future in futures.items()})
+    finally:
+        load.stop()
+    for key, result in results.items():
+        log(f"system-wide {hz} Hz {key}: {result}")
+    return results
 
-    return per_tool(tools, f"system-wide {hz} Hz", measure)
+
+def system_result(recording: Recording, stopped: float, load: "BackgroundLoad") -> dict:
+    try:
+        run, samples = recording.stop(interrupt=False)
+    except RuntimeError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "file_bytes": recording.out.stat().st_size,
+        "samples": samples,
+        "maxrss_kb": run.maxrss_kb,
+        "tree_rss_kb": run.tree_rss_kb,
+        "tool_cpu_s": run.cpu_s,
+        "wall_s": run.wall_s,
+        "finish_s": run.wall_s - (stopped - recording.launched.started),  # Ctrl-C to exit
+        "short_lived_processes": load.spawned,
+        "summary": recording.summary(),
+        "path": str(recording.out),
+    }
 
 
 def measure_report_time(tools: dict[str, Tool], system: dict, hz: int, repeats: int) -> dict:
@@ -471,18 +494,17 @@ def markdown(res: dict, tools: dict[str, Tool]) -> str:
     system = [(hz, k, r) for hz, by_tool in res.get("system_wide", {}).items() for k, r in by_tool.items()
               if "error" not in r]
     rows = [[f"{hz} Hz", tools[k].name, f"{r['maxrss_kb'] / 1024:.0f}", f"{r['tree_rss_kb'] / 1024:.0f}",
-             f"{r['tool_cpu_s']:.2f}", f"{r['wall_s']:.1f}"] for hz, k, r in system]
-    parts += [f"### (c) Peak RSS and cost of the profiler ({cfg['system_seconds']:.0f} s system-wide, background load)", "",
+             f"{r['tool_cpu_s']:.2f}", f"{r['finish_s']:.1f}"] for hz, k, r in system]
+    parts += [f"### (c) Peak RSS and cost of the profiler (the runs of (d))", "",
               md_table(["freq", "tool", "peak RSS MB (its largest process)", "peak RSS MB (process tree)",
-                        "tool CPU s", "tool wall s"], rows), ""]
+                        "tool CPU s", "Ctrl-C to exit s"], rows), ""]
     perf_bytes = {hz: by_tool["perf"]["file_bytes"] for hz, by_tool in res.get("system_wide", {}).items()
                   if ok(by_tool, "perf")}
     rows = [[f"{hz} Hz", tools[k].name, f"{r['file_bytes'] / 1024:.1f}", fmt(r["samples"], "d"),
              f"{perf_bytes[hz] / r['file_bytes']:.1f}x" if hz in perf_bytes else "n/a"] for hz, k, r in system]
     parts += [f"### (d) File size ({cfg['system_seconds']:.0f} s system-wide, background load)", "",
               md_table(["freq", "tool", "KiB", "samples", "perf.data size / this"], rows), "",
-              "perf's samples include the idle task (swapper); optrace and BCC's profile leave idle out "
-              "(optrace's summary counts them as `lost`, reason `idle`).", ""]
+              "perf's samples include the idle task (swapper); optrace and BCC's profile leave idle out.", ""]
     rows = [[f"{hz} Hz", f"`{tools[k].report_shown}`", f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}",
              f"{r['maxrss_kb'] / 1024:.0f}"]
             for hz, by_tool in res.get("report", {}).items() for k, r in by_tool.items() if "error" not in r]
@@ -529,16 +551,17 @@ METHOD = """### Method
 - (c) peak RSS from wait4 (`ru_maxrss` of the tool's largest process: exact, catches short peaks) and
   of the whole process tree (polled every 50 ms: the tool's VmHWM + its other processes' VmRSS; a child
   still running the tool's own executable, fork before exec, shares its pages and is not counted twice).
-- (d) each tool records the whole machine for {system_seconds:.0f} s (`optrace record -a -d`,
-  `perf record -a -- sleep`, `profile-bpfcc -f SECONDS`, its folded stdout being its file) at 99 Hz, and
-  optrace and perf again at 999 Hz, while the same background load runs: `workloads/build/demo` on one
-  CPU and a 20 ms `shortlived` process started every 100 ms. "tool wall s" includes start-up and the
-  work each tool does after recording (optrace and BCC symbolize then; perf only collects build-ids).
-  Whole-machine runs also see whatever else runs on the machine at the time (on a shared machine, other
-  people's processes, JIT runtimes among them), so file contents differ a little between tools.
+- (d) the three tools record the whole machine at the same time, over the same window: started together
+  (`optrace record -a`, `perf record -a`, `profile-bpfcc -f`, its folded stdout being its file), and
+  {system_seconds:.0f} s after the last one attached all get Ctrl-C at once; once at 99 Hz, once at 999 Hz. So on
+  this shared machine every tool sees the same processes (other people's, JIT runtimes among them, plus
+  the same background load: `workloads/build/demo` on one CPU and a 20 ms `shortlived` process started
+  every 100 ms). Each tool also samples the other two; their steady-state cost is small (table (c)).
+  "Ctrl-C to exit" is the work a tool does after recording (optrace and BCC symbolize then and write;
+  perf collects build-ids).
 - (e) `optrace report -i FILE` (table) vs `perf report --stdio -i perf.data` on the files of (d), output
   to /dev/null, median wall time of {report_repeats} runs. optrace symbolized at record time, perf
-  symbolizes at report time: the costs are placed differently, see "tool wall s" in (c). BCC's profile
+  symbolizes at report time: the costs are placed differently, see "Ctrl-C to exit" in (c). BCC's profile
   has no report step (it prints at exit).
 """
 
@@ -555,7 +578,7 @@ def main() -> int:
     cfg = {
         "pairs": args.pairs or (MIN_PAIRS if args.quick else 7),
         "system_seconds": args.system_seconds or (8.0 if args.quick else 30.0),
-        "system_runs": [[hz, [k for k in keys if k in tools]] for hz, keys in SYSTEM_RUNS],
+        "system_hz": list(SYSTEM_HZ),
         "report_repeats": 3,
         "ttfs_repeats": 1 if args.quick else 2,
         "iterations": WORK_ITERATIONS,
@@ -570,14 +593,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="optrace-bench-") as tmp:
         workdir = Path(tmp)
         res["first_sample"] = measure_first_sample(tools, cfg["ttfs_repeats"], workdir)
-        later_stages_s = sum(len(keys) * (cfg["system_seconds"] + 15) + 20 for _, keys in cfg["system_runs"])
+        later_stages_s = len(SYSTEM_HZ) * (cfg["system_seconds"] + 60)
         stage_s = max(60.0, args.budget - 45 - (time.monotonic() - started) - later_stages_s)
         res["slowdown"] = measure_slowdown(tools, cfg["pairs"], stage_s, workdir)
         res["system_wide"], res["report"] = {}, {}
-        for hz, keys in cfg["system_runs"]:
-            run_tools = {k: tools[k] for k in keys}
-            system = res["system_wide"][str(hz)] = measure_system_wide(run_tools, cfg["system_seconds"], hz, workdir)
-            res["report"][str(hz)] = measure_report_time(run_tools, system, hz, cfg["report_repeats"])
+        for hz in SYSTEM_HZ:
+            system = res["system_wide"][str(hz)] = measure_system_wide(tools, cfg["system_seconds"], hz, workdir)
+            res["report"][str(hz)] = measure_report_time(tools, system, hz, cfg["report_repeats"])
     res["targets"] = targets(res)
     write_results("profile", res)
     print(markdown(res, tools))

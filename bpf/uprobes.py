@@ -13,6 +13,19 @@ program counts any number of probes, and uprobes are attached straight from the 
 - older kernels: one perf event of the ``uprobe`` PMU per probe (``config1`` = path, ``config2`` =
   offset) linked with ``BPF_LINK_CREATE`` and the cookie; each detaches on its own.
 
+Why the lingering probe is not swapped for a link without it: two links on one offset both fire for a
+call while they overlap (counted twice), and closing the old one before the new one exists loses the
+calls in between; telling, in the handler, which of the two links counts a given trap depends on the
+order the kernel runs a uprobe's consumers in. A lingering probe costs a trap per call of a function
+nobody counts (its hits go to an id nobody reads) and holds its id until its link closes; optrace's own
+users (count, record, serve) register their probes once, so none lingers in practice.
+
+Memory stays bounded however many processes come and go: the kernel keys per-process rows by an
+instance (the process's first hit), and the exit tracepoint moves a finished process's instance to the
+``exited`` map; :meth:`BpfUprobeAttacher.read` hands those rows out once (:class:`ExitedRow`) and deletes
+them. The tracepoint was chosen over looking for pids in /proc: it is exact under pid reuse (pid_max is
+32768 here) and in pid namespaces, and costs one hash lookup per process exit.
+
 Nothing is created in tracefs: probes are file descriptors, closed by :meth:`BpfUprobeAttacher.detach`,
 atexit, SIGTERM (made SystemExit so ``finally`` blocks run) or, whatever else happens, by the kernel
 when the process dies.
@@ -32,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optrace.frontend.errors import OptraceError
-from optrace.frontend.uprobes.manager import KernelCounts, UnprobeableError
+from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError
 
 PROGRAM = Path(__file__).with_name("uprobe_count.c")
 MAX_PROBES = 4096
@@ -40,6 +53,8 @@ MAX_ROWS = 65536
 
 _SYSCALLS = {"x86_64": (298, 321), "aarch64": (241, 280)}  # (perf_event_open, bpf)
 _UPROBE_PMU_TYPE = Path("/sys/bus/event_source/devices/uprobe/type")
+_EXIT_FORMATS = (Path("/sys/kernel/tracing/events/sched/sched_process_exit/format"),
+                 Path("/sys/kernel/debug/tracing/events/sched/sched_process_exit/format"))
 _PERF_FLAG_FD_CLOEXEC = 8
 _BPF_LINK_CREATE = 28
 _BPF_PERF_EVENT = 41
@@ -197,8 +212,10 @@ class BpfUprobeAttacher:
     def __init__(self, handler: str = "count_call", multi: bool | None = None) -> None:
         """``handler="empty_handler"`` attaches a program that counts nothing (for benchmarks);
         ``multi`` forces uprobe_multi links on or off (default: on where the kernel has them)."""
-        self._bpf = load_bcc(src_file=str(PROGRAM).encode(),
-                             cflags=[f"-DMAX_PROBES={MAX_PROBES}", f"-DMAX_ROWS={MAX_ROWS}"])
+        cflags = [f"-DMAX_PROBES={MAX_PROBES}", f"-DMAX_ROWS={MAX_ROWS}"]
+        if exit_has_group_dead():
+            cflags.append("-DHAVE_GROUP_DEAD")
+        self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=cflags)
         self._prog_fd, self.multi = self._load(handler, multi)
         self._links: dict[int, UprobeLink] = {}  # live probe id -> its link
         self._reserved: set[int] = set()  # ids held by open links, detached ones included
@@ -289,19 +306,41 @@ class BpfUprobeAttacher:
         followed[followed.Key(root_pid)] = followed.Leaf(root_pid)
 
     def read(self) -> KernelCounts:
+        """The counts now. Rows of processes that exited are handed out once, in
+        :attr:`KernelCounts.exited`, and deleted from the kernel."""
+        exited = {(_int(k.pid), k.instance): v.comm.decode(errors="replace")
+                  for k, v in _all_items(self._bpf[b"exited"])}  # before the rows: theirs are final
+        per_pid = self._bpf[b"per_pid"]
         totals = self._bpf[b"totals"]
         counts = KernelCounts(
             totals={probe_id: totals[totals.Key(probe_id)].value for probe_id in self._links},
-            per_pid={(k.probe, k.pid): _int(v) for k, v in _all_items(self._bpf[b"per_pid"])
-                     if k.probe in self._links},
             lost_rows=self._bpf[b"lost_rows"][0].value,
             followed={_int(k): _int(v) for k, v in _all_items(self._bpf[b"followed"])},
         )
-        comms = {_int(k): v.comm.decode(errors="replace") for k, v in _all_items(self._bpf[b"comms"])}
+        final = []
+        for key, value in _all_items(per_pid):
+            if (key.pid, key.instance) in exited:
+                final.append((key, _int(value)))
+            elif key.probe in self._links:
+                row = (key.probe, key.pid)
+                counts.per_pid[row] = counts.per_pid.get(row, 0) + _int(value)
+        final.sort(key=lambda item: item[0].instance)
+        counts.exited = [ExitedRow(probe_id=k.probe, pid=k.pid, calls=calls, comm=exited[(k.pid, k.instance)])
+                         for k, calls in final if k.probe in self._links]
+        _delete(per_pid, [key for key, _calls in final])
+        _delete(self._bpf[b"exited"], [_instance_key(self._bpf[b"exited"], *ident) for ident in exited])
+        self._add_comms(counts)
+        return counts
+
+    def _add_comms(self, counts: KernelCounts) -> None:
+        procs = {_int(k): v.comm.decode(errors="replace") for k, v in _all_items(self._bpf[b"procs"])}
         for _probe, pid in counts.per_pid:
             if pid not in counts.comms:
-                counts.comms[pid] = comms.get(pid) or _proc_comm(pid)
-        return counts
+                counts.comms[pid] = procs.get(pid) or _proc_comm(pid)
+
+    def map_sizes(self) -> dict[str, int]:
+        """Entries of the per-process maps, which the folding of exited processes keeps small."""
+        return {name: len(_all_items(self._bpf[name.encode()])) for name in ("per_pid", "procs", "exited")}
 
     def close(self) -> None:
         """Detach every probe and free the BPF program and maps (idempotent)."""
@@ -335,6 +374,30 @@ def _all_items(table) -> list:
         return list(table.items_lookup_batch())
     except Exception:  # BCC raises plain Exception when the kernel lacks BPF_MAP_LOOKUP_BATCH
         return table.items()
+
+
+def _delete(table, keys: list) -> None:
+    for key in keys:
+        try:
+            del table[key]
+        except KeyError:
+            pass
+
+
+def _instance_key(table, pid: int, instance: int):
+    key = table.Key()
+    key.pid, key.instance = pid, instance
+    return key
+
+
+def exit_has_group_dead() -> bool:
+    """Whether sched_process_exit tells when a process's last thread exits (Linux 6.16+)."""
+    for path in _EXIT_FORMATS:
+        try:
+            return "group_dead" in path.read_text()
+        except OSError:
+            continue
+    return False
 
 
 def _proc_comm(pid: int) -> str:

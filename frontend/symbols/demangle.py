@@ -18,7 +18,7 @@ RUST_BASIC_TYPES = {
 }
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 14)  # bounded: `optrace serve` runs for months
 def demangle(name: str) -> str:
     try:
         if name.startswith("_R"):

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from optrace.frontend.symbols.buildid import is_elf_file, read_build_id_file
-from optrace.frontend.symbols.linker import needed_libraries
+from optrace.frontend.symbols.linker import Linker
+from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.maps import MapEntry, parse_maps, read_maps_text
 
 # Scanned once, only when a build-id is found nowhere else: the standard library dirs, and the program
@@ -17,6 +18,9 @@ SCAN_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib", "
              "/usr/bin", "/usr/sbin", "/usr/local/bin")
 MAX_KEPT_FDS = 256  # open files kept for objects only reachable through another mount namespace
 MAX_OLDER_MAPPINGS = 4096  # per pid; a JIT that maps and unmaps code keeps adding some
+# Most recently used files kept in the indexes (the library-dir scan alone adds a few thousand)
+MAX_INDEXED_FILES = 32768
+MAX_EXECUTABLES = 4096  # exec'd paths whose libraries were indexed
 
 
 @dataclass(frozen=True)
@@ -53,18 +57,37 @@ class ProcessMaps:
 class Machine:
     """Fed by the recorder while it runs (maps snapshots of sampled pids, exec'd files); read by the
     :class:`Symbolizer`. Frames carry build-ids, so what matters is that every build-id seen has a
-    file we can still open when symbolizing, possibly after its process is gone."""
+    file we can still open when symbolizing, possibly after its process is gone.
 
-    def __init__(self, warn: Callable[[str], None], stats: dict[str, int]) -> None:
-        self.by_build_id: dict[bytes, FileRef] = {}
-        self.files: dict[tuple[str, int], tuple[FileRef, bytes | None]] = {}  # (dev, inode) -> file, build-id
+    The file indexes keep the most recently used ``max_files`` entries (a file mapped by a process
+    being snapshotted counts as used) and always the files of the processes still known, trimmed by
+    :meth:`trim` between symbolize calls; processes are dropped by their owner
+    (``Symbolizer.forget_process``), which lets their files go."""
+
+    def __init__(self, warn: Callable[[str], None], stats: dict[str, int], max_files: int = MAX_INDEXED_FILES) -> None:
+        self.by_build_id: LruCache[bytes, FileRef] = LruCache(max_files, trim_on_put=False)
+        # (dev, inode) -> file, build-id
+        self.files: LruCache[tuple[str, int], tuple[FileRef, bytes | None]] = LruCache(max_files, trim_on_put=False)
         self.processes: dict[int, ProcessMaps] = {}
         self.generation = 0  # grows whenever a build-id is newly indexed
         self._warn = warn
         self._stats = stats
-        self._executables: dict[str, tuple[int, int, int]] = {}
+        self._executables: LruCache[str, tuple[int, int, int]] = LruCache(MAX_EXECUTABLES)
         self._kept_fds: list[int] = []
         self._scanned = False
+        self._linker = Linker()
+
+    def trim(self) -> None:
+        if len(self.files) <= self.files.max_entries and len(self.by_build_id) <= self.by_build_id.max_entries:
+            return
+        live = {entry.file_key for maps in self.processes.values() for entry in maps.current if entry.is_file}
+        live_ids = {self.files[key][1] for key in live if key in self.files}
+        self.files.trim(keep=live)
+        self.by_build_id.trim(keep=live_ids)
+
+    def cache_sizes(self) -> dict[str, int]:
+        return {"indexed_build_ids": len(self.by_build_id), "indexed_files": len(self.files),
+                "executables": len(self._executables), "processes": len(self.processes)}
 
     def close(self) -> None:
         for fd in self._kept_fds:
@@ -90,8 +113,13 @@ class Machine:
         self.processes[pid] = ProcessMaps(text, entries, older)
         self._stats["maps_snapshots"] = self._stats.get("maps_snapshots", 0) + 1
         for entry in entries:
-            if entry.is_file and entry.file_key not in self.files:
+            if not entry.is_file:
+                continue
+            known_file = self.files.get(entry.file_key)
+            if known_file is None:
                 self._index_mapped_file(pid, entry)
+            elif known_file[1] is not None:
+                self.by_build_id.touch(known_file[1])
 
     def mapping_at(self, pid: int, address: int) -> MapEntry | None:
         maps = self.processes.get(pid)
@@ -104,7 +132,7 @@ class Machine:
             identity = (info.st_dev, info.st_ino, info.st_mtime_ns)
             if self._executables.get(path) == identity:
                 return
-            self._executables[path] = identity
+            self._executables.put(path, identity)
             if not is_elf_file(path):
                 return  # a script (#!): its interpreter shows up in the maps snapshots
         except OSError as err:
@@ -112,7 +140,7 @@ class Machine:
             return
         if not self._index_path(path):
             return
-        libraries, problems = needed_libraries(path)
+        libraries, problems = self._linker.needed_libraries(path)
         for library in libraries:
             self._index_path(library)
         for problem in problems:
@@ -142,7 +170,7 @@ class Machine:
     def _index(self, build_id: bytes, ref: FileRef) -> None:
         known = self.by_build_id.get(build_id)
         if known is None or (ref.from_maps and not known.from_maps):
-            self.by_build_id[build_id] = ref
+            self.by_build_id.put(build_id, ref)
             self.generation += 1
 
     def _index_path(self, path: str, quiet: bool = False) -> bool:
@@ -169,7 +197,7 @@ class Machine:
         except OSError as err:
             self._warn_unreadable(name, err)
             ref, build_id = FileRef(name, name, from_maps=True), None
-        self.files[entry.file_key] = (ref, build_id)
+        self.files.put(entry.file_key, (ref, build_id))
         if build_id:
             self._index(build_id, ref)
 

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import bisect
 import struct
+from array import array
+from itertools import accumulate
+from operator import attrgetter
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -17,7 +20,7 @@ SHN_UNDEF = 0
 MAX_NESTING = 8  # how far back to look for a sized symbol covering an address (nested symbols)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a big binary reads 100k of them at once
 class Symbol:
     start: int  # virtual address as linked (st_value)
     size: int
@@ -61,19 +64,33 @@ def _preference(symbol: Symbol) -> tuple:
             -underscores, len(symbol.name))
 
 
+def _preferred_aliases(ordered: list[Symbol]) -> list[Symbol]:
+    """One symbol per address of ``ordered`` (sorted by start, aliases in input order): the preferred
+    alias, the first of equally preferred ones."""
+    kept: list[Symbol] = []
+    for symbol in ordered:
+        if kept and kept[-1].start == symbol.start:
+            if _preference(symbol) > _preference(kept[-1]):
+                kept[-1] = symbol
+        else:
+            kept.append(symbol)
+    return kept
+
+
 class SymbolTable:
-    """Sorted function symbols; :meth:`find` is a bisect, so 100k lookups take well under a second."""
+    """Sorted function symbols; :meth:`find` is a bisect, so 100k lookups take well under a second.
+
+    Kept compact (a long-running exporter holds hundreds of tables): starts and ends in arrays, the
+    names in one UTF-8 blob cut by an offsets array and decoded on lookup: 20 bytes a symbol plus its
+    name's bytes, where Python objects took about 150 more."""
 
     def __init__(self, symbols: Iterable[Symbol]) -> None:
-        best: dict[int, Symbol] = {}
-        for symbol in symbols:
-            kept = best.get(symbol.start)
-            if kept is None or _preference(symbol) > _preference(kept):
-                best[symbol.start] = symbol
-        ordered = sorted(best.values(), key=lambda s: s.start)
-        self._starts = [s.start for s in ordered]
-        self._ends = [s.start + s.size for s in ordered]
-        self._names = [s.name for s in ordered]
+        ordered = _preferred_aliases(sorted(symbols, key=attrgetter("start")))
+        self._starts = array("Q", [s.start for s in ordered])
+        self._ends = array("Q", [s.start + s.size for s in ordered])
+        names = [s.name.encode("utf-8", "surrogateescape") for s in ordered]
+        self._name_ends = array("I", accumulate(map(len, names)))  # name i is _names[_name_ends[i-1]:_name_ends[i]]
+        self._names = b"".join(names)
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -85,10 +102,14 @@ class SymbolTable:
         if nearest < 0:
             return None
         if self._ends[nearest] > address:
-            return self._names[nearest]
+            return self._name(nearest)
         for index in range(nearest - 1, max(nearest - MAX_NESTING, -1), -1):
             if self._ends[index] > address:
-                return self._names[index]
+                return self._name(index)
         if self._ends[nearest] == self._starts[nearest]:
-            return self._names[nearest]
+            return self._name(nearest)
         return None
+
+    def _name(self, index: int) -> str:
+        start = self._name_ends[index - 1] if index else 0
+        return self._names[start:self._name_ends[index]].decode("utf-8", "surrogateescape")

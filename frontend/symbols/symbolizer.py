@@ -7,12 +7,19 @@ index (maps snapshots, exec'd executables and their libraries), a debug file ``<
 then a one-time scan of the standard library dirs. Frames without a build-id are raw addresses, looked
 up in the pid's maps snapshots: file mappings, the [vdso], else JIT code through ``jit_lookup``.
 
+Memory stays bounded for a symbolizer that runs for months (`optrace serve`): the objects with loaded
+symbol tables, the named frames, the build-ids not found and the warnings already given are kept for
+the most recently used entries only (:class:`CacheLimits`), trimmed at the end of each
+:meth:`Symbolizer.symbolize` call, so nothing is dropped while one call runs (a one-shot `record`
+symbolizes everything in one call, as if there were no limits).
+
 Not thread-safe: the recorder calls it from one thread.
 """
 from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample, UserFrame
@@ -21,31 +28,46 @@ from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.demangle import demangle
 from optrace.frontend.symbols.dso import Dso, DsoContext
 from optrace.frontend.symbols.kallsyms import Kallsyms
-from optrace.frontend.symbols.machine import FileRef, Machine
+from optrace.frontend.symbols.heap import release_free_memory
+from optrace.frontend.symbols.lru import LruCache
+from optrace.frontend.symbols.machine import MAX_INDEXED_FILES, FileRef, Machine
 from optrace.frontend.symbols.maps import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 
 JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]
 
 
+@dataclass(frozen=True)
+class CacheLimits:
+    """How many entries each cache keeps past a :meth:`Symbolizer.symbolize` call (least recently used
+    go first). Sized for a busy machine: a few hundred programs and libraries in use at once."""
+
+    dsos: int = 512  # objects, each with its symbol table once loaded
+    frames: int = 16384  # named (build-id, offset) and kernel frames, each (a miss costs a bisect)
+    missing: int = 4096  # build-ids found nowhere
+    warnings: int = 4096  # warnings already given (one given again after eviction is harmless)
+    indexed_files: int = MAX_INDEXED_FILES  # files (and build-ids) known to the machine index
+
+
 class Symbolizer:
     def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
-                 jit_lookup: JitLookup | None = None) -> None:
+                 jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits()) -> None:
         self.warnings: list[str] = []
         self.stats: dict[str, int] = {"frames_resolved": 0, "frames_unresolved": 0, "dsos_loaded": 0}
-        self.machine = Machine(self._warn, self.stats)
+        self.machine = Machine(self._warn, self.stats, max_files=limits.indexed_files)
         self._context = DsoContext(tuple(debug_roots), self._warn, self.stats)
         self._kallsyms = kallsyms
         self._kallsyms_loaded = kallsyms is not None
         self._jit_lookup = jit_lookup
-        self._by_build_id: dict[bytes, Dso] = {}
-        self._by_file: dict[tuple[str, int], Dso] = {}
-        self._missing: dict[bytes, int] = {}  # build-id -> index generation when last not found
-        self._frames: dict[tuple[bytes, int], Frame] = {}
-        self._kernel_frames: dict[int, Frame] = {}
+        # Dsos by build-id (bytes) or, for files without a known build-id, by (dev, inode)
+        self._dsos: LruCache[bytes | tuple[str, int], Dso] = LruCache(limits.dsos, trim_on_put=False)
+        self._missing: LruCache[bytes, int] = LruCache(limits.missing)  # build-id -> index generation when not found
+        self._frames: LruCache[tuple[bytes, int], Frame] = LruCache(limits.frames, trim_on_put=False)
+        self._kernel_frames: LruCache[int, Frame] = LruCache(limits.frames, trim_on_put=False)
         self._vdso: Dso | None = None
         self._vdso_read = False
-        self._warned: set[str] = set()
+        self._warned: LruCache[str, None] = LruCache(limits.warnings)
+        self._loaded_at_last_trim = 0
 
     def snapshot_process(self, pid: int) -> None:
         self.machine.snapshot_process(pid)
@@ -73,12 +95,27 @@ class Symbolizer:
             rows.append(Sample(raw.pid, raw.comm, tuple(index.setdefault(f, len(index)) for f in frames), raw.count))
         self.stats["frames_resolved"] += named
         self.stats["frames_unresolved"] += total - named
+        self._trim()
         return list(index), rows
+
+    def cache_sizes(self) -> dict[str, int]:
+        return {"dsos": len(self._dsos), "frames": len(self._frames), "kernel_frames": len(self._kernel_frames),
+                "missing": len(self._missing), "warned": len(self._warned), **self.machine.cache_sizes()}
+
+    def _trim(self) -> None:
+        """Evict past the limits, between calls only: a Dso in use by a call stays until it ends."""
+        self.stats["dsos_evicted"] = self.stats.get("dsos_evicted", 0) + self._dsos.trim()
+        self._frames.trim()
+        self._kernel_frames.trim()
+        self.machine.trim()
+        if self.stats["dsos_loaded"] != self._loaded_at_last_trim:  # symbol tables were read: heap to give back
+            self._loaded_at_last_trim = self.stats["dsos_loaded"]
+            release_free_memory()
 
     def _warn(self, message: str) -> None:
         if message not in self._warned:
-            self._warned.add(message)
             self.warnings.append(message)
+        self._warned.put(message, None)
 
     def _user_frame(self, raw: RawSample, frame: UserFrame) -> Frame:
         if frame.build_id is None:
@@ -90,7 +127,8 @@ class Symbolizer:
         dso = self._dso_for_build_id(frame.build_id)
         if dso is None:
             return Frame(UNKNOWN, UNKNOWN, address=frame.offset, resolved=False, build_id=frame.build_id.hex())
-        self._frames[key] = named = self._object_frame(dso, frame.offset)
+        named = self._object_frame(dso, frame.offset)
+        self._frames.put(key, named)
         return named
 
     def _address_frame(self, pid: int, address: int, time: float) -> Frame:
@@ -133,22 +171,23 @@ class Symbolizer:
             dso = self._dso_for_build_id(build_id)
             if dso is not None:
                 return dso
-        dso = self._by_file.get(entry.file_key)
+        dso = self._dsos.get(entry.file_key)
         if dso is None:
-            dso = self._by_file[entry.file_key] = Dso(ref.name, self._context, path=ref.read_path, build_id=build_id)
+            dso = Dso(ref.name, self._context, path=ref.read_path, build_id=build_id)
+            self._dsos.put(entry.file_key, dso)
         return dso
 
     def _dso_for_build_id(self, build_id: bytes) -> Dso | None:
-        dso = self._by_build_id.get(build_id)
+        dso = self._dsos.get(build_id)
         if dso is not None:
             return dso
         if self._missing.get(build_id) == self.machine.generation:
             return None
         dso = self._find_dso(build_id)
         if dso is None:
-            self._missing[build_id] = self.machine.generation
+            self._missing.put(build_id, self.machine.generation)
             return None
-        self._by_build_id[build_id] = dso
+        self._dsos.put(build_id, dso)
         return dso
 
     def _find_dso(self, build_id: bytes) -> Dso | None:
@@ -188,7 +227,7 @@ class Symbolizer:
             else:
                 dso = f"[{symbol.module}]" if symbol.module else KERNEL_DSO
                 frame = Frame(demangle(symbol.name), dso, kernel=True, address=ip)
-            self._kernel_frames[ip] = frame
+            self._kernel_frames.put(ip, frame)
         return frame
 
     def _kernel_symbols(self) -> Kallsyms | None:

@@ -7,6 +7,16 @@ and a consumer leaving never disturbs the others' counts. The kernel side is an 
 
 Counts live in the kernel per (probe id, pid) and are never reset while a probe is attached; a consumer
 that joins an attached probe remembers the counts at that moment and reports what came after.
+
+Memory stays bounded while processes come and go: every read hands over, once, the final rows of the
+processes that exited (:attr:`KernelCounts.exited`, deleted from the kernel by then). Each consumer of
+the probe gets them; at its next :meth:`ProbeManager.counts` its filter is applied (the same moment
+live processes are judged), the calls join its per-probe exited total, and the pid is listed in
+``per_pid`` until one count has shown it with no live process behind it, then dropped.
+
+A key whose last consumer leaves while its uprobe_multi link still holds other live keys stays in the
+kernel until the link's last key goes (ignored: nobody reads its id); see optrace.bpf.uprobes for why
+the link is not swapped for one without it.
 """
 from __future__ import annotations
 
@@ -27,12 +37,23 @@ class UnprobeableError(OptraceError):
     """The kernel refuses a uprobe at this offset (an instruction it cannot single-step)."""
 
 
+@dataclass(frozen=True)
+class ExitedRow:
+    """The final calls of one exited process on one probe, taken out of the kernel by a read."""
+
+    probe_id: int
+    pid: int
+    calls: int
+    comm: str
+
+
 @dataclass
 class KernelCounts:
     """One read of the kernel maps."""
 
     totals: dict[int, int] = field(default_factory=dict)  # probe id -> calls, exact
-    per_pid: dict[tuple[int, int], int] = field(default_factory=dict)  # (probe id, pid) -> calls
+    per_pid: dict[tuple[int, int], int] = field(default_factory=dict)  # (probe id, pid) -> calls, live processes
+    exited: list[ExitedRow] = field(default_factory=list)  # handed out once, oldest process first
     comms: dict[int, str] = field(default_factory=dict)  # pid -> command name at its first hit
     lost_rows: int = 0  # hits the per-pid map had no room for (still in totals)
     followed: dict[int, int] = field(default_factory=dict)  # pid -> the followed root it descends from
@@ -48,7 +69,8 @@ class Attacher(Protocol):
     def detach(self, probe_ids: Collection[int]) -> None:
         """Stop counting these ids; their counts are dropped and the ids may come back from attach."""
 
-    def read(self) -> KernelCounts: ...
+    def read(self) -> KernelCounts:
+        """The counts now; rows of exited processes come once in ``exited`` and are then forgotten."""
 
     def follow(self, root_pid: int) -> None:
         """Record ``root_pid`` and every process it forks from now on in :attr:`KernelCounts.followed`."""
@@ -64,6 +86,15 @@ class _Attached:
 
 
 @dataclass
+class ExitedPid:
+    """Calls of exited processes with one pid on one probe, listed until shown once with no live one."""
+
+    calls: int
+    comm: str
+    shown: bool = False  # listed by a count already
+
+
+@dataclass
 class Consumer:
     """One user of probes (a count command, a record, an exporter's probe list)."""
 
@@ -72,6 +103,9 @@ class Consumer:
     pid_filter: PidFilter | None
     baseline_totals: dict[ProbeKey, int] = field(default_factory=dict)
     baseline_per_pid: dict[tuple[ProbeKey, int], int] = field(default_factory=dict)
+    pending_exits: list[tuple[ProbeKey, ExitedRow]] = field(default_factory=list)  # not yet filtered
+    exited_calls: dict[ProbeKey, int] = field(default_factory=dict)  # accepted calls of exited processes
+    exited_pids: dict[tuple[ProbeKey, int], ExitedPid] = field(default_factory=dict)  # still listed
 
 
 class ProbeManager:
@@ -140,7 +174,13 @@ class ProbeManager:
         """The consumer's calls since it registered, per probe, its filter applied."""
         with self._lock:
             kernel = self._read()
-            return [self._count_one(consumer, probe, kernel) for probe in consumer.probes]
+            rows = _rows_by_probe(kernel)
+            self._take_exits(consumer)
+            self._drop_shown_exits(consumer, rows)
+            counts = [self._count_one(consumer, probe, kernel, rows) for probe in consumer.probes]
+            for exited in consumer.exited_pids.values():
+                exited.shown = True
+            return counts
 
     def lost_rows(self) -> int:
         with self._lock:
@@ -165,7 +205,42 @@ class ProbeManager:
             self._close_attacher_if_idle()
 
     def _read(self) -> KernelCounts:
-        return self._attacher.read() if self._attacher is not None else KernelCounts()
+        """Every read goes through here, so no consumer misses the exited rows a read hands out."""
+        if self._attacher is None:
+            return KernelCounts()
+        kernel = self._attacher.read()
+        if kernel.exited:
+            self._hand_out_exits(kernel.exited)
+        return kernel
+
+    def _hand_out_exits(self, exited: list[ExitedRow]) -> None:
+        keys = {attached.probe_id: attached.key for attached in self._attached.values()}
+        for row in exited:
+            key = keys.get(row.probe_id)
+            if key is None:
+                continue
+            for consumer_id in self._attached[key].consumers:
+                self._consumers[consumer_id].pending_exits.append((key, row))
+
+    def _take_exits(self, consumer: Consumer) -> None:
+        """Judge the exits handed out since the last count: the filter applies now, like for live pids."""
+        for key, row in consumer.pending_exits:
+            since = row.calls - consumer.baseline_per_pid.pop((key, row.pid), 0)  # the oldest process is
+            if not since or (consumer.pid_filter and not consumer.pid_filter(row.pid)):  # the one baselined
+                continue
+            consumer.exited_calls[key] = consumer.exited_calls.get(key, 0) + since
+            listed = consumer.exited_pids.setdefault((key, row.pid), ExitedPid(calls=0, comm=row.comm))
+            listed.calls += since
+            listed.shown = False
+        consumer.pending_exits.clear()
+
+    def _drop_shown_exits(self, consumer: Consumer, rows: dict[int, dict[int, int]]) -> None:
+        """Exited pids already shown at their final count are listed no more, unless a new process took
+        the pid: then its predecessors stay in its entry, so between two consecutive counts a listed
+        pid's count never goes down (what lets a consumer turn them into increments)."""
+        for (key, pid), exited in list(consumer.exited_pids.items()):
+            if exited.shown and pid not in rows.get(self._attached[key].probe_id, {}):
+                del consumer.exited_pids[(key, pid)]
 
     def _attach(self, probes: list[ResolvedProbe]) -> dict[ProbeKey, UnprobeableError]:
         """Attach distinct new keys; return the ones the kernel refused (not attached)."""
@@ -207,20 +282,33 @@ class ProbeManager:
                 if pid_probe == probe_id:
                     consumer.baseline_per_pid[(key, pid)] = calls
 
-    def _count_one(self, consumer: Consumer, probe: ResolvedProbe, kernel: KernelCounts) -> CallCount:
+    def _count_one(self, consumer: Consumer, probe: ResolvedProbe, kernel: KernelCounts,
+                   rows: dict[int, dict[int, int]]) -> CallCount:
         probe_id = self._attached[probe.key].probe_id
-        per_pid = {}
-        for (pid_probe, pid), calls in kernel.per_pid.items():
-            if pid_probe != probe_id or (consumer.pid_filter and not consumer.pid_filter(pid)):
+        per_pid, comms = {}, {}
+        for pid, calls in rows.get(probe_id, {}).items():
+            if consumer.pid_filter and not consumer.pid_filter(pid):
                 continue
             since = calls - consumer.baseline_per_pid.get((probe.key, pid), 0)
             if since:
                 per_pid[pid] = since
+                comms[pid] = kernel.comms.get(pid, "")
+        live = sum(per_pid.values())
+        for (key, pid), exited in consumer.exited_pids.items():
+            if key == probe.key:
+                per_pid[pid] = per_pid.get(pid, 0) + exited.calls
+                comms.setdefault(pid, exited.comm)
         if consumer.pid_filter is None:
             calls = kernel.totals.get(probe_id, 0) - consumer.baseline_totals.get(probe.key, 0)
         else:
-            calls = sum(per_pid.values())
-        return CallCount(
-            probe=probe.spec, binary=probe.binary, symbol=probe.symbol, offset=probe.offset, calls=calls,
-            per_pid=per_pid, comms={pid: kernel.comms.get(pid, "") for pid in per_pid},
-        )
+            calls = live + consumer.exited_calls.get(probe.key, 0)
+        return CallCount(probe=probe.spec, binary=probe.binary, symbol=probe.symbol, offset=probe.offset,
+                         calls=calls, per_pid=per_pid, comms=comms)
+
+
+def _rows_by_probe(kernel: KernelCounts) -> dict[int, dict[int, int]]:
+    """probe id -> pid -> calls of live processes."""
+    rows: dict[int, dict[int, int]] = {}
+    for (probe_id, pid), calls in kernel.per_pid.items():
+        rows.setdefault(probe_id, {})[pid] = calls
+    return rows

@@ -36,7 +36,26 @@ def shared_manager() -> ProbeManager:
 
 
 class CallCounter:
-    """Exact call counts of the functions the SPECs name, in processes ``pid_filter`` accepts (all by default)."""
+    """Exact call counts of the functions the SPECs name, in processes ``pid_filter`` accepts (all by default).
+
+    What :meth:`calls` returns, one :class:`CallCount` per probe, all counted since :meth:`start`:
+
+    - ``calls`` is the exact cumulative total: every call counts once, whether its process still runs,
+      has exited, or could not get a per-pid row in the kernel (see :meth:`lost_rows`).
+    - ``per_pid`` holds each live process, and each exited process once more, with its final count,
+      in the first :meth:`calls` after its exit was seen; later results no longer list it (its calls
+      stay in ``calls``). This is what keeps memory bounded, in the kernel and here, however many
+      processes come and go. A pid taken by a new process while the old one is still listed keeps one
+      entry, the sum of both: from one result to the next a pid's entry never decreases, and a pid
+      absent from a result starts again from 0 if it comes back (what serve's CallSource relies on).
+    - ``pid_filter`` is asked about an exited process at that first :meth:`calls` after its exit, so it
+      must still accept the pid then (optrace's filters only ever grow).
+
+    The kernel's rows of exited processes are taken out at every read (:meth:`calls`, :meth:`lost_rows`,
+    any consumer's) and kept for each consumer until its next :meth:`calls`: call it regularly (serve
+    does, every drain) for memory to stay bounded; one that reads only at its end (record) keeps them
+    until then, as the kernel did before.
+    """
 
     def __init__(
         self,
@@ -103,7 +122,7 @@ class CallCounter:
         return self.manager.counts(self._consumer)
 
     def lost_rows(self) -> int:
-        """Hits not attributed to a pid because the kernel's per-pid map was full (totals stay exact)."""
+        """Hits not attributed to a pid because the kernel's per-process maps were full (totals stay exact)."""
         return self.manager.lost_rows() if self._consumer is not None else 0
 
     def close(self) -> None:

@@ -78,9 +78,11 @@ class FakeCounter:
     def __init__(self) -> None:
         self.per_pid: dict[int, int] = {}
         self.unattributed = 0  # calls the kernel's per-pid map had no room for
+        self.retired = 0  # calls of exited pids no longer listed (CallCounter's contract)
 
     def calls(self) -> list[CallCount]:
-        return [CallCount("c:getpid", "/lib/libc.so.6", "getpid", 0, sum(self.per_pid.values()) + self.unattributed,
+        total = sum(self.per_pid.values()) + self.unattributed + self.retired
+        return [CallCount("c:getpid", "/lib/libc.so.6", "getpid", 0, total,
                           dict(self.per_pid), comms={pid: f"p{pid}" for pid in self.per_pid if pid != 12})]
 
 
@@ -91,7 +93,8 @@ def test_call_source_turns_cumulative_counts_into_increments(monkeypatch):
     source.counter.per_pid = {10: 5, 11: 2, 12: 1}
     first = Delta()
     source.collect(first)
-    source.counter.per_pid = {10: 9, 12: 1}  # 11 is no longer reported
+    source.counter.per_pid = {10: 9, 12: 1}  # 11 exited: no longer listed, its calls stay in the total
+    source.counter.retired = 2
     source.counter.unattributed = 3
     second = Delta()
     source.collect(second)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import bisect
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +79,58 @@ def test_kallsyms_as_nobody_is_hidden() -> None:
          "from optrace.frontend.symbols import Kallsyms; Kallsyms.load()"],
         capture_output=True, text=True, cwd="/", timeout=60)
     assert result.returncode != 0 and "kernel symbols are hidden (kptr_restrict): run as root" in result.stderr
+
+
+def naive_table(text: str) -> tuple[list[int], list[tuple[str, str | None]]]:
+    """The plain reading of /proc/kallsyms the compact table must answer like: text symbols, per
+    address the alias with fewest leading underscores, then the longest name, then the first seen."""
+    best: dict[int, tuple[str, str | None]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 3 or fields[1] not in ("t", "T", "w", "W"):
+            continue
+        symbol = (fields[2], fields[3].strip("[]") if len(fields) > 3 else None)
+        kept = best.get(int(fields[0], 16))
+        rank = lambda name: (-(len(name) - len(name.lstrip("_"))), len(name))  # noqa: E731
+        if kept is None or rank(symbol[0]) > rank(kept[0]):
+            best[int(fields[0], 16)] = symbol
+    addresses = sorted(best)
+    return addresses, [best[address] for address in addresses]
+
+
+def naive_find(table: tuple[list[int], list[tuple[str, str | None]]], address: int) -> tuple[str, str | None] | None:
+    index = bisect.bisect_right(table[0], address) - 1
+    return table[1][index] if index >= 0 else None
+
+
+def test_aliases_keep_the_preferred_name_whatever_the_line_order(tmp_path: Path) -> None:
+    (tmp_path / "kallsyms").write_text(
+        "ffffffff81000100 T __x64_sys_read\nffffffff81000100 T ksys_read_long\n"
+        "ffffffff81000100 t ksys_read_lon2\nffffffff81000000 T b\nffffffff81000000 T a\n"
+        "ffffffffc0000000 t one\t[mod_a]\nffffffffc0000000 t two\t[mod_b]\n")
+    kallsyms = Kallsyms.load(str(tmp_path / "kallsyms"))
+    assert len(kallsyms) == 3
+    assert kallsyms.find(0xFFFFFFFF81000100).name == "ksys_read_long"  # no underscores, longest, first
+    assert kallsyms.find(0xFFFFFFFF810000FF).name == "b"
+    assert (kallsyms.find(0xFFFFFFFFC0000001).name, kallsyms.find(0xFFFFFFFFC0000001).module) == ("one", "mod_a")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="/proc/kallsyms shows addresses to root only")
+def test_compact_table_answers_like_a_naive_one_on_the_real_kallsyms(tmp_path: Path) -> None:
+    text = Path("/proc/kallsyms").read_text()  # one copy: BPF programs come and go between reads
+    (tmp_path / "kallsyms").write_text(text)
+    compact = Kallsyms.load(str(tmp_path / "kallsyms"))
+    naive = naive_table(text)
+    assert len(compact) == len(naive[0]) > 10000
+    rng = random.Random(5)
+    starts = naive[0]
+    probes = [starts[0] - 1, starts[-1] + (1 << 20)]
+    probes += [starts[i] + delta for i in range(0, len(starts), 7) for delta in (-1, 0, 1)]
+    probes += [rng.randrange(starts[0], starts[-1]) for _ in range(50000)]
+    mismatches = []
+    for address in probes:
+        found = compact.find(address)
+        if (found and (found.name, found.module)) != naive_find(naive, address):
+            mismatches.append(hex(address))
+    assert mismatches == []
+    assert any(compact.find(address).module for address in starts[-100:])  # modules (bpf progs at least)

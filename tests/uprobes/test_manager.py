@@ -1,15 +1,18 @@
 """ProbeManager without BPF: an in-memory attacher stands in for the kernel."""
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from optrace.frontend.errors import OptraceError
-from optrace.frontend.uprobes.manager import KernelCounts, ProbeManager, UnprobeableError
+from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, ProbeManager, UnprobeableError
 from optrace.frontend.uprobes.resolve import ProbeKey, ResolvedProbe
 
 
 class FakeKernel:
-    """Counts hits per (probe id, pid) like uprobe_count.c; records every attach and detach."""
+    """Counts hits per (probe id, pid) like uprobe_count.c; records every attach and detach. A process
+    that exits has its rows handed out once by the next read, then forgotten, as the BPF attacher does."""
 
     max_probes = 4
 
@@ -17,6 +20,8 @@ class FakeKernel:
         self.attached: dict[int, tuple[str, int]] = {}
         self.log: list[tuple[str, int]] = []
         self.rows: dict[tuple[int, int], int] = {}
+        self.totals: dict[int, int] = {}
+        self.exited: list[ExitedRow] = []
         self.closed = False
         self.unprobeable: set[int] = set()
         self.broken: set[int] = set()
@@ -42,6 +47,7 @@ class FakeKernel:
         for probe_id in probe_ids:
             path, offset = self.attached.pop(probe_id)
             self.rows = {k: v for k, v in self.rows.items() if k[0] != probe_id}
+            self.totals.pop(probe_id, None)
             self.log.append(("detach", offset))
 
     def hit(self, offset: int, pid: int, times: int = 1) -> None:
@@ -49,12 +55,16 @@ class FakeKernel:
         for probe_id, (_path, probe_offset) in self.attached.items():
             if probe_offset == offset:
                 self.rows[(probe_id, pid)] = self.rows.get((probe_id, pid), 0) + times
+                self.totals[probe_id] = self.totals.get(probe_id, 0) + times
+
+    def exit(self, pid: int) -> None:
+        for probe_id, row_pid in [k for k in self.rows if k[1] == pid]:
+            self.exited.append(ExitedRow(probe_id, pid, self.rows.pop((probe_id, pid)), f"gone{pid}"))
 
     def read(self) -> KernelCounts:
-        totals: dict[int, int] = {}
-        for (probe_id, _pid), calls in self.rows.items():
-            totals[probe_id] = totals.get(probe_id, 0) + calls
-        return KernelCounts(totals=totals, per_pid=dict(self.rows), comms={pid: f"c{pid}" for _, pid in self.rows})
+        exited, self.exited = self.exited, []
+        return KernelCounts(totals=dict(self.totals), per_pid=dict(self.rows), exited=exited,
+                            comms={pid: f"c{pid}" for _, pid in self.rows})
 
     def follow(self, root_pid: int) -> None:
         pass
@@ -171,3 +181,123 @@ def test_close_detaches_everything(manager, kernel):
     manager.close()
     assert kernel.attached == {} and kernel.closed
     assert manager.attached_keys == set()
+
+
+def listed(manager, consumer) -> tuple[int, dict[int, int]]:
+    count = manager.counts(consumer)[0]
+    return count.calls, count.per_pid
+
+
+def test_exited_process_is_listed_once_then_only_in_the_total(manager, kernel):
+    consumer = manager.register([probe(0x10)])
+    kernel.hit(0x10, pid=5, times=3)
+    kernel.hit(0x10, pid=6, times=2)
+    assert listed(manager, consumer) == (5, {5: 3, 6: 2})
+    kernel.hit(0x10, pid=5, times=1)
+    kernel.exit(5)
+    assert (5, 0x10) not in kernel.rows  # gone from the kernel at the exit already
+    count = manager.counts(consumer)[0]
+    assert (count.calls, count.per_pid, count.comms) == (6, {5: 4, 6: 2}, {5: "gone5", 6: "c6"})
+    assert listed(manager, consumer) == (6, {6: 2})
+    assert consumer.exited_pids == {} and consumer.pending_exits == []  # nothing kept per exited pid
+
+
+def test_filtered_consumer_keeps_exited_calls_in_its_total(manager, kernel):
+    consumer = manager.register([probe(0x10)], pid_filter=lambda pid: pid in (5, 7))
+    kernel.hit(0x10, pid=5, times=3)
+    kernel.hit(0x10, pid=6, times=50)
+    kernel.exit(5)
+    kernel.exit(6)
+    kernel.hit(0x10, pid=7, times=1)
+    assert listed(manager, consumer) == (4, {5: 3, 7: 1})
+    assert listed(manager, consumer) == (4, {7: 1})
+
+
+def test_filter_is_asked_when_the_consumer_counts_not_when_another_read_takes_the_exit(manager, kernel):
+    """count -- CMD learns its children after they ran: an exit taken out by another read must wait."""
+    followed: set[int] = set()
+    consumer = manager.register([probe(0x10)], pid_filter=followed.__contains__)
+    other = manager.register([probe(0x10)])
+    kernel.hit(0x10, pid=8, times=4)
+    kernel.exit(8)
+    manager.lost_rows()  # a read: hands the exit out to both consumers
+    assert listed(manager, other) == (4, {8: 4})
+    followed.add(8)
+    assert listed(manager, consumer) == (4, {8: 4})
+
+
+def test_late_consumer_baseline_applies_to_the_process_it_saw(manager, kernel):
+    early = manager.register([probe(0x10)])
+    kernel.hit(0x10, pid=5, times=10)
+    late = manager.register([probe(0x10)])
+    late_filtered = manager.register([probe(0x10)], pid_filter=lambda pid: True)
+    kernel.hit(0x10, pid=5, times=2)
+    kernel.exit(5)
+    kernel.hit(0x10, pid=5, times=7)  # the pid reused by a new process: no baseline for it
+    assert listed(manager, early) == (19, {5: 19})
+    assert listed(manager, late) == (9, {5: 9})
+    assert listed(manager, late_filtered) == (9, {5: 9})
+    kernel.exit(5)
+    assert listed(manager, late_filtered) == (9, {5: 9})
+    assert listed(manager, late_filtered) == (9, {})
+    assert late_filtered.baseline_per_pid == {}
+
+
+def test_reused_pid_entry_never_decreases_while_listed(manager, kernel):
+    consumer = manager.register([probe(0x10)])
+    kernel.hit(0x10, pid=5, times=4)
+    kernel.exit(5)
+    kernel.hit(0x10, pid=5, times=1)
+    assert listed(manager, consumer) == (5, {5: 5})
+    kernel.hit(0x10, pid=5, times=1)
+    assert listed(manager, consumer) == (6, {5: 6})  # the exited predecessor stays while the pid lives
+    kernel.exit(5)
+    assert listed(manager, consumer) == (6, {5: 6})
+    assert listed(manager, consumer) == (6, {})
+
+
+class ManagerCounter:
+    """What CallSource needs of a CallCounter, over the fake kernel."""
+
+    def __init__(self, manager, consumer) -> None:
+        self.manager, self.consumer = manager, consumer
+
+    def calls(self):
+        return self.manager.counts(self.consumer)
+
+
+def test_call_source_counts_every_call_once_while_processes_come_and_go(manager, kernel):
+    """serve's increments keyed by (binary, offset, pid): an exited pid's calls are neither lost nor
+    counted again as unattributed once it is no longer listed."""
+    from optrace.exporters.sources import CallSource
+    from optrace.exporters.totals import Delta
+
+    source = CallSource(["/bin/x:f16"], comms=[], targets=None)
+    source.counter = ManagerCounter(manager, manager.register([probe(0x10)]))
+    increments = []
+
+    def drain() -> Counter:
+        delta = Delta()
+        source.collect(delta)
+        assert all(n > 0 for n in delta.uprobe_calls.values())
+        increments.append(delta.uprobe_calls)
+        return delta.uprobe_calls
+
+    kernel.hit(0x10, pid=5, times=3)
+    assert drain() == Counter({("/bin/x", "f16", "c5"): 3})
+    kernel.hit(0x10, pid=5, times=2)
+    kernel.exit(5)
+    kernel.hit(0x10, pid=6, times=1)
+    kernel.exit(6)  # started and exited between two drains
+    assert drain() == Counter({("/bin/x", "f16", "gone5"): 2, ("/bin/x", "f16", "gone6"): 1})
+    kernel.totals[0] += 4  # calls the kernel's per-pid map had no room for
+    kernel.hit(0x10, pid=5, times=1)  # pid 5 reused
+    assert drain() == Counter({("/bin/x", "f16", "[unknown]"): 4, ("/bin/x", "f16", "c5"): 1})
+    kernel.exit(5)
+    kernel.hit(0x10, pid=5, times=6)  # and reused again before the next drain
+    assert drain() == Counter({("/bin/x", "f16", "c5"): 6})
+    kernel.exit(5)
+    assert drain() == Counter()
+    assert drain() == Counter()
+    assert sum(sum(c.values()) for c in increments) == kernel.totals[0] == 17
+    assert source._seen == {("/bin/x", 0x10, None): 4}  # nothing kept per exited pid

@@ -1,0 +1,26 @@
+"""Give freed heap memory back to the system (glibc's ``malloc_trim``).
+
+Loading a symbol table allocates several times its final size for a moment (section data, one
+object per symbol); glibc keeps such freed memory in the process unless told otherwise, so a
+long-running exporter's RSS would stay at the highest point any load reached. Other C libraries:
+a no-op.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def release_free_memory() -> bool:
+    """True when the C library gave memory back."""
+    trim = _malloc_trim()
+    return bool(trim(0)) if trim is not None else False
