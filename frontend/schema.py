@@ -11,13 +11,28 @@ import dataclasses
 import functools
 import types
 import typing
-from typing import Any
+from typing import Any, Callable
 
 from optrace.frontend.model import Record
 
 
 class SchemaError(ValueError):
     """The JSON does not have the shape the model expects; the message names the offending place."""
+
+    def __init__(self, problem: str, path: tuple[str, ...] = ()) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path = path
+
+    def at(self, part: str) -> "SchemaError":
+        """The same error, one level further out (the location is built only when an error happens)."""
+        return SchemaError(self.problem, (part, *self.path))
+
+    def __str__(self) -> str:
+        return f"record{''.join(self.path)}: {self.problem}"
+
+
+Decoder = Callable[[Any], Any]
 
 
 def encode(value: Any) -> Any:
@@ -33,117 +48,159 @@ def encode(value: Any) -> Any:
     return value
 
 
-def decode(data: Any, hint: Any, where: str = "record") -> Any:
+def decode(data: Any, hint: Any) -> Any:
     """Build a value of type `hint` from JSON data, checking every field; the result of decoding a
     :class:`Record` also has every frame index checked against the frame table."""
-    value = _decode(data, hint, where)
+    value = _decoder(hint)(data)
     if hint is Record:
         _check_frame_indices(value)
     return value
 
 
-def _decode(data: Any, hint: Any, where: str) -> Any:
+@functools.cache
+def _decoder(hint: Any) -> Decoder:
+    """A decoder for one type hint, built once: records hold tens of thousands of frames and samples."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        return _decode_union(data, typing.get_args(hint), where)
-    if origin in (list, tuple, dict):
-        return _CONTAINERS[origin](data, typing.get_args(hint), where)
+        return _union_decoder(typing.get_args(hint))
+    if origin in _CONTAINERS:
+        return _CONTAINERS[origin](typing.get_args(hint))
     if dataclasses.is_dataclass(hint):
-        return _decode_dataclass(data, hint, where)
-    return _decode_scalar(data, hint, where)
+        return _dataclass_decoder(hint)
+    return functools.partial(_decode_scalar, hint=hint)
 
 
-def _decode_union(data: Any, options: tuple[Any, ...], where: str) -> Any:
-    if data is None and type(None) in options:
-        return None
-    error = SchemaError(f"{where}: unexpected {type(data).__name__}")
-    for option in options:
-        if option is not type(None):
+def _union_decoder(options: tuple[Any, ...]) -> Decoder:
+    nullable = type(None) in options
+    decoders = [_decoder(option) for option in options if option is not type(None)]
+
+    def decode_union(data: Any) -> Any:
+        if data is None and nullable:
+            return None
+        error = SchemaError(f"unexpected {type(data).__name__}")
+        for decoder in decoders:
             try:
-                return _decode(data, option, where)
+                return decoder(data)
             except SchemaError as exc:
                 error = exc
-    raise error
+        raise error
+
+    return decode_union
 
 
-def _decode_list(data: Any, args: tuple[Any, ...], where: str) -> list[Any]:
-    _expect(data, list, where)
-    return [_decode(item, args[0], f"{where}[{i}]") for i, item in enumerate(data)]
+def _items(data: Any, decoder: Decoder) -> list[Any]:
+    _expect(data, list)
+    out = []
+    for i, item in enumerate(data):
+        try:
+            out.append(decoder(item))
+        except SchemaError as exc:
+            raise exc.at(f"[{i}]") from None
+    return out
 
 
-def _decode_tuple(data: Any, args: tuple[Any, ...], where: str) -> tuple[Any, ...]:
-    _expect(data, list, where)
+def _list_decoder(args: tuple[Any, ...]) -> Decoder:
+    item = _decoder(args[0])
+    return lambda data: _items(data, item)
+
+
+def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
     if len(args) == 2 and args[1] is Ellipsis:
-        return tuple(_decode(item, args[0], f"{where}[{i}]") for i, item in enumerate(data))
-    if len(data) != len(args):
-        raise SchemaError(f"{where}: expected {len(args)} items, got {len(data)}")
-    return tuple(_decode(item, arg, f"{where}[{i}]") for i, (item, arg) in enumerate(zip(data, args)))
+        item = _decoder(args[0])
+        return lambda data: tuple(_items(data, item))
+    decoders = [_decoder(arg) for arg in args]
+
+    def decode_fixed(data: Any) -> tuple[Any, ...]:
+        _expect(data, list)
+        if len(data) != len(decoders):
+            raise SchemaError(f"expected {len(decoders)} items, got {len(data)}")
+        out = []
+        for i, (decoder, item) in enumerate(zip(decoders, data)):
+            try:
+                out.append(decoder(item))
+            except SchemaError as exc:
+                raise exc.at(f"[{i}]") from None
+        return tuple(out)
+
+    return decode_fixed
 
 
-def _decode_dict(data: Any, args: tuple[Any, ...], where: str) -> dict[Any, Any]:
-    _expect(data, dict, where)
+def _dict_decoder(args: tuple[Any, ...]) -> Decoder:
     key_hint, value_hint = args
-    result = {}
-    for key, item in data.items():
-        parsed_key = _decode_key(key, key_hint, where)
-        result[parsed_key] = _decode(item, value_hint, f"{where}[{key!r}]")
-    return result
+    value_decoder = _decoder(value_hint)
+
+    def decode_dict(data: Any) -> dict[Any, Any]:
+        _expect(data, dict)
+        result = {}
+        for key, item in data.items():
+            try:
+                result[_decode_key(key, key_hint)] = value_decoder(item)
+            except SchemaError as exc:
+                raise exc.at(f"[{key!r}]") from None
+        return result
+
+    return decode_dict
 
 
-_CONTAINERS = {list: _decode_list, tuple: _decode_tuple, dict: _decode_dict}
+_CONTAINERS = {list: _list_decoder, tuple: _tuple_decoder, dict: _dict_decoder}
 
 
-def _decode_key(key: str, hint: Any, where: str) -> Any:
+def _decode_key(key: str, hint: Any) -> Any:
     if hint is int:
         try:
             return int(key)
         except ValueError:
-            raise SchemaError(f"{where}: key {key!r} is not an integer") from None
-    return _decode_scalar(key, hint, where)
+            raise SchemaError(f"key {key!r} is not an integer") from None
+    return _decode_scalar(key, hint)
 
 
-def _decode_dataclass(data: Any, cls: type, where: str) -> Any:
-    _expect(data, dict, where)
-    hints = _hints(cls)
-    kwargs = {}
-    for field in dataclasses.fields(cls):
-        if field.name in data:
-            kwargs[field.name] = _decode(data[field.name], hints[field.name], f"{where}.{field.name}")
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise SchemaError(f"{where}: missing field {field.name!r}")
-    return cls(**kwargs)
+def _dataclass_decoder(cls: type) -> Decoder:
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, _decoder(hints[f.name]),
+               f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+              for f in dataclasses.fields(cls)]
+
+    def decode_dataclass(data: Any) -> Any:
+        _expect(data, dict)
+        kwargs = {}
+        for name, decoder, required in fields:
+            if name in data:
+                try:
+                    kwargs[name] = decoder(data[name])
+                except SchemaError as exc:
+                    raise exc.at(f".{name}") from None
+            elif required:
+                raise SchemaError(f"missing field {name!r}")
+        return cls(**kwargs)
+
+    return decode_dataclass
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _decode_scalar(data: Any, hint: Any, where: str) -> Any:
+def _decode_scalar(data: Any, hint: Any) -> Any:
     if hint is Any:
         return data
     if hint is bytes:
-        _expect(data, str, where)
+        _expect(data, str)
         try:
             return bytes.fromhex(data)
         except ValueError:
-            raise SchemaError(f"{where}: not hex bytes") from None
+            raise SchemaError("not hex bytes") from None
     if hint is float and type(data) is int:
         return float(data)
     if type(data) is not hint:
-        raise SchemaError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(data).__name__}")
+        raise SchemaError(f"expected {getattr(hint, '__name__', hint)}, got {type(data).__name__}")
     return data
 
 
-def _expect(data: Any, kind: type, where: str) -> None:
+def _expect(data: Any, kind: type) -> None:
     if type(data) is not kind:
-        raise SchemaError(f"{where}: expected {kind.__name__}, got {type(data).__name__}")
+        raise SchemaError(f"expected {kind.__name__}, got {type(data).__name__}")
 
 
 def _check_frame_indices(record: Record) -> None:
     count = len(record.frames)
     for i, sample in enumerate(record.samples):
         if any(not 0 <= index < count for index in sample.frames):
-            raise SchemaError(f"record.samples[{i}]: frame index out of range")
+            raise SchemaError("frame index out of range", (".samples", f"[{i}]"))
         if sample.count < 0:
-            raise SchemaError(f"record.samples[{i}]: negative count")
+            raise SchemaError("negative count", (".samples", f"[{i}]"))
