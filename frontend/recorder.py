@@ -37,29 +37,26 @@ class RecordOptions:
 
 
 class SampleStore:
-    """Raw samples summed over drains. The drain time is kept only for stacks with raw-IP user frames
-    (possible JIT code, whose addresses get reused); other stacks are merged across drains."""
+    """Raw samples summed over drains. The drain time is kept only for stacks that may be in JIT code
+    (a raw-IP frame in no file mapping), whose addresses get reused; other stacks merge across drains."""
 
     def __init__(self) -> None:
         self._counts: Counter[tuple] = Counter()
-        self.build_ids: dict[int, set[bytes]] = {}
+        self._build_ids: dict[int, set[bytes]] = {}
 
-    def add(self, sample: RawSample) -> bool:
-        """Store a sample; True when it shows a build-id not seen before in its process."""
-        timed = any(frame.build_id is None for frame in sample.user)
-        key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0)
-        self._counts[key] += sample.count
-        known = self.build_ids.setdefault(sample.pid, set())
+    def shows_new_objects(self, sample: RawSample) -> bool:
+        """True when the sample has a build-id not seen before in its process (time to read its maps)."""
+        known = self._build_ids.setdefault(sample.pid, set())
         new = {f.build_id for f in sample.user if f.build_id is not None} - known
         known |= new
         return bool(new)
 
+    def add(self, sample: RawSample, timed: bool) -> None:
+        key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0)
+        self._counts[key] += sample.count
+
     def samples(self) -> list[RawSample]:
         return [RawSample(pid, comm, user, kernel, n, t) for (pid, comm, user, kernel, t), n in self._counts.items()]
-
-    @property
-    def total(self) -> int:
-        return sum(self._counts.values())
 
 
 class Recorder:
@@ -158,15 +155,22 @@ class Recorder:
         result = self.profiler.drain()
         self.lost.update(result.lost)
         self._process_events(result.execs, result.exits, result.time)
-        snapshot = set()
-        for sample in result.samples:
-            if self.store.add(sample):
-                snapshot.add(sample.pid)
-        for pid in snapshot:
+        for pid in {s.pid for s in result.samples if self.store.shows_new_objects(s)}:
             self.symbolizer.snapshot_process(pid)
+        for sample in result.samples:
+            self.store.add(sample, timed=self._maybe_jit(sample))
         for pid in {s.pid for s in result.samples}:
             self.jit.poll(pid, result.time)
         return result
+
+    def _maybe_jit(self, sample: RawSample) -> bool:
+        """A raw address outside every file mapping (and [vdso]) may be JIT code: keep its drain time."""
+        for frame in sample.user:
+            if frame.build_id is None:
+                entry = self.symbolizer.machine.mapping_at(sample.pid, frame.offset)
+                if entry is None or not (entry.is_file or entry.path == "[vdso]"):
+                    return True
+        return False
 
     def _process_events(self, execs: list[tuple[int, str]], exits: list[int], now: float) -> None:
         """A new program is looked at right away: a short-lived one may be gone by the next drain."""

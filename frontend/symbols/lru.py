@@ -50,8 +50,9 @@ class LruCache(Generic[K, V]):
         if key in self._entries:
             self._entries.move_to_end(key)
 
-    def pop(self, key: K, default: V | None = None) -> V | None:
-        return self._entries.pop(key, default)
+    def keys(self) -> list[K]:
+        """Least recently used first."""
+        return list(self._entries)
 
     def trim(self, keep: Container[K] = frozenset()) -> int:
         """Drop the least recently used entries beyond ``max_entries``, except those in ``keep`` (so

@@ -94,12 +94,12 @@ def test_machine_index_is_bounded_but_keeps_the_files_of_known_processes(copies,
     limits = CacheLimits(indexed_files=6)
     symbolizer = Symbolizer(debug_roots=(), limits=limits)
     symbolizer.snapshot_process(os.getpid())  # a live process: its files stay indexed
-    own_files = set(symbolizer.machine.files._entries)
+    own_files = set(symbolizer.machine.files.keys())
     assert len(own_files) > limits.indexed_files
     for path, build_id in copies:
         symbolizer.add_executable(str(path))
         assert names(symbolizer, [sample(build_id, elf.offset_of(program, "alpha"))]) == ["alpha"]
-        assert own_files <= set(symbolizer.machine.files._entries)
+        assert own_files <= set(symbolizer.machine.files.keys())
     sizes = symbolizer.cache_sizes()
     assert sizes["indexed_files"] == len(own_files)
     assert sizes["indexed_build_ids"] <= len(own_files)  # of the 24 copies and libc, only live files stay
@@ -118,9 +118,9 @@ def test_lru_cache_evicts_least_recently_used() -> None:
     deferred: LruCache[str, int] = LruCache(1, trim_on_put=False)
     deferred.put("x", 1)
     deferred.put("y", 2)
-    assert len(deferred) == 2 and deferred.trim() == 1 and list(deferred._entries) == ["y"]
+    assert len(deferred) == 2 and deferred.trim() == 1 and deferred.keys() == ["y"]
     deferred.put("z", 3)
-    assert deferred.trim(keep={"y"}) == 1 and list(deferred._entries) == ["y"]
+    assert deferred.trim(keep={"y"}) == 1 and deferred.keys() == ["y"]
     with pytest.raises(ValueError):
         LruCache(0)
 

@@ -1,0 +1,57 @@
+"""DT_NEEDED resolution: the libraries the dynamic linker itself (ldd) loads, each object's dynamic
+section read once per Linker (a long-running exporter sees many programs share libc)."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from optrace.frontend.symbols import linker
+from optrace.frontend.symbols.linker import DynamicInfo, Linker
+
+PROGRAMS = ["/usr/bin/ls", "/usr/bin/python3.11", "/usr/bin/ssh", "/usr/bin/bash"]
+
+
+def ldd_libraries(program: str) -> set[str]:
+    """Real paths of what ``ldd`` lists (the vDSO has no file)."""
+    output = subprocess.run(["ldd", program], check=True, capture_output=True, text=True).stdout
+    paths = re.findall(r"(?:=> )?(/\S+) \(0x", output)
+    return {os.path.realpath(path) for path in paths}
+
+
+@pytest.mark.parametrize("program", [p for p in PROGRAMS if os.path.exists(p)])
+def test_libraries_are_those_ldd_lists(program: str) -> None:
+    found, problems = Linker().needed_libraries(program)
+    assert problems == []
+    assert {os.path.realpath(path) for path in found} == ldd_libraries(program)
+
+
+def test_each_library_is_read_once_per_linker(monkeypatch) -> None:
+    reads: list[str] = []
+    original = linker.read_dynamic
+
+    def counting(path: str) -> DynamicInfo:
+        reads.append(os.path.realpath(path))
+        return original(path)
+
+    monkeypatch.setattr(linker, "read_dynamic", counting)
+    shared = Linker()
+    results = [shared.needed_libraries(program) for program in PROGRAMS if os.path.exists(program)]
+    libc = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+    assert reads.count(libc) == 1 and len(reads) == len(set(reads))
+    assert results == [Linker().needed_libraries(p) for p in PROGRAMS if os.path.exists(p)]  # same answers
+
+
+def test_objects_of_another_class_or_machine_are_skipped(tmp_path: Path) -> None:
+    root = linker.read_dynamic("/usr/bin/ls")
+    header = bytearray(Path("/usr/bin/ls").read_bytes()[:64])
+    header[4] = 1  # ELFCLASS32
+    (tmp_path / "class32").write_bytes(header)
+    header[4], header[18:20] = 2, (183).to_bytes(2, "little")  # EM_AARCH64
+    (tmp_path / "arm64").write_bytes(header)
+    (tmp_path / "text").write_text("not an ELF file\n")
+    assert linker._compatible("/usr/bin/ls", root)
+    assert not any(linker._compatible(str(tmp_path / name), root) for name in ("class32", "arm64", "text", "none"))
