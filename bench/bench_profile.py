@@ -131,9 +131,9 @@ class Target:
     """A workload started with a pipe on stdin: it waits for a line to start and for EOF to exit.
     A context manager: the process is gone when the block ends, whatever happened in it."""
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], nice: bool = True):
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=_nice_target)
+                                     preexec_fn=_nice_target if nice else None)
         self.first_line = self.proc.stdout.readline().strip()
 
     def __enter__(self) -> "Target":
@@ -295,7 +295,7 @@ def first_sample(tool: Tool, hz: int, out: Path) -> dict:
     """The target runs slot_000, slot_001, ... each SLOT_MS of wall time from its start; the tool is
     launched right after it starts. The earliest slot in the tool's own output dates its first
     sample: time to first sample = middle of that slot - tool launch (+- half a slot)."""
-    with Target([str(WORKLOADS / "bench-phases"), str(SLOT_MS)]) as target:
+    with Target([str(WORKLOADS / "bench-phases"), str(SLOT_MS)], nice=False) as target:
         target_start = float(target.first_line)
         with Recording(tool, tool.record_pid(target.pid, hz, out), out) as recording:
             attached_s = recording.wait_attached()
@@ -546,7 +546,8 @@ METHOD = """### Method
   from its start; the tool is launched (at 999 Hz, `-p PID`) right after it starts. The earliest slot
   named in the tool's own output dates the first sample it recorded: time to first sample = middle of
   that slot - tool launch (resolution +-{half_slot:.1f} ms). "perf events attached" is when the tool's sampling
-  events were open (polled in /proc/PID/fd). Here one CPU is busy with the target while the tool starts;
+  events were open (polled in /proc/PID/fd). Here one CPU is busy with the target (at normal priority)
+  while the tool starts;
   in the sessions of (a) the target waits, so both CPUs are free and attaching is faster. For the
   BCC-based tools start-up is dominated by the clang compile of the BPF program.
 - (c) peak RSS from wait4 (`ru_maxrss` of the tool's largest process: exact, catches short peaks) and

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 
 from optrace.frontend.symbols import debuginfo
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.demangle import demangle
+from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.symbols.symbol import Symbol, SymbolTable, read_function_symbols
 
 READ_ERRORS = (OSError, ELFError, lzma.LZMAError, ValueError, KeyError, IndexError)
@@ -86,7 +86,7 @@ class Dso:
             with self._open() as stream:
                 if not self._debug_only and not self._build_id_matches(stream):
                     return
-                elf = ELFFile(stream)
+                elf = ElfFile(stream)
                 segments = reconstruct_segments(elf) if self._debug_only else load_segments(elf)
                 self._symbols = SymbolTable(self._read_symbols(elf))
                 self._segments = segments
@@ -106,7 +106,7 @@ class Dso:
                            f"{found.hex() if found else 'none'} found); its frames show as {self.basename}+0xOFFSET")
         return False
 
-    def _read_symbols(self, elf: ELFFile) -> list[Symbol]:
+    def _read_symbols(self, elf: ElfFile) -> list[Symbol]:
         """.symtab, else the separate debug file's .symtab, else MiniDebugInfo (+ .dynsym), else .dynsym."""
         symbols = read_function_symbols(elf, ".symtab")
         if symbols or self._debug_only:
@@ -119,11 +119,11 @@ class Dso:
         image = debuginfo.mini_debuginfo(elf)
         if image is not None:
             self.symbol_source = "minidebuginfo"
-            return read_function_symbols(ELFFile(io.BytesIO(image)), ".symtab") + dynamic
+            return read_function_symbols(ElfFile(io.BytesIO(image)), ".symtab") + dynamic
         self.symbol_source = "dynsym"
         return dynamic
 
-    def _separate_debug_symbols(self, elf: ELFFile) -> list[Symbol]:
+    def _separate_debug_symbols(self, elf: ElfFile) -> list[Symbol]:
         roots = self._context.debug_roots
         path = debuginfo.build_id_debug_path(self.build_id, roots) if self.build_id else None
         if path is None and self.path is not None:
@@ -133,7 +133,7 @@ class Dso:
             return []
         try:
             with open(path, "rb") as stream:
-                symbols = read_function_symbols(ELFFile(stream), ".symtab")
+                symbols = read_function_symbols(ElfFile(stream), ".symtab")
         except READ_ERRORS as err:
             self._context.warn(f"cannot read debug file {path}: {_reason(err)}")
             return []
@@ -141,12 +141,12 @@ class Dso:
         return symbols
 
 
-def load_segments(elf: ELFFile) -> list[LoadSegment]:
+def load_segments(elf: ElfFile) -> list[LoadSegment]:
     return [LoadSegment(seg["p_offset"], seg["p_filesz"], seg["p_vaddr"])
-            for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"]
+            for seg in elf.segment_headers() if seg["p_type"] == "PT_LOAD"]
 
 
-def reconstruct_segments(elf: ELFFile) -> list[LoadSegment]:
+def reconstruct_segments(elf: ElfFile) -> list[LoadSegment]:
     """The binary's PT_LOAD layout rebuilt from a debug file's program headers.
 
     ``objcopy --only-keep-debug`` keeps p_vaddr/p_memsz but zeroes p_offset/p_filesz. Linkers lay
@@ -155,7 +155,7 @@ def reconstruct_segments(elf: ELFFile) -> list[LoadSegment]:
     """
     segments = []
     previous_end = None
-    for seg in sorted((s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"), key=lambda s: s["p_vaddr"]):
+    for seg in sorted((s for s in elf.segment_headers() if s["p_type"] == "PT_LOAD"), key=lambda s: s["p_vaddr"]):
         align = max(seg["p_align"], 1)
         vaddr = seg["p_vaddr"]
         offset = vaddr % align if previous_end is None else previous_end + (vaddr - previous_end) % align

@@ -12,11 +12,10 @@ import subprocess
 from collections import deque
 from dataclasses import dataclass
 
-from elftools.elf.dynamic import DynamicSection
-from elftools.elf.elffile import ELFFile
 from elftools.elf.enums import ENUM_E_MACHINE
 
 from optrace.frontend.symbols.buildid import ELF_MAGIC
+from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.symbols.lru import LruCache
 
 ELF_CLASS_BITS = {1: 32, 2: 64}  # EI_CLASS -> elfclass
@@ -36,11 +35,9 @@ class DynamicInfo:
 def read_dynamic(path: str) -> DynamicInfo:
     """DT_NEEDED / DT_RPATH / DT_RUNPATH of ``path``. Raises OSError or ELFError."""
     with open(path, "rb") as stream:
-        elf = ELFFile(stream)
+        elf = ElfFile(stream)
         needed, rpath, runpath = [], [], []
-        for section in elf.iter_sections():
-            if not isinstance(section, DynamicSection):
-                continue
+        for section in elf.sections_of_type("SHT_DYNAMIC"):
             for tag in section.iter_tags():
                 if tag.entry.d_tag == "DT_NEEDED":
                     needed.append(tag.needed)
