@@ -134,23 +134,15 @@ def test_pid_filter(bpf_ready, workloads):
     assert [(r["pid"], r["calls"]) for r in doc["probes"][0]["per_pid"]] == [(wanted.pid, 4000)]
 
 
-def test_symlink_and_hard_link_are_one_attachment_and_one_count(bpf_ready, workloads, tmp_path):
-    link = tmp_path / "calls-symlink"
-    link.symlink_to(workloads / "calls")
-    hard = workloads / "calls-hardlink"
-    if hard.exists():
-        hard.unlink()
-    os.link(workloads / "calls", hard)
+def test_symlink_and_hard_link_are_one_attachment_and_one_count(bpf_ready, workloads, calls_links):
+    link, hard = calls_links
     before = len(probe_fds())
-    try:
-        with CallCounter([f"{link}:target", f"{workloads}/calls:target", f"{hard}:target"]) as counter:
-            assert len(counter.manager.attached_keys) == 1
-            assert probe_fds().count("anon_inode:bpf_link") == 1  # each uprobe is one BPF link
-            subprocess.run([str(hard), "7000"], check=True, stdout=subprocess.DEVNULL)
-            subprocess.run([str(link), "1000"], check=True, stdout=subprocess.DEVNULL)
-            assert [(c.probe, c.calls) for c in counter.calls()] == [(f"{link}:target", 8000)]
-    finally:
-        hard.unlink()
+    with CallCounter([f"{link}:target", f"{workloads}/calls:target", f"{hard}:target"]) as counter:
+        assert len(counter.manager.attached_keys) == 1
+        assert probe_fds().count("anon_inode:bpf_link") == 1  # each uprobe is one BPF link
+        subprocess.run([str(hard), "7000"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([str(link), "1000"], check=True, stdout=subprocess.DEVNULL)
+        assert [(c.probe, c.calls) for c in counter.calls()] == [(f"{link}:target", 8000)]
     assert len(probe_fds()) == before
 
 

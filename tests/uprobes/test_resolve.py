@@ -1,7 +1,6 @@
 """SPEC parsing and symbol -> file offset resolution (pyelftools), checked against nm and real files."""
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -86,18 +85,10 @@ def test_address_spec_names_the_enclosing_function(workloads):
     assert probe.symbol == "target+0x4" and probe.offset == target + 4
 
 
-def test_symlink_and_hard_link_give_the_same_key(workloads, tmp_path):
-    link = tmp_path / "calls-link"
-    link.symlink_to(workloads / "calls")
-    hard = workloads / "calls-hardlink-test"
-    if hard.exists():
-        hard.unlink()
-    os.link(workloads / "calls", hard)
-    try:
-        keys = {p.key for p in resolve_specs([f"{workloads}/calls:target", f"{link}:target",
-                                              f"{hard}:target", f"{workloads}/../build/calls:target"]).probes}
-    finally:
-        hard.unlink()
+def test_symlink_and_hard_link_give_the_same_key(workloads, calls_links):
+    link, hard = calls_links
+    keys = {p.key for p in resolve_specs([f"{workloads}/calls:target", f"{link}:target",
+                                          f"{hard}:target", f"{workloads}/../build/calls:target"]).probes}
     assert len(keys) == 1
 
 
