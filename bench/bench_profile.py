@@ -495,7 +495,7 @@ def markdown(res: dict, tools: dict[str, Tool]) -> str:
               if "error" not in r]
     rows = [[f"{hz} Hz", tools[k].name, f"{r['maxrss_kb'] / 1024:.0f}", f"{r['tree_rss_kb'] / 1024:.0f}",
              f"{r['tool_cpu_s']:.2f}", f"{r['finish_s']:.1f}"] for hz, k, r in system]
-    parts += [f"### (c) Peak RSS and cost of the profiler (the runs of (d))", "",
+    parts += ["### (c) Peak RSS and cost of the profiler (the runs of (d))", "",
               md_table(["freq", "tool", "peak RSS MB (its largest process)", "peak RSS MB (process tree)",
                         "tool CPU s", "Ctrl-C to exit s"], rows), ""]
     perf_bytes = {hz: by_tool["perf"]["file_bytes"] for hz, by_tool in res.get("system_wide", {}).items()
