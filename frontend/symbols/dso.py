@@ -61,6 +61,11 @@ class Dso:
         self._symbols = SymbolTable(())
 
     @property
+    def table_bytes(self) -> int:
+        """Memory held by the loaded symbol table (0 before it is loaded)."""
+        return self._symbols.nbytes
+
+    @property
     def basename(self) -> str:
         return os.path.basename(self.name) or self.name
 

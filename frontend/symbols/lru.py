@@ -54,6 +54,16 @@ class LruCache(Generic[K, V]):
         """Least recently used first."""
         return list(self._entries)
 
+    def values(self) -> list[V]:
+        """Least recently used first."""
+        return list(self._entries.values())
+
+    def evict_oldest(self) -> V:
+        """Drop the least recently used entry and return its value; KeyError when empty."""
+        if not self._entries:
+            raise KeyError("evict_oldest from an empty cache")
+        return self._entries.popitem(last=False)[1]
+
     def trim(self, keep: Container[K] = frozenset()) -> int:
         """Drop the least recently used entries beyond ``max_entries``, except those in ``keep`` (so
         the cache may stay above its limit); how many were dropped."""

@@ -95,6 +95,11 @@ class SymbolTable:
     def __len__(self) -> int:
         return len(self._starts)
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the table's arrays and names."""
+        return sum(a.itemsize * len(a) for a in (self._starts, self._ends, self._name_ends)) + len(self._names)
+
     def find(self, address: int) -> str | None:
         """The symbol covering ``address``: a sized symbol that contains it, else the nearest symbol
         below it when that one has no size (perf extends zero-size symbols to the next symbol)."""

@@ -43,6 +43,7 @@ class CacheLimits:
     go first). Sized for a busy machine: a few hundred programs and libraries in use at once."""
 
     dsos: int = 512  # objects, each with its symbol table once loaded
+    table_bytes: int = 64 << 20  # and at most this much in their symbol tables (a C++ runtime holds 3-15 MB)
     frames: int = 16384  # named (build-id, offset) and kernel frames, each (a miss costs a bisect)
     missing: int = 4096  # build-ids found nowhere
     warnings: int = 4096  # warnings already given (one given again after eviction is harmless)
@@ -68,6 +69,7 @@ class Symbolizer:
         self._vdso_read = False
         self._warned: LruCache[str, None] = LruCache(limits.warnings)
         self._loaded_at_last_trim = 0
+        self._table_bytes = limits.table_bytes
 
     def snapshot_process(self, pid: int) -> None:
         self.machine.snapshot_process(pid)
@@ -99,18 +101,29 @@ class Symbolizer:
         return list(index), rows
 
     def cache_sizes(self) -> dict[str, int]:
-        return {"dsos": len(self._dsos), "frames": len(self._frames), "kernel_frames": len(self._kernel_frames),
+        return {"dsos": len(self._dsos), "table_bytes": sum(dso.table_bytes for dso in self._dsos.values()),
+                "frames": len(self._frames), "kernel_frames": len(self._kernel_frames),
                 "missing": len(self._missing), "warned": len(self._warned), **self.machine.cache_sizes()}
 
     def _trim(self) -> None:
         """Evict past the limits, between calls only: a Dso in use by a call stays until it ends."""
-        self.stats["dsos_evicted"] = self.stats.get("dsos_evicted", 0) + self._dsos.trim()
+        self.stats["dsos_evicted"] = self.stats.get("dsos_evicted", 0) + self._dsos.trim() + self._trim_tables()
         self._frames.trim()
         self._kernel_frames.trim()
         self.machine.trim()
         if self.stats["dsos_loaded"] != self._loaded_at_last_trim:  # symbol tables were read: heap to give back
             self._loaded_at_last_trim = self.stats["dsos_loaded"]
             release_free_memory()
+
+    def _trim_tables(self) -> int:
+        """Evict least recently used Dsos until their symbol tables fit the byte budget (the most
+        recently used one always stays); how many were evicted."""
+        total = sum(dso.table_bytes for dso in self._dsos.values())
+        evicted = 0
+        while total > self._table_bytes and len(self._dsos) > 1:
+            total -= self._dsos.evict_oldest().table_bytes
+            evicted += 1
+        return evicted
 
     def _warn(self, message: str) -> None:
         if message not in self._warned:

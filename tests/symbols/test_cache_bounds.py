@@ -121,6 +121,9 @@ def test_lru_cache_evicts_least_recently_used() -> None:
     assert len(deferred) == 2 and deferred.trim() == 1 and deferred.keys() == ["y"]
     deferred.put("z", 3)
     assert deferred.trim(keep={"y"}) == 1 and deferred.keys() == ["y"]
+    assert deferred.evict_oldest() == 2 and len(deferred) == 0
+    with pytest.raises(KeyError):
+        deferred.evict_oldest()
     with pytest.raises(ValueError):
         LruCache(0)
 
@@ -133,3 +136,19 @@ def test_record_sized_defaults_do_not_evict(copies, program: Path, elf) -> None:
         names(symbolizer, [sample(build_id, elf.offset_of(program, "alpha"))])
     assert symbolizer.stats.get("dsos_evicted", 0) == 0 and symbolizer.cache_sizes()["dsos"] == PROGRAMS
 
+
+
+def test_symbol_tables_fit_the_byte_budget(copies, program: Path, elf) -> None:
+    alpha = elf.offset_of(program, "alpha")
+    probe = Symbolizer(debug_roots=())
+    probe.add_executable(str(copies[0][0]))
+    names(probe, [sample(copies[0][1], alpha)])
+    one_table = probe.cache_sizes()["table_bytes"]
+    assert one_table > 0
+    symbolizer = Symbolizer(debug_roots=(), limits=CacheLimits(table_bytes=int(2.5 * one_table)))
+    for path, build_id in copies:
+        symbolizer.add_executable(str(path))
+        assert names(symbolizer, [sample(build_id, alpha)]) == ["alpha"]
+        sizes = symbolizer.cache_sizes()
+        assert sizes["dsos"] <= 2 and sizes["table_bytes"] <= 2.5 * one_table
+    assert symbolizer.stats["dsos_evicted"] == PROGRAMS - 2
