@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import threading

@@ -144,7 +144,9 @@ class ProfileSource:
     def _learn_processes(self, result, samples: list[RawSample]) -> None:
         """What the symbolizer and JIT symbols must know before this drain's samples are named."""
         for pid, filename in result.execs:
-            self._tracker.exec(pid, resolve_exec_path(pid, filename))
+            path = resolve_exec_path(pid, filename)
+            if path:
+                self._tracker.exec(pid, path)
         executables, snapshot = self._tracker.sampled(samples)
         for pid in snapshot:
             self.symbolizer.snapshot_process(pid)

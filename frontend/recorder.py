@@ -175,7 +175,9 @@ class Recorder:
     def _process_events(self, execs: list[tuple[int, str]], exits: list[int], now: float) -> None:
         """A new program is looked at right away: a short-lived one may be gone by the next drain."""
         for pid, filename in execs:
-            self.symbolizer.add_executable(resolve_exec_path(pid, filename))
+            path = resolve_exec_path(pid, filename)
+            if path:
+                self.symbolizer.add_executable(path)
             self.symbolizer.snapshot_process(pid)
         for pid in exits:
             self.jit.process_exited(pid, now)
@@ -225,11 +227,16 @@ def leaf_only(sample: RawSample) -> RawSample:
     return RawSample(sample.pid, sample.comm, sample.user[:1], (), sample.count, sample.time)
 
 
-def resolve_exec_path(pid: int, filename: str) -> str:
-    """The kernel reports the path as passed to execve; make a relative one absolute."""
+def resolve_exec_path(pid: int, filename: str) -> str | None:
+    """The kernel reports the path as passed to execve; a relative one is made absolute through the
+    process while it runs. Once it is gone, only a path that exists from here is trusted (None: skip)."""
     if os.path.isabs(filename):
         return filename
-    try:
-        return os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return os.path.abspath(filename)
+    for resolve in (lambda: os.readlink(f"/proc/{pid}/exe"),
+                    lambda: os.path.join(os.readlink(f"/proc/{pid}/cwd"), filename)):
+        try:
+            return resolve()
+        except OSError:
+            continue
+    path = os.path.abspath(filename)
+    return path if os.path.exists(path) else None
