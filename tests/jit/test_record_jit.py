@@ -104,7 +104,7 @@ def node():
 def test_node_perf_basic_prof(bpf_ready, optrace, node, tmp_path):
     data = tmp_path / "node.data"
     optrace("record", "-F", "999", "-o", str(data), "--", node, "--perf-basic-prof", str(PROGRAMS / "hot.js"), "2",
-            check=True)
+            check=True, cwd=tmp_path)
     report = report_rows(optrace, data, "dso,symbol")
     assert share(report, "hotLoop") > 60
     assert all(d.startswith("[jit] /tmp/perf-") for d in dsos(report, "hotLoop"))
