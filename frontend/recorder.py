@@ -68,6 +68,7 @@ class Recorder:
         self.exit_status: int | None = None
         self.warnings: list[str] = []
         self._targets: set[int] = set()
+        self._jit_pids: set[int] = set()  # processes with samples in anonymous code: their JIT files are read
 
     def run(self) -> Record:
         from optrace.bpf.profiler import Profiler
@@ -110,7 +111,7 @@ class Recorder:
         for pid in self.options.pids:
             self.symbolizer.snapshot_process(pid)
         if self.options.command:
-            self.child = GatedChild.launch(self.options.command)
+            self.child = GatedChild(self.options.command)
             self.profiler.add_pid(self.child.pid)
             self.child.release()
 
@@ -128,7 +129,9 @@ class Recorder:
                 self._drain()
                 next_drain += opts.drain_interval_s
             else:
-                self._process_events(*self.profiler.poll_events(), now)
+                execs, exits = self.profiler.poll_events()
+                self._note_execs(execs)
+                self._note_exits(exits, now)
             wake = min(next_drain, deadline or next_drain)
             if stop.wait(min(POLL_SECONDS, wake - now)):
                 break
@@ -154,13 +157,19 @@ class Recorder:
     def _drain(self):
         result = self.profiler.drain()
         self.lost.update(result.lost)
-        self._process_events(result.execs, result.exits, result.time)
+        self._note_execs(result.execs)
         for pid in {s.pid for s in result.samples if self.store.shows_new_objects(s)}:
             self.symbolizer.snapshot_process(pid)
+        polled = set()
         for sample in result.samples:
-            self.store.add(sample, timed=self._maybe_jit(sample))
-        for pid in {s.pid for s in result.samples}:
+            maybe_jit = self._maybe_jit(sample)
+            self.store.add(sample, timed=maybe_jit)
+            if maybe_jit:
+                polled.add(sample.pid)
+        self._jit_pids |= polled
+        for pid in polled:
             self.jit.poll(pid, result.time)
+        self._note_exits(result.exits, result.time)  # after the poll: this drain may be a pid's first JIT sample
         return result
 
     def _maybe_jit(self, sample: RawSample) -> bool:
@@ -172,14 +181,17 @@ class Recorder:
                     return True
         return False
 
-    def _process_events(self, execs: list[tuple[int, str]], exits: list[int], now: float) -> None:
+    def _note_execs(self, execs: list[tuple[int, str]]) -> None:
         """A new program is looked at right away: a short-lived one may be gone by the next drain."""
         for pid, filename in execs:
             path = resolve_exec_path(pid, filename)
             if path:
                 self.symbolizer.add_executable(path)
             self.symbolizer.snapshot_process(pid)
-        for pid in exits:
+
+    def _note_exits(self, exits: list[int], now: float) -> None:
+        """JIT files are read once more at exit (a map written at exit, DumpPerfMapAtExit, counts)."""
+        for pid in self._jit_pids.intersection(exits):
             self.jit.process_exited(pid, now)
 
     def _build_record(self, started: float, duration: float, calls) -> Record:

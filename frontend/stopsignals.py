@@ -7,13 +7,12 @@ from types import FrameType
 
 
 class StopSignals:
-    """While active, SIGINT/SIGTERM set :attr:`stopped` (and remember which signal) instead of raising."""
+    """While active, SIGINT/SIGTERM set :attr:`stopped` instead of raising."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.stopped = threading.Event()
-        self.signal: int | None = None
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopSignals":
@@ -27,7 +26,6 @@ class StopSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signal = signum
         self.stopped.set()
 
     def wait(self, seconds: float) -> bool:

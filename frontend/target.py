@@ -39,10 +39,6 @@ class GatedChild:
         self._gate_fd = write_fd
         self.returncode: int | None = None
 
-    @classmethod
-    def launch(cls, argv: list[str]) -> "GatedChild":
-        return cls(argv)
-
     @staticmethod
     def _child(argv: list[str], read_fd: int, write_fd: int) -> None:
         try:
