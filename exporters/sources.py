@@ -194,6 +194,14 @@ class ProfileSource:
             self.symbolizer.close()
 
 
+def read_comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().rstrip(b"\n").decode("utf-8", "replace")
+    except OSError:
+        return UNKNOWN
+
+
 class CallSource:
     """Exact uprobe call counts: the probe manager's cumulative counts since start, turned into
     per-drain increments by (binary, symbol, comm). Calls the kernel could not attribute to a process
@@ -234,7 +242,7 @@ class CallSource:
                 key = (count.binary, count.offset, pid)  # one glob SPEC gives many rows
                 seen[key] = calls
                 new = calls - self._seen.get(key, 0)
-                comm = UNKNOWN if pid is None else count.comms.get(pid) or UNKNOWN  # the attacher already asked /proc
+                comm = UNKNOWN if pid is None else count.comms.get(pid) or read_comm(pid)
                 if new > 0 and (not self._comms or comm in self._comms):
                     delta.uprobe_calls[(count.binary, count.symbol, comm)] += new
         self._seen = seen  # pids the probe manager no longer reports are dropped here too
