@@ -36,13 +36,12 @@ BPF_ARRAY(totals, u64, MAX_PROBES);                       // probe id -> calls, 
 BPF_HASH(per_pid, struct row_t, u64, MAX_ROWS);           // (probe id, pid, instance) -> calls
 BPF_HASH(procs, u32, struct proc_t, MAX_ROWS);            // live process that hit a probe -> instance
 BPF_HASH(exited, struct instance_t, struct comm_t, MAX_ROWS);  // exited instances not yet folded
-BPF_ARRAY(lost_rows, u64, 1);                             // hits per_pid (or procs) had no room for
+BPF_ARRAY(lost_rows, u64, MAX_PROBES);                    // probe id -> hits per_pid (or procs) had no room for
 BPF_HASH(followed, u32, u32, MAX_ROWS);                   // pid -> followed root it descends from
 
-static void count_lost(void)
+static void count_lost(u32 probe)
 {
-    u32 zero = 0;
-    u64 *lost = lost_rows.lookup(&zero);
+    u64 *lost = lost_rows.lookup(&probe);
     if (lost)
         __sync_fetch_and_add(lost, 1);
 }
@@ -69,7 +68,7 @@ int count_call(struct pt_regs *ctx)
     u32 pid = bpf_get_current_pid_tgid() >> 32;
     struct proc_t *proc = current_proc(pid);
     if (!proc) {
-        count_lost();
+        count_lost(probe);
         return 0;
     }
     struct row_t key = {.probe = probe, .pid = pid, .instance = proc->instance};
@@ -86,7 +85,7 @@ int count_call(struct pt_regs *ctx)
         __sync_fetch_and_add(calls, 1);
         return 0;
     }
-    count_lost();
+    count_lost(probe);
     return 0;
 }
 

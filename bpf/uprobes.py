@@ -311,10 +311,10 @@ class BpfUprobeAttacher:
         exited = {(_int(k.pid), k.instance): v.comm.decode(errors="replace")
                   for k, v in _all_items(self._bpf[b"exited"])}  # before the rows: theirs are final
         per_pid = self._bpf[b"per_pid"]
-        totals = self._bpf[b"totals"]
+        totals, lost = self._bpf[b"totals"], self._bpf[b"lost_rows"]
         counts = KernelCounts(
             totals={probe_id: totals[totals.Key(probe_id)].value for probe_id in self._links},
-            lost_rows=self._bpf[b"lost_rows"][0].value,
+            lost_rows={probe_id: lost[lost.Key(probe_id)].value for probe_id in self._links},
             followed={_int(k): _int(v) for k, v in _all_items(self._bpf[b"followed"])},
         )
         final = []
@@ -355,9 +355,11 @@ class BpfUprobeAttacher:
 
     def _purge_stale(self) -> None:
         """Zero the counts of freed probe ids before they are handed out again."""
-        totals, per_pid = self._bpf[b"totals"], self._bpf[b"per_pid"]
+        per_pid = self._bpf[b"per_pid"]
         for probe_id in self._stale:
-            totals[totals.Key(probe_id)] = totals.Leaf(0)
+            for name in (b"totals", b"lost_rows"):
+                table = self._bpf[name]
+                table[table.Key(probe_id)] = table.Leaf(0)
         for key in [k for k, _v in _all_items(per_pid) if k.probe in self._stale]:
             del per_pid[key]
         self._stale.clear()

@@ -205,9 +205,8 @@ def read_comm(pid: int) -> str:
 class CallSource:
     """Exact uprobe call counts: the probe manager's cumulative counts since start, turned into
     per-drain increments by (binary, symbol, comm). Calls the kernel could not attribute to a process
-    (its per-pid map was full) are counted with comm="[unknown]", so the totals stay exact. An exited
-    process is listed one last time with its final count, then its calls are "retired": still in the
-    probe's total, no longer in per_pid, and not unattributed either."""
+    (its per-pid map was full) are counted with comm="[unknown]" from their own kernel counter, so the
+    totals stay exact. An exited process is listed one last time with its final count, then dropped."""
 
     event = None
 
@@ -217,7 +216,6 @@ class CallSource:
         self._targets = targets
         self._seen: dict[tuple[str, int, int | None], int] = {}  # (binary, offset, pid or None) -> calls
         self._target_set: set[int] = set()  # read once per drain, not once per pid
-        self._retired: dict[tuple[str, int], int] = {}  # (binary, offset) -> calls of pids no longer listed
         self.counter = None
 
     def start(self) -> None:
@@ -232,12 +230,8 @@ class CallSource:
             self._target_set.clear()
             self._target_set.update(self._targets())
         seen: dict[tuple[str, int, int | None], int] = {}
-        counts = self.counter.calls()
-        self._retire_unlisted({(c.binary, c.offset, pid) for c in counts for pid in c.per_pid})
-        for count in counts:
-            cumulative: dict[int | None, int] = dict(count.per_pid)
-            retired = self._retired.get((count.binary, count.offset), 0)
-            cumulative[None] = count.calls - sum(count.per_pid.values()) - retired
+        for count in self.counter.calls():
+            cumulative: dict[int | None, int] = {**count.per_pid, None: count.unattributed}
             for pid, calls in cumulative.items():
                 key = (count.binary, count.offset, pid)  # one glob SPEC gives many rows
                 seen[key] = calls
@@ -246,13 +240,6 @@ class CallSource:
                 if new > 0 and (not self._comms or comm in self._comms):
                     delta.uprobe_calls[(count.binary, count.symbol, comm)] += new
         self._seen = seen  # pids the probe manager no longer reports are dropped here too
-
-    def _retire_unlisted(self, listed: set[tuple[str, int, int]]) -> None:
-        """Exited pids were last listed with their final count: that much of the total is accounted for."""
-        for key, calls in self._seen.items():
-            binary, offset, pid = key
-            if pid is not None and key not in listed:
-                self._retired[(binary, offset)] = self._retired.get((binary, offset), 0) + calls
 
     def close(self) -> None:
         if self.counter is not None:

@@ -71,6 +71,10 @@ class CallCount:
     calls: int
     per_pid: dict[int, int] = field(default_factory=dict)
     comms: dict[int, str] = field(default_factory=dict)  # pid -> command name, for the pids in per_pid
+    # Calls the kernel counted but could not give a process (its per-process maps were full): in
+    # `calls`, in no per_pid entry. A counter of its own, never `calls` minus the rows: the kernel
+    # maps are read one after the other, so that difference drifts while calls happen.
+    unattributed: int = 0
 
 
 @dataclass

@@ -55,7 +55,7 @@ class KernelCounts:
     per_pid: dict[tuple[int, int], int] = field(default_factory=dict)  # (probe id, pid) -> calls, live processes
     exited: list[ExitedRow] = field(default_factory=list)  # handed out once, oldest process first
     comms: dict[int, str] = field(default_factory=dict)  # pid -> command name at its first hit
-    lost_rows: int = 0  # hits the per-pid map had no room for (still in totals)
+    lost_rows: dict[int, int] = field(default_factory=dict)  # probe id -> hits no per-pid row took (in totals)
     followed: dict[int, int] = field(default_factory=dict)  # pid -> the followed root it descends from
 
 
@@ -102,6 +102,7 @@ class Consumer:
     probes: tuple[ResolvedProbe, ...]
     pid_filter: PidFilter | None
     baseline_totals: dict[ProbeKey, int] = field(default_factory=dict)
+    baseline_lost: dict[ProbeKey, int] = field(default_factory=dict)
     baseline_per_pid: dict[tuple[ProbeKey, int], int] = field(default_factory=dict)
     pending_exits: list[tuple[ProbeKey, ExitedRow]] = field(default_factory=list)  # not yet filtered
     exited_calls: dict[ProbeKey, int] = field(default_factory=dict)  # accepted calls of exited processes
@@ -184,7 +185,7 @@ class ProbeManager:
 
     def lost_rows(self) -> int:
         with self._lock:
-            return self._read().lost_rows
+            return sum(self._read().lost_rows.values())
 
     def follow(self, root_pid: int) -> None:
         with self._lock:
@@ -278,6 +279,7 @@ class ProbeManager:
         for key in shared:
             probe_id = self._attached[key].probe_id
             consumer.baseline_totals[key] = kernel.totals.get(probe_id, 0)
+            consumer.baseline_lost[key] = kernel.lost_rows.get(probe_id, 0)
             for (pid_probe, pid), calls in kernel.per_pid.items():
                 if pid_probe == probe_id:
                     consumer.baseline_per_pid[(key, pid)] = calls
@@ -298,12 +300,14 @@ class ProbeManager:
             if key == probe.key:
                 per_pid[pid] = per_pid.get(pid, 0) + exited.calls
                 comms.setdefault(pid, exited.comm)
+        unattributed = 0
         if consumer.pid_filter is None:
             calls = kernel.totals.get(probe_id, 0) - consumer.baseline_totals.get(probe.key, 0)
+            unattributed = kernel.lost_rows.get(probe_id, 0) - consumer.baseline_lost.get(probe.key, 0)
         else:
             calls = live + consumer.exited_calls.get(probe.key, 0)
         return CallCount(probe=probe.spec, binary=probe.binary, symbol=probe.symbol, offset=probe.offset,
-                         calls=calls, per_pid=per_pid, comms=comms)
+                         calls=calls, per_pid=per_pid, comms=comms, unattributed=unattributed)
 
 
 def _rows_by_probe(kernel: KernelCounts) -> dict[int, dict[int, int]]:

@@ -41,7 +41,8 @@ class CallCounter:
     What :meth:`calls` returns, one :class:`CallCount` per probe, all counted since :meth:`start`:
 
     - ``calls`` is the exact cumulative total: every call counts once, whether its process still runs,
-      has exited, or could not get a per-pid row in the kernel (see :meth:`lost_rows`).
+      has exited, or could not get a per-pid row in the kernel (those are also in ``unattributed``,
+      a kernel counter of their own; see :meth:`lost_rows`).
     - ``per_pid`` holds each live process, and each exited process once more, with its final count,
       in the first :meth:`calls` after its exit was seen; later results no longer list it (its calls
       stay in ``calls``). This is what keeps memory bounded, in the kernel and here, however many

@@ -82,8 +82,9 @@ class FakeCounter:
 
     def calls(self) -> list[CallCount]:
         total = sum(self.per_pid.values()) + self.unattributed + self.retired
-        return [CallCount("c:getpid", "/lib/libc.so.6", "getpid", 0, total,
-                          dict(self.per_pid), comms={pid: f"p{pid}" for pid in self.per_pid if pid != 12})]
+        return [CallCount("c:getpid", "/lib/libc.so.6", "getpid", 0, total, dict(self.per_pid),
+                          comms={pid: f"p{pid}" for pid in self.per_pid if pid != 12},
+                          unattributed=self.unattributed)]
 
 
 def test_call_source_turns_cumulative_counts_into_increments(monkeypatch):

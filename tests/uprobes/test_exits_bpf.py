@@ -87,6 +87,29 @@ def test_live_process_keeps_its_row_and_an_exited_one_is_listed_once(bpf_ready, 
         assert attacher.map_sizes() == {"per_pid": 1, "procs": 1, "exited": 0}
 
 
+def test_calls_without_room_for_their_process_are_counted_apart(bpf_ready, workloads, tmp_path, monkeypatch):
+    """Kernel maps with room for 4 processes and 10 processes calling 3 times each, nothing read in
+    between: 4 get rows, the calls of the other 6 land in the probe's own unattributed counter. serve
+    shows those as comm="[unknown]"; every call is counted once."""
+    monkeypatch.setattr(uprobes, "MAX_ROWS", 4)
+    binary = tmp_path / "calls"
+    shutil.copy(workloads / "calls", binary)
+    attacher = BpfUprobeAttacher()
+    source = CallSource([f"{binary}:target"], comms=[], targets=None)
+    source.counter = CallCounter(source._specs, manager=ProbeManager(lambda: attacher))
+    increments: Counter = Counter()
+    with source.counter:
+        for _ in range(10):
+            subprocess.run([str(binary), "3"], check=True, stdout=subprocess.DEVNULL)
+        for _ in range(2):
+            delta = Delta()
+            source.collect(delta)
+            increments.update(delta.uprobe_calls)
+        count = source.counter.calls()[0]
+    assert (count.calls, count.unattributed, count.per_pid) == (30, 18, {})
+    assert increments == Counter({(str(binary), "target", "calls"): 12, (str(binary), "target", "[unknown]"): 18})
+
+
 CALL_LIB_BURN = """
 import ctypes, os
 burn = ctypes.CDLL({library!r}).lib_burn
