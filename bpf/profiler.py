@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from optrace.bpf.loader import import_bcc, load_bcc
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import RawSample, UserFrame
 
@@ -36,14 +37,6 @@ class DrainResult:
     execs: list[tuple[int, str]] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)
     time: float = 0.0
-
-
-def _import_bcc():
-    try:
-        import bcc
-    except ImportError as exc:
-        raise OptraceError("BCC is not importable (Debian package python3-bpfcc): run sudo make setup") from exc
-    return bcc
 
 
 class Profiler:
@@ -84,17 +77,13 @@ class Profiler:
         self.close()
 
     def start(self) -> None:
-        bcc = _import_bcc()
-        try:
-            self._bpf = bcc.BPF(src_file=str(PROGRAM).encode(), cflags=self._cflags)
-        except Exception as exc:
-            raise OptraceError(f"cannot load the BPF profiler: {exc}; run optrace doctor") from exc
+        self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=self._cflags)
         for pid in self._initial_pids or ():
             self.add_pid(pid)
         if not self._follow:
             self._bpf.detach_tracepoint(b"sched:sched_process_fork")
         self._bpf[b"proc_events"].open_perf_buffer(self._on_event, page_cnt=256, lost_cb=self._on_events_lost)
-        self._attach_sampler(bcc)
+        self._attach_sampler(import_bcc())
 
     def _attach_sampler(self, bcc) -> None:
         """cycles where a PMU exists, else the software cpu-clock (as BCC's profile does)."""

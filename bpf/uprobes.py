@@ -44,6 +44,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from optrace.bpf.loader import import_bcc, load_bcc
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError
 
@@ -170,18 +171,6 @@ class UprobeLink:
             os.close(fd)
 
 
-def load_bcc(**kwargs):
-    """``bcc.BPF(**kwargs)``, with BCC's absence or a failed compile as an OptraceError."""
-    try:
-        import bcc
-    except ImportError as exc:
-        raise OptraceError("BCC is not importable (Debian package python3-bpfcc): run sudo make setup") from exc
-    try:
-        return bcc.BPF(**kwargs)
-    except Exception as exc:
-        raise OptraceError(f"cannot load the BPF program: {exc} (optrace doctor tells what is missing)") from exc
-
-
 _live: weakref.WeakSet[BpfUprobeAttacher] = weakref.WeakSet()
 _cleanup_installed = False
 
@@ -225,8 +214,7 @@ class BpfUprobeAttacher:
         _live.add(self)
 
     def _load(self, handler: str, multi: bool | None) -> tuple[int, bool]:
-        import bcc
-
+        bcc = import_bcc()
         if multi is not False:
             try:
                 return self._bpf.load_func(handler.encode(), bcc.BPF.KPROBE,

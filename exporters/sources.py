@@ -105,6 +105,7 @@ class ProfileSource:
         self._drains = 0
         self.event: str | None = None
         self.profiler = None
+        self.symbolizer = None
 
     def start(self) -> None:
         from optrace.bpf.profiler import Profiler
@@ -112,11 +113,11 @@ class ProfileSource:
         from optrace.frontend.symbols.symbolizer import Symbolizer
         from optrace.jitmaps.jitsymbols import JitSymbols
 
+        self.profiler = Profiler(self._frequency_hz, pids=self._pids or None)
+        self.profiler.start()  # first: the compile's peak memory does not stack on kallsyms' tables
+        self.event = self.profiler.event
         self.jit = JitSymbols()
         self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
-        self.profiler = Profiler(self._frequency_hz, pids=self._pids or None)
-        self.profiler.start()
-        self.event = self.profiler.event
         for pid in self._pids:
             self.symbolizer.snapshot_process(pid)
 
@@ -191,15 +192,8 @@ class ProfileSource:
     def close(self) -> None:
         if self.profiler is not None:
             self.profiler.close()
+        if self.symbolizer is not None:
             self.symbolizer.close()
-
-
-def read_comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", "rb") as f:
-            return f.read().rstrip(b"\n").decode("utf-8", "replace")
-    except OSError:
-        return UNKNOWN
 
 
 class CallSource:
@@ -236,7 +230,7 @@ class CallSource:
                 key = (count.binary, count.offset, pid)  # one glob SPEC gives many rows
                 seen[key] = calls
                 new = calls - self._seen.get(key, 0)
-                comm = UNKNOWN if pid is None else count.comms.get(pid) or read_comm(pid)
+                comm = count.comms.get(pid) or UNKNOWN  # the attacher read the comm (kernel, else /proc)
                 if new > 0 and (not self._comms or comm in self._comms):
                     delta.uprobe_calls[(count.binary, count.symbol, comm)] += new
         self._seen = seen  # pids the probe manager no longer reports are dropped here too

@@ -1,0 +1,37 @@
+"""Loading a BPF program through BCC: the one place that imports bcc and compiles C."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+from optrace.frontend.errors import OptraceError
+
+
+def import_bcc():
+    try:
+        import bcc
+    except ImportError as exc:
+        raise OptraceError("BCC is not importable (Debian package python3-bpfcc): run sudo make setup") from exc
+    return bcc
+
+
+def load_bcc(**kwargs):
+    """``bcc.BPF(**kwargs)``, with BCC's absence or a failed compile as an OptraceError.
+
+    Clang and LLVM free what the compile took (about 60 MB here), but glibc keeps freed heap
+    mapped: it is handed back to the system at once, so a long-running `optrace serve` does not
+    carry the compile's memory for its whole life."""
+    bcc = import_bcc()
+    try:
+        program = bcc.BPF(**kwargs)
+    except Exception as exc:
+        raise OptraceError(f"cannot load the BPF program: {exc} (optrace doctor tells what is missing)") from exc
+    _release_freed_heap()
+    return program
+
+
+def _release_freed_heap() -> None:
+    libc = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+    if trim is not None:  # glibc only
+        trim(0)
