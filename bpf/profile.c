@@ -4,16 +4,31 @@
 // `active[0]` says which set the sampler writes; the frontend flips it, waits a grace period,
 // then reads and clears the other set's counts and stacks, so a drain never races with the
 // sampler and nothing is lost or counted twice.
+//
+// User stacks are taken as build-id + file offset (valid after the process is gone) until the
+// frontend has read the process's mappings, then as raw IPs, which cost the kernel far less (see
+// frontend/symbols/addrspace.py). A process's `epoch` changes whenever its executable mappings may
+// have: at its first sample, at exec, at each mmap/mprotect asking for PROT_EXEC. The frontend reads
+// the epoch, then /proc/PID/maps, then stores the epoch in `known`; raw IPs are taken only while
+// the two agree, and the key carries the epoch, so each raw stack is read with the mappings it ran in.
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 #include <linux/sched.h>
 
+// Where a key's user stack id points (keep in sync with profiler.py).
+enum user_map {
+    USER_BUILD_ID = 0,  // the set's build-id map
+    USER_SPARE,         // the set's spare build-id map
+    USER_RAW,           // the set's raw-IP map, mappings as of `epoch`
+};
+
 struct key_t {
     u16 set;       // which map set the stack ids belong to
-    u16 user_alt;  // 1: the user stack id is in the set's spare map
+    u16 user_map;  // enum user_map
     u32 pid;
     s32 user_stack_id;
     s32 kernel_stack_id;
+    u64 epoch;     // USER_RAW only
     char comm[TASK_COMM_LEN];
 };
 
@@ -42,8 +57,13 @@ BPF_STACK_TRACE_BUILDID(ustacks1, STACK_SIZE);
 // it cannot take the mm lock in interrupt context).
 BPF_STACK_TRACE_BUILDID(ustacks0_alt, SPARE_SIZE);
 BPF_STACK_TRACE_BUILDID(ustacks1_alt, SPARE_SIZE);
+BPF_STACK_TRACE(rawstacks0, STACK_SIZE);
+BPF_STACK_TRACE(rawstacks1, STACK_SIZE);
 BPF_STACK_TRACE(kstacks0, STACK_SIZE);
 BPF_STACK_TRACE(kstacks1, STACK_SIZE);
+BPF_TABLE("lru_hash", u32, u64, epochs, PROCS_SIZE);  // pid -> when its executable mappings last changed
+BPF_TABLE("lru_hash", u32, u64, known, PROCS_SIZE);   // pid -> the epoch the frontend read its mappings at
+BPF_TABLE("lru_hash", u32, u8, exec_maps, 4096);      // thread -> in an mmap/mprotect asking for PROT_EXEC
 BPF_ARRAY(active, u32, 1);
 BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
 BPF_HASH(targets, u32, u8, TARGETS_SIZE);
@@ -87,6 +107,27 @@ static inline void add_count(struct key_t *key)
         count_lost(COUNTS_MAP_FULL);
 }
 
+static inline void new_epoch(u32 tgid)
+{
+    u64 now = bpf_ktime_get_ns();
+    epochs.update(&tgid, &now);
+}
+
+// The epoch under which this process's raw IPs can be read, or 0: build-id stacks then.
+static inline u64 raw_epoch(u32 tgid)
+{
+#ifndef RAW_STACKS
+    return 0;
+#endif
+    u64 *epoch = epochs.lookup(&tgid);
+    if (!epoch) {
+        new_epoch(tgid);
+        return 0;
+    }
+    u64 *read_at = known.lookup(&tgid);
+    return read_at && *read_at == *epoch ? *epoch : 0;
+}
+
 int on_sample(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -104,17 +145,37 @@ int on_sample(struct bpf_perf_event_data *ctx)
     struct key_t key = {.set = set ? *set : 0, .pid = tgid};
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
 
+    u64 epoch = raw_epoch(tgid);
+    key.user_stack_id = -EEXIST;
     if (key.set == 1) {
-        key.user_stack_id = ustacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        if (epoch) {
+            key.user_map = USER_RAW;
+            key.epoch = epoch;
+            key.user_stack_id = rawstacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        }
+        if (key.user_stack_id == -EEXIST) {  // taken by another stack: build-id maps then
+            key.user_map = USER_BUILD_ID;
+            key.epoch = 0;
+            key.user_stack_id = ustacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        }
         if (key.user_stack_id == -EEXIST) {
-            key.user_alt = 1;
+            key.user_map = USER_SPARE;
             key.user_stack_id = ustacks1_alt.get_stackid(&ctx->regs, BPF_F_USER_STACK);
         }
         key.kernel_stack_id = in_kernel ? kstacks1.get_stackid(&ctx->regs, 0) : -EFAULT;
     } else {
-        key.user_stack_id = ustacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        if (epoch) {
+            key.user_map = USER_RAW;
+            key.epoch = epoch;
+            key.user_stack_id = rawstacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        }
         if (key.user_stack_id == -EEXIST) {
-            key.user_alt = 1;
+            key.user_map = USER_BUILD_ID;
+            key.epoch = 0;
+            key.user_stack_id = ustacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        }
+        if (key.user_stack_id == -EEXIST) {
+            key.user_map = USER_SPARE;
             key.user_stack_id = ustacks0_alt.get_stackid(&ctx->regs, BPF_F_USER_STACK);
         }
         key.kernel_stack_id = in_kernel ? kstacks0.get_stackid(&ctx->regs, 0) : -EFAULT;
@@ -146,6 +207,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!is_target(tgid))
         return 0;
+    new_epoch(tgid);
     struct proc_event_t ev = {.pid = tgid, .kind = 0};
     TP_DATA_LOC_READ_STR(&ev.filename, filename, sizeof(ev.filename));
     proc_events.perf_submit(args, &ev, sizeof(ev));
@@ -158,7 +220,59 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tgid = id >> 32;
     if ((u32)id != tgid || !is_target(tgid))
         return 0;
+    epochs.delete(&tgid);
+    known.delete(&tgid);
     struct proc_event_t ev = {.pid = tgid, .kind = 1};
     proc_events.perf_submit(args, &ev, offsetof(struct proc_event_t, filename));
     return 0;
 }
+
+#ifdef RAW_STACKS
+// New executable file mappings (dlopen) change the process's epoch once they exist: at the syscall's
+// exit, so a read of /proc/PID/maps that saw the old epoch cannot have missed them.
+#define PROT_EXEC_BIT 0x4
+
+static inline void exec_mapping_starts(u64 prot, int file_backed)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if (!(prot & PROT_EXEC_BIT) || !file_backed || !is_target(id >> 32))
+        return;
+    u32 tid = id;
+    u8 one = 1;
+    exec_maps.update(&tid, &one);
+}
+
+static inline void exec_mapping_done(void)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tid = id;
+    if (!exec_maps.lookup(&tid))
+        return;
+    exec_maps.delete(&tid);
+    new_epoch(id >> 32);
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+    exec_mapping_starts(args->prot, (int)args->fd >= 0);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+{
+    exec_mapping_done();
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
+{
+    exec_mapping_starts(args->prot, 1);  // the range may be a file's: mprotect does not say, so every PROT_EXEC counts
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
+{
+    exec_mapping_done();
+    return 0;
+}
+#endif

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from optrace.bpf.loader import import_bcc, load_bcc
 from optrace.frontend.errors import OptraceError
+from optrace.frontend.doctor import TRACEFS_DIRS
 from optrace.frontend.model import RawSample, UserFrame
+from optrace.frontend.symbols.addrspace import AddressSpaces
 
 PROGRAM = Path(__file__).with_name("profile.c")
 LOST_REASONS = (
@@ -24,6 +27,8 @@ LOST_REASONS = (
     "counts_map_full",
     "idle",
 )
+USER_BUILD_ID, USER_SPARE, USER_RAW = 0, 1, 2  # enum user_map in profile.c
+SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # what telling new executable mappings needs
 BUILD_ID_VALID = 1
 BUILD_ID_IP = 2
 GRACE_SECONDS = 0.005  # a sampler run takes microseconds; this is long past any run that saw the old set
@@ -50,7 +55,10 @@ class Profiler:
         stack_storage_size: int = 8192,
         counts_size: int = 40960,
         targets_size: int = 65536,
+        raw_stacks: bool = True,
     ) -> None:
+        """``raw_stacks=False`` keeps every user stack as build-ids (what the sampler does anyway
+        where the kernel has no syscall tracepoints to tell new executable mappings)."""
         self.frequency_hz = frequency_hz
         self._initial_pids = None if pids is None else list(pids)
         self._follow = follow_children
@@ -59,9 +67,15 @@ class Profiler:
             f"-DSPARE_SIZE={max(stack_storage_size // 4, 1)}",
             f"-DCOUNTS_SIZE={counts_size}",
             f"-DTARGETS_SIZE={targets_size}",
+            f"-DPROCS_SIZE={targets_size}",
         ]
         if pids is not None:
             self._cflags.append("-DFILTER_PIDS")
+        self.raw_stacks = raw_stacks and _has_syscall_events()
+        if self.raw_stacks:
+            self._cflags.append("-DRAW_STACKS")
+        self._spaces = AddressSpaces()
+        self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id"
         self.event = ""
         self._bpf = None
         self._set = 0
@@ -122,7 +136,22 @@ class Profiler:
         now = time.monotonic()
         result = DrainResult(samples=self._read_set(old, now), lost=self._read_lost(), time=now)
         result.execs, result.exits = self.poll_events()
+        if self.raw_stacks:
+            self._learn_mappings({s.pid for s in result.samples if s.user})
+            self._spaces.end_drain(result.exits)
         return result
+
+    def _learn_mappings(self, pids: set[int]) -> None:
+        """Read the mappings of sampled processes the sampler does not take raw IPs of yet: the epoch
+        first, then /proc/PID/maps, then `known`, so a mapping made in between changes the epoch
+        and the sampler keeps to build-ids (see profile.c)."""
+        epochs, known = self._bpf[b"epochs"], self._bpf[b"known"]
+        for pid in pids:
+            epoch = _lookup(epochs, pid)
+            if not epoch or self._spaces.has(pid, epoch):
+                continue
+            if self._spaces.learn(pid, epoch):
+                known[known.Key(pid)] = known.Leaf(epoch)
 
     def poll_events(self) -> tuple[list[tuple[int, str]], list[int]]:
         """Exec'd files and exited processes since the last call (cheap: call it often, so a
@@ -135,44 +164,53 @@ class Profiler:
 
     def _read_set(self, index: int, now: float) -> list[RawSample]:
         counts = self._bpf[b"counts"]
-        ustacks = self._bpf[f"ustacks{index}".encode()]
-        spare = self._bpf[f"ustacks{index}_alt".encode()]
+        tables = {kind: self._bpf[f"{name}{index}{suffix}".encode()]
+                  for kind, name, suffix in ((USER_BUILD_ID, "ustacks", ""), (USER_SPARE, "ustacks", "_alt"),
+                                             (USER_RAW, "rawstacks", ""))}
         kstacks = self._bpf[f"kstacks{index}".encode()]
         items = [(k, v) for k, v in counts.items() if k.set == index]
-        ucache: dict[tuple[int, int], tuple[UserFrame, ...]] = {}
+        ucache: dict[tuple, tuple[UserFrame, ...]] = {}
         kcache: dict[int, tuple[int, ...]] = {}
         samples = []
         for key, value in items:
-            user = self._user_stack(spare if key.user_alt else ustacks, key.user_stack_id, ucache)
+            user = self._user_stack(tables, key, ucache)
             kernel = self._kernel_stack(kstacks, key.kernel_stack_id, kcache)
             comm = key.comm.decode("utf-8", "replace")
             samples.append(RawSample(key.pid, comm, user, kernel, value.value, now))
+            self.stats["raw" if key.user_map == USER_RAW else "build_id"] += value.value
         for key, _ in items:
             del counts[key]
-        _clear_stacks(ustacks)
-        _clear_stacks(spare)
-        _clear_stacks(kstacks)
+        for table in (*tables.values(), kstacks):
+            _clear_stacks(table)
         return samples
 
-    @staticmethod
-    def _user_stack(table, stack_id: int, cache: dict) -> tuple[UserFrame, ...]:
-        if stack_id < 0:
+    def _user_stack(self, tables: dict, key, cache: dict) -> tuple[UserFrame, ...]:
+        if key.user_stack_id < 0:
             return ()
-        slot = (id(table), stack_id)
+        raw = key.user_map == USER_RAW
+        slot = (key.user_map, key.user_stack_id, key.pid if raw else 0, key.epoch)
         if slot not in cache:
-            cache[slot] = _decode_build_id_stack(table, stack_id)
+            table = tables[key.user_map]
+            if raw:
+                cache[slot] = self._translate(_raw_ips(table, key.user_stack_id), key.pid, key.epoch)
+            else:
+                cache[slot] = _decode_build_id_stack(table, key.user_stack_id)
         return cache[slot]
+
+    def _translate(self, ips: tuple[int, ...], pid: int, epoch: int) -> tuple[UserFrame, ...]:
+        """Raw IPs as the kernel's build-id map would have given them, from the mappings of their epoch."""
+        space = self._spaces.get(pid, epoch)
+        if space is None:  # cannot happen while snapshots are kept long enough; never guess
+            self.stats["raw_without_mappings"] += 1
+            return tuple(UserFrame(None, ip) for ip in ips)
+        return tuple(space.frame(ip) for ip in ips)
 
     @staticmethod
     def _kernel_stack(table, stack_id: int, cache: dict) -> tuple[int, ...]:
         if stack_id < 0:
             return ()
         if stack_id not in cache:
-            try:
-                ips = table[table.Key(stack_id)].ip
-            except KeyError:
-                return ()
-            cache[stack_id] = tuple(ip for ip in ips if ip)
+            cache[stack_id] = _raw_ips(table, stack_id)
         return cache[stack_id]
 
     def _read_lost(self) -> dict[str, int]:
@@ -203,6 +241,26 @@ class Profiler:
         if self._bpf is not None:
             bpf, self._bpf = self._bpf, None
             bpf.cleanup()
+
+
+def _raw_ips(table, stack_id: int) -> tuple[int, ...]:
+    try:
+        ips = table[table.Key(stack_id)].ip
+    except KeyError:
+        return ()
+    return tuple(ip for ip in ips if ip)
+
+
+def _lookup(table, pid: int) -> int:
+    try:
+        return table[table.Key(pid)].value
+    except KeyError:
+        return 0
+
+
+def _has_syscall_events() -> bool:
+    return any(all(os.path.exists(f"{root}/events/syscalls/{event}") for event in SYSCALL_EVENTS)
+               for root in TRACEFS_DIRS)
 
 
 def _decode_build_id_stack(table, stack_id: int) -> tuple[UserFrame, ...]:

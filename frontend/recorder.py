@@ -218,6 +218,7 @@ class Recorder:
             lost=lost,
             idle_samples=idle if self.options.system_wide else 0,
             stacks=self.options.stacks,
+            user_stacks={kind: n for kind, n in self.profiler.stats.items() if kind in ("raw", "build_id")},
             warnings=self.warnings + self.symbolizer.warnings + self.jit.warnings,
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls)

@@ -44,6 +44,20 @@ def test_demo_shares_match_design(tmp_path, workloads):
     assert share(rows, "demo::Hasher::mix(double)") == pytest.approx(20, abs=5)
     lib_rows = [r for r in rows if r["symbol"] == "lib_burn"]
     assert {os.path.basename(r["dso"]) for r in lib_rows} == {"libburn.so"}
+    kinds = report_json(data)["meta"]["user_stacks"]  # build-ids until the first drain read the maps
+    assert kinds["raw"] > 0.5 * (kinds["raw"] + kinds["build_id"]), kinds
+
+
+def test_library_loaded_mid_run_is_named(tmp_path, workloads):
+    """The sampler takes raw IPs once it has read a process's mappings; a dlopen after that must be
+    seen (the mmap changes the process's epoch), or lib_burn's samples would be unnamed addresses."""
+    data = record(tmp_path, "-F", "499", "--", str(workloads / "dlopen-late"), str(workloads / "libburn.so"),
+                  "1.5", "1.5")
+    report = report_json(data, "--comm", "dlopen-late")
+    rows = report["rows"]
+    assert share(rows, "before_dlopen") == pytest.approx(50, abs=8)
+    assert share(rows, "lib_burn") == pytest.approx(50, abs=8)
+    assert report["meta"]["user_stacks"]["raw"] > 0
 
 
 def test_non_pie_binary(tmp_path, workloads):
