@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -88,3 +89,19 @@ def test_replaced_snapshot_stays_readable_until_the_drain_after_next(monkeypatch
     assert spaces.get(7, 200) is not None
     spaces.end_drain([])
     assert len(spaces) == 0
+
+
+def test_without_cap_sys_admin_the_path_is_used_only_if_it_is_still_the_mapped_file(monkeypatch):
+    """map_files needs CAP_SYS_ADMIN; the fallback path must name the very inode the process maps."""
+    real_open = open
+
+    def no_map_files(path, *args, **kwargs):
+        if "/map_files/" in str(path):
+            raise PermissionError(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(addrspace, "open", no_map_files, raising=False)
+    entry = mapping_of(libc_getpid())
+    assert BuildIds().of(os.getpid(), entry) == read_build_id_file(entry.file_path)
+    replaced = dataclasses.replace(entry, inode=entry.inode + 1)  # as if another file took the path
+    assert BuildIds().of(os.getpid(), replaced) is None
