@@ -5,6 +5,7 @@ This module and its siblings are the only ones that import BCC.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from collections import Counter
@@ -30,6 +31,7 @@ LOST_REASONS = (
 USER_BUILD_ID, USER_SPARE, USER_RAW = 0, 1, 2  # enum user_map in profile.c
 SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # what telling new executable mappings needs
 BUILD_ID_VALID = 1
+BPF_NOEXIST = 1
 BUILD_ID_IP = 2
 GRACE_SECONDS = 0.005  # a sampler run takes microseconds; this is long past any run that saw the old set
 PROC_EXEC, PROC_EXIT = 0, 1
@@ -75,6 +77,7 @@ class Profiler:
         if self.raw_stacks:
             self._cflags.append("-DRAW_STACKS")
         self._spaces = AddressSpaces()
+        self._exited: list[int] = []
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id"
         self.event = ""
         self._bpf = None
@@ -138,13 +141,22 @@ class Profiler:
         result.execs, result.exits = self.poll_events()
         if self.raw_stacks:
             self._learn_mappings({s.pid for s in result.samples if s.user})
-            self._spaces.end_drain(result.exits)
+            self._spaces.end_drain(self._exited)
+        self._exited = []
         return result
 
+    def learn(self, pid: int) -> None:
+        """Read a process's mappings now, so its samples are raw IPs from the first one (what -p and
+        a command's exec do; other processes are read at the first drain that saw them)."""
+        if self.raw_stacks:
+            epochs = self._bpf[b"epochs"]
+            _insert_if_absent(epochs, pid, time.monotonic_ns())  # the clock of bpf_ktime_get_ns()
+            self._learn_mappings({pid})
+
     def _learn_mappings(self, pids: set[int]) -> None:
-        """Read the mappings of sampled processes the sampler does not take raw IPs of yet: the epoch
-        first, then /proc/PID/maps, then `known`, so a mapping made in between changes the epoch
-        and the sampler keeps to build-ids (see profile.c)."""
+        """Read the mappings of processes the sampler does not take raw IPs of yet: the epoch first,
+        then /proc/PID/maps, then `known`, so a mapping made in between changes the epoch and the
+        sampler keeps to build-ids (see profile.c)."""
         epochs, known = self._bpf[b"epochs"], self._bpf[b"known"]
         for pid in pids:
             epoch = _lookup(epochs, pid)
@@ -160,6 +172,7 @@ class Profiler:
         execs = [(pid, filename) for kind, pid, filename in self._events if kind == PROC_EXEC]
         exits = [pid for kind, pid, _ in self._events if kind == PROC_EXIT]
         self._events.clear()
+        self._exited += exits  # their address spaces go at the next drain's end
         return execs, exits
 
     def _read_set(self, index: int, now: float) -> list[RawSample]:
@@ -256,6 +269,14 @@ def _lookup(table, pid: int) -> int:
         return table[table.Key(pid)].value
     except KeyError:
         return 0
+
+
+def _insert_if_absent(table, pid: int, value: int) -> None:
+    """BPF_NOEXIST: an epoch the sampler or a tracepoint set meanwhile is kept."""
+    from bcc.libbcc import lib
+
+    key, leaf = table.Key(pid), table.Leaf(value)
+    lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
 
 
 def _has_syscall_events() -> bool:

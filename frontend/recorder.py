@@ -110,6 +110,7 @@ class Recorder:
     def _start_targets(self) -> None:
         for pid in self.options.pids:
             self.symbolizer.snapshot_process(pid)
+            self.profiler.learn(pid)
         if self.options.command:
             self.child = GatedChild(self.options.command)
             self.profiler.add_pid(self.child.pid)
@@ -188,6 +189,8 @@ class Recorder:
             if path:
                 self.symbolizer.add_executable(path)
             self.symbolizer.snapshot_process(pid)
+            if not self.options.system_wide:  # a few targets; a whole machine may exec hundreds a second
+                self.profiler.learn(pid)
 
     def _note_exits(self, exits: list[int], now: float) -> None:
         """JIT files are read once more at exit (a map written at exit, DumpPerfMapAtExit, counts)."""
