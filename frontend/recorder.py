@@ -78,13 +78,13 @@ class Recorder:
 
         opts = self.options
         self.jit = JitSymbols(max_file_size=opts.jit_max_file_size, jitdumps=opts.jitdumps)
-        self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
         targets = None if opts.system_wide else list(opts.pids)
         self.profiler = Profiler(opts.frequency_hz, pids=targets, stack_storage_size=opts.stack_storage_size)
         started = time.time()
         with ExitStack() as stack:
             stop = stack.enter_context(StopSignals())
-            stack.enter_context(self.profiler)
+            stack.enter_context(self.profiler)  # first: the compile's peak memory does not stack on kallsyms'
+            self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
             calls = self._start_call_counter(stack)
             t0 = time.monotonic()
             self._start_targets()

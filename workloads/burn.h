@@ -19,4 +19,14 @@ static inline double cpu_now(void)
             for (int i_ = 0; i_ < 100000; i_++)                       \
                 (acc) = (acc) * 1103515245u + 12345u;                 \
     } while (0)
+
+/* A function that burns CPU under its own name: the names are the workloads' ground truth. */
+#define BURN_FUNCTION(name)                                 \
+    __attribute__((noinline)) void name(double seconds)     \
+    {                                                       \
+        static volatile unsigned sink_;                     \
+        unsigned acc = sink_;                               \
+        BURN_FOR(seconds, acc);                             \
+        sink_ = acc;                                        \
+    }
 #endif

@@ -7,21 +7,8 @@
 void lib_burn(double seconds);
 void hasher_run(double seconds);
 
-volatile unsigned sink;
-
-__attribute__((noinline)) void hot_a(double seconds)
-{
-    unsigned acc = sink;
-    BURN_FOR(seconds, acc);
-    sink = acc;
-}
-
-__attribute__((noinline)) void hot_b(double seconds)
-{
-    unsigned acc = sink;
-    BURN_FOR(seconds, acc);
-    sink = acc;
-}
+BURN_FUNCTION(hot_a)
+BURN_FUNCTION(hot_b)
 
 int main(int argc, char **argv)
 {

@@ -7,14 +7,7 @@
 #include <stdlib.h>
 #include "burn.h"
 
-volatile unsigned sink;
-
-__attribute__((noinline)) void before_dlopen(double seconds)
-{
-    unsigned acc = sink;
-    BURN_FOR(seconds, acc);
-    sink = acc;
-}
+BURN_FUNCTION(before_dlopen)
 
 int main(int argc, char **argv)
 {

@@ -3,14 +3,7 @@
 #include <stdlib.h>
 #include "burn.h"
 
-volatile unsigned sink;
-
-__attribute__((noinline)) void short_burn(double seconds)
-{
-    unsigned acc = sink;
-    BURN_FOR(seconds, acc);
-    sink = acc;
-}
+BURN_FUNCTION(short_burn)
 
 int main(int argc, char **argv)
 {
