@@ -97,6 +97,7 @@ class Profiler:
         self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=self._cflags)
         for pid in self._initial_pids or ():
             self.add_pid(pid)
+            self.learn(pid)  # before the sampler is attached: raw IPs from the first sample
         if not self._follow:
             self._bpf.detach_tracepoint(b"sched:sched_process_fork")
         self._bpf[b"proc_events"].open_perf_buffer(self._on_event, page_cnt=256, lost_cb=self._on_events_lost)
@@ -146,8 +147,8 @@ class Profiler:
         return result
 
     def learn(self, pid: int) -> None:
-        """Read a process's mappings now, so its samples are raw IPs from the first one (what -p and
-        a command's exec do; other processes are read at the first drain that saw them)."""
+        """Read a process's mappings now, so its samples are raw IPs from the first one (the initial
+        pids and, in the recorder, exec'd targets; other processes at the first drain that saw them)."""
         if self.raw_stacks:
             epochs = self._bpf[b"epochs"]
             _insert_if_absent(epochs, pid, time.monotonic_ns())  # the clock of bpf_ktime_get_ns()

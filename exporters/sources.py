@@ -120,7 +120,6 @@ class ProfileSource:
         self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
         for pid in self._pids:
             self.symbolizer.snapshot_process(pid)
-            self.profiler.learn(pid)
 
     def target_pids(self) -> set[int]:
         """With -p: the given processes and their children; empty for the whole machine."""

@@ -110,7 +110,6 @@ class Recorder:
     def _start_targets(self) -> None:
         for pid in self.options.pids:
             self.symbolizer.snapshot_process(pid)
-            self.profiler.learn(pid)
         if self.options.command:
             self.child = GatedChild(self.options.command)
             self.profiler.add_pid(self.child.pid)
