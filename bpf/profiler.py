@@ -15,7 +15,7 @@ from typing import Iterable
 
 from optrace.bpf.loader import import_bcc, load_bcc
 from optrace.frontend.errors import OptraceError
-from optrace.frontend.doctor import TRACEFS_DIRS
+from optrace.frontend.doctor import syscall_events_available
 from optrace.frontend.model import RawSample, UserFrame
 from optrace.frontend.symbols.addrspace import AddressSpaces
 
@@ -29,7 +29,6 @@ LOST_REASONS = (
     "idle",
 )
 USER_BUILD_ID, USER_SPARE, USER_RAW = 0, 1, 2  # enum user_map in profile.c
-SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # what telling new executable mappings needs
 BUILD_ID_VALID = 1
 BPF_NOEXIST = 1
 BUILD_ID_IP = 2
@@ -73,7 +72,7 @@ class Profiler:
         ]
         if pids is not None:
             self._cflags.append("-DFILTER_PIDS")
-        self.raw_stacks = raw_stacks and _has_syscall_events()
+        self.raw_stacks = raw_stacks and syscall_events_available()
         if self.raw_stacks:
             self._cflags.append("-DRAW_STACKS")
         self._spaces = AddressSpaces()
@@ -278,11 +277,6 @@ def _insert_if_absent(table, pid: int, value: int) -> None:
 
     key, leaf = table.Key(pid), table.Leaf(value)
     lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
-
-
-def _has_syscall_events() -> bool:
-    return any(all(os.path.exists(f"{root}/events/syscalls/{event}") for event in SYSCALL_EVENTS)
-               for root in TRACEFS_DIRS)
 
 
 def _decode_build_id_stack(table, stack_id: int) -> tuple[UserFrame, ...]:

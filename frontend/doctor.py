@@ -104,6 +104,22 @@ def check_tracefs() -> CheckResult:
                        "sudo mount -t tracefs nodev /sys/kernel/tracing", uprobes_only=True)
 
 
+SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # how the sampler tells new executable mappings
+
+
+def syscall_events_available() -> bool:
+    return any(all(os.path.exists(f"{root}/events/syscalls/{event}") for event in SYSCALL_EVENTS)
+               for root in TRACEFS_DIRS)
+
+
+def check_syscall_tracepoints() -> CheckResult:
+    if syscall_events_available():
+        return CheckResult("syscall tracepoints", True, "raw user stacks once a process's maps are read",
+                           required=False)
+    return CheckResult("syscall tracepoints", False, "none: every user stack is a build-id stack, slower per sample",
+                       "a kernel with CONFIG_FTRACE_SYSCALLS=y, tracefs mounted", required=False)
+
+
 def tracefs_mount_points() -> list[str]:
     try:
         lines = Path("/proc/self/mounts").read_text(errors="replace").splitlines()
@@ -149,6 +165,7 @@ CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_tracefs,
     check_perf_event_paranoid,
     check_btf,
+    check_syscall_tracepoints,
 )
 
 

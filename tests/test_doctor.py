@@ -23,7 +23,8 @@ def test_doctor_ok_as_root(bpf_ready, optrace) -> None:
     proc = optrace("doctor")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    names = ["privileges", "bpf syscall", "kernel headers", "BCC", "tracefs", "perf_event_paranoid", "BTF"]
+    names = ["privileges", "bpf syscall", "kernel headers", "BCC", "tracefs", "perf_event_paranoid", "BTF",
+             "syscall tracepoints"]
     assert [line.split("  ")[0].strip() for line in lines[:-1]] == ["ok"] * len(names)
     assert [line[6:28].strip() for line in lines[:-1]] == names
     assert "running as root" in lines[0]
@@ -92,6 +93,17 @@ def test_informational_checks_never_fail_doctor() -> None:
     result = CheckResult("BTF", False, "missing", "rebuild", required=False)
     assert result.status == "warn"
     assert doctor.check_perf_event_paranoid().required is False
+
+
+def test_without_syscall_tracepoints_doctor_warns_and_the_profiler_keeps_build_id_stacks(monkeypatch) -> None:
+    from optrace.bpf import profiler
+
+    monkeypatch.setattr(doctor, "TRACEFS_DIRS", ("/nonexistent",))
+    result = doctor.check_syscall_tracepoints()
+    assert (result.status, result.required) == ("warn", False) and "CONFIG_FTRACE_SYSCALLS" in result.fix
+    monkeypatch.setattr(profiler, "syscall_events_available", lambda: False)
+    sampler = profiler.Profiler(99)
+    assert not sampler.raw_stacks and "-DRAW_STACKS" not in sampler._cflags
 
 
 def test_tracefs_mount_points_reads_proc_mounts() -> None:
