@@ -190,7 +190,8 @@ class Profiler:
             kernel = self._kernel_stack(kstacks, key.kernel_stack_id, kcache)
             comm = key.comm.decode("utf-8", "replace")
             samples.append(RawSample(key.pid, comm, user, kernel, value.value, now))
-            self.stats["raw" if key.user_map == USER_RAW else "build_id"] += value.value
+            if user:
+                self.stats["raw" if key.user_map == USER_RAW else "build_id"] += value.value
         for key, _ in items:
             del counts[key]
         for table in (*tables.values(), kstacks):

@@ -94,8 +94,8 @@ class RecordMeta:
     lost: dict[str, int] = field(default_factory=dict)  # reason -> count, never silently dropped
     idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile like BCC's profile
     stacks: bool = True  # False with --no-stacks: each sample keeps only its leaf frame
-    # Samples by how the kernel gave their user stack: "build_id" (processes whose mappings were not
-    # read yet) or "raw" (IPs, turned into build-id frames from the process's mappings).
+    # Samples with a user stack, by how the kernel gave it: "build_id" (processes whose mappings were
+    # not read yet) or "raw" (IPs, turned into build-id frames from the process's mappings).
     user_stacks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
