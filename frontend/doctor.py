@@ -113,10 +113,12 @@ def syscall_events_available() -> bool:
 
 
 def check_syscall_tracepoints() -> CheckResult:
+    name = "syscall tracepoints"
     if syscall_events_available():
-        return CheckResult("syscall tracepoints", True, "raw user stacks once a process's maps are read",
-                           required=False)
-    return CheckResult("syscall tracepoints", False, "none: every user stack is a build-id stack, slower per sample",
+        return CheckResult(name, True, "raw user stacks once a process's maps are read", required=False)
+    if any(os.path.isdir(root) and not os.access(root, os.X_OK) for root in TRACEFS_DIRS):
+        return CheckResult(name, False, "cannot tell: tracefs is readable by root only", required=False)
+    return CheckResult(name, False, "none: every user stack is a build-id stack, slower per sample",
                        "a kernel with CONFIG_FTRACE_SYSCALLS=y, tracefs mounted", required=False)
 
 

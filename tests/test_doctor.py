@@ -37,6 +37,7 @@ def test_doctor_fails_as_nobody_naming_root_and_capabilities() -> None:
     assert proc.returncode != 0
     assert "FAIL  privileges            needs root or CAP_BPF+CAP_PERFMON: fix: run with sudo" in proc.stdout
     assert "FAIL  bpf syscall" in proc.stdout and "Operation not permitted" in proc.stdout
+    assert "warn  syscall tracepoints   cannot tell: tracefs is readable by root only" in proc.stdout
     stderr = proc.stderr.splitlines()
     assert len(stderr) == 1 and "needs root or CAP_BPF+CAP_PERFMON: run with sudo" in stderr[0]
     assert "Traceback" not in proc.stderr
