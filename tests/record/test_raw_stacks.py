@@ -37,9 +37,13 @@ def test_translated_raw_stacks_equal_the_kernels_build_id_stacks(workloads):
                    for name, profiler in (("kernel", kernel), ("translated", translated))}
         assert translated.stats["raw"] > 0.8 * sum(results["translated"].values())
         assert kernel.stats["raw"] == 0
-    top = {name: [chain for chain, _ in chains.most_common(4)] for name, chains in results.items()}
-    assert set(top["kernel"]) == set(top["translated"])
-    assert all(frame.build_id for chain in top["kernel"] for frame in chain)
+    # The kernel itself falls back to raw IPs now and then (mm lock contended, its per-CPU irq_work
+    # busy: two samplers tick together here), so only the chains it gave wholly as build-ids count.
+    named = Counter({chain: n for chain, n in results["kernel"].items() if all(f.build_id for f in chain)})
+    top = [chain for chain, _ in results["translated"].most_common(4)]
+    assert all(frame.build_id for chain in top for frame in chain)
+    assert set(top) <= set(named), (top, named)
+    assert named.most_common(1)[0][0] in top
 
 
 def test_address_spaces_of_exited_processes_are_dropped(workloads):
