@@ -201,10 +201,22 @@ def prometheus(served, tmp_path):
     process.wait(20)
 
 
+def socket_inodes(pid: int) -> set[str]:
+    """Inodes of a process's sockets; its fds come and go while this reads them."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
 def prometheus_address(process: subprocess.Popen) -> str:
     """Prometheus does not print an ephemeral port: find its listening socket in /proc."""
-    inodes = {os.readlink(f"/proc/{process.pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{process.pid}/fd")
-              if os.readlink(f"/proc/{process.pid}/fd/{fd}").startswith("socket:[")}
+    inodes = socket_inodes(process.pid)
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
         if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
