@@ -21,26 +21,32 @@ def caller_chains(samples, pid: int) -> Counter:
     return chains
 
 
+def sampled_chains(profiler: Profiler, pid: int, learn: bool) -> Counter:
+    with profiler:
+        profiler.add_pid(pid)
+        if learn:
+            profiler.learn(pid)
+        time.sleep(1.0)
+        return caller_chains(profiler.drain().samples, pid)
+
+
 def test_translated_raw_stacks_equal_the_kernels_build_id_stacks(workloads):
-    """Two samplers on one process, one with build-id stacks only, one that read the process's maps:
-    the call chains they see most must be the very same (build-id, file offset) frames."""
-    with Profiler(999, pids=[], raw_stacks=False) as kernel, Profiler(999, pids=[]) as translated:
-        assert translated.raw_stacks
-        demo = subprocess.Popen([str(workloads / "demo"), "2.5"])
-        for profiler in (kernel, translated):
-            profiler.add_pid(demo.pid)
+    """One process sampled for a second by build-id stacks only, then for a second by a sampler that read
+    its maps (one after the other: two samplers ticking together make the kernel's build-id lookup fall
+    back to raw IPs): the call chains seen most must be the very same (build-id, file offset) frames."""
+    demo = subprocess.Popen([str(workloads / "demo"), "30"])  # killed at the end: each compile takes seconds
+    try:
         time.sleep(0.3)  # past the dynamic loader's mmaps
-        translated.learn(demo.pid)
+        kernel = sampled_chains(Profiler(999, pids=[], raw_stacks=False), demo.pid, learn=False)
+        translated_by = Profiler(999, pids=[])
+        translated = sampled_chains(translated_by, demo.pid, learn=True)
+    finally:
+        demo.kill()
         demo.wait()
-        time.sleep(0.1)
-        results = {name: caller_chains(profiler.drain().samples, demo.pid)
-                   for name, profiler in (("kernel", kernel), ("translated", translated))}
-        assert translated.stats["raw"] > 0.8 * sum(results["translated"].values())
-        assert kernel.stats["raw"] == 0
-    # The kernel itself falls back to raw IPs now and then (mm lock contended, its per-CPU irq_work
-    # busy: two samplers tick together here), so only the chains it gave wholly as build-ids count.
-    named = Counter({chain: n for chain, n in results["kernel"].items() if all(f.build_id for f in chain)})
-    top = [chain for chain, _ in results["translated"].most_common(4)]
+    assert translated_by.raw_stacks and translated_by.stats["raw"] > 0.9 * sum(translated.values())
+    # The kernel falls back to raw IPs itself now and then: only the chains it gave as build-ids count.
+    named = Counter({chain: n for chain, n in kernel.items() if all(f.build_id for f in chain)})
+    top = [chain for chain, _ in translated.most_common(4)]
     assert all(frame.build_id for chain in top for frame in chain)
     assert set(top) <= set(named), (top, named)
     assert named.most_common(1)[0][0] in top
