@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 from optrace.frontend.errors import OptraceError
 
@@ -31,7 +30,6 @@ def load_bcc(**kwargs):
 
 
 def _release_freed_heap() -> None:
-    libc = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
-    if trim is not None:  # glibc only
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own libc: glibc only
+    if trim is not None:
         trim(0)

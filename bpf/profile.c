@@ -145,6 +145,9 @@ int on_sample(struct bpf_perf_event_data *ctx)
     struct key_t key = {.set = set ? *set : 0, .pid = tgid};
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
 
+    // Raw IPs when the process's mappings are known, else (or when that bucket holds another stack)
+    // build-ids, then the spare build-id map. Written out per set: BCC accepts map calls only
+    // literally (not from a macro), and a map cannot be picked at run time.
     u64 epoch = raw_epoch(tgid);
     key.user_stack_id = -EEXIST;
     if (key.set == 1) {

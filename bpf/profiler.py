@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Iterable
 
 from optrace.bpf.loader import import_bcc, load_bcc
-from optrace.frontend.errors import OptraceError
 from optrace.frontend.doctor import syscall_events_available
+from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import RawSample, UserFrame
 from optrace.frontend.symbols.addrspace import AddressSpaces
 
@@ -30,8 +30,8 @@ LOST_REASONS = (
 )
 USER_BUILD_ID, USER_SPARE, USER_RAW = 0, 1, 2  # enum user_map in profile.c
 BUILD_ID_VALID = 1
-BPF_NOEXIST = 1
 BUILD_ID_IP = 2
+BPF_NOEXIST = 1
 GRACE_SECONDS = 0.005  # a sampler run takes microseconds; this is long past any run that saw the old set
 PROC_EXEC, PROC_EXIT = 0, 1
 
@@ -77,6 +77,7 @@ class Profiler:
             self._cflags.append("-DRAW_STACKS")
         self._spaces = AddressSpaces()
         self._exited: list[int] = []
+        self._on_build_ids: set[int] = set()
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id"
         self.event = ""
         self._bpf = None
@@ -140,7 +141,7 @@ class Profiler:
         result = DrainResult(samples=self._read_set(old, now), lost=self._read_lost(), time=now)
         result.execs, result.exits = self.poll_events()
         if self.raw_stacks:
-            self._learn_mappings({s.pid for s in result.samples if s.user})
+            self._learn_mappings(self._on_build_ids)
             self._spaces.end_drain(self._exited)
         self._exited = []
         return result
@@ -182,6 +183,7 @@ class Profiler:
                                              (USER_RAW, "rawstacks", ""))}
         kstacks = self._bpf[f"kstacks{index}".encode()]
         items = [(k, v) for k, v in counts.items() if k.set == index]
+        self._on_build_ids = set()  # processes whose maps the sampler still waits for
         ucache: dict[tuple, tuple[UserFrame, ...]] = {}
         kcache: dict[int, tuple[int, ...]] = {}
         samples = []
@@ -190,8 +192,11 @@ class Profiler:
             kernel = self._kernel_stack(kstacks, key.kernel_stack_id, kcache)
             comm = key.comm.decode("utf-8", "replace")
             samples.append(RawSample(key.pid, comm, user, kernel, value.value, now))
-            if user:
-                self.stats["raw" if key.user_map == USER_RAW else "build_id"] += value.value
+            if user and key.user_map == USER_RAW:
+                self.stats["raw"] += value.value
+            elif user:
+                self.stats["build_id"] += value.value
+                self._on_build_ids.add(key.pid)
         for key, _ in items:
             del counts[key]
         for table in (*tables.values(), kstacks):

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optrace.bpf.loader import import_bcc, load_bcc
+from optrace.frontend.doctor import TRACEFS_DIRS
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError
 
@@ -54,8 +55,7 @@ MAX_ROWS = 65536
 
 _SYSCALLS = {"x86_64": (298, 321), "aarch64": (241, 280)}  # (perf_event_open, bpf)
 _UPROBE_PMU_TYPE = Path("/sys/bus/event_source/devices/uprobe/type")
-_EXIT_FORMATS = (Path("/sys/kernel/tracing/events/sched/sched_process_exit/format"),
-                 Path("/sys/kernel/debug/tracing/events/sched/sched_process_exit/format"))
+_EXIT_FORMATS = tuple(Path(root, "events/sched/sched_process_exit/format") for root in TRACEFS_DIRS)
 _PERF_FLAG_FD_CLOEXEC = 8
 _BPF_LINK_CREATE = 28
 _BPF_PERF_EVENT = 41
