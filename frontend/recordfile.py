@@ -25,6 +25,8 @@ from pathlib import Path
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import Record
 from optrace.frontend.schema import SchemaError, decode, encode
+from optrace.fileaccess import printable
+from optrace.outputfile import write_atomically
 
 MAGIC = b"OPTRDATA"
 PERF_MAGIC = b"PERFILE2"
@@ -38,30 +40,13 @@ class RecordFileError(OptraceError):
     """A record file that cannot be read or written; the message is one line and says what to do."""
 
 
-def printable(path: str | os.PathLike[str]) -> str:
-    """The path as one printable line (a file name may hold newlines or escapes)."""
-    return "".join(c if c.isprintable() else "?" for c in str(path))
-
-
 def write_record(record: Record, path: str | os.PathLike[str]) -> None:
-    """Write `record` atomically: the final name holds either the previous file or the complete new one.
-
-    A previous file is kept as ``<name>.old`` (like perf). Under sudo the file is given to the invoking
-    user (``SUDO_UID``/``SUDO_GID``) so they can read, move and delete it.
-    """
-    final = Path(path)
-    data = _serialize(record)
+    """Write `record` atomically (:mod:`optrace.outputfile`); a previous file is kept as ``<name>.old``
+    (like perf), and under sudo the file is given to the invoking user."""
     try:
-        tmp_name = _write_temp(final, data)
+        write_atomically(path, _serialize(record), keep_previous=True)
     except OSError as exc:
-        raise RecordFileError(f"cannot write {printable(final)}: {exc.strerror or exc}") from None
-    try:
-        _keep_previous(final)
-        os.replace(tmp_name, final)
-        _fsync_dir(final.parent)
-    except OSError as exc:
-        _unlink_quietly(tmp_name)
-        raise RecordFileError(f"cannot write {printable(final)}: {exc.strerror or exc}") from None
+        raise RecordFileError(f"cannot write {printable(path)}: {exc.strerror or exc}") from None
 
 
 def read_record(path: str | os.PathLike[str]) -> Record:
@@ -82,75 +67,6 @@ def _serialize(record: Record) -> bytes:
     compressed = zlib.compress(payload, 6)
     header = HEADER.pack(MAGIC, FORMAT_VERSION, zlib.crc32(compressed), len(compressed), len(payload))
     return header + compressed
-
-
-def _write_temp(final: Path, data: bytes) -> str:
-    """Write data to a new file beside `final` (same filesystem, so rename is atomic); return its name."""
-    import tempfile  # only writers need it; report start-up stays lean
-
-    directory = final.parent if str(final.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fchmod(out.fileno(), 0o666 & ~_current_umask())
-            _give_to_sudo_user(out.fileno())
-            os.fsync(out.fileno())
-    except BaseException:
-        _unlink_quietly(tmp_name)
-        raise
-    return tmp_name
-
-
-def _current_umask() -> int:
-    """The umask, read without os.umask()'s set-and-restore (which would race with other threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
-
-
-def _give_to_sudo_user(fd: int) -> None:
-    uid, gid = os.environ.get("SUDO_UID", ""), os.environ.get("SUDO_GID", "")
-    if os.geteuid() != 0 or not uid.isdigit():
-        return
-    os.fchown(fd, int(uid), int(gid) if gid.isdigit() else -1)
-
-
-def _keep_previous(final: Path) -> None:
-    """Make the current file (if a regular file) also reachable as <name>.old, without ever removing it
-    from the final name: a hard link, so a crash before the rename leaves the old file in place."""
-    try:
-        if not stat.S_ISREG(os.lstat(final).st_mode):
-            return
-    except FileNotFoundError:
-        return
-    old = final.with_name(final.name + ".old")
-    _unlink_quietly(old)
-    try:
-        os.link(final, old, follow_symlinks=False)
-    except OSError:
-        pass  # a filesystem without hard links: the new file still replaces the old one atomically
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory if str(directory) else ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(name: str | os.PathLike[str]) -> None:
-    try:
-        os.unlink(name)
-    except OSError:
-        pass
 
 
 def _read_payload(path: Path, shown: str) -> bytes:

@@ -1,0 +1,101 @@
+"""Writing an output file the user named (``-o``), the way ``record -o`` always has: never through a
+planted symlink, never half-written.
+
+The data goes to a new temporary file beside the target (``mkstemp``: ``O_CREAT|O_EXCL``, so nothing that
+already exists is opened), is flushed and synced, then renamed over the target. ``rename`` replaces a
+symlink at the target instead of following it, so ``/tmp/report.txt -> /etc/shadow`` planted by another
+user is replaced, and the final name holds either the previous file or the complete new one.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+
+def write_atomically(path: str | os.PathLike[str], data: bytes, *, keep_previous: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically. With ``keep_previous`` an existing regular file stays
+    reachable as ``<name>.old`` (perf's habit for perf.data). Raises OSError."""
+    with atomic_output(path, "wb", keep_previous=keep_previous) as out:
+        out.write(data)
+
+
+@contextmanager
+def atomic_output(path: str | os.PathLike[str], mode: str = "w", *, keep_previous: bool = False,
+                  encoding: str = "utf-8", errors: str = "backslashreplace") -> Iterator[IO]:
+    """A stream whose content replaces ``path`` when the block ends without an exception (and is
+    discarded otherwise). Raises OSError when the file cannot be created or renamed."""
+    import tempfile  # only writers need it; report's start-up stays lean
+
+    final = Path(path)
+    directory = final.parent if str(final.parent) else Path(".")
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp")
+    try:
+        text = {} if "b" in mode else {"encoding": encoding, "errors": errors}
+        with os.fdopen(fd, mode, **text) as out:
+            yield out
+            out.flush()
+            os.fchmod(out.fileno(), 0o666 & ~current_umask())
+            _give_to_sudo_user(out.fileno())
+            os.fsync(out.fileno())
+        if keep_previous:
+            _keep_previous(final)
+        os.replace(tmp_name, final)
+    except BaseException:
+        _unlink_quietly(tmp_name)
+        raise
+    _fsync_dir(directory)
+
+
+def current_umask() -> int:
+    """The umask, read without os.umask()'s set-and-restore (which would race with other threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def _give_to_sudo_user(fd: int) -> None:
+    """Under sudo the file goes to the invoking user (SUDO_UID/SUDO_GID), who can then read and move it."""
+    uid, gid = os.environ.get("SUDO_UID", ""), os.environ.get("SUDO_GID", "")
+    if os.geteuid() != 0 or not uid.isdigit():
+        return
+    os.fchown(fd, int(uid), int(gid) if gid.isdigit() else -1)
+
+
+def _keep_previous(final: Path) -> None:
+    """Make the current file (if a regular file) also reachable as <name>.old, without ever removing it
+    from the final name: a hard link, so a crash before the rename leaves the old file in place."""
+    try:
+        if not stat.S_ISREG(os.lstat(final).st_mode):
+            return
+    except FileNotFoundError:
+        return
+    old = final.with_name(final.name + ".old")
+    _unlink_quietly(old)
+    try:
+        os.link(final, old, follow_symlinks=False)
+    except OSError:
+        pass  # a filesystem without hard links: the new file still replaces the old one atomically
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(name: str | os.PathLike[str]) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
