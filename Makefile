@@ -6,7 +6,7 @@ OPTRACE    := $(VENV)/bin/optrace
 STAMP      := $(VENV)/.installed
 WORKLOADS  := workloads/build
 
-.PHONY: setup system venv demo test bench workloads clean
+.PHONY: setup system venv demo test test-unit bench workloads clean
 
 setup: system venv workloads
 
@@ -34,6 +34,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest tests
+
+# The tests that need neither root nor BCC (no BPF program is loaded), in seconds; needs only the venv.
+test-unit: venv workloads
+	$(PY) -m pytest -m "not bpf" tests
 
 bench: setup
 	$(PY) bench/run.py

@@ -42,6 +42,14 @@ def optrace():
     return run_optrace
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test that needs BPF (the ``bpf_ready`` fixture) is a ``bpf`` test, whether or not its module says so:
+    ``make test-unit`` (``-m "not bpf"``) must never load a BPF program."""
+    for item in items:
+        if "bpf_ready" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.bpf)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under CI=true nothing is skipped silently: a skipped test (a missing tool or capability) fails."""
