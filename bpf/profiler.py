@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Iterable
 
 from optrace.bpf.loader import import_bcc, load_bcc
-from optrace.frontend.doctor import syscall_events_available
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.model import RawSample, UserFrame
 from optrace.frontend.symbols.addrspace import AddressSpaces
+from optrace.kernel import syscall_events_available
 
 PROGRAM = Path(__file__).with_name("profile.c")
 LOST_REASONS = (

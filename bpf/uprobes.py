@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optrace.bpf.loader import import_bcc, load_bcc
-from optrace.frontend.doctor import TRACEFS_DIRS
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError
+from optrace.kernel import TRACEFS_DIRS
 
 PROGRAM = Path(__file__).with_name("uprobe_count.c")
 MAX_PROBES = 4096

@@ -5,7 +5,6 @@ with one line instead of a BCC compile error. Nothing here imports BCC (it is on
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import importlib.util
 import os
@@ -14,14 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from optrace.frontend.errors import OptraceError
-
-CAP_SYS_ADMIN = 21
-CAP_PERFMON = 38
-CAP_BPF = 39
-SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
-BPF_MAP_CREATE = 0
-BPF_MAP_TYPE_ARRAY = 2
-TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+from optrace import kernel
+from optrace.kernel import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, bpf_map_create_errno, effective_capabilities
 
 
 @dataclass(frozen=True)
@@ -50,20 +43,9 @@ def check_privileges() -> CheckResult:
     return CheckResult("privileges", False, "needs root or CAP_BPF+CAP_PERFMON", "run with sudo")
 
 
-def effective_capabilities() -> int:
-    """CapEff from /proc/self/status (0 when it cannot be read)."""
-    try:
-        for line in Path("/proc/self/status").read_text(errors="replace").splitlines():
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def check_bpf_syscall() -> CheckResult:
     """Create and close a one-entry array map: proves bpf() is usable without loading a program."""
-    err = _try_bpf_map_create()
+    err = bpf_map_create_errno()
     if err == 0:
         return CheckResult("bpf syscall", True, "BPF_MAP_CREATE works")
     if err == errno.ENOSYS:
@@ -71,17 +53,6 @@ def check_bpf_syscall() -> CheckResult:
                            "use a kernel built with CONFIG_BPF_SYSCALL=y")
     return CheckResult("bpf syscall", False, f"bpf(BPF_MAP_CREATE) failed: {os.strerror(err)}",
                        "run with sudo")
-
-
-def _try_bpf_map_create() -> int:
-    """0 on success, else the errno."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    attr = (ctypes.c_uint32 * 32)(BPF_MAP_TYPE_ARRAY, 4, 4, 1)  # type, key size, value size, max entries
-    fd = libc.syscall(ctypes.c_long(SYS_BPF), ctypes.c_int(BPF_MAP_CREATE), attr, ctypes.c_uint(ctypes.sizeof(attr)))
-    if fd < 0:
-        return ctypes.get_errno() or errno.EPERM
-    os.close(fd)
-    return 0
 
 
 def check_kernel_headers() -> CheckResult:
@@ -97,38 +68,21 @@ def check_kernel_headers() -> CheckResult:
 
 def check_tracefs() -> CheckResult:
     """Read /proc/self/mounts (readable by anyone; /sys/kernel/tracing itself is root-only)."""
-    mounted = tracefs_mount_points()
+    mounted = kernel.tracefs_mount_points()
     if mounted:
         return CheckResult("tracefs", True, f"mounted at {mounted[0]}", uprobes_only=True)
     return CheckResult("tracefs", False, "not mounted: uprobes could not be detached cleanly",
                        "sudo mount -t tracefs nodev /sys/kernel/tracing", uprobes_only=True)
 
 
-SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # how the sampler tells new executable mappings
-
-
-def syscall_events_available() -> bool:
-    return any(all(os.path.exists(f"{root}/events/syscalls/{event}") for event in SYSCALL_EVENTS)
-               for root in TRACEFS_DIRS)
-
-
 def check_syscall_tracepoints() -> CheckResult:
     name = "syscall tracepoints"
-    if syscall_events_available():
+    if kernel.syscall_events_available():
         return CheckResult(name, True, "raw user stacks once a process's maps are read", required=False)
-    if any(os.path.isdir(root) and not os.access(root, os.X_OK) for root in TRACEFS_DIRS):
+    if any(os.path.isdir(root) and not os.access(root, os.X_OK) for root in kernel.TRACEFS_DIRS):
         return CheckResult(name, False, "cannot tell: tracefs is readable by root only", required=False)
     return CheckResult(name, False, "none: every user stack is a build-id stack, slower per sample",
                        "a kernel with CONFIG_FTRACE_SYSCALLS=y, tracefs mounted", required=False)
-
-
-def tracefs_mount_points() -> list[str]:
-    try:
-        lines = Path("/proc/self/mounts").read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    points = [fields[1] for fields in (line.split() for line in lines) if len(fields) > 2 and fields[2] == "tracefs"]
-    return [point for point in points if point in TRACEFS_DIRS]
 
 
 def check_bcc() -> CheckResult:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from optrace import kernel
 from optrace.frontend import doctor
 from optrace.frontend.doctor import CheckResult, format_result, require_recording
 from optrace.frontend.errors import OptraceError
@@ -66,7 +67,7 @@ def test_require_recording_passes_here_as_root(bpf_ready) -> None:
 
 
 def test_missing_tracefs_fails_only_for_uprobes(bpf_ready, monkeypatch) -> None:
-    monkeypatch.setattr(doctor, "tracefs_mount_points", lambda: [])
+    monkeypatch.setattr(kernel, "tracefs_mount_points", lambda: [])
     result = doctor.check_tracefs()
     assert result.status == "FAIL"
     assert format_result(result).endswith("fix: sudo mount -t tracefs nodev /sys/kernel/tracing")
@@ -99,7 +100,7 @@ def test_informational_checks_never_fail_doctor() -> None:
 def test_without_syscall_tracepoints_doctor_warns_and_the_profiler_keeps_build_id_stacks(monkeypatch) -> None:
     from optrace.bpf import profiler
 
-    monkeypatch.setattr(doctor, "TRACEFS_DIRS", ("/nonexistent",))
+    monkeypatch.setattr(kernel, "TRACEFS_DIRS", ("/nonexistent",))
     result = doctor.check_syscall_tracepoints()
     assert (result.status, result.required) == ("warn", False) and "CONFIG_FTRACE_SYSCALLS" in result.fix
     monkeypatch.setattr(profiler, "syscall_events_available", lambda: False)
@@ -110,4 +111,4 @@ def test_without_syscall_tracepoints_doctor_warns_and_the_profiler_keeps_build_i
 def test_tracefs_mount_points_reads_proc_mounts() -> None:
     mounts = Path("/proc/self/mounts").read_text()
     expected = " /sys/kernel/tracing tracefs " in mounts or " /sys/kernel/debug/tracing tracefs " in mounts
-    assert bool(doctor.tracefs_mount_points()) == expected
+    assert bool(kernel.tracefs_mount_points()) == expected

@@ -8,9 +8,7 @@ import click
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.frontend.target import check_command, check_pids, describe_exit
-
-MAX_RATE_FILE = "/proc/sys/kernel/perf_event_max_sample_rate"
-
+from optrace.kernel import max_sample_rate
 
 def parse_pids(values: tuple[str, ...]) -> list[int]:
     """`-p 1 -p 2` and perf's `-p 1,2` both work."""
@@ -24,11 +22,7 @@ def parse_pids(values: tuple[str, ...]) -> list[int]:
 
 
 def check_frequency(hz: int) -> None:
-    try:
-        with open(MAX_RATE_FILE) as f:
-            limit = int(f.read())
-    except OSError:
-        limit = 100000
+    limit = max_sample_rate()
     if not 1 <= hz <= limit:
         raise OptraceError(f"frequency {hz} Hz is out of range: use 1..{limit} (kernel.perf_event_max_sample_rate)")
 

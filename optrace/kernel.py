@@ -1,0 +1,66 @@
+"""What the running kernel offers, read from /proc and tracefs: the facts that both ``optrace doctor`` and
+the BPF programs in ``bpf/`` depend on. Nothing here imports BCC or loads a program."""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from pathlib import Path
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
+BPF_MAP_CREATE = 0
+BPF_MAP_TYPE_ARRAY = 2
+TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # how the sampler tells new executable mappings
+MAX_RATE_FILE = "/proc/sys/kernel/perf_event_max_sample_rate"
+DEFAULT_MAX_RATE = 100000
+
+
+def effective_capabilities() -> int:
+    """CapEff from /proc/self/status (0 when it cannot be read)."""
+    try:
+        for line in Path("/proc/self/status").read_text(errors="replace").splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def bpf_map_create_errno() -> int:
+    """Create and close a one-entry array map: 0 when bpf() is usable, else the errno."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    attr = (ctypes.c_uint32 * 32)(BPF_MAP_TYPE_ARRAY, 4, 4, 1)  # type, key size, value size, max entries
+    fd = libc.syscall(ctypes.c_long(SYS_BPF), ctypes.c_int(BPF_MAP_CREATE), attr, ctypes.c_uint(ctypes.sizeof(attr)))
+    if fd < 0:
+        return ctypes.get_errno() or errno.EPERM
+    os.close(fd)
+    return 0
+
+
+def syscall_events_available() -> bool:
+    """The mmap/mprotect exit tracepoints the sampler needs for raw user stacks."""
+    return any(all(os.path.exists(f"{root}/events/syscalls/{event}") for event in SYSCALL_EVENTS)
+               for root in TRACEFS_DIRS)
+
+
+def tracefs_mount_points() -> list[str]:
+    """Where tracefs is mounted, among the places BCC looks (/proc/self/mounts is readable by anyone)."""
+    try:
+        lines = Path("/proc/self/mounts").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    points = [fields[1] for fields in (line.split() for line in lines) if len(fields) > 2 and fields[2] == "tracefs"]
+    return [point for point in points if point in TRACEFS_DIRS]
+
+
+def max_sample_rate() -> int:
+    """kernel.perf_event_max_sample_rate: the highest -F the kernel accepts."""
+    try:
+        with open(MAX_RATE_FILE) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return DEFAULT_MAX_RATE
