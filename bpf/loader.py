@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ctypes
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 
 def import_bcc():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 from optrace.bpf.loader import import_bcc, load_bcc
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.model import RawSample, UserFrame
 from optrace.frontend.symbols.addrspace import AddressSpaces
 from optrace.kernel import syscall_events_available

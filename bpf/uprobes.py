@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optrace.bpf.loader import import_bcc, load_bcc
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError
 from optrace.kernel import TRACEFS_DIRS
 

@@ -12,7 +12,7 @@ import traceback
 import click
 
 from optrace import __version__
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 # name -> (module under optrace.frontend.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace import kernel
 from optrace.kernel import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, bpf_map_create_errno, effective_capabilities
 

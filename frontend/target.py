@@ -6,7 +6,7 @@ import shutil
 import signal
 import time
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 
 def check_pids(pids: list[int]) -> None:

@@ -12,7 +12,7 @@ import pytest
 from optrace import kernel
 from optrace.frontend import doctor
 from optrace.frontend.doctor import CheckResult, format_result, require_recording
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 OPTRACE = str(Path(sys.executable).parent / "optrace")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

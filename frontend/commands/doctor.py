@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from optrace.frontend.doctor import format_result, run_checks, summary
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 
 @click.command("doctor")

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.model import CallCount
 from optrace.frontend.uprobes.resolve import ProbeKey, ResolvedProbe
 

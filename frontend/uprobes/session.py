@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from optrace.frontend.doctor import require_recording
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.model import CallCount
 from optrace.frontend.uprobes.manager import Attacher, Consumer, PidFilter, ProbeManager
 from optrace.frontend.uprobes.resolve import (DEFAULT_MAX_MATCHES, Resolution, ResolvedProbe, name_list,

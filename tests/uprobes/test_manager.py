@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, ProbeManager, UnprobeableError
 from optrace.frontend.uprobes.resolve import ProbeKey, ResolvedProbe
 
