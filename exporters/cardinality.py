@@ -14,10 +14,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optrace.fileaccess import printable
+
 OTHER = "[other]"
 MIN_SERIES = 3  # one regular series, one coarse [other] series, the catch-all
+MAX_LABEL_CHARS = 256  # longer label values are cut to this many characters, CUT_MARK included
+CUT_MARK = "\u2026"  # "…" ends a value that was cut
 
 Labels = tuple[str, ...]
+
+
+def bound_label(value: str) -> str:
+    """A label value as the page shows it: control characters (and undecodable bytes, which
+    os.fsdecode leaves as lone surrogates) become "?", and a value longer than MAX_LABEL_CHARS is
+    cut, ending with CUT_MARK. Names come from files any user writes (perf maps, binaries): this
+    keeps one name from costing more than a few hundred bytes per series, on the page and in memory."""
+    if len(value) > MAX_LABEL_CHARS:
+        value = value[: MAX_LABEL_CHARS - len(CUT_MARK)] + CUT_MARK
+    return value if value.isprintable() else printable(value)
+
+
+def bound_labels(labels: Labels) -> Labels:
+    return tuple(bound_label(value) for value in labels)
 
 
 def overflow_slots(max_series: int) -> int:

@@ -2,23 +2,35 @@
 
 The drain period, not the scrapes, moves the counters: a scrape only reads the totals, so any number
 of scrapers at any interval see the same monotonic counters. Everything started here is closed
-here, whatever way the loop ends (stop request, exception).
+here, whatever way the loop ends (stop request, exception). A source whose drain raises costs that
+drain's rows of that source (counted in ``optrace_read_errors_total{kind="drain"}``), never the
+daemon. A reload (SIGHUP) re-reads the settings between two drains: the web config (TLS, users,
+headers) and the series idle time apply at once; settings that shape the BPF side or the guard
+(listen, frequency, uprobes, pids, comms, max_series) need a restart, and a change to them is warned
+about and left as it was. A reload that fails keeps the running settings.
 """
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
-from optrace.exporters.httpserver import ListenAddress, MetricsServer, TlsFiles
+from optrace.exporters.httpserver import ListenAddress, MetricsServer
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
-from optrace.exporters.sources import CallSource, ProfileSource, Source
-from optrace.exporters.totals import Delta, ExporterTotals
+from optrace.exporters.sources import CallSource, ProfileSource, Source, contain
+from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S, Delta, ExporterTotals
+from optrace.exporters.webconfig import WebConfig
+from optrace.frontend.errors import OptraceError
 
 DEFAULT_PORT = 9469
 DEFAULT_MAX_SERIES = 10000
+RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series")
+WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 
 
 @dataclass
@@ -29,7 +41,8 @@ class ServeOptions:
     pids: list[int] = field(default_factory=list)
     comms: list[str] = field(default_factory=list)
     max_series: int = DEFAULT_MAX_SERIES
-    tls: TlsFiles | None = None
+    series_idle_s: float = DEFAULT_SERIES_IDLE_S  # 0: series never expire
+    web: WebConfig = field(default_factory=WebConfig)
     drain_interval_s: float = 1.0
 
 
@@ -48,18 +61,30 @@ def build_sources(options: ServeOptions) -> list[Source]:
 
 class ServeDaemon:
     def __init__(self, options: ServeOptions, sources: list[Source] | None = None,
-                 on_warning: Callable[[str], None] = lambda message: None) -> None:
+                 on_warning: Callable[[str], None] = lambda message: None,
+                 reload: Callable[[], ServeOptions] | None = None,
+                 on_info: Callable[[str], None] = lambda message: None,
+                 reload_requested: threading.Event | None = None) -> None:
         self.options = options
-        self.on_warning = on_warning
+        self._on_warning = on_warning
+        self._on_info = on_info
+        self._reload_options = reload
+        self._reload_requested = reload_requested or threading.Event()
+        self._warned: OrderedDict[str, None] = OrderedDict()
         self.sources = build_sources(options) if sources is None else sources
-        self.totals = ExporterTotals(options.max_series)
+        self.totals = ExporterTotals(options.max_series, options.series_idle_s)
         self.address: ListenAddress | None = None
+        self._server: MetricsServer | None = None
+
+    def request_reload(self) -> None:
+        """Ask for a reload at the next wake of the drain loop (safe from a signal handler)."""
+        self._reload_requested.set()
 
     def run(self, stop: StopRequest, on_ready: Callable[[str], None] = lambda url: None) -> None:
         """Serve until ``stop`` says so. The port is taken before the (slow) BPF compile, so a busy
         port fails at once; scrapes are answered from the first drain on."""
         with ExitStack() as stack:
-            server = MetricsServer(self.options.listen, self.options.tls)
+            server = self._server = MetricsServer(self.options.listen, self.options.web)
             stack.callback(server.close)
             for source in self.sources:
                 stack.callback(source.close)
@@ -74,15 +99,50 @@ class ServeDaemon:
     def _loop(self, stop: StopRequest) -> None:
         interval = self.options.drain_interval_s
         next_drain = time.monotonic() + interval
-        while not stop.wait(next_drain - time.monotonic()):
-            self.drain_once()
-            next_drain = max(next_drain + interval, time.monotonic())
+        while not stop.wait(min(next_drain - time.monotonic(), interval)):
+            if self._reload_requested.is_set():
+                self._reload_requested.clear()
+                self.reload()
+            if time.monotonic() >= next_drain:
+                self.drain_once()
+                next_drain = max(next_drain + interval, time.monotonic())
 
     def drain_once(self) -> None:
         started = time.perf_counter()
         delta = Delta()
         for source in self.sources:
-            source.collect(delta)
+            contain(delta, "drain", partial(source.collect, delta))
         self.totals.apply(delta, drain_seconds=time.perf_counter() - started)
         for message in delta.warnings:
-            self.on_warning(message)
+            self.warn(message)
+
+    def warn(self, message: str) -> None:
+        """Print a warning unless it was printed recently (a broken file warns once, not every drain)."""
+        if message in self._warned:
+            self._warned.move_to_end(message)
+            return
+        self._warned[message] = None
+        if len(self._warned) > WARNINGS_REMEMBERED:
+            self._warned.popitem(last=False)
+        self._on_warning(message)
+
+    def reload(self) -> None:
+        """Re-read the settings (see the module docstring); never raises."""
+        if self._reload_options is None:
+            self._on_info("reload requested: nothing to reload")
+            return
+        try:
+            new = self._reload_options()
+            if self._server is not None:
+                self._server.configure(new.web)
+        except OptraceError as exc:
+            self._on_warning(f"reload failed, still serving with the previous settings: {exc}")
+            return
+        for name in RESTART_ONLY:
+            if getattr(new, name) != getattr(self.options, name):
+                self._on_warning(f"reload: {name} changed, which takes a restart of optrace serve: left as it was")
+                setattr(new, name, getattr(self.options, name))
+        self.totals.set_series_idle(new.series_idle_s)
+        new.drain_interval_s = self.options.drain_interval_s
+        self.options = new
+        self._on_info(f"reloaded the settings: serving {self._server.url if self._server else '(not started)'}")

@@ -2,21 +2,27 @@
 
 Each source owns its kernel side (start/close) and, per drain, adds to a :class:`Delta` the rows it
 saw since the previous drain. Per-process state is dropped when the process exits, so memory stays
-bounded however many processes come and go.
+bounded however many processes come and go. Each process's share of the work (reading its maps, its
+JIT files, naming its samples) is contained: an exception there costs that process's names (counted
+in ``Delta.read_errors``), never the drain or the daemon.
 """
 from __future__ import annotations
 
 import os
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from functools import partial
+from typing import Protocol, TypeVar
 
 from optrace.exporters.totals import Delta
+from optrace.fileaccess import printable
 from optrace.frontend.model import UNKNOWN, Frame, RawSample, Sample
 from optrace.frontend.recorder import leaf_only, resolve_exec_path
 
 JIT_DSO = "[jit]"
 PRUNE_EVERY = 30  # drains between two looks for processes whose exit event was lost
+T = TypeVar("T")
 
 
 class Source(Protocol):
@@ -41,6 +47,19 @@ def leaf_labels(comm: str, frame: Frame | None) -> tuple[str, str, str]:
     if frame is None:
         return (comm, UNKNOWN, UNKNOWN)
     return (comm, dso_label(frame.dso), frame.symbol if frame.resolved else UNKNOWN)
+
+
+def contain(delta: Delta, kind: str, call: Callable[[], T]) -> T | None:
+    """``call()``, or None when it raised: the failure is counted in ``delta.read_errors[kind]`` and
+    warned about once per kind and exception type (the daemon dedupes), so one hostile or malformed
+    file costs only what depended on it."""
+    try:
+        return call()
+    except Exception as exc:  # containment is the point: any bug or bad input in one process's work
+        delta.read_errors[kind] += 1
+        delta.warnings.append(f"{kind} failed and was skipped ({type(exc).__name__}: {printable(exc)[:200]}); "
+                              f"counted in optrace_read_errors_total{{kind=\"{kind}\"}}")
+        return None
 
 
 def add_leaf_rows(delta: Delta, frames: list[Frame], samples: Iterable[Sample]) -> None:
@@ -135,16 +154,32 @@ class ProfileSource:
         delta.execs += len(result.execs)
         delta.exits += len(result.exits)
         samples = [s for s in result.samples if not self._comms or s.comm in self._comms]
-        self._learn_processes(result, samples)
+        self._learn_processes(result, samples, delta)
         started = time.perf_counter()
-        frames, symbolized = self.symbolizer.symbolize([leaf_only(s) for s in samples])
+        for frames, symbolized in self._symbolize([leaf_only(s) for s in samples], delta):
+            add_leaf_rows(delta, frames, symbolized)
         delta.symbolize_seconds += time.perf_counter() - started
-        add_leaf_rows(delta, frames, symbolized)
-        self._end_processes(result)
+        self._end_processes(result, delta)
         delta.jit_refused_files += self._new_refusals()
         self._take_warnings(delta)
 
-    def _learn_processes(self, result, samples: list[RawSample]) -> None:
+    def _symbolize(self, leaves: list[RawSample], delta: Delta) -> list[tuple[list[Frame], list[Sample]]]:
+        """All leaves in one call; if that raises, again one process at a time, so only the process
+        whose files broke it loses its names (its samples still count, as "[unknown]")."""
+        try:
+            return [self.symbolizer.symbolize(leaves)]
+        except Exception:  # found again, counted and warned below, per process
+            pass
+        by_pid: dict[int, list[RawSample]] = defaultdict(list)
+        for leaf in leaves:
+            by_pid[leaf.pid].append(leaf)
+        results = []
+        for group in by_pid.values():
+            named = contain(delta, "symbolize", partial(self.symbolizer.symbolize, group))
+            results.append(named or ([], [Sample(s.pid, s.comm, (), s.count) for s in group]))
+        return results
+
+    def _learn_processes(self, result, samples: list[RawSample], delta: Delta) -> None:
         """What the symbolizer and JIT symbols must know before this drain's samples are named."""
         for pid, filename in result.execs:
             path = resolve_exec_path(pid, filename)
@@ -152,33 +187,33 @@ class ProfileSource:
                 self._tracker.exec(pid, path)
         executables, snapshot = self._tracker.sampled(samples)
         for pid in snapshot:
-            self.symbolizer.snapshot_process(pid)
+            contain(delta, "process_maps", partial(self.symbolizer.snapshot_process, pid))
         for path in executables.values():  # for processes gone before their maps could be read
-            self.symbolizer.add_executable(path)
+            contain(delta, "executable", partial(self.symbolizer.add_executable, path))
         for pid in {s.pid for s in samples if _leaf_is_raw_address(s)}:
             self._jit_pids.add(pid)
-            self.jit.poll(pid, result.time)
+            contain(delta, "jit_symbols", partial(self.jit.poll, pid, result.time))
 
-    def _end_processes(self, result) -> None:
+    def _end_processes(self, result, delta: Delta) -> None:
         """Exited processes are forgotten one drain late: samples taken just before an exit may
         reach the next drain. Every PRUNE_EVERY drains, processes whose exit event was lost (the
         kernel's event buffer overflowed) are found in /proc and forgotten too."""
-        self._forget(self._exited)
+        for pid in self._exited:
+            contain(delta, "forget_process", partial(self._forget, pid))
         self._exited = list(result.exits)
         self._drains += 1
         if self._drains % PRUNE_EVERY == 0:
             self._exited += [pid for pid in self._tracker.pids() if not os.path.exists(f"/proc/{pid}")]
         for pid in result.exits:
             if pid in self._jit_pids:
-                self.jit.process_exited(pid, result.time)
+                contain(delta, "jit_symbols", partial(self.jit.process_exited, pid, result.time))
 
-    def _forget(self, pids: list[int]) -> None:
-        """Drop what is kept per process, so memory does not grow with every process that ever ran."""
-        for pid in pids:
-            self.symbolizer.forget_process(pid)
-            self.jit.forget_process(pid)
-            self._jit_pids.discard(pid)
-            self._tracker.forget(pid)
+    def _forget(self, pid: int) -> None:
+        """Drop what is kept about a process, so memory does not grow with every process that ever ran."""
+        self._tracker.forget(pid)
+        self._jit_pids.discard(pid)
+        self.symbolizer.forget_process(pid)
+        self.jit.forget_process(pid)
 
     def _take_warnings(self, delta: Delta) -> None:
         """Hand new warnings to the daemon (it logs them) instead of keeping them forever."""

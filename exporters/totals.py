@@ -1,19 +1,28 @@
-"""The exporter's own monotonic totals: what each drain adds, what every scrape reads.
+"""The exporter's own totals: what each drain adds, what every scrape reads.
 
 Sources turn one kernel drain into a :class:`Delta`; :meth:`ExporterTotals.apply` adds it under a
-lock. Nothing here is ever reset or removed, so a scrape (any number of scrapers, any interval)
-only reads: counters stay monotonic, and memory is bounded by the cardinality guard.
-"""
+lock, so a scrape (any number of scrapers, any interval) only reads. Memory is bounded twice: the
+cardinality guard caps the series a metric has at once, and a series that has not moved for
+``series_idle_s`` seconds is dropped (a busy machine names new processes and JIT symbols all day).
+A dropped counter series disappears from the page and starts again from 0 if its labels come back:
+Prometheus' ``rate()``/``increase()`` take that as a counter reset, as after an exporter restart.
+""" 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from optrace.exporters.cardinality import Labels, SeriesGuard
+from optrace.exporters.cardinality import Labels, SeriesGuard, bound_labels
 
 CPU_LABELS = ("comm", "dso", "symbol")
 CALL_LABELS = ("binary", "symbol", "comm")
+CPU_METRIC = "optrace_cpu_samples_total"
+CALLS_METRIC = "optrace_uprobe_calls_total"
+DEFAULT_SERIES_IDLE_S = 600.0
+MAX_EXPIRY_CHECK_S = 60.0  # idle series are looked for at most this long after they became idle
 
 
 @dataclass
@@ -28,6 +37,7 @@ class Delta:
     exits: int = 0
     unresolved_frames: int = 0  # samples whose leaf frame has no symbol
     jit_refused_files: int = 0  # perf maps / jitdumps refused (untrusted owner, bad format...)
+    read_errors: Counter[str] = field(default_factory=Counter)  # kind -> failures contained in a drain
     symbolize_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)  # logged by the daemon, not kept
 
@@ -37,19 +47,33 @@ def guard_for(label_names: tuple[str, ...], coarse_label: str, max_series: int) 
 
 
 class CounterTotals:
-    """One counter metric: a monotonic total per series, at most ``guard.max_series`` series."""
+    """One counter metric: a total per series, at most ``guard.max_series`` series at once.
+
+    Label values are bounded (length, control characters) before the guard sees them, so names
+    that differ only past the cut share one series."""
 
     def __init__(self, label_names: tuple[str, ...], guard: SeriesGuard) -> None:
         self.label_names = label_names
         self._guard = guard
         self._values: dict[Labels, int] = {}
+        self._touched: dict[Labels, float] = {}  # series -> when it last moved (monotonic s)
         self.overflow = 0  # samples or calls counted in an [other] series
+        self.expired = 0  # series dropped after being idle
 
-    def add(self, labels: Labels, amount: int) -> None:
-        admission = self._guard.admit(labels, self._values)
+    def add(self, labels: Labels, amount: int, now: float) -> None:
+        admission = self._guard.admit(bound_labels(labels), self._values)
         self._values[admission.labels] = self._values.get(admission.labels, 0) + amount
+        self._touched[admission.labels] = now
         if admission.overflow:
             self.overflow += amount
+
+    def expire(self, idle_since: float) -> int:
+        """Drop the series that have not moved since ``idle_since``; how many were dropped."""
+        stale = [labels for labels, touched in self._touched.items() if touched < idle_since]
+        for labels in stale:
+            del self._values[labels], self._touched[labels]
+        self.expired += len(stale)
+        return len(stale)
 
     def values(self) -> dict[Labels, int]:
         return dict(self._values)
@@ -66,6 +90,8 @@ class TotalsSnapshot:
     cpu_samples: dict[Labels, int]
     uprobe_calls: dict[Labels, int]
     overflow: dict[str, int]  # metric -> samples or calls sent to [other] series
+    expired: dict[str, int]  # metric -> series dropped after being idle
+    read_errors: dict[str, int]  # kind -> failures contained in a drain
     lost: dict[str, int]
     idle_samples: int
     process_events: dict[str, int]  # "exec" / "exit" -> count
@@ -77,37 +103,62 @@ class TotalsSnapshot:
 
 
 class ExporterTotals:
-    """All of the exporter's totals, behind one lock."""
+    """All of the exporter's totals, behind one lock. ``series_idle_s`` = 0 keeps series forever."""
 
-    def __init__(self, max_series: int) -> None:
+    def __init__(self, max_series: int, series_idle_s: float = DEFAULT_SERIES_IDLE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.lock = threading.Lock()
         self.cpu_samples = CounterTotals(CPU_LABELS, guard_for(CPU_LABELS, "symbol", max_series))
         self.uprobe_calls = CounterTotals(CALL_LABELS, guard_for(CALL_LABELS, "comm", max_series))
+        self.series_idle_s = series_idle_s
+        self._clock = clock
+        self._next_expiry = clock() + self._expiry_period()
         self.lost: Counter[str] = Counter()
         self.idle_samples = 0
         self.process_events: Counter[str] = Counter()
         self.unresolved_frames = 0
         self.jit_refused_files = 0
+        self.read_errors: Counter[str] = Counter()
         self.drains = 0
         self.drain_seconds = 0.0
         self.symbolize_seconds = 0.0
         self.generation = 0  # bumped by every apply(): lets a scrape reuse a page rendered since
 
+    def set_series_idle(self, seconds: float) -> None:
+        """A new idle time (a reload), in force from the next drain on."""
+        with self.lock:
+            self.series_idle_s = seconds
+            self._next_expiry = min(self._next_expiry, self._clock() + self._expiry_period())
+
+    def _expiry_period(self) -> float:
+        return min(self.series_idle_s / 10, MAX_EXPIRY_CHECK_S)
+
     def apply(self, delta: Delta, drain_seconds: float) -> None:
+        now = self._clock()
         with self.lock:
             for labels, count in delta.cpu_samples.items():
-                self.cpu_samples.add(labels, count)
+                self.cpu_samples.add(labels, count, now)
             for labels, calls in delta.uprobe_calls.items():
-                self.uprobe_calls.add(labels, calls)
+                self.uprobe_calls.add(labels, calls, now)
             self.lost.update(delta.lost)
             self.idle_samples += delta.idle_samples
             self.process_events.update(exec=delta.execs, exit=delta.exits)
             self.unresolved_frames += delta.unresolved_frames
             self.jit_refused_files += delta.jit_refused_files
+            self.read_errors.update(delta.read_errors)
             self.symbolize_seconds += delta.symbolize_seconds
             self.drain_seconds += drain_seconds
             self.drains += 1
+            self._expire(now)
             self.generation += 1
+
+    def _expire(self, now: float) -> None:
+        """Every tenth of the idle time (at most every minute): drop the series idle that long."""
+        if self.series_idle_s <= 0 or now < self._next_expiry:
+            return
+        for metric in (self.cpu_samples, self.uprobe_calls):
+            metric.expire(now - self.series_idle_s)
+        self._next_expiry = now + self._expiry_period()
 
     def snapshot(self) -> TotalsSnapshot:
         with self.lock:
@@ -115,8 +166,9 @@ class ExporterTotals:
                 generation=self.generation,
                 cpu_samples=self.cpu_samples.values(),
                 uprobe_calls=self.uprobe_calls.values(),
-                overflow={"optrace_cpu_samples_total": self.cpu_samples.overflow,
-                          "optrace_uprobe_calls_total": self.uprobe_calls.overflow},
+                overflow={CPU_METRIC: self.cpu_samples.overflow, CALLS_METRIC: self.uprobe_calls.overflow},
+                expired={CPU_METRIC: self.cpu_samples.expired, CALLS_METRIC: self.uprobe_calls.expired},
+                read_errors=dict(self.read_errors),
                 lost=dict(self.lost),
                 idle_samples=self.idle_samples,
                 process_events=dict(self.process_events),

@@ -8,14 +8,16 @@ A config file holds the same settings as the flags, under these keys::
     pids = [1234]                    # -p
     comms = ["nginx"]                # --comm
     max_series = 10000               # --max-series
-    tls_cert = "/etc/optrace/cert.pem"
+    series_idle_expiry = 600         # --series-idle-expiry: seconds; 0 keeps series forever
+    web_config = "/etc/optrace/web.yml"  # --web-config: TLS and basic auth, exporter-toolkit format
+    tls_cert = "/etc/optrace/cert.pem"   # --tls-cert/--tls-key: TLS without a web config
     tls_key = "/etc/optrace/key.pem"
 
-Every value is checked here, so a bad file or flag is one clear line before any BPF is loaded.
+Every value is checked here, so a bad file or flag is one clear line before any BPF is loaded. The
+same checks run again when serve reloads (SIGHUP), except that -p processes may have exited by then.
 """
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,9 @@ import yaml
 
 from optrace.exporters.cardinality import MIN_SERIES
 from optrace.exporters.daemon import DEFAULT_PORT, ServeOptions
-from optrace.exporters.httpserver import ListenAddress, TlsFiles
+from optrace.exporters.httpserver import ListenAddress
+from optrace.exporters.webconfig import CONFIG_POLICY, TlsFiles, WebConfig, load_web_config, tls_context
+from optrace.fileaccess import RefusedFile, read_file
 from optrace.frontend.commands.record import check_frequency, parse_pids
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.target import check_pids
@@ -38,6 +42,8 @@ SETTING_TYPES: dict[str, type] = {
     "pids": list,
     "comms": list,
     "max_series": int,
+    "series_idle_expiry": int,
+    "web_config": str,
     "tls_cert": str,
     "tls_key": str,
 }
@@ -51,9 +57,11 @@ def load_config_file(path: str) -> dict[str, Any]:
     if suffix not in (".yaml", ".yml", ".toml"):
         raise OptraceError(f"config {path}: unknown format: name it .yaml, .yml or .toml")
     try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise OptraceError(f"cannot read config {path}: {exc.strerror}") from None
+        data = read_file(path, CONFIG_POLICY)  # a FIFO or a device blocks nothing
+    except (OSError, RefusedFile) as exc:
+        raise OptraceError(f"cannot read config {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if data is None:
+        raise OptraceError(f"cannot read config {path}: No such file or directory")
     try:
         settings = tomllib.loads(data.decode()) if suffix == ".toml" else yaml.safe_load(data)
     except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -83,18 +91,19 @@ def parse_listen(text: str) -> ListenAddress:
     return ListenAddress(host or "0.0.0.0", int(port))
 
 
-def _tls_files(cert: str | None, key: str | None) -> TlsFiles | None:
-    if not cert and not key:
-        return None
-    if not (cert and key):
+def web_settings(web_config: str | None, cert: str | None, key: str | None) -> WebConfig:
+    """The web config file's settings, or TLS from --tls-cert/--tls-key (not both)."""
+    if (cert or key) and not (cert and key):
         raise OptraceError("TLS needs both --tls-cert and --tls-key")
-    for name in (cert, key):
-        if not os.access(name, os.R_OK):
-            raise OptraceError(f"cannot read TLS file {name}: it does not exist or is not readable")
-    return TlsFiles(cert, key)
+    web = load_web_config(web_config) if web_config else WebConfig()
+    if cert and key:
+        if web.tls is not None:
+            raise OptraceError(f"TLS is set both in --web-config {web_config} and by --tls-cert/--tls-key: keep one")
+        web = WebConfig(TlsFiles(cert, key), web.headers, web.users)
+    return web
 
 
-def build_options(settings: dict[str, Any]) -> ServeOptions:
+def build_options(settings: dict[str, Any], reloading: bool = False) -> ServeOptions:
     """Validated ServeOptions from merged settings (keys as in SETTING_TYPES)."""
     options = ServeOptions()
     if "listen" in settings:
@@ -102,7 +111,8 @@ def build_options(settings: dict[str, Any]) -> ServeOptions:
     options.frequency_hz = settings.get("frequency", options.frequency_hz)
     check_frequency(options.frequency_hz)
     options.pids = parse_pids(tuple(str(p) for p in settings.get("pids", [])))
-    check_pids(options.pids)
+    if not reloading:
+        check_pids(options.pids)
     options.uprobes = [str(s) for s in settings.get("uprobes", [])]
     for spec in options.uprobes:
         parse_spec(spec)
@@ -113,5 +123,10 @@ def build_options(settings: dict[str, Any]) -> ServeOptions:
     options.max_series = settings.get("max_series", options.max_series)
     if options.max_series < MIN_SERIES:
         raise OptraceError(f"--max-series must be at least {MIN_SERIES}")
-    options.tls = _tls_files(settings.get("tls_cert"), settings.get("tls_key"))
+    options.series_idle_s = settings.get("series_idle_expiry", options.series_idle_s)
+    if options.series_idle_s < 0:
+        raise OptraceError("--series-idle-expiry must be 0 (never) or a number of seconds")
+    options.web = web_settings(settings.get("web_config"), settings.get("tls_cert"), settings.get("tls_key"))
+    if options.web.tls is not None:
+        tls_context(options.web.tls)  # unusable files fail here, not after the BPF compile
     return options

@@ -1,13 +1,17 @@
 """`optrace serve`: a Prometheus scrape endpoint with a continuous CPU profile and uprobe call counts."""
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
 from optrace.exporters.daemon import DEFAULT_MAX_SERIES, DEFAULT_PORT
+from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S
 from optrace.frontend.serveconfig import SETTING_TYPES, build_options, load_config_file
+
 
 def merged_settings(ctx: click.Context, config: str | None, flags: dict[str, Any]) -> dict[str, Any]:
     """The config file's settings, overridden by every flag given on the command line."""
@@ -19,6 +23,14 @@ def merged_settings(ctx: click.Context, config: str | None, flags: dict[str, Any
     return settings
 
 
+def say(message: str) -> None:
+    """One line on stderr; a closed stderr (the terminal hung up) does not stop the daemon."""
+    try:
+        click.echo(f"optrace: {message}", err=True)
+    except OSError:
+        pass
+
+
 @click.command()
 @click.option("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, metavar="HOST:PORT",
               help="Address to serve /metrics on.")
@@ -28,18 +40,30 @@ def merged_settings(ctx: click.Context, config: str | None, flags: dict[str, Any
 @click.option("--comm", "comms", multiple=True, metavar="NAME", help="Keep only samples and calls of this command name.")
 @click.option("--max-series", type=int, default=DEFAULT_MAX_SERIES, show_default=True,
               help="Series per metric; the rest is counted in [other] series.")
+@click.option("--series-idle-expiry", type=int, default=int(DEFAULT_SERIES_IDLE_S), show_default=True,
+              metavar="SECONDS", help="Drop a series that has not moved for this long (0: never); "
+                                      "if it comes back it starts again from 0 (a counter reset).")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML or TOML file with the same settings.")
+@click.option("--web-config", type=click.Path(dir_okay=False),
+              help="TLS and basic auth (bcrypt) for /metrics: a Prometheus exporter-toolkit web config file.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="Serve HTTPS with this certificate (PEM).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Private key of --tls-cert (PEM).")
 @click.pass_context
 def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
-    """Serve a continuous profile and call counts to Prometheus until SIGTERM or Ctrl-C."""
+    """Serve a continuous profile and call counts to Prometheus until SIGTERM or Ctrl-C.
+
+    SIGHUP re-reads --config and --web-config (and TLS files): TLS, users, headers and the series
+    idle time change at once; other settings need a restart."""
+    reload_requested = threading.Event()
+    signal.signal(signal.SIGHUP, lambda signum, frame: reload_requested.set())  # first: SIGHUP is never fatal
     options = build_options(merged_settings(ctx, config, flags))
     from optrace.exporters.daemon import ServeDaemon
     from optrace.frontend.doctor import require_recording
     from optrace.frontend.stopsignals import StopSignals
 
     require_recording(uprobes=bool(options.uprobes))
-    daemon = ServeDaemon(options, on_warning=lambda message: click.echo(f"optrace: warning: {message}", err=True))
+    daemon = ServeDaemon(options, on_warning=lambda message: say(f"warning: {message}"), on_info=say,
+                         reload=lambda: build_options(merged_settings(ctx, config, flags), reloading=True),
+                         reload_requested=reload_requested)
     with StopSignals() as stop:
-        daemon.run(stop, on_ready=lambda url: click.echo(f"optrace: serving {url} (Ctrl-C or SIGTERM to stop)", err=True))
+        daemon.run(stop, on_ready=lambda url: say(f"serving {url} (Ctrl-C or SIGTERM to stop, SIGHUP to reload)"))

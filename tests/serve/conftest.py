@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import gzip
 import ssl
+import subprocess
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from optrace.exporters.webconfig import TlsFiles
 
 
 def scrape(url: str, context: ssl.SSLContext | None = None, gzip_ok: bool = False, timeout: float = 10) -> str:
@@ -38,3 +42,29 @@ def value(text: str, name: str, **labels: str) -> float:
 @pytest.fixture(scope="session")
 def expo() -> SimpleNamespace:
     return SimpleNamespace(scrape=scrape, samples=samples, value=value)
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def self_signed_cert(folder: Path, name: str = "server") -> TlsFiles:
+    """A self-signed certificate for 127.0.0.1 made by openssl, and its key."""
+    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+            "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert))
+    return TlsFiles(str(cert), str(key))
+
+
+def client_cert(folder: Path, ca: TlsFiles, name: str) -> TlsFiles:
+    """A client certificate signed by ``ca`` (a self-signed one used as a CA)."""
+    cert, key, request = folder / f"{name}.pem", folder / f"{name}.key", folder / f"{name}.csr"
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(request))
+    openssl("x509", "-req", "-in", str(request), "-CA", ca.cert, "-CAkey", ca.key, "-CAcreateserial",
+            "-days", "1", "-out", str(cert))
+    return TlsFiles(str(cert), str(key))
+
+
+@pytest.fixture(scope="session")
+def self_signed(tmp_path_factory) -> TlsFiles:
+    return self_signed_cert(tmp_path_factory.mktemp("tls"))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from optrace.exporters.cardinality import OTHER, SeriesGuard
 from optrace.exporters.daemon import ServeDaemon, ServeOptions
-from optrace.exporters.httpserver import ListenAddress, TlsFiles
+from optrace.exporters.httpserver import ListenAddress, TlsFiles, WebConfig
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
 from optrace.exporters.sources import CallSource, add_leaf_rows, leaf_labels
 from optrace.exporters.totals import Delta, ExporterTotals, guard_for
@@ -132,7 +132,7 @@ def test_page_parses_escapes_labels_and_has_no_created_series(expo):
     weird = 'op"er\\ator\n<>' + "\udcff"  # an undecodable byte as os.fsdecode leaves it
     totals.apply(Delta(cpu_samples=Counter({("demo", "/w/demo", weird): 7}), lost=Counter({"counts_map_full": 2})), 0.5)
     text = MetricsPage(totals, ExporterInfo(99, "cpu-clock")).render().decode()
-    assert expo.samples(text, CPU) == {(("comm", "demo"), ("dso", "/w/demo"), ("symbol", 'op"er\\ator\n<>?')): 7}
+    assert expo.samples(text, CPU) == {(("comm", "demo"), ("dso", "/w/demo"), ("symbol", 'op"er\\ator?<>?')): 7}
     assert expo.value(text, "optrace_lost_samples_total", reason="counts_map_full") == 2
     assert expo.value(text, "optrace_drains_total") == 1
     assert expo.value(text, "optrace_drain_seconds_total") == 0.5
@@ -231,20 +231,10 @@ def test_index_page_404_and_405(served):
     assert err.value.code == 405
 
 
-@pytest.fixture(scope="module")
-def self_signed(tmp_path_factory) -> TlsFiles:
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
-    return TlsFiles(str(cert), str(key))
-
-
 def test_tls_serves_https_and_refuses_plain_http(self_signed, expo):
     import ssl
 
-    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), tls=self_signed, drain_interval_s=0.02)
+    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), web=WebConfig(self_signed), drain_interval_s=0.02)
     daemon = ServeDaemon(options, [TickSource()])
     stop = threading.Event()
     urls: list[str] = []
@@ -274,7 +264,7 @@ def test_busy_port_and_bad_tls_files_are_one_line_errors(served, tmp_path):
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
     with pytest.raises(OptraceError, match="cannot use TLS certificate"):
-        ServeDaemon(ServeOptions(listen=ListenAddress("127.0.0.1", 0), tls=TlsFiles(str(junk), str(junk))),
+        ServeDaemon(ServeOptions(listen=ListenAddress("127.0.0.1", 0), web=WebConfig(TlsFiles(str(junk), str(junk)))),
                     [TickSource()]).run(threading.Event())
 
 

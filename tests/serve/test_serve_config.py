@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from optrace.exporters.daemon import DEFAULT_PORT, ServeOptions
-from optrace.exporters.httpserver import ListenAddress, TlsFiles
+from optrace.exporters.httpserver import ListenAddress, TlsFiles, WebConfig
 from optrace.frontend.serveconfig import build_options, load_config_file
 
 YAML = """
@@ -13,6 +13,7 @@ frequency: 49
 uprobes: ["c:malloc", "c:free"]
 comms: [nginx]
 max_series: 500
+series_idle_expiry: 90
 tls_cert: {cert}
 tls_key: {key}
 """
@@ -22,6 +23,7 @@ frequency = 49
 uprobes = ["c:malloc", "c:free"]
 comms = ["nginx"]
 max_series = 500
+series_idle_expiry = 90
 tls_cert = "{cert}"
 tls_key = "{key}"
 """
@@ -29,25 +31,27 @@ tls_key = "{key}"
 
 @pytest.fixture
 def pem_files(tmp_path) -> tuple[str, str]:
+    """A certificate and key that are not PEM at all."""
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("x")
     key.write_text("x")
     return str(cert), str(key)
 
 
-def test_yaml_and_toml_hold_the_same_settings(tmp_path, pem_files):
-    cert, key = pem_files
+def test_yaml_and_toml_hold_the_same_settings(tmp_path, self_signed):
+    cert, key = self_signed.cert, self_signed.key
     (tmp_path / "a.yaml").write_text(YAML.format(cert=cert, key=key))
     (tmp_path / "a.toml").write_text(TOML.format(cert=cert, key=key))
     expected = ServeOptions(listen=ListenAddress("::1", 9555), frequency_hz=49, uprobes=["c:malloc", "c:free"],
-                            comms=["nginx"], max_series=500, tls=TlsFiles(cert, key))
+                            comms=["nginx"], max_series=500, series_idle_s=90, web=WebConfig(TlsFiles(cert, key)))
     assert build_options(load_config_file(str(tmp_path / "a.yaml"))) == expected
     assert build_options(load_config_file(str(tmp_path / "a.toml"))) == expected
 
 
 def test_defaults_listen_on_loopback_only():
     options = build_options({})
-    assert options.listen == ListenAddress("127.0.0.1", DEFAULT_PORT) and options.tls is None
+    assert options.listen == ListenAddress("127.0.0.1", DEFAULT_PORT) and options.web == WebConfig()
+    assert options.series_idle_s == 600
 
 
 def test_flags_override_the_config_file(tmp_path, optrace):
