@@ -14,9 +14,10 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass
-from typing import BinaryIO
 
+from optrace.fileaccess import reader_for
 from optrace.frontend.model import UserFrame
+from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.maps import MapEntry, parse_maps, read_maps_text
@@ -26,40 +27,32 @@ FileIdentity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
 class BuildIds:
     """Build-ids of mapped files, read through /proc/PID/map_files: the very file the process maps,
-    even deleted or in another mount namespace, never a path taken from user data. Cached by the
-    file's identity, size and mtime, so a rebuilt binary that got the old one's inode is read again."""
+    even deleted or in another mount namespace, never a path taken from user data (without
+    CAP_SYS_ADMIN, the path inside the process's root, only if it is still the mapped inode; see
+    :func:`~optrace.frontend.symbols.access.open_mapped_file`). Cached by the file's identity, size
+    and mtime, so a rebuilt binary that got the old one's inode is read again. A file that cannot be
+    read (refused, malformed) counts in ``failures`` and has no build-id: its frames stay raw IPs."""
 
     def __init__(self, capacity: int = 4096) -> None:
         self._cache: LruCache[FileIdentity, bytes | None] = LruCache(capacity)
+        self.failures = 0
 
     def of(self, pid: int, entry: MapEntry) -> bytes | None:
         try:
-            with _open_mapped_file(pid, entry) as stream:
-                info = os.fstat(stream.fileno())
+            fd = open_mapped_file(pid, entry, ELF_POLICY)
+            if fd is None:
+                return None
+            with reader_for(fd, ELF_POLICY, entry.file_path) as stream:
+                info = os.fstat(fd)
                 identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
                 if identity in self._cache:
                     return self._cache.get(identity)
                 found = read_build_id(stream)
-        except OSError:
+        except Exception:  # noqa: BLE001 - the per-file boundary: a bad file only loses its build-id
+            self.failures += 1
             return None
         self._cache.put(identity, found)
         return found
-
-
-def _open_mapped_file(pid: int, entry: MapEntry) -> BinaryIO:
-    """map_files needs CAP_SYS_ADMIN; with CAP_BPF+CAP_PERFMON only, the path in the process's root
-    is opened instead, and used only if it is still the mapped file (same device and inode)."""
-    try:
-        return open(f"/proc/{pid}/map_files/{entry.start:x}-{entry.end:x}", "rb")
-    except PermissionError:
-        pass
-    stream = open(f"/proc/{pid}/root{entry.file_path}", "rb")
-    info = os.fstat(stream.fileno())
-    major, minor = (int(part, 16) for part in entry.dev.split(":"))
-    if (info.st_ino, os.major(info.st_dev), os.minor(info.st_dev)) != (entry.inode, major, minor):
-        stream.close()
-        raise FileNotFoundError(f"{entry.file_path} is no longer the mapped file")
-    return stream
 
 
 @dataclass(frozen=True)

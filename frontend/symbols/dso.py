@@ -3,21 +3,21 @@ address) and its function symbols, loaded once on first use from the best source
 from __future__ import annotations
 
 import io
-import lzma
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from elftools.common.exceptions import ELFError
-
 from optrace.frontend.symbols import debuginfo
+from optrace.frontend.symbols.access import FileProblems, FileRef, open_ref
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.demangle import demangle
-from optrace.frontend.symbols.elffile import ElfFile
+from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
 from optrace.frontend.symbols.symbol import Symbol, SymbolTable, read_function_symbols
 
-READ_ERRORS = (OSError, ELFError, lzma.LZMAError, ValueError, KeyError, IndexError)
+MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per object (linkers write 2-5)
+
+Identity = tuple[int, int]  # st_dev, st_ino
 
 
 @dataclass(frozen=True)
@@ -35,23 +35,27 @@ class DsoContext:
     warn: Callable[[str], None]
     stats: dict[str, int] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.problems = FileProblems(self.warn, self.stats)
+
     def count(self, key: str) -> None:
         self.stats[key] = self.stats.get(key, 0) + 1
 
 
 class Dso:
-    """An ELF object read from ``path`` (or from an in-memory ``image`` such as the vDSO).
+    """An ELF object read from ``source`` (or from an in-memory ``image`` such as the vDSO).
 
-    ``name`` is what frames show (the path as the process mapped it). ``debug_only`` means ``path`` is a
-    separate debug file found by build-id while the binary itself was not found: its program headers
+    ``name`` is what frames show (the path as the process mapped it). ``debug_only`` means ``source`` is
+    a separate debug file found by build-id while the binary itself was not found: its program headers
     keep virtual addresses but not file offsets, so the layout is rebuilt (see
-    :func:`reconstruct_segments`).
+    :func:`reconstruct_segments`). Whatever goes wrong while reading one file costs that file's names
+    only (:class:`FileProblems`): its frames show as ``basename+0xOFFSET``.
     """
 
-    def __init__(self, name: str, context: DsoContext, *, path: str | None = None, image: bytes | None = None,
+    def __init__(self, name: str, context: DsoContext, *, source: FileRef | None = None, image: bytes | None = None,
                  build_id: bytes | None = None, debug_only: bool = False) -> None:
         self.name = name
-        self.path = path
+        self.source = source
         self.build_id = build_id
         self.symbol_source = ""  # "symtab", "debug <path>", "minidebuginfo", "dynsym" once loaded
         self._context = context
@@ -69,6 +73,11 @@ class Dso:
     def basename(self) -> str:
         return os.path.basename(self.name) or self.name
 
+    @property
+    def shown(self) -> str:
+        """The file named in warnings: the one read (a debug file for debug-only objects)."""
+        return (self.source.read_path if self.source is not None else None) or self.name
+
     def symbol_at(self, file_offset: int) -> str | None:
         """The demangled name of the function at ``file_offset``, or None."""
         if self._segments is None:
@@ -79,25 +88,28 @@ class Dso:
                 return demangle(name) if name else None
         return None
 
-    def _open(self) -> BinaryIO:
-        if self._image is not None:
-            return io.BytesIO(self._image)
-        return open(self.path, "rb")
-
     def _load(self) -> None:
         self._segments = []
         self._context.count("dsos_loaded")
-        try:
-            with self._open() as stream:
-                if not self._debug_only and not self._build_id_matches(stream):
-                    return
-                elf = ElfFile(stream)
-                segments = reconstruct_segments(elf) if self._debug_only else load_segments(elf)
-                self._symbols = SymbolTable(self._read_symbols(elf))
-                self._segments = segments
-        except READ_ERRORS as err:
-            self._context.warn(f"cannot read {self.path or self.name}: {_reason(err)}; "
-                               f"its frames show as {self.basename}+0xOFFSET")
+        if self._image is None and (self.source is None or (self.source.read_path is None and self.source.fd is None)):
+            return  # nothing to read: the file was reported when it was indexed
+        loaded = self._context.problems.contained(self.shown, f"its frames show as {self.basename}+0xOFFSET",
+                                                  self._read)
+        if loaded is not None:
+            self._segments, self._symbols = loaded
+
+    def _read(self) -> tuple[list[LoadSegment], SymbolTable] | None:
+        """The file's layout and symbols (None when it is no longer the file that was seen)."""
+        with self._open() as stream:
+            if not self._debug_only and not self._build_id_matches(stream):
+                return None
+            identity = _identity(stream)
+            elf = ElfFile(stream)
+            segments = reconstruct_segments(elf) if self._debug_only else load_segments(elf)
+            return segments, SymbolTable(self._read_symbols(elf, identity))
+
+    def _open(self) -> BinaryIO:
+        return io.BytesIO(self._image) if self._image is not None else open_ref(self.source)
 
     def _build_id_matches(self, stream: BinaryIO) -> bool:
         found = read_build_id(stream)
@@ -107,48 +119,72 @@ class Dso:
             return True
         if found == self.build_id:
             return True
-        self._context.warn(f"{self.path} changed since it was seen (build-id {self.build_id.hex()} expected, "
-                           f"{found.hex() if found else 'none'} found); its frames show as {self.basename}+0xOFFSET")
+        self._context.problems.warn(
+            f"{self.shown} changed since it was seen (build-id {self.build_id.hex()} expected, "
+            f"{found.hex() if found else 'none'} found); its frames show as {self.basename}+0xOFFSET")
         return False
 
-    def _read_symbols(self, elf: ElfFile) -> list[Symbol]:
+    def _read_symbols(self, elf: ElfFile, identity: Identity | None) -> list[Symbol]:
         """.symtab, else the separate debug file's .symtab, else MiniDebugInfo (+ .dynsym), else .dynsym."""
         symbols = read_function_symbols(elf, ".symtab")
         if symbols or self._debug_only:
             self.symbol_source = "symtab"
             return symbols
-        debug_symbols = self._separate_debug_symbols(elf)
+        problems = self._context.problems
+        debug_symbols = problems.contained(self.shown, "its debug file is not used",
+                                           lambda: self._separate_debug_symbols(elf, identity))
         if debug_symbols:
             return debug_symbols
         dynamic = read_function_symbols(elf, ".dynsym")
-        image = debuginfo.mini_debuginfo(elf)
-        if image is not None:
+        mini = problems.contained(f"{self.shown} (.gnu_debugdata)", "only its dynamic symbols are used",
+                                  lambda: _mini_debuginfo_symbols(elf))
+        if mini:
             self.symbol_source = "minidebuginfo"
-            return read_function_symbols(ElfFile(io.BytesIO(image)), ".symtab") + dynamic
+            return mini + dynamic
         self.symbol_source = "dynsym"
         return dynamic
 
-    def _separate_debug_symbols(self, elf: ElfFile) -> list[Symbol]:
+    def _separate_debug_symbols(self, elf: ElfFile, identity: Identity | None) -> list[Symbol]:
+        """The .symtab of the debug file found by build-id, else by .gnu_debuglink ([] when none)."""
+        ref = self._debug_file(elf, identity)
+        if ref is None:
+            return []
+        with open_ref(ref) as stream:
+            symbols = read_function_symbols(ElfFile(stream), ".symtab")
+        self.symbol_source = f"debug {ref.read_path}"
+        return symbols
+
+    def _debug_file(self, elf: ElfFile, identity: Identity | None) -> FileRef | None:
         roots = self._context.debug_roots
         path = debuginfo.build_id_debug_path(self.build_id, roots) if self.build_id else None
-        if path is None and self.path is not None:
-            link = debuginfo.read_debuglink(elf)
-            path = debuginfo.find_debuglink_file(self.name, link, roots) if link else None
-        if path is None:
-            return []
-        try:
-            with open(path, "rb") as stream:
-                symbols = read_function_symbols(ElfFile(stream), ".symtab")
-        except READ_ERRORS as err:
-            self._context.warn(f"cannot read debug file {path}: {_reason(err)}")
-            return []
-        self.symbol_source = f"debug {path}"
-        return symbols
+        if path is not None:
+            return FileRef(path, path, follow_symlinks=True)
+        if self.source is None or identity is None:
+            return None
+        link = debuginfo.read_debuglink(elf)
+        return debuginfo.find_debuglink_file(self.source, identity, link, roots) if link else None
+
+
+def _mini_debuginfo_symbols(elf: ElfFile) -> list[Symbol]:
+    image = debuginfo.mini_debuginfo(elf)
+    return read_function_symbols(ElfFile(io.BytesIO(image)), ".symtab") if image else []
+
+
+def _identity(stream: BinaryIO) -> Identity | None:
+    """Device and inode of a file-backed stream (None for an in-memory image)."""
+    fd = getattr(stream, "fd", None)
+    if fd is None:
+        return None
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
 
 
 def load_segments(elf: ElfFile) -> list[LoadSegment]:
-    return [LoadSegment(seg["p_offset"], seg["p_filesz"], seg["p_vaddr"])
-            for seg in elf.segment_headers() if seg["p_type"] == "PT_LOAD"]
+    return [LoadSegment(seg.offset, seg.filesz, seg.vaddr) for seg in _loads(elf)]
+
+
+def _loads(elf: ElfFile) -> list[ProgramHeader]:
+    return [seg for seg in elf.segments() if seg.type == PT_LOAD][:MAX_LOAD_SEGMENTS]
 
 
 def reconstruct_segments(elf: ElfFile) -> list[LoadSegment]:
@@ -160,16 +196,10 @@ def reconstruct_segments(elf: ElfFile) -> list[LoadSegment]:
     """
     segments = []
     previous_end = None
-    for seg in sorted((s for s in elf.segment_headers() if s["p_type"] == "PT_LOAD"), key=lambda s: s["p_vaddr"]):
-        align = max(seg["p_align"], 1)
-        vaddr = seg["p_vaddr"]
-        offset = vaddr % align if previous_end is None else previous_end + (vaddr - previous_end) % align
-        segments.append(LoadSegment(offset, seg["p_memsz"], vaddr))
-        previous_end = offset + seg["p_memsz"]
+    for seg in sorted(_loads(elf), key=lambda s: s.vaddr):
+        align = max(seg.align, 1)
+        offset = seg.vaddr % align if previous_end is None else previous_end + (seg.vaddr - previous_end) % align
+        segments.append(LoadSegment(offset, seg.memsz, seg.vaddr))
+        previous_end = offset + seg.memsz
     return segments
 
-
-def _reason(err: Exception) -> str:
-    if isinstance(err, OSError) and err.strerror:
-        return err.strerror
-    return f"not a valid ELF file ({err})" if isinstance(err, ELFError) else str(err) or type(err).__name__

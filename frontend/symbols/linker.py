@@ -2,6 +2,15 @@
 DT_RPATH (only without DT_RUNPATH) with $ORIGIN, DT_RUNPATH, /etc/ld.so.cache, then the default dirs.
 
 Used for executables seen at exec time: their process may be gone before its maps can be read.
+
+Every candidate is opened through fileaccess (non-blocking, regular disk files only: a DT_NEEDED that
+is a FIFO, a device or a /proc file is refused at once, with a counted warning). Symlinks:
+ld.so.cache entries and the default dirs are the system's own configuration and are followed. The
+RPATH/RUNPATH dirs ($ORIGIN included) come from the user's ELF file, so no symlink is followed there,
+except the soname convention: a library name that is a symlink to a plain file name, i.e. to a sibling
+in the same directory (libfoo.so.1 -> libfoo.so.1.2.3), which is then opened without symlinks. A
+library behind a symlinked RPATH directory is therefore not indexed (its frames can still be named
+from the maps snapshot of a process that maps it).
 """
 from __future__ import annotations
 
@@ -11,109 +20,163 @@ import struct
 import subprocess
 from collections import deque
 from dataclasses import dataclass
+from typing import BinaryIO
 
-from elftools.elf.enums import ENUM_E_MACHINE
-
-from optrace.frontend.symbols.buildid import ELF_MAGIC
-from optrace.frontend.symbols.elffile import ElfFile
+from optrace.fileaccess import RefusedFile
+from optrace.frontend.symbols.access import FileProblems, FileRef, open_ref
+from optrace.frontend.symbols.elffile import ELF_MAGIC, EM_386, EM_AARCH64, EM_X86_64, SHT_DYNAMIC, ElfFile
 from optrace.frontend.symbols.lru import LruCache
 
 ELF_CLASS_BITS = {1: 32, 2: 64}  # EI_CLASS -> elfclass
+MULTIARCH = {EM_X86_64: "x86_64-linux-gnu", EM_AARCH64: "aarch64-linux-gnu", EM_386: "i386-linux-gnu"}
+DT_NULL, DT_NEEDED, DT_RPATH, DT_RUNPATH = 0, 1, 15, 29
+MAX_DYNAMIC_BYTES = 64 << 10  # a dynamic section (real ones: under 1 KB)
+MAX_DYNAMIC_SECTIONS = 4
+MAX_NEEDED = 1024  # DT_NEEDED entries of one object
+MAX_LIBRARIES = 4096  # libraries of one executable, transitively
+MAX_SIBLING_HOPS = 4  # libfoo.so.1 -> libfoo.so.1.2 -> libfoo.so.1.2.3
 
-MULTIARCH = {"EM_X86_64": "x86_64-linux-gnu", "EM_AARCH64": "aarch64-linux-gnu", "EM_386": "i386-linux-gnu"}
+Identity = tuple[int, int]
 
 
 @dataclass(frozen=True)
 class DynamicInfo:
-    machine: str  # e_machine, e.g. "EM_X86_64"
+    machine: int  # e_machine, e.g. 62 (EM_X86_64)
     elfclass: int
     needed: tuple[str, ...] = ()
     rpath: tuple[str, ...] = ()
     runpath: tuple[str, ...] = ()
 
 
-def read_dynamic(path: str) -> DynamicInfo:
-    """DT_NEEDED / DT_RPATH / DT_RUNPATH of ``path``. Raises OSError or ELFError."""
-    with open(path, "rb") as stream:
-        elf = ElfFile(stream)
-        needed, rpath, runpath = [], [], []
-        for section in elf.sections_of_type("SHT_DYNAMIC"):
-            for tag in section.iter_tags():
-                if tag.entry.d_tag == "DT_NEEDED":
-                    needed.append(tag.needed)
-                elif tag.entry.d_tag == "DT_RPATH":
-                    rpath.extend(tag.rpath.split(":"))
-                elif tag.entry.d_tag == "DT_RUNPATH":
-                    runpath.extend(tag.runpath.split(":"))
-        return DynamicInfo(elf["e_machine"], elf.elfclass, tuple(needed), tuple(rpath), tuple(runpath))
+def read_dynamic(stream: BinaryIO) -> DynamicInfo:
+    """DT_NEEDED / DT_RPATH / DT_RUNPATH of the ELF object in ``stream``. Raises ElfFormatError,
+    BudgetExceeded, OSError."""
+    elf = ElfFile(stream)
+    tags: dict[int, list[str]] = {DT_NEEDED: [], DT_RPATH: [], DT_RUNPATH: []}
+    layout = elf.endian + ("qQ" if elf.elfclass == 64 else "iI")
+    entry = struct.calcsize(layout)
+    for section in elf.sections_of_type(SHT_DYNAMIC)[:MAX_DYNAMIC_SECTIONS]:
+        data = elf.section_data(section, MAX_DYNAMIC_BYTES)
+        strings = elf.section(section.link)
+        for tag, value in struct.iter_unpack(layout, data[:len(data) - len(data) % entry]):
+            if tag == DT_NULL:
+                break
+            if tag in tags and len(tags[tag]) < MAX_NEEDED:
+                tags[tag].append(elf.read_string(strings, value))
+    split = [part for value in tags[DT_RPATH] for part in value.split(":")]
+    runsplit = [part for value in tags[DT_RUNPATH] for part in value.split(":")]
+    return DynamicInfo(elf.machine, elf.elfclass, tuple(tags[DT_NEEDED]), tuple(split), tuple(runsplit))
+
+
+@dataclass(frozen=True)
+class _Object:
+    ref: FileRef
+    identity: Identity
+    info: DynamicInfo
 
 
 class Linker:
     """Resolves DT_NEEDED like ld.so, for one Symbolizer: the ld.so.cache listing is read once, and each
     object's dynamic section once per file version (libc is needed by every program: parsing the
-    libraries again for each new executable made this ~10x slower, 20 ms instead of 2 ms a program)."""
+    libraries again for each new executable made this ~10x slower, 20 ms instead of 2 ms a program).
+    Problems of single files are reported to ``problems`` (counted warnings)."""
 
-    def __init__(self, max_cached: int = 4096) -> None:
+    def __init__(self, problems: FileProblems | None = None, max_cached: int = 4096) -> None:
+        self._problems = problems or FileProblems(lambda message: None, {})
         self._ld_cache: dict[str, list[str]] | None = None
         self._dynamic: LruCache[tuple[str, int, int, int], DynamicInfo] = LruCache(max_cached)
 
-    def needed_libraries(self, executable: str) -> tuple[list[str], list[str]]:
-        """All libraries ``executable`` loads, transitively, as paths; and a problem line for each
-        library (or object) that could not be found or read."""
-        found: list[str] = []
-        problems: list[str] = []
-        try:
-            root = self.dynamic_info(executable)
-        except Exception as err:  # noqa: BLE001 - any parse failure is just "no libraries known"
-            return [], [f"cannot read the dynamic section of {executable}: {getattr(err, 'strerror', None) or err}"]
-        exe_rpath = () if root.runpath else _expand(root.rpath, executable)
-        queue = deque([(executable, root)])
-        seen = {os.path.realpath(executable)}
-        while queue:
-            path, info = queue.popleft()
-            for name in info.needed:
-                library = self._find_library(name, path, info, exe_rpath, root)
+    def needed_libraries(self, executable: str) -> tuple[list[FileRef], list[str]]:
+        """All libraries ``executable`` (an execve'd path: symlinks followed, see FileRef) loads,
+        transitively; and a line for each library that could not be found."""
+        root = self._object(FileRef(executable, executable, follow_symlinks=True), None, "its libraries are not indexed")
+        if root is None:
+            return [], []
+        exe_rpath = () if root.info.runpath else _expand(root.info.rpath, executable)
+        queue = deque([root])
+        seen = {root.identity}
+        found: list[FileRef] = []
+        missing: list[str] = []
+        while queue and len(found) < MAX_LIBRARIES:
+            owner = queue.popleft()
+            for name in owner.info.needed:
+                library = self._find_library(name, owner, exe_rpath, root.info)
                 if library is None:
-                    problems.append(f"{name} (needed by {path}) not found")
-                    continue
-                real = os.path.realpath(library)
-                if real in seen:
-                    continue
-                seen.add(real)
-                found.append(library)
-                try:
-                    queue.append((library, self.dynamic_info(library)))
-                except Exception as err:  # noqa: BLE001
-                    problems.append(f"cannot read {library}: {getattr(err, 'strerror', None) or err}")
-        return found, problems
-
-    def dynamic_info(self, path: str) -> DynamicInfo:
-        """:func:`read_dynamic`, remembered by file identity (path, device, inode, mtime)."""
-        stat = os.stat(path)
-        key = (path, stat.st_dev, stat.st_ino, stat.st_mtime_ns)
-        info = self._dynamic.get(key)
-        if info is None:
-            info = read_dynamic(path)
-            self._dynamic.put(key, info)
-        return info
+                    missing.append(f"{name} (needed by {owner.ref.name}) not found")
+                elif library.identity not in seen:
+                    seen.add(library.identity)
+                    found.append(library.ref)
+                    queue.append(library)
+        return found, missing
 
     def ld_so_cache(self) -> dict[str, list[str]]:
         if self._ld_cache is None:
             self._ld_cache = read_ld_so_cache()
         return self._ld_cache
 
-    def _find_library(self, name: str, needed_by: str, info: DynamicInfo, exe_rpath: tuple[str, ...],
-                      root: DynamicInfo) -> str | None:
+    def _find_library(self, name: str, owner: _Object, exe_rpath: tuple[str, ...], root: DynamicInfo) -> _Object | None:
+        for candidate in self._candidates(name, owner, exe_rpath, root):
+            found = self._object(candidate, root, f"it is not used as {name}")
+            if found is not None:
+                return found
+        return None
+
+    def _candidates(self, name: str, owner: _Object, exe_rpath: tuple[str, ...], root: DynamicInfo):
+        """The paths ld.so tries, in order, each with whether its symlinks may be followed."""
         if "/" in name:
-            return name if _compatible(name, root) else None
-        if info.runpath:
-            dirs = _expand(info.runpath, needed_by)
-        else:
-            dirs = _expand(info.rpath, needed_by) + exe_rpath
-        candidates = [os.path.join(d, name) for d in dirs]
-        candidates += self.ld_so_cache().get(name, [])
-        candidates += [os.path.join(d, name) for d in default_dirs(root.machine)]
-        return next((c for c in candidates if _compatible(c, root)), None)
+            if os.path.isabs(name):
+                yield FileRef(name, name)
+            return
+        info = owner.info
+        dirs = _expand(info.runpath, owner.ref.name) if info.runpath else _expand(info.rpath, owner.ref.name) + exe_rpath
+        for directory in dirs:
+            path = os.path.join(directory, name)
+            yield FileRef(path, path)
+        for path in self.ld_so_cache().get(name, []):
+            yield FileRef(path, path, follow_symlinks=True)
+        for directory in default_dirs(root.machine):
+            path = os.path.join(directory, name)
+            yield FileRef(path, path, follow_symlinks=True)
+
+    def _object(self, ref: FileRef, root: DynamicInfo | None, consequence: str, hops: int = 0) -> _Object | None:
+        """The ELF object at ``ref`` if it exists and suits ``root`` (None: skip it); the one boundary
+        for each candidate file. ``hops``: sibling symlinks followed so far."""
+        try:
+            return self._read_object(ref, root)
+        except FileNotFoundError:
+            return None
+        except RefusedFile as refused:
+            sibling = _sibling_of(ref) if refused.reason == "symlink" and hops < MAX_SIBLING_HOPS else None
+            if sibling is not None:
+                return self._object(sibling, root, consequence, hops + 1)
+            self._problems.report(ref.name, refused, consequence)
+        except Exception as err:  # noqa: BLE001 - a bad library costs its own names only
+            self._problems.report(ref.name, err, consequence)
+        return None
+
+    def _read_object(self, ref: FileRef, root: DynamicInfo | None) -> _Object | None:
+        with open_ref(ref) as stream:
+            if root is not None and not _compatible(stream.read(20), root):
+                return None  # ld.so skips it too
+            info = os.fstat(stream.fd)
+            key = (ref.read_path or ref.name, info.st_dev, info.st_ino, info.st_mtime_ns)
+            dynamic = self._dynamic.get(key)
+            if dynamic is None:
+                dynamic = read_dynamic(stream)
+                self._dynamic.put(key, dynamic)
+        return _Object(ref, (info.st_dev, info.st_ino), dynamic)
+
+
+def _sibling_of(ref: FileRef) -> FileRef | None:
+    """The target of a symlinked library name when it is a plain name in the same directory."""
+    try:
+        target = os.readlink(ref.read_path)
+    except (OSError, TypeError):
+        return None
+    if not target or "/" in target or target in (".", ".."):
+        return None
+    path = os.path.join(os.path.dirname(ref.read_path), target)
+    return FileRef(path, path)
 
 
 def _expand(dirs: tuple[str, ...], owner: str) -> tuple[str, ...]:
@@ -128,7 +191,7 @@ def _expand(dirs: tuple[str, ...], owner: str) -> tuple[str, ...]:
     return tuple(expanded)
 
 
-def default_dirs(machine: str) -> list[str]:
+def default_dirs(machine: int) -> list[str]:
     triple = MULTIARCH.get(machine)
     multiarch = [f"/lib/{triple}", f"/usr/lib/{triple}"] if triple else []
     return multiarch + ["/lib64", "/usr/lib64", "/lib", "/usr/lib"]
@@ -148,15 +211,10 @@ def read_ld_so_cache() -> dict[str, list[str]]:
     return cache
 
 
-def _compatible(path: str, root: DynamicInfo) -> bool:
-    """ld.so skips files of another class or machine (e.g. a 32-bit lib in the search path). Reads
-    only the ELF identification and e_machine (this runs for every candidate path)."""
-    try:
-        with open(path, "rb") as stream:
-            header = stream.read(20)
-    except OSError:  # missing or unreadable: not a candidate
-        return False
+def _compatible(header: bytes, root: DynamicInfo) -> bool:
+    """ld.so skips files of another class or machine (e.g. a 32-bit lib in the search path); ``header``
+    is the file's first 20 bytes (the ELF identification and e_machine)."""
     if len(header) < 20 or header[:4] != ELF_MAGIC or header[5] not in (1, 2):
         return False
     (machine,) = struct.unpack_from("<H" if header[5] == 1 else ">H", header, 18)
-    return ELF_CLASS_BITS.get(header[4]) == root.elfclass and machine == ENUM_E_MACHINE.get(root.machine, root.machine)
+    return ELF_CLASS_BITS.get(header[4]) == root.elfclass and machine == root.machine

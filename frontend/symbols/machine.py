@@ -7,7 +7,10 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from optrace.frontend.symbols.buildid import is_elf_file, read_build_id_file
+from optrace.fileaccess import RefusedFile, open_file, reader_for
+from optrace.frontend.symbols.access import ELF_POLICY, FileProblems, FileRef, open_mapped_file, open_ref
+from optrace.frontend.symbols.buildid import read_build_id
+from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.maps import MapEntry, parse_maps, read_maps_text
@@ -21,15 +24,6 @@ MAX_OLDER_MAPPINGS = 4096  # per pid; a JIT that maps and unmaps code keeps addi
 # Most recently used files kept in the indexes (the library-dir scan alone adds a few thousand)
 MAX_INDEXED_FILES = 32768
 MAX_EXECUTABLES = 4096  # exec'd paths whose libraries were indexed
-
-
-@dataclass(frozen=True)
-class FileRef:
-    """An ELF file: ``name`` is its path as the process sees it, ``read_path`` opens it from here."""
-
-    name: str
-    read_path: str
-    from_maps: bool = False  # seen in /proc/PID/maps (its name is what the process mapped)
 
 
 @dataclass
@@ -72,10 +66,11 @@ class Machine:
         self.generation = 0  # grows whenever a build-id is newly indexed
         self._warn = warn
         self._stats = stats
+        self._problems = FileProblems(warn, stats)
         self._executables: LruCache[str, tuple[int, int, int]] = LruCache(MAX_EXECUTABLES)
         self._kept_fds: list[int] = []
         self._scanned = False
-        self._linker = Linker()
+        self._linker = Linker(self._problems)
 
     def trim(self) -> None:
         if len(self.files) <= self.files.max_entries and len(self.by_build_id) <= self.by_build_id.max_entries:
@@ -126,28 +121,29 @@ class Machine:
         return maps.find(address) if maps is not None else None
 
     def add_executable(self, path: str) -> None:
+        """Index an exec'd file and the libraries it names. ``path`` is as passed to execve: its
+        symlinks are followed (see :class:`FileRef`), those of its RPATH dirs are not (see linker)."""
         path = os.path.abspath(path)
         try:
-            info = os.stat(path)
-            identity = (info.st_dev, info.st_ino, info.st_mtime_ns)
-            if self._executables.get(path) == identity:
-                return
-            self._executables.put(path, identity)
-            if not is_elf_file(path):
-                return  # a script (#!): its interpreter shows up in the maps snapshots
+            info = os.stat(path)  # no open: a FIFO or a device costs nothing here
         except OSError as err:
-            self._warn_unreadable(path, err)
+            self._warn(f"cannot read {path}: {err.strerror}; its frames show as {os.path.basename(path)}+0xOFFSET")
             return
-        if not self._index_path(path):
+        identity = (info.st_dev, info.st_ino, info.st_mtime_ns)
+        if self._executables.get(path) == identity:
             return
-        libraries, problems = self._linker.needed_libraries(path)
+        self._executables.put(path, identity)
+        if not self._index_ref(FileRef(path, path, follow_symlinks=True)):
+            return  # a script (#!): its interpreter shows up in the maps snapshots; or unreadable (warned)
+        libraries, missing = self._linker.needed_libraries(path)
         for library in libraries:
-            self._index_path(library)
-        for problem in problems:
+            self._index_ref(library)
+        for problem in missing:
             self._warn(problem)
 
     def scan_standard_dirs(self, dirs: Iterable[str] = SCAN_DIRS) -> None:
-        """Index every ELF file directly in ``dirs`` by build-id (once; reads only the ELF notes)."""
+        """Index every ELF file directly in ``dirs`` by build-id (once; reads only the ELF notes). The
+        dirs are the system's own, so their symlinks are followed; bad files are skipped silently."""
         if self._scanned:
             return
         self._scanned = True
@@ -161,11 +157,11 @@ class Machine:
                 real = os.path.realpath(os.path.join(directory, name))
                 if real not in seen and os.path.isfile(real):
                     seen.add(real)
-                    self._index_path(real, quiet=True)
+                    try:
+                        self._index_file(FileRef(real, real, follow_symlinks=True))
+                    except Exception:  # noqa: BLE001 - the scan's per-file boundary: a bad file is skipped
+                        continue
         self._stats["scanned_files"] = len(seen)
-
-    def _warn_unreadable(self, path: str, err: OSError) -> None:
-        self._warn(f"cannot read {path}: {err.strerror}; its frames show as {os.path.basename(path)}+0xOFFSET")
 
     def _index(self, build_id: bytes, ref: FileRef) -> None:
         known = self.by_build_id.get(build_id)
@@ -173,53 +169,71 @@ class Machine:
             self.by_build_id.put(build_id, ref)
             self.generation += 1
 
-    def _index_path(self, path: str, quiet: bool = False) -> bool:
-        try:
-            build_id = read_build_id_file(path)
-        except OSError as err:
-            if not quiet:
-                self._warn_unreadable(path, err)
-            return False
+    def _index_ref(self, ref: FileRef) -> bool:
+        """Index one file by build-id; False when it is not ELF or could not be read (warned)."""
+        consequence = f"its frames show as {os.path.basename(ref.name)}+0xOFFSET"
+        return bool(self._problems.contained(ref.name, consequence, lambda: self._index_file(ref)))
+
+    def _index_file(self, ref: FileRef) -> bool:
+        with open_ref(ref) as stream:
+            if stream.read(4) != ELF_MAGIC:
+                return False
+            build_id = read_build_id(stream)
         if build_id:
-            self._index(build_id, FileRef(path, path))
+            self._index(build_id, ref)
         return True
 
     def _index_mapped_file(self, pid: int, entry: MapEntry) -> None:
-        """Read the build-id of a mapped file through /proc (works across mount namespaces and for
-        deleted files) and remember how to open it after the process is gone."""
+        """Read the build-id of a mapped file through /proc/PID/map_files (works across mount
+        namespaces and for deleted files) and remember how to open it after the process is gone."""
         name = entry.file_path
-        sources = [f"/proc/{pid}/map_files/{entry.start:x}-{entry.end:x}", f"/proc/{pid}/root{name}", name]
-        try:
-            ref = self._file_ref(name, sources)
-            build_id = read_build_id_file(ref.read_path)
-        except FileNotFoundError:
+        consequence = f"its frames show as {os.path.basename(name)}+0xOFFSET"
+        found = self._problems.contained(name, consequence, lambda: self._read_mapped_file(pid, entry))
+        if found is None:  # unreadable (warned): nothing to open later either
+            found = (FileRef(name, None, from_maps=True), None)
+        elif not found:
             return  # the process or mapping went away meanwhile
-        except OSError as err:
-            self._warn_unreadable(name, err)
-            ref, build_id = FileRef(name, name, from_maps=True), None
-        self.files.put(entry.file_key, (ref, build_id))
-        if build_id:
-            self._index(build_id, ref)
+        self.files.put(entry.file_key, found)
+        if found[1]:
+            self._index(found[1], found[0])
 
-    def _file_ref(self, name: str, sources: list[str]) -> FileRef:
-        """Use the plain path when it is the same file here (stable after exit); else keep it open."""
-        errors: list[OSError] = []
-        for source in sources:
-            try:
-                mapped = os.stat(source)
-                break
-            except OSError as err:
-                errors.append(err)
-        else:  # report "Permission denied" rather than "No such file" when both happened
-            raise next((e for e in errors if isinstance(e, PermissionError)), errors[-1])
+    def _read_mapped_file(self, pid: int, entry: MapEntry) -> tuple[FileRef, bytes | None] | tuple[()]:
+        fd = open_mapped_file(pid, entry, ELF_POLICY)
+        if fd is None:
+            return ()
         try:
-            here = os.stat(name)
-            if (here.st_dev, here.st_ino) == (mapped.st_dev, mapped.st_ino):
-                return FileRef(name, name, from_maps=True)
-        except OSError:
-            pass
+            with reader_for(os.dup(fd), ELF_POLICY, entry.file_path) as stream:
+                build_id = read_build_id(stream)
+            same_here = self._same_file_here(entry.file_path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return self._file_ref(entry.file_path, fd, same_here), build_id
+
+    def _file_ref(self, name: str, fd: int, same_here: bool) -> FileRef:
+        """Use the plain path (no symlinks followed) when it is the same file here (stable after exit);
+        else keep ``fd`` open (another mount namespace, a deleted file). Takes ownership of ``fd``."""
+        if same_here:
+            os.close(fd)
+            return FileRef(name, name, from_maps=True)
         if len(self._kept_fds) >= MAX_KEPT_FDS:
-            return FileRef(name, source, from_maps=True)
-        fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+            os.close(fd)
+            self._warn(f"{name}: over {MAX_KEPT_FDS} files of other mount namespaces kept open; "
+                       f"its frames show as {os.path.basename(name)}+0xOFFSET after its process exits")
+            return FileRef(name, None, from_maps=True)
         self._kept_fds.append(fd)
-        return FileRef(name, f"/proc/self/fd/{fd}", from_maps=True)
+        return FileRef(name, None, from_maps=True, fd=fd)
+
+    @staticmethod
+    def _same_file_here(name: str, fd: int) -> bool:
+        try:
+            here = open_file(name, ELF_POLICY)
+        except RefusedFile:
+            return False
+        if here is None:
+            return False
+        try:
+            a, b = os.fstat(here), os.fstat(fd)
+        finally:
+            os.close(here)
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

@@ -9,7 +9,8 @@ from operator import attrgetter
 from dataclasses import dataclass
 from typing import Iterable
 
-from elftools.elf.elffile import ELFFile
+from optrace.fileaccess import BudgetExceeded
+from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, ElfFormatError, cstring
 
 STT_FUNC = 2
 STT_GNU_IFUNC = 10
@@ -18,6 +19,10 @@ STB_GLOBAL = 1
 STB_WEAK = 2
 SHN_UNDEF = 0
 MAX_NESTING = 8  # how far back to look for a sized symbol covering an address (nested symbols)
+MAX_TABLE_BYTES = 64 << 20  # a symbol table or its string table (libLLVM's debug .strtab: ~30 MB)
+MAX_FUNCTION_SYMBOLS = 1_000_000  # about 130 MB of Symbol objects while a table is built
+MAX_NAME_BYTES = 128 << 20
+MAX_ADDRESS = (1 << 64) - 1
 
 
 @dataclass(frozen=True, slots=True)  # slots: a big binary reads 100k of them at once
@@ -28,31 +33,40 @@ class Symbol:
     binding: int = STB_GLOBAL
 
 
-def read_function_symbols(elf: ELFFile, section_name: str) -> list[Symbol]:
+def read_function_symbols(elf: ElfFile, section_name: str) -> list[Symbol]:
     """The STT_FUNC / STT_GNU_IFUNC symbols defined in ``section_name`` (.symtab or .dynsym).
 
-    Unpacks the raw table with :func:`struct.iter_unpack`: pyelftools' per-symbol objects cost about
-    10 µs each, too slow for binaries with 100k symbols.
+    Unpacks the raw table with :func:`struct.iter_unpack` (per-symbol objects are too slow for binaries
+    with 100k symbols). Bounded for hostile files: the table and its string table are read under
+    MAX_TABLE_BYTES each, names are cut at MAX_STRING bytes, and past MAX_FUNCTION_SYMBOLS or
+    MAX_NAME_BYTES of names in all (many symbols naming one long string) BudgetExceeded is raised.
     """
-    section = elf.get_section_by_name(section_name)
-    if section is None or section["sh_type"] == "SHT_NOBITS" or section["sh_entsize"] == 0:
+    section = elf.section_by_name(section_name)
+    if section is None or section.type == SHT_NOBITS or section.entsize == 0:
         return []
-    strings = elf.get_section(section["sh_link"]).data()
-    data = section.data()
-    end = "<" if elf.little_endian else ">"
+    end = elf.endian
+    layout = end + ("IBBHQQ" if elf.elfclass == 64 else "IIIBBH")
+    if section.entsize != struct.calcsize(layout):
+        raise ElfFormatError(f"{section_name} entries of {section.entsize} bytes")
+    strings = elf.section_data(elf.section(section.link), MAX_TABLE_BYTES)
+    data = elf.section_data(section, MAX_TABLE_BYTES)
+    data = data[:len(data) - len(data) % section.entsize]
     if elf.elfclass == 64:
-        rows = ((n, i, s, v, z) for n, i, _o, s, v, z in struct.iter_unpack(end + "IBBHQQ", data))
+        rows = ((n, i, s, v, z) for n, i, _o, s, v, z in struct.iter_unpack(layout, data))
     else:
-        rows = ((n, i, s, v, z) for n, v, z, i, _o, s in struct.iter_unpack(end + "IIIBBH", data))
-    symbols = []
+        rows = ((n, i, s, v, z) for n, v, z, i, _o, s in struct.iter_unpack(layout, data))
+    symbols: list[Symbol] = []
+    name_bytes = 0
     for name_at, info, shndx, value, size in rows:
         if info & 0xF not in (STT_FUNC, STT_GNU_IFUNC) or shndx == SHN_UNDEF or value == 0:
             continue
-        name_end = strings.find(b"\0", name_at)
-        name = strings[name_at:name_end if name_end >= 0 else None].decode("utf-8", "replace")
-        name = name.partition("@")[0]  # glibc's .symtab has "clock_gettime@@GLIBC_2.17"
+        name = cstring(strings, name_at).partition("@")[0]  # glibc's .symtab has "clock_gettime@@GLIBC_2.17"
         if name:
             symbols.append(Symbol(value, size, name, info >> 4))
+            name_bytes += len(name)
+            if len(symbols) > MAX_FUNCTION_SYMBOLS or name_bytes > MAX_NAME_BYTES:
+                raise BudgetExceeded(f"{section_name} holds more than {MAX_FUNCTION_SYMBOLS} functions "
+                                     f"or {MAX_NAME_BYTES} bytes of names")
     return symbols
 
 
@@ -87,7 +101,7 @@ class SymbolTable:
     def __init__(self, symbols: Iterable[Symbol]) -> None:
         ordered = _preferred_aliases(sorted(symbols, key=attrgetter("start")))
         self._starts = array("Q", [s.start for s in ordered])
-        self._ends = array("Q", [s.start + s.size for s in ordered])
+        self._ends = array("Q", [min(s.start + s.size, MAX_ADDRESS) for s in ordered])
         names = [s.name.encode("utf-8", "surrogateescape") for s in ordered]
         self._name_ends = array("I", accumulate(map(len, names)))  # name i is _names[_name_ends[i-1]:_name_ends[i]]
         self._names = b"".join(names)

@@ -30,7 +30,8 @@ from optrace.frontend.symbols.dso import Dso, DsoContext
 from optrace.frontend.symbols.kallsyms import Kallsyms
 from optrace.frontend.symbols.heap import release_free_memory
 from optrace.frontend.symbols.lru import LruCache
-from optrace.frontend.symbols.machine import MAX_INDEXED_FILES, FileRef, Machine
+from optrace.frontend.symbols.access import FileRef
+from optrace.frontend.symbols.machine import MAX_INDEXED_FILES, Machine
 from optrace.frontend.symbols.maps import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 
@@ -186,7 +187,7 @@ class Symbolizer:
                 return dso
         dso = self._dsos.get(entry.file_key)
         if dso is None:
-            dso = Dso(ref.name, self._context, path=ref.read_path, build_id=build_id)
+            dso = Dso(ref.name, self._context, source=ref, build_id=build_id)
             self._dsos.put(entry.file_key, dso)
         return dso
 
@@ -212,13 +213,14 @@ class Symbolizer:
             debug_path = debuginfo.build_id_debug_path(build_id, self._context.debug_roots)
             if debug_path is not None:
                 name = debuginfo.original_path(build_id, self._context.debug_roots)
-                return Dso(name or f"[build-id {build_id.hex()[:12]}]", self._context, path=debug_path,
-                           build_id=build_id, debug_only=True)
+                return Dso(name or f"[build-id {build_id.hex()[:12]}]", self._context,
+                           source=FileRef(debug_path, debug_path, follow_symlinks=True), build_id=build_id,
+                           debug_only=True)
             self.machine.scan_standard_dirs()
             ref = self.machine.by_build_id.get(build_id)
         if ref is None:
             return None
-        return Dso(ref.name, self._context, path=ref.read_path, build_id=build_id)
+        return Dso(ref.name, self._context, source=ref, build_id=build_id)
 
     def _own_vdso(self) -> Dso | None:
         if not self._vdso_read:

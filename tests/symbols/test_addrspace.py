@@ -12,7 +12,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from optrace.frontend.model import UserFrame
-from optrace.frontend.symbols import addrspace
+from optrace.fileaccess import RefusedFile
+from optrace.frontend.symbols import access, addrspace
 from optrace.frontend.symbols.addrspace import AddressSpace, AddressSpaces, BuildIds
 from optrace.frontend.symbols.buildid import read_build_id_file
 from optrace.frontend.symbols.maps import parse_maps, read_maps_text
@@ -93,14 +94,10 @@ def test_replaced_snapshot_stays_readable_until_the_drain_after_next(monkeypatch
 
 def test_without_cap_sys_admin_the_path_is_used_only_if_it_is_still_the_mapped_file(monkeypatch):
     """map_files needs CAP_SYS_ADMIN; the fallback path must name the very inode the process maps."""
-    real_open = open
+    def no_map_files(pid, start, end, policy, shown=None):
+        raise RefusedFile(f"/proc/{pid}/map_files/{start:x}-{end:x}", "unreadable", "cannot open: Operation not permitted")
 
-    def no_map_files(path, *args, **kwargs):
-        if "/map_files/" in str(path):
-            raise PermissionError(path)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(addrspace, "open", no_map_files, raising=False)
+    monkeypatch.setattr(access, "open_mapped", no_map_files)
     entry = mapping_of(libc_getpid())
     assert BuildIds().of(os.getpid(), entry) == read_build_id_file(entry.file_path)
     replaced = dataclasses.replace(entry, inode=entry.inode + 1)  # as if another file took the path
