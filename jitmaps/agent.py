@@ -4,7 +4,8 @@ In the spirit of OProfile's libopagent (``op_open_agent``, ``op_write_native_cod
 ``op_write_debug_line_info``, ``op_unload_native_code``, ``op_close_agent``), but writing the two formats
 today's profilers read, without root:
 
-- ``/tmp/perf-PID.map`` (appended, one ``START SIZE name`` line per function), and
+- ``/tmp/perf-PID.map`` (created with O_EXCL, or appended to if it is already our own regular file: never
+  through a planted symlink, FIFO or hard link; one ``START SIZE name`` line per function), and
 - a jitdump ``jit-PID.dump`` in a private new directory (``$OPTRACE_JITDUMP_DIR``, ``$JITDUMPDIR`` or
   ``~/.debug/jit``, like perf's JVMTI agent), with the code bytes when given. Like that agent, it maps the
   dump's first page PROT_READ|PROT_EXEC so that a profiler (optrace, ``perf record``) sees the dump in the
@@ -65,13 +66,28 @@ def default_dump_dir() -> str:
     return tempfile.mkdtemp(prefix=time.strftime("optrace-jit-%Y%m%d."), dir=base)
 
 
-def _open_own_file(path: str, flags: int) -> int:
-    """Open for writing without following a planted link, and insist the file is ours and regular."""
-    fd = os.open(path, flags | os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+OWN_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _open_own_file(path: str, access: int, mode: int, truncate: bool = False) -> int:
+    """Create ``path`` exclusively, as perf's agents do; if it already exists, use it only if it is a
+    regular file of ours with one link (never a planted symlink, FIFO or hard link: opened with
+    O_NOFOLLOW|O_NONBLOCK, so nothing blocks, and checked on the descriptor). Raises AgentError, OSError."""
+    try:
+        return os.open(path, access | os.O_CREAT | os.O_EXCL | OWN_FILE_FLAGS, mode)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, access | OWN_FILE_FLAGS)
+    except OSError as exc:  # ELOOP: a symlink; ENXIO: a FIFO nobody reads; EACCES: someone else's
+        raise AgentError(f"{path} exists and cannot be used ({exc.strerror}): remove it") from None
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
         os.close(fd)
-        raise AgentError(f"{path} exists and is not a regular file of uid {os.geteuid()}: remove it")
+        raise AgentError(f"{path} exists and is not a regular file of uid {os.geteuid()} with one link: "
+                         "remove it")
+    if truncate:
+        os.ftruncate(fd, 0)
     return fd
 
 
@@ -92,17 +108,19 @@ class JitAgent:
         try:
             if perf_map:
                 self.perf_map_path = os.path.join(perf_map_dir, f"perf-{self.pid}.map")
-                self._map_fd = _open_own_file(self.perf_map_path, os.O_APPEND)
+                self._map_fd = _open_own_file(self.perf_map_path, os.O_WRONLY | os.O_APPEND, 0o644)
             if jitdump:
                 self._open_jitdump(dump_dir or default_dump_dir())
+        except AgentError:
+            self.close()
+            raise
         except OSError as exc:
             self.close()
             raise AgentError(f"cannot open JIT agent files: {exc}") from None
 
     def _open_jitdump(self, directory: str) -> None:
         self.jitdump_path = os.path.join(directory, f"jit-{self.pid}.dump")
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        self._dump_fd = os.open(self.jitdump_path, flags, 0o600)
+        self._dump_fd = _open_own_file(self.jitdump_path, os.O_RDWR, 0o600, truncate=True)
         os.write(self._dump_fd, jd.encode_header(self.pid, host_elf_machine(), time.monotonic_ns()))
         self._marker = mmap.mmap(self._dump_fd, jd.HEADER_SIZE, flags=mmap.MAP_PRIVATE,
                                  prot=mmap.PROT_READ | mmap.PROT_EXEC)

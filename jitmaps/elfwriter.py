@@ -6,6 +6,10 @@ Layout (ET_DYN, the dump's machine and byte order):
   mappings when it is still running, else page-aligned runs of JIT code (a dump does not record mappings).
   The bytes are the code as it was at the end of the dump (later code overwrites earlier code at the same
   address); a region with no code bytes at all is SHT_NOBITS.
+  Functions without code bytes (every perf-map function, a jitdump load written without its code) get
+  SHT_NOBITS regions of their own: a section's bytes are only ever the code the input carried, so the
+  output is bounded by the input (a 17-byte perf map naming a 200 MB function writes no 200 MB of zeros).
+  At most :data:`MAX_SECTIONS` code sections (ELF reserves section indexes from 0xff00).
 - ``.symtab``/``.strtab``: one STT_FUNC symbol per function load. Code still in place at the end keeps its
   name (STB_GLOBAL); code that later code replaced (address reuse) or that moved is a STB_LOCAL symbol named
   ``name@BORN..DIED`` (seconds since the dump's header time; ``@lineN..lineM`` for perf maps), so each
@@ -16,15 +20,21 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from optrace.jitmaps.lifetimes import JitFunction, symbol_name
+from optrace.outputfile import atomic_output
 
 PAGE = 4096
+LAST_ADDRESS = (1 << 64) - 1  # region ends are clamped here: sh_addr + sh_size must fit in 64 bits
+MAX_SECTIONS = 16_000
 SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_NOTE, SHT_NOBITS = 1, 2, 3, 7, 8
 SHF_ALLOC, SHF_EXECINSTR = 0x2, 0x4
 STB_LOCAL, STB_GLOBAL, STT_FUNC = 0, 1, 2
+SHN_ABS = 0xFFF1
 NT_GNU_BUILD_ID = 3
 EHDR = "16sHHIQQQIHHHHHH"
 SHDR = "IIQQQQIIQQ"
@@ -39,9 +49,13 @@ class ElfSummary:
     build_id: str
 
 
-def page_regions(functions: Sequence[JitFunction]) -> list[tuple[int, int]]:
+class ElfLimitError(ValueError):
+    """The functions would need more code sections than an ELF file can index."""
+
+
+def page_regions(functions: Iterable[JitFunction]) -> list[tuple[int, int]]:
     """Page-aligned runs of memory that held JIT code, merged where they touch."""
-    spans = sorted((f.start // PAGE * PAGE, -(-f.end // PAGE) * PAGE) for f in functions)
+    spans = sorted((f.start // PAGE * PAGE, min(-(-f.end // PAGE) * PAGE, LAST_ADDRESS)) for f in functions)
     regions: list[tuple[int, int]] = []
     for start, end in spans:
         if regions and start <= regions[-1][1]:
@@ -54,6 +68,8 @@ def page_regions(functions: Sequence[JitFunction]) -> list[tuple[int, int]]:
 def live_regions(maps_text: str, functions: Sequence[JitFunction]) -> list[tuple[int, int]]:
     """The anonymous executable mappings (from /proc/PID/maps text) that contain JIT code, trimmed to end
     at the last byte of code they hold (a code cache reserves far more than it uses)."""
+    by_start = sorted(functions, key=lambda f: f.start)
+    starts = [f.start for f in by_start]
     regions: list[tuple[int, int]] = []
     for line in maps_text.splitlines():
         parts = line.split(None, 5)
@@ -63,22 +79,60 @@ def live_regions(maps_text: str, functions: Sequence[JitFunction]) -> list[tuple
         if path and not path.startswith("[anon"):
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        inside = [f.end for f in functions if lo <= f.start < hi]
-        if inside:
-            regions.append((lo, min(hi, max(inside))))
+        inside = by_start[bisect_left(starts, lo) : bisect_left(starts, hi)]
+        end = min(hi, max((f.end for f in inside), default=lo))
+        carried = sum(len(f.code or b"") for f in inside)
+        if inside and end - lo <= carried + 2 * PAGE * len(inside):  # else page runs of the code: smaller
+            regions.append((lo, end))
     return regions
 
 
-def _region_image(region: tuple[int, int], functions: Sequence[JitFunction]) -> bytes | None:
-    """The region's bytes at the end of the dump (functions are in load order: later ones overwrite)."""
-    lo, hi = region
-    image = bytearray(hi - lo)
-    has_code = False
-    for function in functions:
-        if function.code and lo <= function.start and function.end <= hi:
-            image[function.start - lo : function.end - lo] = function.code
-            has_code = True
-    return bytes(image) if has_code else None
+def code_regions(functions: Sequence[JitFunction], known: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """``known`` regions (a live process's mappings) plus page runs of the functions outside them: one set
+    for the functions with code bytes, another (NOBITS) for those without, so that no section's bytes
+    span more than code the input carried plus a page on each side of it."""
+    outside = [f for f in functions if not any(lo <= f.start < hi for lo, hi in known)]
+    regions = sorted(set(known) | set(page_regions(f for f in outside if f.code))
+                     | set(page_regions(f for f in outside if not f.code)))
+    if len(regions) > MAX_SECTIONS:
+        raise ElfLimitError(f"the JIT code is spread over {len(regions)} separate regions "
+                            f"(an ELF file holds at most {MAX_SECTIONS} here)")
+    return regions
+
+
+class _Regions:
+    """Regions sorted by start; finds the one holding an address (regions rarely overlap: a few steps)."""
+
+    LOOK_BACK = 4
+
+    def __init__(self, regions: Sequence[tuple[int, int]]) -> None:
+        self.regions = sorted(regions)
+        self.starts = [lo for lo, _ in self.regions]
+
+    def holding(self, start: int, end: int | None = None) -> int | None:
+        k = bisect_right(self.starts, start) - 1
+        for i in range(k, max(k - self.LOOK_BACK, -1), -1):
+            hi = self.regions[i][1]
+            if start < hi and (end is None or end <= hi):
+                return i
+        return None
+
+    def images(self, functions: Sequence[JitFunction]) -> list[bytes | None]:
+        """Each region's bytes at the end of the input (functions in load order: later ones overwrite);
+        None for a region no code bytes fall in (nothing is allocated for it)."""
+        inside: dict[int, list[JitFunction]] = {}
+        for function in functions:
+            where = self.holding(function.start, function.end) if function.code else None
+            if where is not None:
+                inside.setdefault(where, []).append(function)
+        images: list[bytes | None] = [None] * len(self.regions)
+        for where, loaded in inside.items():
+            lo, hi = self.regions[where]
+            image = bytearray(hi - lo)
+            for function in loaded:
+                image[function.start - lo : function.end - lo] = function.code
+            images[where] = bytes(image)
+        return images
 
 
 class _StringTable:
@@ -95,12 +149,13 @@ class _StringTable:
 
 def write_elf(path: str, functions: Sequence[JitFunction], elf_mach: int, regions: Sequence[tuple[int, int]],
               byte_order: str = "<", times_are_lines: bool = False) -> ElfSummary:
-    """Write the ELF file; ``functions`` in load order, ``regions`` must cover every function."""
+    """Write the ELF file atomically; ``functions`` in load order, ``regions`` from :func:`code_regions`.
+    Raises OSError."""
     o = byte_order
     shstr, strtab = _StringTable(), _StringTable()
     sections: list[dict] = []  # name, type, flags, addr, data (bytes or None for NOBITS), size, align, ...
-    for lo, hi in regions:
-        image = _region_image((lo, hi), functions)
+    index = _Regions(regions)
+    for (lo, hi), image in zip(index.regions, index.images(functions)):
         sections.append(dict(name=f".jit.0x{lo:x}", type=SHT_PROGBITS if image else SHT_NOBITS,
                              flags=SHF_ALLOC | SHF_EXECINSTR, addr=lo, data=image, size=hi - lo, align=16))
     symbols = [struct.pack(o + SYM, 0, 0, 0, 0, 0, 0)]
@@ -110,7 +165,8 @@ def write_elf(path: str, functions: Sequence[JitFunction], elf_mach: int, region
     ordered = [f for f in functions if f.died is not None] + [f for f in functions if f.died is None]
     for function in ordered:
         name = symbol_name(function, times_are_lines)
-        shndx = next((i + 1 for i, (lo, hi) in enumerate(regions) if lo <= function.start < hi), 0xFFF1)
+        where = index.holding(function.start)
+        shndx = SHN_ABS if where is None else where + 1
         bind = STB_LOCAL if function.died is not None else STB_GLOBAL
         symbols.append(struct.pack(o + SYM, strtab.add(name), (bind << 4) | STT_FUNC, 0, shndx,
                                    function.start, function.size))
@@ -138,21 +194,32 @@ def write_elf(path: str, functions: Sequence[JitFunction], elf_mach: int, region
 
 
 def _emit(path: str, sections: list[dict], elf_mach: int, o: str) -> None:
-    body = bytearray(struct.calcsize(o + EHDR))
+    """Lay the sections out, then stream them to the file (no second copy of the code in memory)."""
+    pos = struct.calcsize(o + EHDR)
     for section in sections:
-        pad = -len(body) % section["align"]
-        body += bytes(pad)
-        section["offset"] = len(body)
+        pos += -pos % section["align"]
+        section["offset"] = pos
         if section["type"] != SHT_NOBITS:
-            body += section["data"]
-    body += bytes(-len(body) % 8)
-    shoff = len(body)
-    body += struct.pack(o + SHDR, *([0] * 10))
-    for s in sections:
-        body += struct.pack(o + SHDR, s["name_off"], s["type"], s["flags"], s["addr"], s["offset"], s["size"],
-                            s.get("link", 0), s.get("info", 0), s["align"], s.get("entsize", 0))
+            pos += len(section["data"])
+    shoff = pos + -pos % 8
     ident = b"\x7fELF" + bytes([2, 1 if o == "<" else 2, 1, 0]) + bytes(8)
-    body[: struct.calcsize(o + EHDR)] = struct.pack(
-        o + EHDR, ident, 3, elf_mach, 1, 0, 0, shoff, 0, 64, 0, 0, 64, len(sections) + 1, len(sections))
-    with open(path, "wb") as f:
-        f.write(body)
+    with atomic_output(path, "wb") as out:
+        written = out.write(struct.pack(o + EHDR, ident, 3, elf_mach, 1, 0, 0, shoff, 0, 64, 0, 0, 64,
+                                        len(sections) + 1, len(sections)))
+        for section in sections:
+            written += _write_at(out, written, section["offset"], section["data"]
+                                 if section["type"] != SHT_NOBITS else b"")
+        _write_at(out, written, shoff, _section_headers(sections, o))
+
+
+def _write_at(out: BinaryIO, written: int, offset: int, data: bytes) -> int:
+    """Pad from ``written`` to ``offset``, write ``data``; the number of bytes written."""
+    return out.write(bytes(offset - written)) + out.write(data)
+
+
+def _section_headers(sections: list[dict], o: str) -> bytes:
+    headers = [struct.pack(o + SHDR, *([0] * 10))]
+    for s in sections:
+        headers.append(struct.pack(o + SHDR, s["name_off"], s["type"], s["flags"], s["addr"], s["offset"],
+                                   s["size"], s.get("link", 0), s.get("info", 0), s["align"], s.get("entsize", 0)))
+    return b"".join(headers)

@@ -4,8 +4,10 @@ A 40-byte file header (magic ``JiTD`` in the writer's byte order, version 1, fla
 16-byte prefix ``id, total_size, timestamp`` and a payload. The reader is incremental like the perf-map
 reader: it keeps its offset and parses only complete records; a truncated last record waits for more bytes
 (and is ignored at the final read). Unknown record ids are skipped and counted. Anything that cannot be a
-jitdump (bad magic, version, flags, a record size smaller than its fixed part) raises :class:`JitDumpError`,
-the only error this module raises on bad input.
+jitdump (bad magic, version, flags, a record size smaller than its fixed part, code that would run past the
+end of the 64-bit address space) raises :class:`JitDumpError`, the only error this module raises on bad
+input. Reads never go past the size the file has (nor past a caller's ``max_size``), so record sizes and
+counts written in the file cannot make the reader allocate more than the file holds.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ DEBUG_ENTRY = "Qii"  # addr, lineno, discrim, then a NUL-terminated file name
 UNWIND_FIXED = "QQQ"  # unwinding_size, eh_frame_hdr_size, mapped_size
 SAME_FILE = b"\xff"  # a debug entry name meaning "same file as the previous entry"
 CHUNK = 4 << 20
+ADDRESS_LIMIT = 1 << 64
 
 
 class JitDumpError(ValueError):
@@ -129,6 +132,16 @@ def parse_header(data: bytes) -> JitDumpHeader:
     return JitDumpHeader(order, version, total_size, elf_mach, pid, timestamp, flags)
 
 
+def read_header(fd: int) -> JitDumpHeader:
+    """The header of the jitdump open at ``fd``."""
+    return parse_header(os.pread(fd, HEADER_SIZE, 0))
+
+
+def _check_span(address: int, size: int, what: str, offset: int) -> None:
+    if address + size >= ADDRESS_LIMIT:
+        raise JitDumpError(f"{what} record at offset {offset} puts code past the end of the address space")
+
+
 def _cstring(data: bytes | memoryview, start: int, end: int, offset: int) -> tuple[bytes, int]:
     """The NUL-terminated string at ``start`` (before ``end``) and the index after its NUL."""
     nul = bytes(data[start:end]).find(b"\0")
@@ -147,7 +160,9 @@ def parse_record(order: str, rid: int, timestamp: int, body: bytes, offset: int)
         if rid == CODE_LOAD:
             return _parse_load(order, timestamp, body, offset)
         if rid == CODE_MOVE:
-            return CodeMove(timestamp, *struct.unpack_from(order + MOVE_FIXED, body))
+            move = CodeMove(timestamp, *struct.unpack_from(order + MOVE_FIXED, body))
+            _check_span(move.new_code_addr, move.code_size, "move", offset)
+            return move
         if rid == CODE_DEBUG_INFO:
             return _parse_debug(order, timestamp, body, offset)
         if rid == CODE_CLOSE:
@@ -162,6 +177,7 @@ def parse_record(order: str, rid: int, timestamp: int, body: bytes, offset: int)
 def _parse_load(order: str, timestamp: int, body: bytes, offset: int) -> CodeLoad:
     fixed = struct.calcsize(order + LOAD_FIXED)
     pid, tid, vma, code_addr, code_size, code_index = struct.unpack_from(order + LOAD_FIXED, body)
+    _check_span(code_addr, code_size, "load", offset)
     name, after = _cstring(body, fixed, len(body), offset)
     if code_size > len(body) - after:
         code = None  # a writer that leaves the code out (e.g. size-only records)
@@ -198,18 +214,19 @@ class JitDumpReader:
         self.unknown_records = 0
         self.truncated_bytes = 0  # an incomplete last record seen at the final read
 
-    def read_new(self, fd: int, final: bool = False) -> Iterator[JitRecord]:
-        """Yield the records completed since the previous read. Raises JitDumpError on corruption."""
+    def read_new(self, fd: int, final: bool = False, max_size: int | None = None) -> Iterator[JitRecord]:
+        """Yield the records completed since the previous read (never reading past ``max_size`` bytes of
+        the file). Raises JitDumpError on corruption."""
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino)
         if self.identity not in (None, identity) or st.st_size < self.offset:
             self.__init__()  # a different file now: start over
         self.identity = identity
-        end = st.st_size
+        end = st.st_size if max_size is None else min(st.st_size, max_size)
         if self.header is None:
             if end < HEADER_SIZE and not final:
                 return
-            self.header = parse_header(os.pread(fd, HEADER_SIZE, 0))
+            self.header = read_header(fd)
             self.offset = self.header.total_size
         want = CHUNK
         while self.offset < end:
@@ -246,10 +263,10 @@ class JitDumpReader:
         return pos, 0
 
 
-def read_jitdump(fd: int) -> tuple[JitDumpHeader, list[JitRecord], JitDumpReader]:
+def read_jitdump(fd: int, max_size: int | None = None) -> tuple[JitDumpHeader, list[JitRecord], JitDumpReader]:
     """Read a whole jitdump (final read)."""
     reader = JitDumpReader()
-    records = list(reader.read_new(fd, final=True))
+    records = list(reader.read_new(fd, final=True, max_size=max_size))
     if reader.header is None:
         raise JitDumpError("empty file (not a jitdump)")
     return reader.header, records, reader

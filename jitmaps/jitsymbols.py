@@ -3,7 +3,11 @@
 The recorder drains the kernel's counts about once per second and calls :meth:`JitSymbols.poll` for each
 sampled pid right after, with the drain's time. Entries read then are stamped with that time (jitdump loads
 keep their own CLOCK_MONOTONIC time), and a sample (which carries its drain's time) is named after the code
-present at its address during that drain period. Files are opened through :mod:`optrace.jitmaps.trust`.
+present at its address during that drain period. Files are opened through :mod:`optrace.jitmaps.trust`:
+owned by the process's own euid, never through a symlink, inside the process's mount namespace without
+crossing its mounts. A process already gone when first seen has no known owner: only user-named jitdumps
+are read for it. What one process (and all of them together) may add is bounded by a
+:class:`~optrace.jitmaps.symtable.SymbolBudget`; entries over it are dropped and counted.
 """
 from __future__ import annotations
 
@@ -12,12 +16,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from optrace.frontend.errors import OptraceError
+from optrace.fileaccess import printable
+from optrace.errors import OptraceError
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.perfmap import PerfMapReader
 from optrace.jitmaps.procinfo import ProcessIdentity, mapped_jitdumps, read_identity
-from optrace.jitmaps.symtable import SymbolHistory
-from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, TrustPolicy, open_trusted, owners_for
+from optrace.jitmaps.symtable import SymbolBudget, SymbolHistory
+from optrace.jitmaps.trust import (DEFAULT_MAX_SIZE, RefusedFile, jit_file_policy, named_file_policy, open_file,
+                                   open_process_root)
 
 
 @dataclass
@@ -44,8 +50,10 @@ class _Process:
 
 
 class JitSymbols:
-    def __init__(self, max_file_size: int = DEFAULT_MAX_SIZE, jitdumps: Sequence[str] = ()) -> None:
+    def __init__(self, max_file_size: int = DEFAULT_MAX_SIZE, jitdumps: Sequence[str] = (),
+                 budget: SymbolBudget | None = None) -> None:
         self.max_file_size = max_file_size
+        self.budget = budget or SymbolBudget()
         self.warnings: list[str] = []
         self.stats: Counter[str] = Counter()
         self._warned: set[tuple[str, str]] = set()
@@ -88,6 +96,7 @@ class JitSymbols:
     def forget_process(self, pid: int) -> None:
         """Drop an exited process's symbols (for long-running consumers; the recorder keeps them)."""
         for proc in self._procs.pop(pid, ()):
+            proc.table.release()
             if proc.root_fd is not None:
                 os.close(proc.root_fd)
                 proc.root_fd = None
@@ -106,7 +115,7 @@ class JitSymbols:
         return generations[-1] if generations else self._new_process(pid)
 
     def _new_process(self, pid: int, since: float = float("-inf")) -> _Process:
-        proc = _Process(pid, read_identity(pid), since=since)
+        proc = _Process(pid, read_identity(pid), since=since, table=SymbolHistory(self.budget))
         self._procs.setdefault(pid, []).append(proc)
         self._add_perf_map(proc)
         for path in self._explicit.get(pid, ()):
@@ -120,17 +129,20 @@ class JitSymbols:
         return now is not None and (proc.identity is None or now.start_ticks != proc.identity.start_ticks)
 
     def _add_perf_map(self, proc: _Process) -> None:
+        """``/tmp/perf-NSPID.map`` as the process sees it: optrace's own path when the process shares
+        optrace's mounts, else resolved inside the process's root (see :mod:`optrace.jitmaps.trust`)."""
         ident = proc.identity
-        if ident is None or (ident.host_root and ident.nspid == proc.pid):
-            path = f"/tmp/perf-{proc.pid}.map"
-            proc.sources[path] = _Source(path, path, PerfMapReader())
+        if ident is None:
+            self.stats["owner_unknown"] += 1  # gone before it was seen: whose file it would be is unknown
             return
-        try:
-            proc.root_fd = os.open(f"/proc/{proc.pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
+        name = f"tmp/perf-{ident.nspid}.map"
+        if ident.host_mounts:
+            proc.sources["/" + name] = _Source("/" + name, "/" + name, PerfMapReader())
             return
-        display = f"/proc/{proc.pid}/root/tmp/perf-{ident.nspid}.map"
-        proc.sources[display] = _Source(display, f"tmp/perf-{ident.nspid}.map", PerfMapReader())
+        proc.root_fd = open_process_root(proc.pid)
+        if proc.root_fd is not None:
+            display = f"/proc/{proc.pid}/root/{name}"
+            proc.sources[display] = _Source(display, name, PerfMapReader())
 
     def _discover(self, proc: _Process) -> None:
         """Jitdumps show up in /proc/PID/maps: the runtime maps them so profilers can find them."""
@@ -150,19 +162,25 @@ class JitSymbols:
             if not source.broken:
                 self._read(proc, source, time, final)
 
+    def _open(self, proc: _Process, source: _Source) -> int | None:
+        """The source's file under the rule for it; None when it does not exist (yet)."""
+        if source.explicit:
+            return open_file(source.open_path, named_file_policy(self.max_file_size))
+        if proc.identity is None:
+            return None
+        return open_file(source.open_path, jit_file_policy(proc.identity.euid, self.max_file_size),
+                         root_fd=proc.root_fd, shown=source.display)
+
     def _read(self, proc: _Process, source: _Source, time: float, final: bool) -> None:
-        uid = None if proc.identity is None else proc.identity.euid
-        policy = TrustPolicy(None if source.explicit else owners_for(uid), self.max_file_size,
-                             follow_symlinks=source.explicit)
-        dir_fd = None if source.explicit else proc.root_fd
         try:
-            fd = open_trusted(source.open_path, policy, dir_fd=dir_fd)
+            fd = self._open(proc, source)
         except RefusedFile as refused:
             source.broken = True
             self._warn(source.display, refused.reason, f"ignored: it {refused.detail}")
             return
         if fd is None:
             return
+        dropped = proc.table.dropped
         try:
             if isinstance(source.reader, PerfMapReader):
                 self._read_perf_map(proc, source, fd, time, final)
@@ -171,25 +189,36 @@ class JitSymbols:
         except jd.JitDumpError as exc:
             source.broken = True
             self._warn(source.display, "corrupt", f"ignored from here: not a usable jitdump ({exc})")
+        except OSError as exc:  # an I/O error on a trusted file: its names so far are kept
+            source.broken = True
+            self._warn(source.display, "unreadable", f"ignored from here: {exc.strerror or exc}")
         finally:
             os.close(fd)
+        self._count_dropped(source, proc.table.dropped - dropped)
+
+    def _count_dropped(self, source: _Source, dropped: int) -> None:
+        if dropped:
+            self.stats["symbols_dropped"] += dropped
+            self._warn(source.display, "symbol_limit", "symbols over the per-process or total limit "
+                       f"({self.budget.describe()}) were dropped", stat="files_over_symbol_limit")
 
     def _read_perf_map(self, proc: _Process, source: _Source, fd: int, time: float, final: bool) -> None:
         reader = source.reader
         before_lines, before_bad = reader.lines, reader.bad_lines
-        proc.table.add_many(reader.read_new(fd, final), source.display, time)
+        proc.table.add_many(reader.read_new(fd, final, self.max_file_size), source.display, time)
         self.stats["perfmap_lines"] += reader.lines - before_lines
         self.stats["perfmap_bad_lines"] += reader.bad_lines - before_bad
 
     def _read_jitdump(self, proc: _Process, source: _Source, fd: int, time: float, final: bool) -> None:
         reader = source.reader
         if os.fstat(fd).st_size >= jd.HEADER_SIZE:
-            self._check_dump_pid(proc, source, jd.parse_header(os.pread(fd, jd.HEADER_SIZE, 0)))
+            self._check_dump_pid(proc, source, jd.read_header(fd))
         before, before_unknown = reader.records, reader.unknown_records
-        for record in reader.read_new(fd, final):
+        for record in reader.read_new(fd, final, self.max_file_size):
             stamp = record.timestamp / 1e9 if reader.header.monotonic else time
-            if isinstance(record, jd.CodeLoad):
-                proc.code_names[record.code_index] = record.name
+            if isinstance(record, jd.CodeLoad) and record.code_size:
+                if len(proc.code_names) < self.budget.table_entries or record.code_index in proc.code_names:
+                    proc.code_names[record.code_index] = record.name
                 proc.table.add(record.code_addr, record.code_size, record.name, source.display, stamp)
             elif isinstance(record, jd.CodeMove) and record.code_size:
                 name = proc.code_names.get(record.code_index, f"jit-code-{record.code_index}")
@@ -205,23 +234,23 @@ class JitSymbols:
             raise jd.JitDumpError(f"its header names pid {header.pid}")
 
     def _warn(self, path: str, reason: str, detail: str, stat: str | None = None) -> None:
-        """One warning per file and reason; the file's content is never part of it."""
-        self.stats[stat or f"refused_{reason}"] += 1
+        """One warning (and one count) per file and reason; the file's content is never part of it."""
         if (path, reason) not in self._warned:
+            self.stats[stat or f"refused_{reason}"] += 1
             self._warned.add((path, reason))
-            self.warnings.append(f"JIT symbols: {path}: {detail}")
+            self.warnings.append(f"JIT symbols: {printable(path)}: {detail}")
 
     def _explicit_dump_pid(self, path: str) -> int:
         """The pid a user-named jitdump belongs to, from its header."""
         try:
-            fd = open_trusted(path, TrustPolicy(None, self.max_file_size, follow_symlinks=True))
+            fd = open_file(path, named_file_policy(self.max_file_size))
         except RefusedFile as refused:
             raise OptraceError(f"cannot use --jitdump {refused}") from None
         if fd is None:
-            raise OptraceError(f"--jitdump {path}: no such file")
+            raise OptraceError(f"--jitdump {printable(path)}: no such file")
         try:
-            return jd.parse_header(os.pread(fd, jd.HEADER_SIZE, 0)).pid
+            return jd.read_header(fd).pid
         except jd.JitDumpError as exc:
-            raise OptraceError(f"--jitdump {path}: {exc}") from None
+            raise OptraceError(f"--jitdump {printable(path)}: {exc}") from None
         finally:
             os.close(fd)

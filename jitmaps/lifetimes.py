@@ -48,10 +48,13 @@ class _LiveSet:
         self.starts[lo:hi], self.ends[lo:hi], self.ids[lo:hi] = [start], [end], [new_id]
         return dead
 
-    def remove(self, function_id: int) -> None:
-        if function_id in self.ids:
-            pos = self.ids.index(function_id)
-            del self.starts[pos], self.ends[pos], self.ids[pos]
+    def remove(self, function_id: int, start: int) -> None:
+        pos = bisect_left(self.starts, start)
+        while pos < len(self.starts) and self.starts[pos] == start:
+            if self.ids[pos] == function_id:
+                del self.starts[pos], self.ends[pos], self.ids[pos]
+                return
+            pos += 1
 
 
 class Timeline:
@@ -69,26 +72,41 @@ class Timeline:
         return new_id
 
     def retire(self, function_id: int, when: float) -> None:
-        self._live.remove(function_id)
+        self._live.remove(function_id, self.functions[function_id].start)
         self.functions[function_id] = replace(self.functions[function_id], died=when)
 
 
 def from_jitdump(header: jd.JitDumpHeader, records: Iterable[jd.JitRecord]) -> list[JitFunction]:
+    return jitdump_timeline(header, records)[0]
+
+
+def seconds_since(header: jd.JitDumpHeader, timestamp: int) -> float:
+    """A record's time after the header's; a record stamped before its header (another clock, a bad
+    writer) counts as 0, never as a negative age."""
+    return max(0.0, (timestamp - header.timestamp) / 1e9)
+
+
+def jitdump_timeline(header: jd.JitDumpHeader,
+                     records: Iterable[jd.JitRecord]) -> tuple[list[JitFunction], list[int | None]]:
+    """The functions, and for each record the id of the function it created (None: it created none)."""
     timeline = Timeline()
     by_index: dict[int, int] = {}  # code_index -> function id of its current copy
+    created: list[int | None] = []
     for record in records:
-        when = (record.timestamp - header.timestamp) / 1e9
-        if isinstance(record, jd.CodeLoad):
-            by_index[record.code_index] = timeline.load(
+        when = seconds_since(header, record.timestamp)
+        new_id = None
+        if isinstance(record, jd.CodeLoad) and record.code_size:
+            new_id = by_index[record.code_index] = timeline.load(
                 JitFunction(record.name, record.code_addr, record.code_size, when, code=record.code))
         elif isinstance(record, jd.CodeMove) and record.code_index in by_index:
             old_id = by_index[record.code_index]
             old = timeline.functions[old_id]
             timeline.retire(old_id, when)
             code = old.code if old.code is not None and len(old.code) == record.code_size else None
-            by_index[record.code_index] = timeline.load(JitFunction(
+            new_id = by_index[record.code_index] = timeline.load(JitFunction(
                 old.name, record.new_code_addr, record.code_size, when, code=code, moved_from=old.start))
-    return timeline.functions
+        created.append(new_id)
+    return timeline.functions, created
 
 
 def from_perf_map(entries: Sequence[PerfMapEntry]) -> list[JitFunction]:

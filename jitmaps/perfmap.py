@@ -4,6 +4,14 @@ START and SIZE are hex, with or without ``0x`` (the JDK writes ``0x``, V8 does n
 the line and may contain spaces. The reader keeps its byte offset, so each read parses only the bytes added
 since the previous one; a last line without its newline is left for the next read, except at the final read
 (a process that exited will not finish it). Bad lines are skipped and counted, never echoed.
+
+Parsing is linear in the input whatever it holds. One C-level regular-expression scan per block does the
+work, and the expression cannot backtrack more than once over a line: every quantifier is followed by a
+character class disjoint from its own, except the name, which takes the rest of the line unconditionally
+(trailing blanks are stripped afterwards; the expression before issue 8 ended the name at its last
+non-blank character, and a line of ``1 1`` and 150,000 blanks took it ~100 s). A line longer than
+:data:`MAX_LINE` bytes is a bad line, skipped without being kept in memory even when it spans many reads
+(JVM and V8 names are at most a few KB).
 """
 from __future__ import annotations
 
@@ -13,10 +21,9 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 CHUNK = 4 << 20
+MAX_LINE = 16 << 10
 MAX_ADDRESS = 1 << 64
-# START SIZE NAME: hex fields with an optional 0x, separated by blanks; the name runs to the line's last
-# non-blank character. One C-level scan per block; Python only converts the matches.
-LINE = re.compile(rb"^[ \t]*(?:0[xX])?([0-9a-fA-F]+)[ \t]+(?:0[xX])?([0-9a-fA-F]+)[ \t]+([^\n]*[^\s])", re.M)
+LINE = re.compile(rb"^[ \t]*(?:0[xX])?([0-9a-fA-F]+)[ \t]+(?:0[xX])?([0-9a-fA-F]+)[ \t]+([^\n]*)", re.M)
 NONBLANK_LINE = re.compile(rb"^[ \t\r\f\v]*[^\s]", re.M)
 
 
@@ -29,13 +36,15 @@ class PerfMapEntry(NamedTuple):
 def _entries(block: bytes) -> Iterator[PerfMapEntry]:
     new = PerfMapEntry
     for start_hex, size_hex, name in LINE.findall(block):
-        start, size = int(start_hex, 16), int(size_hex, 16)
-        if size and start + size <= MAX_ADDRESS:
+        start, size, name = int(start_hex, 16), int(size_hex, 16), name.rstrip()
+        if size and name and start + size < MAX_ADDRESS:
             yield new(start, size, name.decode("utf-8", "replace"))
 
 
 def parse_line(line: bytes) -> PerfMapEntry | None:
     """One line (without its newline) -> entry, or None when it is not a valid ``START SIZE name`` line."""
+    if len(line) > MAX_LINE:
+        return None
     found = list(_entries(line.replace(b"\n", b" ")))
     return found[0] if found else None
 
@@ -48,33 +57,61 @@ class PerfMapReader:
         self.identity: tuple[int, int] | None = None
         self.lines = 0
         self.bad_lines = 0
+        self.long_lines = 0  # of the bad lines, those over MAX_LINE bytes
         self.restarts = 0  # the file was replaced or truncated (e.g. `jcmd Compiler.perfmap` rewrites it)
+        self._in_long_line = False  # the bytes up to the next newline belong to a line already counted bad
 
-    def read_new(self, fd: int, final: bool = False) -> Iterator[PerfMapEntry]:
-        """Yield the entries of the complete lines added since the previous read."""
+    def read_new(self, fd: int, final: bool = False, max_size: int | None = None) -> Iterator[PerfMapEntry]:
+        """Yield the entries of the complete lines added since the previous read (never past ``max_size``
+        bytes of the file, nor past the size it has now)."""
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino)
         if self.identity not in (None, identity) or st.st_size < self.offset:
             self.offset = 0
+            self._in_long_line = False
             self.restarts += 1
         self.identity = identity
-        end = st.st_size  # read no further than fstat said: the size limit was checked on it
+        end = st.st_size if max_size is None else min(st.st_size, max_size)
         carry = b""
         while self.offset + len(carry) < end:
             chunk = os.pread(fd, min(CHUNK, end - self.offset - len(carry)), self.offset + len(carry))
             if not chunk:
                 break
-            data = carry + chunk
+            data = self._skip_long_line(carry + chunk)
             cut = data.rfind(b"\n") + 1
             yield from self._parse(data[:cut])
             self.offset += cut
-            carry = data[cut:]
+            carry = self._keep_partial(data[cut:])
         if final and carry:
             yield from self._parse(carry)
             self.offset += len(carry)
 
+    def _skip_long_line(self, data: bytes) -> bytes:
+        """Drop the rest of a line already counted as too long (consumed: the offset moves past it)."""
+        if not self._in_long_line:
+            return data
+        newline = data.find(b"\n")
+        if newline < 0:
+            self.offset += len(data)
+            return b""
+        self._in_long_line = False
+        self.offset += newline + 1
+        return data[newline + 1 :]
+
+    def _keep_partial(self, partial: bytes) -> bytes:
+        """An unfinished last line waits for more bytes, unless it is already too long to be used."""
+        if len(partial) <= MAX_LINE:
+            return partial
+        self.lines += 1
+        self.bad_lines += 1
+        self.long_lines += 1
+        self.offset += len(partial)
+        self._in_long_line = True
+        return b""
+
     def _parse(self, block: bytes) -> Iterator[PerfMapEntry]:
-        """Entries of the complete lines in ``block``; blank lines are ignored, other bad lines counted."""
+        """Entries of the lines in ``block``; blank lines are ignored, other bad lines counted."""
+        block = self._without_long_lines(block)
         lines = len(NONBLANK_LINE.findall(block))
         good = 0
         for entry in _entries(block):
@@ -83,8 +120,23 @@ class PerfMapReader:
         self.lines += lines
         self.bad_lines += lines - good
 
+    def _without_long_lines(self, block: bytes) -> bytes:
+        """``block`` without its lines over MAX_LINE bytes (counted as bad): the common case costs one
+        C-level pass over the line lengths."""
+        if len(block) <= MAX_LINE:
+            return block
+        lines = block.split(b"\n")
+        if max(map(len, lines)) <= MAX_LINE:
+            return block
+        kept = [line for line in lines if len(line) <= MAX_LINE]
+        long_lines = len(lines) - len(kept)
+        self.lines += long_lines
+        self.bad_lines += long_lines
+        self.long_lines += long_lines
+        return b"\n".join(kept)
 
-def read_perf_map(fd: int) -> tuple[list[PerfMapEntry], PerfMapReader]:
+
+def read_perf_map(fd: int, max_size: int | None = None) -> tuple[list[PerfMapEntry], PerfMapReader]:
     """Read a whole perf map (final read: a last line without newline counts)."""
     reader = PerfMapReader()
-    return list(reader.read_new(fd, final=True)), reader
+    return list(reader.read_new(fd, final=True, max_size=max_size)), reader

@@ -13,7 +13,7 @@ class ProcessIdentity:
     pid: int
     euid: int
     nspid: int  # the pid inside the process's own (innermost) pid namespace
-    host_root: bool  # the process sees the same / as optrace
+    host_mounts: bool  # same mount namespace and same / as optrace: its paths are optrace's paths
     start_ticks: int  # start time (/proc/PID/stat field 22): tells a reused pid from the process before
 
 
@@ -25,6 +25,7 @@ def read_identity(pid: int) -> ProcessIdentity | None:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat_fields = f.read().rsplit(b")", 1)[1].split()
         root = os.stat(f"/proc/{pid}/root")
+        mounts = os.stat(f"/proc/{pid}/ns/mnt")
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -35,9 +36,16 @@ def read_identity(pid: int) -> ProcessIdentity | None:
         return None
     nspids = fields.get("NSpid", "").split()
     nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else pid
-    here = os.stat("/")
-    same_root = (root.st_dev, root.st_ino) == (here.st_dev, here.st_ino)
-    return ProcessIdentity(pid, euid, nspid, same_root, start_ticks)
+    return ProcessIdentity(pid, euid, nspid, _same(root, os.stat("/")) and _same(mounts, _own_mounts()),
+                           start_ticks)
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _own_mounts() -> os.stat_result:
+    return os.stat("/proc/self/ns/mnt")
 
 
 def mapped_jitdumps(pid: int, nspid: int) -> list[str]:

@@ -10,12 +10,16 @@ earliest one known afterwards.
 Memory: names are interned (one string per distinct name), entries live in flat arrays (32 bytes each), and
 an entry identical to the one already at the same start (same size and name) is dropped when the index is
 rebuilt, so a map that repeats itself costs the distinct symbols, not its lines.
+
+Bounds: a :class:`SymbolBudget` caps the entries and the bytes of distinct names one table may hold, and
+(shared by the tables of one consumer) all of them together; entries over a cap are dropped and counted.
+A table at its entry cap first drops its repeats, so a map rewritten again and again keeps working.
 """
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import accumulate, compress, islice
 from operator import eq, sub
 from dataclasses import dataclass
@@ -33,8 +37,29 @@ class JitSymbol:
     stamp: float
 
 
+@dataclass
+class SymbolBudget:
+    """Caps per table (one process) and over all tables sharing the budget; ``entries``/``name_bytes``
+    are what those tables hold now, ``dropped`` what they refused. Names count their characters."""
+
+    table_entries: int = 1_000_000
+    table_name_bytes: int = 32 << 20
+    total_entries: int = 4_000_000
+    total_name_bytes: int = 128 << 20
+    entries: int = 0
+    name_bytes: int = 0
+    dropped: int = 0
+
+    def describe(self) -> str:
+        return (f"{self.table_entries} symbols or {self.table_name_bytes >> 20} MiB of names per process, "
+                f"{self.total_entries} or {self.total_name_bytes >> 20} MiB in all")
+
+
 class SymbolHistory:
-    def __init__(self) -> None:
+    def __init__(self, budget: SymbolBudget | None = None) -> None:
+        self.budget = budget or SymbolBudget()
+        self.name_bytes = 0
+        self.dropped = 0
         self.names: list[str] = []
         self._name_ids: dict[str, int] = {}
         self.sources: list[str] = []
@@ -53,32 +78,68 @@ class SymbolHistory:
         self.add_many(((start, size, name),), source, stamp)
 
     def add_many(self, entries: Iterable[tuple[int, int, str]], source: str, stamp: float) -> None:
-        """Append entries (in arrival order) that share a source and a stamp."""
+        """Append entries (in arrival order) that share a source and a stamp; those over the budget are
+        dropped and counted (the iterable is always consumed)."""
         if source not in self.sources:
             self.sources.append(source)
         source_id = self.sources.index(source)
+        items = iter(entries)
+        full = self._append(items, source_id, stamp)
+        if full and len(self._starts) - self._compacted_at >= self.budget.table_entries // 4:
+            self.compact()
+            full = self._append(items, source_id, stamp)
+        if full:
+            self._drop(sum(1 for _ in items))
+        self._index = None
+        if len(self._starts) >= 2 * max(self._compacted_at, COMPACT_FROM):
+            self.compact()
+
+    def _append(self, items: Iterator[tuple[int, int, str]], source_id: int, stamp: float) -> bool:
+        """Append until the entry cap; True when it stopped there with an entry in hand (now dropped)."""
+        budget = self.budget
+        room = min(budget.table_entries - len(self._starts), budget.total_entries - budget.entries)
+        name_room = min(budget.table_name_bytes - self.name_bytes, budget.total_name_bytes - budget.name_bytes)
         name_ids, names = self._name_ids, self.names
-        starts, ends, stamps, name_idx, source_idx = (self._starts, self._ends, self._stamps, self._name_idx,
-                                                      self._source_idx)
-        before = len(starts)
-        for start, size, name in entries:
+        starts, ends, name_idx = self._starts, self._ends, self._name_idx
+        before, name_bytes, dropped, full = len(starts), 0, 0, False
+        for start, size, name in items:
+            if len(starts) - before >= room:
+                full, dropped = True, dropped + 1
+                break
             name_id = name_ids.get(name)
             if name_id is None:
+                if name_bytes + len(name) > name_room:
+                    dropped += 1
+                    continue
+                name_bytes += len(name)
                 name_id = name_ids[name] = len(names)
                 names.append(name)
             starts.append(start)
             ends.append(start + size)
             name_idx.append(name_id)
         added = len(starts) - before
-        stamps.extend([stamp] * added)
-        source_idx.extend([source_id] * added)
-        self._index = None
-        if len(starts) >= 2 * max(self._compacted_at, COMPACT_FROM):
-            self.compact()
+        self._stamps.extend([stamp] * added)
+        self._source_idx.extend([source_id] * added)
+        self.name_bytes += name_bytes
+        budget.name_bytes += name_bytes
+        budget.entries += added
+        self._drop(dropped)
+        return full
+
+    def _drop(self, count: int) -> None:
+        self.dropped += count
+        self.budget.dropped += count
+
+    def release(self) -> None:
+        """Give this table's share of the budget back (the table is being discarded)."""
+        self.budget.entries -= len(self._starts)
+        self.budget.name_bytes -= self.name_bytes
+        self.name_bytes = 0
 
     def compact(self) -> None:
         """Drop entries that repeat the entry already at their start (keeps the first, older stamp)."""
         keep = sorted(self._sorted_order()[0])  # back to arrival order, the tie-breaker on overlap
+        self.budget.entries -= len(self._starts) - len(keep)
         self._starts = array("Q", map(self._starts.__getitem__, keep))
         self._ends = array("Q", map(self._ends.__getitem__, keep))
         self._stamps = array("d", map(self._stamps.__getitem__, keep))

@@ -1,76 +1,47 @@
-"""Opening JIT symbol files that anybody may have written (perf maps and jitdumps live in /tmp).
+"""Which JIT symbol files to trust, and how to open them: a thin layer over :mod:`optrace.fileaccess`.
 
 optrace runs as root, so a file planted at ``/tmp/perf-PID.map`` must not make it read (and print) a file
-the planter could not read. A file is used only if, on the descriptor actually opened (no check-then-open
-race): the last path component is not a symlink (O_NOFOLLOW), it is a regular file (so no FIFO can block
-us: O_NONBLOCK), it has one hard link, it is owned by root or by the uid the process runs as, and it is
-under the size limit. A refused file is never read: only the reason is reported.
+the planter could not read. The open itself follows the one rule of :mod:`optrace.fileaccess` (no symlink
+in any component, non-blocking, a regular file on a disk file system, under the size limit); this module
+adds what is particular to JIT files:
+
+- the file must be owned by the effective uid of the process it describes (root-owned files are trusted
+  for root's processes only), and have one hard link (a planted hard link to someone else's file);
+- a process in another mount namespace has its file resolved inside that namespace from an ``O_PATH``
+  descriptor of ``/proc/PID/root``, without following its symlinks or crossing its mounts, so a bind mount
+  of a root-only file over its ``/tmp/perf-1.map`` (or a symlinked ``/tmp``) is refused, not read.
+
+A refused file is never read: only the reason is reported.
 """
 from __future__ import annotations
 
-import errno
 import os
-import stat
-from dataclasses import dataclass
 
-DEFAULT_MAX_SIZE = 256 << 20
+from optrace.fileaccess import DEFAULT_MAX_SIZE, FilePolicy, RefusedFile, open_file
 
-
-class RefusedFile(Exception):
-    """The file exists but must not be used. ``reason`` is a short key, ``str()`` a sentence."""
-
-    def __init__(self, path: str, reason: str, detail: str) -> None:
-        super().__init__(f"{path}: {detail}")
-        self.path = path
-        self.reason = reason
-        self.detail = detail
+__all__ = ["DEFAULT_MAX_SIZE", "RefusedFile", "jit_file_policy", "named_file_policy", "open_file",
+           "open_process_root", "owners_for"]
 
 
-@dataclass(frozen=True)
-class TrustPolicy:
-    """What a file must satisfy. ``owners`` None means any owner (a path the user named explicitly)."""
-
-    owners: frozenset[int] | None
-    max_size: int = DEFAULT_MAX_SIZE
-    follow_symlinks: bool = False
+def owners_for(process_euid: int) -> frozenset[int]:
+    """The uids a process's JIT file may belong to: the process's own effective uid, nobody else's."""
+    return frozenset({process_euid})
 
 
-def owners_for(process_uid: int | None) -> frozenset[int]:
-    """Root, plus the uid of the process the file describes (when known)."""
-    return frozenset({0} if process_uid is None else {0, process_uid})
+def jit_file_policy(process_euid: int, max_size: int = DEFAULT_MAX_SIZE) -> FilePolicy:
+    """A perf map or jitdump found on a process's behalf: its owner, one link, no symlinks."""
+    return FilePolicy(owners=owners_for(process_euid), max_size=max_size, single_link=True)
 
 
-def open_trusted(path: str, policy: TrustPolicy, dir_fd: int | None = None) -> int | None:
-    """Open ``path`` read-only for a trusted read, or return None when it does not exist.
+def named_file_policy(max_size: int = DEFAULT_MAX_SIZE) -> FilePolicy:
+    """A file the user named on the command line: any owner, symlinks followed, still regular and bounded."""
+    return FilePolicy(owners=None, max_size=max_size, follow_symlinks=True)
 
-    Raises :class:`RefusedFile` when it exists but fails the policy. The caller owns the returned fd.
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-    if not policy.follow_symlinks:
-        flags |= os.O_NOFOLLOW
+
+def open_process_root(pid: int) -> int | None:
+    """An ``O_PATH`` descriptor of the process's root directory (None when the process is gone)."""
     try:
-        fd = os.open(path, flags, dir_fd=dir_fd)
-    except FileNotFoundError:
+        return os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RefusedFile(path, "symlink", "is a symbolic link (not followed)") from None
-        raise RefusedFile(path, "unreadable", f"cannot open: {exc.strerror}") from None
-    try:
-        check_descriptor(path, os.fstat(fd), policy)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
-
-def check_descriptor(path: str, st: os.stat_result, policy: TrustPolicy) -> None:
-    if not stat.S_ISREG(st.st_mode):
-        raise RefusedFile(path, "not_regular", "is not a regular file")
-    if st.st_nlink != 1 and not policy.follow_symlinks:
-        raise RefusedFile(path, "hard_links", f"has {st.st_nlink} hard links (expected 1)")
-    if policy.owners is not None and st.st_uid not in policy.owners:
-        wanted = " or ".join(f"uid {u}" if u else "root" for u in sorted(policy.owners))
-        raise RefusedFile(path, "owner", f"is owned by uid {st.st_uid}, not {wanted}")
-    if st.st_size > policy.max_size:
-        raise RefusedFile(path, "too_large", f"is {st.st_size} bytes, over the {policy.max_size}-byte limit")

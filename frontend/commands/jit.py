@@ -1,32 +1,44 @@
-"""`optrace jit show FILE` and `optrace jit convert DUMP [-o OUT]`: inspect and convert JIT symbol files."""
+"""`optrace jit show FILE` and `optrace jit convert DUMP [-o OUT]`: inspect and convert JIT symbol files.
+
+Both read the file under :mod:`optrace.fileaccess`'s rule (regular, bounded, never blocking), print every
+name and path through :func:`~optrace.fileaccess.printable` (a name is whatever the JIT wrote: terminal
+escapes included), and `convert` writes its ELF file atomically without following a planted symlink.
+"""
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+import re
 from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import islice
+from typing import TypeVar
 
 import click
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
+from optrace.fileaccess import printable
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.agent import host_elf_machine
-from optrace.jitmaps.elfwriter import live_regions, page_regions, write_elf
-from optrace.jitmaps.lifetimes import JitFunction, from_jitdump, from_perf_map
-from optrace.jitmaps.perfmap import read_perf_map
-from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, TrustPolicy, open_trusted
+from optrace.jitmaps.elfwriter import ElfLimitError, code_regions, live_regions, write_elf
+from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_timeline, seconds_since
+from optrace.jitmaps.perfmap import MAX_LINE, PerfMapEntry, PerfMapReader
+from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, named_file_policy, open_file
 
 ELF_MACHINES = {3: "x86", 62: "x86-64", 40: "arm", 183: "aarch64", 243: "riscv", 21: "ppc64"}
+MAX_ITEMS = 1_000_000  # perf-map entries or jitdump records kept for show/convert; the rest are counted
+PID_IN_NAME = re.compile(r"([0-9]{1,10})(?!.*[0-9])")
+T = TypeVar("T")
 
 
 @contextmanager
 def _open_named(path: str, max_size: int) -> Iterator[int]:
     """A file the user named: any owner, links followed, but regular and under the size limit."""
     try:
-        fd = open_trusted(path, TrustPolicy(None, max_size, follow_symlinks=True))
+        fd = open_file(path, named_file_policy(max_size))
     except RefusedFile as refused:
         raise OptraceError(f"cannot read {refused}") from None
     if fd is None:
-        raise OptraceError(f"{path}: no such file")
+        raise OptraceError(f"{printable(path)}: no such file")
     try:
         yield fd
     finally:
@@ -38,11 +50,31 @@ def _is_jitdump(fd: int) -> bool:
     return len(magic) == 4 and int.from_bytes(magic, "little") in (jd.MAGIC, jd.MAGIC_SWAPPED)
 
 
-def _read_dump(fd: int, path: str) -> tuple[jd.JitDumpHeader, list[jd.JitRecord], jd.JitDumpReader]:
+def _take(items: Iterator[T], limit: int = MAX_ITEMS) -> tuple[list[T], int]:
+    """The first ``limit`` items, and how many more there were (read, counted, not kept)."""
+    kept = list(islice(items, limit))
+    return kept, sum(1 for _ in items)
+
+
+def _read_dump(fd: int, path: str, max_size: int) -> tuple[jd.JitDumpHeader, list[jd.JitRecord], jd.JitDumpReader, int]:
+    reader = jd.JitDumpReader()
     try:
-        return jd.read_jitdump(fd)
+        records, skipped = _take(reader.read_new(fd, final=True, max_size=max_size))
+        if reader.header is None:
+            raise jd.JitDumpError("empty file (not a jitdump)")
     except jd.JitDumpError as exc:
-        raise OptraceError(f"{path}: not a usable jitdump: {exc}") from None
+        raise OptraceError(f"{printable(path)}: not a usable jitdump: {exc}") from None
+    return reader.header, records, reader, skipped
+
+
+def _read_map(fd: int, max_size: int) -> tuple[list[PerfMapEntry], PerfMapReader, int]:
+    reader = PerfMapReader()
+    entries, skipped = _take(reader.read_new(fd, final=True, max_size=max_size))
+    return entries, reader, skipped
+
+
+def _skipped(count: int, what: str) -> str:
+    return f"; {count} {what} after the first {MAX_ITEMS} not shown" if count else ""
 
 
 @click.group("jit")
@@ -57,42 +89,44 @@ def show(file: str, max_size: int) -> None:
     """List a perf map or jitdump: address, size, name, load time, moves and replacements."""
     with _open_named(file, max_size) as fd:
         if _is_jitdump(fd):
-            _show_jitdump(file, *_read_dump(fd, file))
+            _show_jitdump(file, *_read_dump(fd, file, max_size))
         else:
-            entries, reader = read_perf_map(fd)
-            click.echo(f"perf map {file}: {len(entries)} entries, {reader.bad_lines} bad lines skipped")
+            entries, reader, skipped = _read_map(fd, max_size)
+            long_lines = f" ({reader.long_lines} over {MAX_LINE} bytes)" if reader.long_lines else ""
+            click.echo(f"perf map {printable(file)}: {len(entries) + skipped} entries, {reader.bad_lines} bad "
+                       f"lines skipped{long_lines}{_skipped(skipped, 'entries')}")
             click.echo(f"{'LINE':>7}  {'ADDRESS':<18}  {'SIZE':>8}  NAME")
             for line, function in enumerate(from_perf_map(entries), 1):
                 replaced = "" if function.died is None else f"  (replaced at entry {function.died:.0f})"
-                click.echo(f"{line:>7}  0x{function.start:016x}  {function.size:>#8x}  {function.name}{replaced}")
+                click.echo(f"{line:>7}  0x{function.start:016x}  {function.size:>#8x}  "
+                           f"{printable(function.name)}{replaced}")
 
 
 def _show_jitdump(path: str, header: jd.JitDumpHeader, records: list[jd.JitRecord],
-                  reader: jd.JitDumpReader) -> None:
+                  reader: jd.JitDumpReader, skipped: int) -> None:
     clock = "TSC" if header.flags & jd.FLAG_ARCH_TIMESTAMP else "CLOCK_MONOTONIC"
     order = "little" if header.byte_order == "<" else "big"
-    click.echo(f"jitdump {path}: pid {header.pid}, version {header.version}, "
+    click.echo(f"jitdump {printable(path)}: pid {header.pid}, version {header.version}, "
                f"{ELF_MACHINES.get(header.elf_mach, 'elf_mach ' + str(header.elf_mach))}, {order}-endian, "
                f"{clock} clock, {reader.records} records ({reader.unknown_records} unknown skipped, "
-               f"{reader.truncated_bytes} truncated bytes at the end)")
+               f"{reader.truncated_bytes} truncated bytes at the end{_skipped(skipped, 'records')})")
     click.echo(f"{'TIME(s)':>12}  {'EVENT':<6}  {'ADDRESS':<18}  {'SIZE':>8}  NAME")
-    functions = iter(from_jitdump(header, records))
-    for record in records:
-        when = (record.timestamp - header.timestamp) / 1e9
-        click.echo(f"{when:>12.6f}  " + _describe(record, functions))
+    functions, created = jitdump_timeline(header, records)
+    for record, function_id in zip(records, created):
+        function = None if function_id is None else functions[function_id]
+        click.echo(f"{seconds_since(header, record.timestamp):>12.6f}  " + _describe(record, function))
 
 
-def _describe(record: jd.JitRecord, functions: Iterator[JitFunction]) -> str:
+def _describe(record: jd.JitRecord, function: JitFunction | None) -> str:
     if isinstance(record, jd.CodeLoad):
-        function = next(functions)
         extra = " [code]" if record.code and any(record.code) else ""
-        return f"load    0x{record.code_addr:016x}  {record.code_size:>#8x}  {record.name}{extra}{_fate(function)}"
+        return (f"load    0x{record.code_addr:016x}  {record.code_size:>#8x}  {printable(record.name)}{extra}"
+                f"{_fate(function)}")
     if isinstance(record, jd.CodeMove):
-        function = next(functions, None)
         return (f"move    0x{record.new_code_addr:016x}  {record.code_size:>#8x}  "
                 f"from 0x{record.old_code_addr:x} (code #{record.code_index}){_fate(function)}")
     if isinstance(record, jd.DebugInfo):
-        files = sorted({e.filename for e in record.entries})
+        files = sorted({printable(e.filename) for e in record.entries})
         lines = [e.lineno for e in record.entries]
         where = f"{', '.join(files)}:{min(lines)}-{max(lines)}" if lines else "no lines"
         return f"debug   0x{record.code_addr:016x}  {len(record.entries):>8}  lines in {where}"
@@ -115,37 +149,38 @@ def convert(dump: str, output: str | None, max_size: int) -> None:
     """Write an ELF file (sections per JIT region, symbols, code, build-id) from a jitdump or perf map."""
     with _open_named(dump, max_size) as fd:
         if _is_jitdump(fd):
-            header, records, _ = _read_dump(fd, dump)
-            functions, pid = from_jitdump(header, records), header.pid
-            mach, order, regions = header.elf_mach, header.byte_order, _regions(pid, dump, functions)
+            header, records, _, skipped = _read_dump(fd, dump, max_size)
+            functions, pid = jitdump_timeline(header, records)[0], header.pid
+            mach, order, known = header.elf_mach, header.byte_order, _live_regions(pid, dump, functions)
             times_are_lines = False
         else:
-            functions, pid = from_perf_map(read_perf_map(fd)[0]), _pid_from_name(dump)
-            mach, order, regions = host_elf_machine(), "<", page_regions(functions)
-            times_are_lines = True
+            entries, _, skipped = _read_map(fd, max_size)
+            functions, pid = from_perf_map(entries), _pid_from_name(dump)
+            mach, order, known, times_are_lines = host_elf_machine(), "<", [], True
     if not functions:
-        raise OptraceError(f"{dump}: no JIT functions in it, nothing to convert")
+        raise OptraceError(f"{printable(dump)}: no JIT functions in it, nothing to convert")
     out = output or f"jit-{pid}.elf"
     try:
-        summary = write_elf(out, functions, mach, regions, order, times_are_lines)
+        summary = write_elf(out, functions, mach, code_regions(functions, known), order, times_are_lines)
+    except ElfLimitError as exc:
+        raise OptraceError(f"{printable(dump)}: {exc}") from None
     except OSError as exc:
-        raise OptraceError(f"cannot write {out}: {exc.strerror}") from None
-    click.echo(f"wrote {summary.path}: {len(summary.sections)} code sections, {summary.symbols} symbols, "
-               f"build-id {summary.build_id}")
+        raise OptraceError(f"cannot write {printable(out)}: {exc.strerror or exc}") from None
+    click.echo(f"wrote {printable(summary.path)}: {len(summary.sections)} code sections, {summary.symbols} "
+               f"symbols, build-id {summary.build_id}{_skipped(skipped, 'entries or records')}")
 
 
-def _regions(pid: int, dump: str, functions: list[JitFunction]) -> list[tuple[int, int]]:
+def _live_regions(pid: int, dump: str, functions: list[JitFunction]) -> list[tuple[int, int]]:
     """The live process's anonymous executable mappings when it still runs with this dump mapped."""
     try:
-        with open(f"/proc/{pid}/maps") as f:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
             maps = f.read()
-    except OSError:
-        maps = ""
-    regions = live_regions(maps, functions) if os.path.basename(dump) in maps else []
-    uncovered = [f for f in functions if not any(lo <= f.start < hi for lo, hi in regions)]
-    return sorted(regions + page_regions(uncovered))
+    except (OSError, ValueError):
+        return []
+    return live_regions(maps, functions) if os.path.basename(dump) in maps else []
 
 
 def _pid_from_name(path: str) -> int:
-    digits = "".join(ch for ch in os.path.basename(path) if ch.isdigit())
-    return int(digits) if digits else 0
+    """perf-PID.map -> PID (0 when the name holds no pid)."""
+    found = PID_IN_NAME.search(os.path.basename(path))
+    return int(found.group(1)) if found else 0

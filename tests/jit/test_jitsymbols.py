@@ -101,19 +101,50 @@ def test_explicit_jitdump_bad_input_is_one_clear_error(tmp_path):
         JitSymbols(jitdumps=[str(tmp_path / "missing.dump")])
 
 
-def test_process_in_another_pid_and_mount_namespace(spawn):
-    """/proc/PID/root/tmp/perf-NSPID.map, NSpid from /proc/PID/status (here NSpid is 1)."""
-    needs_root()
-    script = 'mount -t tmpfs none /tmp && echo "6000 20 in_container" > /tmp/perf-1.map && echo ok && exec sleep 30'
-    outer = spawn(["unshare", "--pid", "--mount", "--fork", "--mount-proc", "sh", "-c", script],
-                  stdout=subprocess.PIPE, text=True)
+def _inner_pid(outer) -> int:
     assert outer.stdout.readline().strip() == "ok"
     children = wait_for(lambda: open(f"/proc/{outer.pid}/task/{outer.pid}/children").read().split())
-    inner = int(children[0])
+    return int(children[0])
+
+
+# A container-like root: a tmpfs with the system's /usr bind-mounted in, the map in its own tmp/ (no mount
+# point between the root and the map), the process chrooted there as pid 1 of its pid namespace.
+CONTAINER = (
+    'root="$0" && mount -t tmpfs none "$root" && mkdir "$root/usr" "$root/tmp" && '
+    'mount --bind /usr "$root/usr" && for d in bin lib lib64 sbin; do ln -s usr/$d "$root/$d"; done && '
+    'echo "6000 20 in_container" > "$root/tmp/perf-1.map" && echo ok && exec chroot "$root" sleep 30')
+
+
+def test_process_in_another_pid_and_mount_namespace(spawn, tmp_path):
+    """/proc/PID/root/tmp/perf-NSPID.map, resolved inside the process's root (NSpid from /proc/PID/status:
+    here 1); the host's /tmp/perf-1.map is not it."""
+    needs_root()
+    outer = spawn(["unshare", "--pid", "--mount", "--fork", "--mount-proc", "sh", "-c", CONTAINER, str(tmp_path)],
+                  stdout=subprocess.PIPE, text=True)
+    inner = _inner_pid(outer)
+    wait_for(lambda: os.readlink(f"/proc/{inner}/root") != "/")  # chroot done
     assert not os.path.exists("/tmp/perf-1.map") or open("/tmp/perf-1.map").read().find("in_container") < 0
     jit = JitSymbols()
     jit.poll(inner, 1.0)
     assert jit.lookup(inner, 0x6010, 1.0) == ("in_container", f"/proc/{inner}/root/tmp/perf-1.map")
+    assert jit.warnings == []
+
+
+def test_map_behind_a_mount_point_in_another_namespace_is_refused(spawn):
+    """A tmpfs mounted on the namespace's /tmp (systemd's PrivateTmp looks like this): the map is behind a
+    mount point, which is never crossed (a bind mount of someone else's file looks the same): refused,
+    one warning. Before issue 8 this map was read."""
+    needs_root()
+    script = 'mount -t tmpfs none /tmp && echo "6000 20 in_container" > /tmp/perf-1.map && echo ok && exec sleep 30'
+    outer = spawn(["unshare", "--pid", "--mount", "--fork", "--mount-proc", "sh", "-c", script],
+                  stdout=subprocess.PIPE, text=True)
+    inner = _inner_pid(outer)
+    jit = JitSymbols()
+    jit.poll(inner, 1.0)
+    assert jit.lookup(inner, 0x6010, 1.0) is None
+    assert jit.stats["refused_mount"] == 1
+    assert jit.warnings == [f"JIT symbols: /proc/{inner}/root/tmp/perf-1.map: ignored: it crosses a mount point "
+                            "(not followed)"]
 
 
 def test_reused_pid_gets_its_own_symbols(spawn):

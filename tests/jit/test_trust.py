@@ -8,7 +8,7 @@ import pytest
 
 from jithelpers import NOBODY, needs_root
 from optrace.jitmaps.jitsymbols import JitSymbols
-from optrace.jitmaps.trust import RefusedFile, TrustPolicy, open_trusted, owners_for
+from optrace.jitmaps.trust import RefusedFile, jit_file_policy, open_file
 
 SECRET = "TOPSECRET_NAME_4711"
 
@@ -100,6 +100,6 @@ def test_map_of_a_process_of_another_user(spawn):
 
 
 def test_open_trusted_missing_file_is_not_an_error(tmp_path):
-    assert open_trusted(str(tmp_path / "nope"), TrustPolicy(owners_for(0))) is None
+    assert open_file(str(tmp_path / "nope"), jit_file_policy(0)) is None
     with pytest.raises(RefusedFile):
-        open_trusted(str(tmp_path), TrustPolicy(owners_for(0)))
+        open_file(str(tmp_path), jit_file_policy(0))
