@@ -68,3 +68,9 @@ def client_cert(folder: Path, ca: TlsFiles, name: str) -> TlsFiles:
 @pytest.fixture(scope="session")
 def self_signed(tmp_path_factory) -> TlsFiles:
     return self_signed_cert(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def certs() -> SimpleNamespace:
+    """openssl-made certificates: certs.self_signed(folder, name), certs.client(folder, ca, name)."""
+    return SimpleNamespace(self_signed=self_signed_cert, client=client_cert)

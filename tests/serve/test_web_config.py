@@ -1,0 +1,248 @@
+"""`--web-config`: the exporter-toolkit format (TLS, client certificates, bcrypt basic auth, headers),
+checked with real TLS handshakes (certificates made by openssl here) and real HTTP clients."""
+from __future__ import annotations
+
+import base64
+import http.client
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from optrace.exporters.daemon import ServeDaemon, ServeOptions
+from optrace.exporters.httpserver import ListenAddress
+from optrace.exporters.webconfig import BasicAuth, TlsFiles, WebConfig, load_web_config
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.serveconfig import build_options
+
+CPU = "optrace_cpu_samples_total"
+
+
+def bcrypt_hash(password: str, cost: int = 4) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(cost)).decode()
+
+
+class TickSource:
+    event = "cpu-clock"
+
+    def start(self) -> None:
+        pass
+
+    def collect(self, delta) -> None:
+        delta.cpu_samples[("demo", "/w/demo", "hot_a")] += 1
+
+    def close(self) -> None:
+        pass
+
+
+class Running:
+    """A daemon serving ``web`` on a free loopback port, with a reload that reads ``web_config``."""
+
+    def __init__(self, web_config: Path) -> None:
+        self.web_config = web_config
+        options = build_options({"listen": "127.0.0.1:0", "web_config": str(web_config)})
+        options.drain_interval_s = 0.05
+        self.daemon = ServeDaemon(options, [TickSource()], reload=self._reload)
+        self._stop, urls = threading.Event(), []
+        self._thread = threading.Thread(target=self.daemon.run, args=(self._stop,), kwargs={"on_ready": urls.append})
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not urls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.url = urls[0]
+
+    def _reload(self) -> ServeOptions:
+        return build_options({"listen": "127.0.0.1:0", "web_config": str(self.web_config)}, reloading=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+@pytest.fixture
+def running(tmp_path):
+    started: list[Running] = []
+
+    def start(text: str) -> Running:
+        config = tmp_path / "web.yml"
+        config.write_text(text)
+        started.append(Running(config))
+        return started[-1]
+
+    yield start
+    for run in started:
+        run.stop()
+
+
+def get(url: str, user: str | None = None, password: str | None = None,
+        context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url)
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_basic_auth_needs_a_user_and_its_password(running):
+    run = running(f"basic_auth_users:\n  prom: {bcrypt_hash('s3cret')}\n  other: {bcrypt_hash('x')}\n"
+                  "http_server_config:\n  headers:\n    X-Frame-Options: deny\n    X-Content-Type-Options: nosniff\n")
+    for credentials in [(None, None), ("prom", "wrong"), ("nobody", "s3cret"), ("other", "s3cret"), ("prom", "")]:
+        status, headers, body = get(run.url, *credentials)
+        assert status == 401, credentials
+        assert headers["WWW-Authenticate"] == 'Basic realm="optrace"' and b"optrace_" not in body
+    status, headers, body = get(run.url, "prom", "s3cret")
+    assert status == 200 and b"optrace_drains_total" in body
+    assert headers["X-Frame-Options"] == "deny" and headers["X-Content-Type-Options"] == "nosniff"
+    assert get(run.url.removesuffix("metrics"))[0] == 401  # every path, the index page too
+    assert get(run.url, "prom", "s3cret" + "x" * 80)[0] == 401  # past bcrypt's 72 bytes: refused, not an error
+
+
+def test_basic_auth_checks_malformed_headers_without_errors():
+    auth = BasicAuth({"prom": bcrypt_hash("pw").encode()})
+    for header in [None, "", "Basic", "Basic !!!", "Bearer abc", "Basic " + base64.b64encode(b"no-colon").decode(),
+                   "Basic " + base64.b64encode(b"\xff\xfe:\x00").decode()]:
+        assert auth.allows(header) is False
+    good = "Basic " + base64.b64encode(b"prom:pw").decode()
+    started = time.perf_counter()
+    assert all(auth.allows(good) for _ in range(100))  # one bcrypt, then the cached outcome
+    assert time.perf_counter() - started < 1
+    assert BasicAuth({}).allows(None)
+
+
+def test_tls_from_the_web_config_with_verified_client_certificates(running, tmp_path, certs):
+    server = certs.self_signed(tmp_path, "server")
+    ca = certs.self_signed(tmp_path, "clients-ca")
+    good = certs.client(tmp_path, ca, "scraper")
+    stranger = certs.self_signed(tmp_path, "stranger")  # not signed by the CA
+    run = running(f"tls_server_config:\n  cert_file: {Path(server.cert).name}\n  key_file: {Path(server.key).name}\n"
+                  f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {ca.cert}\n")
+    assert run.url.startswith("https://127.0.0.1:")  # relative paths: from the web config's folder
+
+    def context(client: TlsFiles | None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=server.cert)
+        if client:
+            ctx.load_cert_chain(client.cert, client.key)
+        return ctx
+
+    status, _, body = get(run.url, context=context(good))
+    assert status == 200 and b"optrace_drains_total" in body
+    for client in (None, stranger):
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            get(run.url, context=context(client))
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        get(run.url.replace("https://", "http://"))
+
+
+def test_min_version_is_enforced(running, tmp_path, certs):
+    server = certs.self_signed(tmp_path, "server")
+    run = running(f"tls_server_config:\n  cert_file: {server.cert}\n  key_file: {server.key}\n  min_version: TLS13\n")
+    modern = ssl.create_default_context(cafile=server.cert)
+    assert get(run.url, context=modern)[0] == 200
+    old = ssl.create_default_context(cafile=server.cert)
+    old.maximum_version = ssl.TLSVersion.TLSv1_2
+    with pytest.raises(urllib.error.URLError, match="(?i)version|alert"):
+        get(run.url, context=old)
+
+
+def test_reload_picks_up_a_new_user_and_keeps_serving(running):
+    run = running(f"basic_auth_users:\n  alice: {bcrypt_hash('a')}\n")
+    assert get(run.url, "alice", "a")[0] == 200 and get(run.url, "bob", "b")[0] == 401
+    run.web_config.write_text(f"basic_auth_users:\n  bob: {bcrypt_hash('b')}\n")
+    run.daemon.request_reload()
+    deadline = time.monotonic() + 5
+    while get(run.url, "bob", "b")[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert get(run.url, "bob", "b")[0] == 200 and get(run.url, "alice", "a")[0] == 401
+    run.web_config.write_text("basic_auth_users:\n  carol: not-a-hash\n")  # a broken file keeps the last good one
+    run.daemon.request_reload()
+    time.sleep(0.5)
+    assert get(run.url, "bob", "b")[0] == 200
+
+
+def test_tls_flags_still_work_and_clash_with_a_tls_web_config(tmp_path, self_signed):
+    options = build_options({"tls_cert": self_signed.cert, "tls_key": self_signed.key})
+    assert options.web == WebConfig(TlsFiles(self_signed.cert, self_signed.key))
+    config = tmp_path / "web.yml"
+    config.write_text(f"basic_auth_users:\n  prom: {bcrypt_hash('p')}\n")
+    combined = build_options({"tls_cert": self_signed.cert, "tls_key": self_signed.key, "web_config": str(config)})
+    assert combined.web.tls == TlsFiles(self_signed.cert, self_signed.key) and list(combined.web.users) == ["prom"]
+    config.write_text(f"tls_server_config:\n  cert_file: {self_signed.cert}\n  key_file: {self_signed.key}\n")
+    with pytest.raises(OptraceError, match="TLS is set both in --web-config"):
+        build_options({"tls_cert": self_signed.cert, "tls_key": self_signed.key, "web_config": str(config)})
+
+
+def test_an_empty_web_config_is_plain_http_without_auth(tmp_path):
+    config = tmp_path / "web.yml"
+    config.write_text("")
+    assert load_web_config(str(config)) == WebConfig()
+
+
+GOOD_HASH = "$2b$04$" + "a" * 53
+
+
+@pytest.mark.parametrize("text, message", [
+    ("basic_auth_users: [1, 2\n", "not valid YAML"),
+    ("- a\n", "expected a mapping at the top level"),
+    ("rate_limit: {burst: 1}\n", "unknown setting rate_limit"),
+    ("basic_auth_users:\n  prom: hunter2\n", "the password of 'prom' is not a bcrypt hash"),
+    ("basic_auth_users:\n  'a:b': " + GOOD_HASH + "\n", "bad user name 'a:b'"),
+    ("tls_server_config:\n  cert_file: c.pem\n", "tls_server_config.key_file is missing"),
+    ("tls_server_config:\n  cert: inline\n", "tls_server_config.cert is not supported by optrace serve"),
+    ("tls_server_config:\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "cipher_suites is not supported"),
+    ("tls_server_config:\n  cert_file: c\n  key_file: k\n  client_auth_type: RequireAnyClientCert\n",
+     "without verifying it"),
+    ("tls_server_config:\n  cert_file: c\n  key_file: k\n  client_auth_type: Sometimes\n", "is not one of"),
+    ("tls_server_config:\n  cert_file: c\n  key_file: k\n  client_ca_file: ca\n",
+     "client_ca_file is set but client_auth_type is NoClientCert"),
+    ("tls_server_config:\n  cert_file: c\n  key_file: k\n  client_auth_type: RequireAndVerifyClientCert\n",
+     "needs client_ca_file"),
+    ("tls_server_config:\n  cert_file: c\n  key_file: k\n  min_version: TLS14\n", "unknown TLS version 'TLS14'"),
+    ("tls_server_config:\n  cert_file: c\n  key_file: k\n  min_version: TLS13\n  max_version: TLS12\n",
+     "min_version TLS13 is above max_version TLS12"),
+    ("tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: /nonexistent.key\n",
+     "cannot read TLS file /nonexistent.pem"),
+    ("http_server_config:\n  headers:\n    Set-Cookie: a\n", "HTTP header 'Set-Cookie' can not be configured"),
+    ("http_server_config:\n  headers:\n    X-Frame-Options: allow-all\n", "invalid value for header X-Frame-Options"),
+])
+def test_bad_web_configs_are_one_line_errors(tmp_path, optrace, text, message):
+    config = tmp_path / "web.yml"
+    config.write_text(text)
+    result = optrace("serve", "--listen", "127.0.0.1:0", "--web-config", str(config), timeout=60)
+    assert result.returncode == 1
+    assert message in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_a_fifo_web_config_is_refused_not_waited_on(tmp_path, optrace):
+    import os
+
+    fifo = tmp_path / "web.yml"
+    os.mkfifo(fifo)
+    result = optrace("serve", "--web-config", str(fifo), timeout=30)
+    assert result.returncode == 1 and "cannot read web config" in result.stderr and "not a regular file" in result.stderr
+
+
+def test_http_client_sees_401_then_200(running):
+    """http.client, not urllib: the 401 comes with the challenge a client needs to retry."""
+    run = running(f"basic_auth_users:\n  prom: {bcrypt_hash('pw')}\n")
+    host, port = run.url.split("//")[1].split("/")[0].split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/metrics")
+    response = connection.getresponse()
+    assert response.status == 401 and response.getheader("WWW-Authenticate").startswith("Basic")
+    response.read()
+    connection.close()
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("HEAD", "/metrics", headers={"Authorization": "Basic " + base64.b64encode(b"prom:pw").decode()})
+    response = connection.getresponse()
+    assert response.status == 200 and int(response.getheader("Content-Length")) > 0 and response.read() == b""
+    connection.close()
