@@ -20,7 +20,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from itertools import accumulate, compress, islice
+from itertools import accumulate, chain, compress, islice
 from operator import eq, sub
 from dataclasses import dataclass
 
@@ -84,28 +84,30 @@ class SymbolHistory:
             self.sources.append(source)
         source_id = self.sources.index(source)
         items = iter(entries)
-        full = self._append(items, source_id, stamp)
-        if full and len(self._starts) - self._compacted_at >= self.budget.table_entries // 4:
+        pending = self._append(items, source_id, stamp)
+        if pending is not None and len(self._starts) - self._compacted_at >= self.budget.table_entries // 4:
             self.compact()
-            full = self._append(items, source_id, stamp)
-        if full:
-            self._drop(sum(1 for _ in items))
+            pending = self._append(chain((pending,), items), source_id, stamp)
+        if pending is not None:
+            self._drop(1 + sum(1 for _ in items))
         self._index = None
         if len(self._starts) >= 2 * max(self._compacted_at, COMPACT_FROM):
             self.compact()
 
-    def _append(self, items: Iterator[tuple[int, int, str]], source_id: int, stamp: float) -> bool:
-        """Append until the entry cap; True when it stopped there with an entry in hand (now dropped)."""
+    def _append(self, items: Iterator[tuple[int, int, str]], source_id: int,
+                stamp: float) -> tuple[int, int, str] | None:
+        """Append until the entry cap; the entry in hand when it stopped there (None: all appended)."""
         budget = self.budget
         room = min(budget.table_entries - len(self._starts), budget.total_entries - budget.entries)
         name_room = min(budget.table_name_bytes - self.name_bytes, budget.total_name_bytes - budget.name_bytes)
         name_ids, names = self._name_ids, self.names
         starts, ends, name_idx = self._starts, self._ends, self._name_idx
-        before, name_bytes, dropped, full = len(starts), 0, 0, False
-        for start, size, name in items:
+        before, name_bytes, dropped, pending = len(starts), 0, 0, None
+        for item in items:
             if len(starts) - before >= room:
-                full, dropped = True, dropped + 1
+                pending = item
                 break
+            start, size, name = item
             name_id = name_ids.get(name)
             if name_id is None:
                 if name_bytes + len(name) > name_room:
@@ -124,7 +126,7 @@ class SymbolHistory:
         budget.name_bytes += name_bytes
         budget.entries += added
         self._drop(dropped)
-        return full
+        return pending
 
     def _drop(self, count: int) -> None:
         self.dropped += count
