@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from optrace.frontend.model import Frame, Record, Sample
+from optrace.frontend.report.escape import escape_controls
 from optrace.frontend.report.rows import (
     ReportOptions,
     dso_selected,
@@ -40,5 +41,6 @@ def _frame_name(frame: Frame) -> str:
 
 
 def _clean(name: str) -> str:
-    """';' separates frames and a newline ends the line: neither may appear inside a name."""
-    return name.replace(";", ":").replace("\n", " ").replace("\r", " ")
+    """';' separates frames and a newline ends the line: neither may appear inside a name (control
+    characters are escaped, :mod:`optrace.frontend.report.escape`)."""
+    return escape_controls(name).replace(";", ":")

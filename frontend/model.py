@@ -7,9 +7,25 @@ writes and `optrace report` reads) holds those rows plus :class:`RecordMeta`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
 KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The inclusive range a number stored in a record file must lie in (an ``Annotated`` extra).
+
+    Numbers without one must be in ``0 .. 2**64-1`` (counts, addresses, offsets, times, frequencies):
+    the record reader refuses anything else, so a hand-made ``10**400`` never reaches arithmetic."""
+
+    low: int
+    high: int
+
+
+Pid = Annotated[int, Bounds(0, (1 << 32) - 1)]  # a pid_t
+ExitStatus = Annotated[int, Bounds(-(1 << 31), (1 << 31) - 1)]  # negative: killed by that signal
 
 
 @dataclass(frozen=True)
@@ -54,7 +70,7 @@ class Frame:
 class Sample:
     """A symbolized stack: indices into :attr:`Record.frames`, leaf first (kernel frames, then user)."""
 
-    pid: int
+    pid: Pid
     comm: str
     frames: tuple[int, ...]
     count: int
@@ -69,8 +85,8 @@ class CallCount:
     symbol: str
     offset: int
     calls: int
-    per_pid: dict[int, int] = field(default_factory=dict)
-    comms: dict[int, str] = field(default_factory=dict)  # pid -> command name, for the pids in per_pid
+    per_pid: dict[Pid, int] = field(default_factory=dict)
+    comms: dict[Pid, str] = field(default_factory=dict)  # pid -> command name, for the pids in per_pid
     # Calls the kernel counted but could not give a process (its per-process maps were full): in
     # `calls`, in no per_pid entry. A counter of its own, never `calls` minus the rows: the kernel
     # maps are read one after the other, so that difference drifts while calls happen.
@@ -87,9 +103,9 @@ class RecordMeta:
     frequency_hz: int
     event: str  # "cpu-clock" or "cycles"
     command: list[str] | None = None
-    pids: list[int] = field(default_factory=list)
+    pids: list[Pid] = field(default_factory=list)
     system_wide: bool = False
-    exit_status: int | None = None
+    exit_status: ExitStatus | None = None
     total_samples: int = 0
     lost: dict[str, int] = field(default_factory=dict)  # reason -> count, never silently dropped
     idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile like BCC's profile

@@ -2,18 +2,25 @@
 
 The schema is the dataclasses' own type hints, so a field added to :mod:`optrace.frontend.model` (with a
 default) is written and read without touching this module. Decoding accepts only the JSON shape each hint
-allows; a missing field without default, a wrong type or a dangling frame index raises :class:`SchemaError`
-naming where it was found.
+allows; a missing field without default, a wrong type, a number outside its range or a dangling frame index
+raises :class:`SchemaError` naming where it was found. Numbers are in ``0 .. 2**64-1`` unless the hint is
+``Annotated`` with other :class:`~optrace.frontend.model.Bounds`, and floats are finite: a record file is
+someone else's input, and ``10**400`` or ``Infinity`` must not reach the report's arithmetic.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import re
 import types
 import typing
 from typing import Any, Callable
 
-from optrace.frontend.model import Record
+from optrace.frontend.model import Bounds, Record
+
+DEFAULT_BOUNDS = Bounds(0, (1 << 64) - 1)
+INT_KEY = re.compile(r"-?[0-9]{1,20}")  # what json.dumps makes of an int dict key, nothing int() also takes
 
 
 class SchemaError(ValueError):
@@ -50,7 +57,10 @@ def encode(value: Any) -> Any:
 
 def decode(data: Any, hint: Any) -> Any:
     """Build a value of type `hint` from JSON data, checking every field; the result of decoding a
-    :class:`Record` also has every frame index checked against the frame table."""
+    :class:`Record` also has every frame index checked against the frame table.
+
+    Consumes `data`: each list item is dropped once decoded, so a large record is never held whole
+    twice, as JSON and as dataclasses."""
     value = _decoder(hint)(data)
     if hint is Record:
         _check_frame_indices(value)
@@ -61,8 +71,10 @@ def decode(data: Any, hint: Any) -> Any:
 def _decoder(hint: Any) -> Decoder:
     """A decoder for one type hint, built once: records hold tens of thousands of frames and samples."""
     origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _annotated_decoder(hint)
     if origin in (typing.Union, types.UnionType):
-        return _union_decoder(typing.get_args(hint))
+        return _optional_decoder(typing.get_args(hint))
     if origin in _CONTAINERS:
         return _CONTAINERS[origin](typing.get_args(hint))
     if dataclasses.is_dataclass(hint):
@@ -70,22 +82,20 @@ def _decoder(hint: Any) -> Decoder:
     return functools.partial(_decode_scalar, hint=hint)
 
 
-def _union_decoder(options: tuple[Any, ...]) -> Decoder:
-    nullable = type(None) in options
-    decoders = [_decoder(option) for option in options if option is not type(None)]
+def _annotated_decoder(hint: Any) -> Decoder:
+    base, *extras = typing.get_args(hint)
+    bounds = next((extra for extra in extras if isinstance(extra, Bounds)), DEFAULT_BOUNDS)
+    return functools.partial(_decode_scalar, hint=base, bounds=bounds)
 
-    def decode_union(data: Any) -> Any:
-        if data is None and nullable:
-            return None
-        error = SchemaError(f"unexpected {type(data).__name__}")
-        for decoder in decoders:
-            try:
-                return decoder(data)
-            except SchemaError as exc:
-                error = exc
-        raise error
 
-    return decode_union
+def _optional_decoder(options: tuple[Any, ...]) -> Decoder:
+    """``X | None``, the only union a record holds (trying several decoders on data they consume
+    would not work)."""
+    others = [option for option in options if option is not type(None)]
+    if len(others) != 1 or len(options) != 2:
+        raise TypeError(f"record files hold unions of one type and None only, not {options}")
+    decoder = _decoder(others[0])
+    return lambda data: None if data is None else decoder(data)
 
 
 def _items(data: Any, decoder: Decoder) -> list[Any]:
@@ -96,6 +106,7 @@ def _items(data: Any, decoder: Decoder) -> list[Any]:
             out.append(decoder(item))
         except SchemaError as exc:
             raise exc.at(f"[{i}]") from None
+        data[i] = None  # see decode(): the JSON item is no longer needed
     return out
 
 
@@ -127,6 +138,7 @@ def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
 
 def _dict_decoder(args: tuple[Any, ...]) -> Decoder:
     key_hint, value_hint = args
+    key_decoder = _key_decoder(key_hint)
     value_decoder = _decoder(value_hint)
 
     def decode_dict(data: Any) -> dict[Any, Any]:
@@ -134,7 +146,7 @@ def _dict_decoder(args: tuple[Any, ...]) -> Decoder:
         result = {}
         for key, item in data.items():
             try:
-                result[_decode_key(key, key_hint)] = value_decoder(item)
+                result[key_decoder(key)] = value_decoder(item)
             except SchemaError as exc:
                 raise exc.at(f"[{key!r}]") from None
         return result
@@ -145,17 +157,23 @@ def _dict_decoder(args: tuple[Any, ...]) -> Decoder:
 _CONTAINERS = {list: _list_decoder, tuple: _tuple_decoder, dict: _dict_decoder}
 
 
-def _decode_key(key: str, hint: Any) -> Any:
-    if hint is int:
-        try:
-            return int(key)
-        except ValueError:
-            raise SchemaError(f"key {key!r} is not an integer") from None
-    return _decode_scalar(key, hint)
+def _key_decoder(hint: Any) -> Decoder:
+    """JSON object keys are strings; int keys (pids) are decoded from their digits, then range-checked."""
+    base = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+    if base is not int:
+        return _decoder(hint)
+    value_decoder = _decoder(hint)
+
+    def decode_int_key(key: str) -> int:
+        if not INT_KEY.fullmatch(key):
+            raise SchemaError("key is not an integer")
+        return value_decoder(int(key))
+
+    return decode_int_key
 
 
 def _dataclass_decoder(cls: type) -> Decoder:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = [(f.name, _decoder(hints[f.name]),
                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
               for f in dataclasses.fields(cls)]
@@ -176,7 +194,7 @@ def _dataclass_decoder(cls: type) -> Decoder:
     return decode_dataclass
 
 
-def _decode_scalar(data: Any, hint: Any) -> Any:
+def _decode_scalar(data: Any, hint: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Any:
     if hint is Any:
         return data
     if hint is bytes:
@@ -186,10 +204,26 @@ def _decode_scalar(data: Any, hint: Any) -> Any:
         except ValueError:
             raise SchemaError("not hex bytes") from None
     if hint is float and type(data) is int:
-        return float(data)
+        data = float(_in_bounds(data, bounds))
     if type(data) is not hint:
         raise SchemaError(f"expected {getattr(hint, '__name__', hint)}, got {type(data).__name__}")
+    if hint is int:
+        return _in_bounds(data, bounds)
+    if hint is float and not (math.isfinite(data) and bounds.low <= data <= bounds.high):
+        raise SchemaError(f"{_shown(data)} is out of range {bounds.low}..{bounds.high}")
     return data
+
+
+def _in_bounds(number: int, bounds: Bounds) -> int:
+    if not bounds.low <= number <= bounds.high:
+        raise SchemaError(f"{_shown(number)} is out of range {bounds.low}..{bounds.high}")
+    return number
+
+
+def _shown(number: int | float) -> str:
+    """A number for an error message: never thousands of digits."""
+    text = repr(number)
+    return text if len(text) <= 24 else f"a {len(text)}-digit number"
 
 
 def _expect(data: Any, kind: type) -> None:
@@ -202,5 +236,3 @@ def _check_frame_indices(record: Record) -> None:
     for i, sample in enumerate(record.samples):
         if any(not 0 <= index < count for index in sample.frames):
             raise SchemaError("frame index out of range", (".samples", f"[{i}]"))
-        if sample.count < 0:
-            raise SchemaError("negative count", (".samples", f"[{i}]"))

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import math
+import os
+import stat
 import sys
 
 import click
 
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.recordfile import printable, read_record
+from optrace.frontend.report.escape import escape_controls
 from optrace.frontend.report.render import check_format, render_report
 from optrace.frontend.report.rows import ReportOptions, parse_sort_keys
 
@@ -35,7 +38,7 @@ def command(source: str, sort: str, fmt: str, pids: str, comms: str, dsos: str, 
         children=children,
     )
     check_format(fmt)
-    text = render_report(read_record(source), options, fmt, printable(source))
+    text = render_report(read_record(source), options, fmt, escape_controls(source))
     _write(text, output)
 
 
@@ -64,12 +67,30 @@ def _parse_percent(text: str) -> float:
 
 
 def _write(text: str, output: str) -> None:
+    """stdout, or a file written the way `record -o` writes (:mod:`optrace.outputfile`): a new file
+    renamed over the name, so a symlink planted there is replaced, never followed."""
     if output == "-":
         sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
         sys.stdout.flush()
         return
+    from optrace.outputfile import atomic_output
+
+    _check_output_target(output)
     try:
-        with open(output, "w", encoding="utf-8", errors="backslashreplace") as out:
+        with atomic_output(output, "w", encoding="utf-8", errors="backslashreplace") as out:
             out.write(text)
     except OSError as exc:
         raise OptraceError(f"cannot write {printable(output)}: {exc.strerror or exc}") from None
+
+
+def _check_output_target(output: str) -> None:
+    """Refuse a name that is (or leads to) a device, FIFO, socket or directory: renaming a file over
+    /dev/null or /dev/stdout (a symlink) would replace it for the whole machine."""
+    try:
+        mode = os.stat(output).st_mode
+    except OSError:
+        return  # a new name, or a dangling symlink: the rename creates a regular file
+    if stat.S_ISDIR(mode):
+        raise OptraceError(f"cannot write {printable(output)}: Is a directory")
+    if not stat.S_ISREG(mode):
+        raise OptraceError(f"cannot write {printable(output)}: not a regular file (use -o - for stdout)")

@@ -4,10 +4,14 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from optrace.frontend.model import CallCount, Record, RecordMeta
+from optrace.frontend.report.escape import escape_controls
 from optrace.frontend.report.rows import ReportOptions, Row, sample_total
+
+Cells = Callable[[], Iterable[list[str]]]  # called twice: once for the widths, once for the lines
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,11 @@ def render_table(record: Record, rows: list[Row], options: ReportOptions, source
 
 
 def header_lines(record: Record, source: str) -> list[str]:
+    """The ``#`` lines above the profile; every name in them is escaped (:mod:`.escape`)."""
+    return [escape_controls(line) for line in _header_text(record, source)]
+
+
+def _header_text(record: Record, source: str) -> list[str]:
     meta = record.meta
     lines = [
         f"# optrace report of {source}",
@@ -80,26 +89,28 @@ def _counted(reasons: dict[str, int]) -> str:
 
 def profile_lines(rows: list[Row], options: ReportOptions) -> list[str]:
     columns = _profile_columns(options)
-    cells = [_profile_cells(row, options) for row in rows]
-    if not cells:
-        return format_columns(columns, []) + ["# (no samples match)"]
-    return format_columns(columns, cells)
+    lines = format_columns(columns, lambda: (_profile_cells(row, options) for row in rows))
+    return lines if rows else lines + ["# (no samples match)"]
 
 
 def calls_lines(calls: list[CallCount]) -> list[str]:
     columns = [Column("Calls", right=True), Column("Probe"), Column("Binary"), Column("Symbol")]
     ordered = sorted(calls, key=lambda call: (-call.calls, call.probe, call.symbol))
-    cells = [[str(c.calls), c.probe, c.binary, c.symbol] for c in ordered]
-    return format_columns(columns, cells)
+    return format_columns(columns, lambda: (
+        [str(c.calls), escape_controls(c.probe), escape_controls(c.binary), escape_controls(c.symbol)]
+        for c in ordered))
 
 
-def format_columns(columns: list[Column], cells: list[list[str]]) -> list[str]:
-    """perf's layout: `# Title` line, a line of dots under each title, `#`, then the aligned rows."""
-    widths = [max([len(col.title)] + [len(row[i]) for row in cells]) for i, col in enumerate(columns)]
+def format_columns(columns: list[Column], cells: Cells) -> list[str]:
+    """perf's layout: `# Title` line, a line of dots under each title, `#`, then the aligned rows.
+    The cells are made twice rather than held: a hostile record can have a million rows."""
+    widths = [len(col.title) for col in columns]
+    for row in cells():
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row)]
     head = [_align(col.title, width, col.right) for col, width in zip(columns, widths)]
     dots = ["." * width for width in widths]
     body = ["  " + "  ".join(_align(cell, width, col.right) for cell, col, width in zip(row, columns, widths))
-            for row in cells]
+            for row in cells()]
     return ["# " + "  ".join(head).rstrip(), "# " + "  ".join(dots), "#"] + [line.rstrip() for line in body]
 
 
@@ -122,10 +133,10 @@ def _profile_cells(row: Row, options: ReportOptions) -> list[str]:
 
 def _key_cell(row: Row, key: str) -> str:
     if key == "dso":
-        return shown_dso(row.key.dso or "")
+        return escape_controls(shown_dso(row.key.dso or ""))
     if key == "symbol":
-        return f"{'[k]' if row.key.kernel else '[.]'} {row.key.symbol}"
-    return str(getattr(row.key, key))
+        return f"{'[k]' if row.key.kernel else '[.]'} {escape_controls(row.key.symbol or '')}"
+    return escape_controls(str(getattr(row.key, key)))
 
 
 def _align(text: str, width: int, right: bool) -> str:
