@@ -358,3 +358,48 @@ def test_pid_filter_keeps_other_processes_out(bpf_ready, unique_workloads, tmp_p
     finally:
         target.kill()
         target.wait()
+
+
+def scrape_status(url: str, user: str, password: str) -> int:
+    import base64
+    import urllib.error
+
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_sighup_reloads_the_web_config_and_is_never_fatal(bpf_ready, tmp_path):
+    """A running serve gets SIGHUP: a new basic-auth user works at once, the old one is refused; a
+    broken web config on the next SIGHUP is one warning and the last good settings stay."""
+    import bcrypt
+
+    def users(name: str, password: str) -> str:
+        return f"basic_auth_users:\n  {name}: {bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()}\n"
+
+    web = tmp_path / "web.yml"
+    web.write_text(users("alice", "a"))
+    serve = start_serve(["-F", "49", "--web-config", str(web)], tmp_path)
+    try:
+        wait_for(lambda: scrape_status(serve.url, "alice", "a") == 200, 30, "alice's scrape")
+        assert scrape_status(serve.url, "bob", "b") == 401
+        web.write_text(users("bob", "b"))
+        serve.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: scrape_status(serve.url, "bob", "b") == 200, 10, "bob accepted after SIGHUP")
+        assert scrape_status(serve.url, "alice", "a") == 401
+        web.write_text("basic_auth_users:\n  carol: plaintext\n")
+        for _ in range(5):
+            serve.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "reload failed" in serve.stderr_path.read_text(), 10, "the reload warning")
+        assert serve.process.poll() is None
+        assert scrape_status(serve.url, "bob", "b") == 200
+        err = serve.stderr_path.read_text()
+        assert "reloaded the settings: serving http://127.0.0.1:" in err
+        assert "not a bcrypt hash" in err and "Traceback" not in err
+    finally:
+        assert serve.stop() == 0
