@@ -11,6 +11,7 @@ import platform
 import shutil
 import subprocess
 
+from optrace.fileaccess import printable
 from optrace.frontend.errors import OptraceError
 
 # The ld.so.cache flag of this machine's native libraries, as `ldconfig -p` prints it.
@@ -47,7 +48,7 @@ def find_object(name: str) -> str:
     """Path of the file a SPEC's object part names (not yet checked to be ELF)."""
     if "/" in name:
         if not os.path.exists(name):
-            raise OptraceError(f"no such file: {name}")
+            raise OptraceError(f"no such file: {printable(name)}")
         return name
     for soname, _flags, path in ld_cache():
         if _library_matches(name, soname) and os.path.exists(path):
@@ -56,5 +57,5 @@ def find_object(name: str) -> str:
     if program:
         return program
     raise OptraceError(
-        f"'{name}' is neither a library in the ld.so cache nor a program on PATH: give its full path"
+        f"'{printable(name)}' is neither a library in the ld.so cache nor a program on PATH: give its full path"
     )

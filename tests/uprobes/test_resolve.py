@@ -79,12 +79,6 @@ def test_default_symbol_version_is_chosen():
     assert [p.offset for p in resolve_specs(["c:realpath"]).probes] == [default]
 
 
-def test_address_spec_names_the_enclosing_function(workloads):
-    target = nm_address(workloads / "calls", "target")
-    probe = resolve_specs([f"{workloads}/calls:{target + 4:#x}"]).probes[0]
-    assert probe.symbol == "target+0x4" and probe.offset == target + 4
-
-
 def test_symlink_and_hard_link_give_the_same_key(workloads, calls_links):
     link, hard = calls_links
     keys = {p.key for p in resolve_specs([f"{workloads}/calls:target", f"{link}:target",
