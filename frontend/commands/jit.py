@@ -25,7 +25,7 @@ from optrace.jitmaps.perfmap import MAX_LINE, PerfMapEntry, PerfMapReader
 from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, named_file_policy, open_file
 
 ELF_MACHINES = {3: "x86", 62: "x86-64", 40: "arm", 183: "aarch64", 243: "riscv", 21: "ppc64"}
-MAX_ITEMS = 1_000_000  # perf-map entries or jitdump records kept for show/convert; the rest are counted
+MAX_ITEMS = 500_000  # perf-map entries or jitdump records kept for show/convert (~0.35 GB); the rest are counted
 PID_IN_NAME = re.compile(r"([0-9]{1,10})(?!.*[0-9])")
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """Hypothesis strategies and one-input checks for fuzzing the JIT readers and `optrace jit show/convert`
-(imported by test_fuzz.py with bounded examples, and by bench/fuzz_jit.py for the long run)."""
+(imported by test_fuzz.py with bounded examples; `python tests/jit/fuzzing.py N` is the long run)."""
 from __future__ import annotations
 
 import os
@@ -18,33 +18,42 @@ from optrace.jitmaps.perfmap import PerfMapReader
 EDGE_INTS = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64 - 4096]
 u32 = st.one_of(st.sampled_from([v for v in EDGE_INTS if v < 2**32]), st.integers(0, 2**32 - 1))
 u64 = st.one_of(st.sampled_from(EDGE_INTS), st.integers(0, 2**64 - 1), st.integers(0, 1 << 20))
+small = st.one_of(st.integers(0, 64), u64)  # sizes, counts, code indexes: mostly plausible
+address = st.one_of(st.integers(0x1000, 0x1100), st.integers(0, 2**48), u64)  # often the same few pages
+
+
+def rare(draw) -> bool:
+    """True one time in eight: most examples stay well-formed enough to reach the deeper code."""
+    return draw(st.integers(0, 7)) == 0
 
 
 @st.composite
-def raw_record(draw) -> bytes:
+def raw_record(draw, order: str = "<") -> bytes:
     """A record prefix and a payload whose fixed part, strings and sizes are drawn to be wrong in all the
     ways a writer (or an attacker) can get them wrong."""
-    order = "<"
     rid = draw(st.sampled_from([0, 1, 2, 3, 4, 5, 77]))
-    fixed = {0: struct.pack(order + jd.LOAD_FIXED, *draw(st.tuples(u32, u32, u64, u64, u64, u64))),
-             1: struct.pack(order + jd.MOVE_FIXED, *draw(st.tuples(u32, u32, u64, u64, u64, u64, u64))),
-             2: struct.pack(order + jd.DEBUG_FIXED, *draw(st.tuples(u64, u64))),
+    fixed = {0: struct.pack(order + jd.LOAD_FIXED, *draw(st.tuples(u32, u32, u64, address, small, small))),
+             1: struct.pack(order + jd.MOVE_FIXED, *draw(st.tuples(u32, u32, u64, address, address, small, small))),
+             2: struct.pack(order + jd.DEBUG_FIXED, *draw(st.tuples(address, small))),
              4: struct.pack(order + jd.UNWIND_FIXED, *draw(st.tuples(u64, u64, u64)))}.get(rid, b"")
-    fixed = fixed[: draw(st.integers(0, len(fixed)))] if draw(st.booleans()) else fixed
-    tail = draw(st.binary(max_size=64))
+    fixed = fixed[: draw(st.integers(0, len(fixed)))] if rare(draw) else fixed
+    tail = draw(st.one_of(st.binary(max_size=64), st.tuples(st.binary(max_size=20).map(lambda n: n.replace(b"\0", b"")),
+                                                            st.binary(max_size=40)).map(lambda t: t[0] + b"\0" + t[1])))
     payload = fixed + tail
-    size = draw(st.one_of(st.just(jd.PREFIX_SIZE + len(payload)), u32))
+    size = draw(st.just(jd.PREFIX_SIZE + len(payload))) if not rare(draw) else draw(u32)
     return struct.pack(order + jd.PREFIX, rid, size, draw(u64)) + payload
 
 
 @st.composite
 def jitdump_bytes(draw) -> bytes:
-    header = bytearray(jd.encode_header(draw(u32), draw(st.sampled_from([62, 183, 0, 65535])), draw(u64)))
-    if draw(st.booleans()):
+    header = bytearray(jd.encode_header(draw(u32), draw(st.sampled_from([62, 183, 0, 65535])), draw(u64),
+                                        draw(st.sampled_from("<>"))))
+    if rare(draw):
         struct.pack_into("<I", header, 8, draw(u32))  # header size
-    body = b"".join(draw(st.lists(raw_record(), max_size=8)))
+    order = "<" if header[:4] == b"DTiJ" else ">"
+    body = b"".join(draw(st.lists(raw_record(order), max_size=8)))
     blob = bytes(header) + body
-    return blob[: draw(st.integers(0, len(blob)))] if draw(st.booleans()) else blob
+    return blob[: draw(st.integers(0, len(blob)))] if rare(draw) else blob
 
 
 hex_field = st.one_of(st.integers(0, 2**64 + 5).map(lambda v: f"{v:x}"), st.sampled_from(["", "0x", "-1", "1_0"]))
@@ -90,3 +99,41 @@ def check_cli(blob: bytes, name: str, max_seconds: float = 5.0) -> float:
     took = time.monotonic() - started
     assert took < max_seconds, f"took {took:.1f} s"
     return took
+
+
+def main() -> None:
+    """The long run: ``python tests/jit/fuzzing.py EXAMPLES`` -> examples, failures, slowest, per target."""
+    import json
+    import sys
+
+    from hypothesis import HealthCheck, given, settings
+
+    examples = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    targets = {"jitdump reader": (jitdump_bytes(), lambda b: check_reader(b, "jitdump")),
+               "perf-map reader": (perf_map_bytes, lambda b: check_reader(b, "perfmap")),
+               "jit show/convert (jitdump)": (jitdump_bytes(), lambda b: check_cli(b, "jit-42.dump")),
+               "jit show/convert (perf map)": (perf_map_bytes, lambda b: check_cli(b, "perf-42.map"))}
+    report = {}
+    for name, (strategy, check) in targets.items():
+        stats = {"examples": 0, "failures": 0, "max_seconds": 0.0}
+
+        @settings(max_examples=examples, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def run(blob: bytes) -> None:
+            started = time.monotonic()
+            stats["examples"] += 1
+            try:
+                check(blob)
+            except Exception as exc:  # counted and shown, the run goes on
+                stats["failures"] += 1
+                stats.setdefault("first_failure", repr(exc)[:300])
+            stats["max_seconds"] = max(stats["max_seconds"], time.monotonic() - started)
+
+        run()
+        report[name] = stats
+        print(name, json.dumps(stats), flush=True)
+
+
+if __name__ == "__main__":
+    main()

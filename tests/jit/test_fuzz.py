@@ -1,5 +1,5 @@
 """Hypothesis fuzzing of the perf-map and jitdump readers and of `optrace jit show/convert` on what they
-read: no exception but the documented one-line errors, no hang (bounded examples here; bench/fuzz_jit.py
+read: no exception but the documented one-line errors, no hang (bounded examples here; tests/jit/fuzzing.py
 runs the same checks for longer)."""
 from __future__ import annotations
 
