@@ -8,6 +8,7 @@ user is replaced, and the final name holds either the previous file or the compl
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "w", *, keep_previou
     discarded otherwise). Raises OSError when the file cannot be created or renamed."""
     import tempfile  # only writers need it; report's start-up stays lean
 
+    check_target(path)
     final = Path(path)
     directory = final.parent if str(final.parent) else Path(".")
     fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp")
@@ -48,6 +50,21 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "w", *, keep_previou
         _unlink_quietly(tmp_name)
         raise
     _fsync_dir(directory)
+
+
+def check_target(path: str | os.PathLike[str]) -> None:
+    """Raise OSError when ``path`` is, or leads to, something that is not a regular file: the rename would
+    replace a device, FIFO or socket for everyone (as root, ``-o /dev/null``, or ``-o /dev/stdout``,
+    a symlink to ``/proc/self/fd/1``). A new name or a symlink to a regular file is fine: it is replaced."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # a new name, a dangling symlink: the rename makes a regular file
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EEXIST, "not a regular file (a device, FIFO or socket is never replaced)",
+                      os.fspath(path))
 
 
 def current_umask() -> int:

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
-import stat
 import sys
 
 import click
@@ -75,22 +73,9 @@ def _write(text: str, output: str) -> None:
         return
     from optrace.outputfile import atomic_output
 
-    _check_output_target(output)
     try:
         with atomic_output(output, "w", encoding="utf-8", errors="backslashreplace") as out:
             out.write(text)
     except OSError as exc:
         raise OptraceError(f"cannot write {printable(output)}: {exc.strerror or exc}") from None
 
-
-def _check_output_target(output: str) -> None:
-    """Refuse a name that is (or leads to) a device, FIFO, socket or directory: renaming a file over
-    /dev/null or /dev/stdout (a symlink) would replace it for the whole machine."""
-    try:
-        mode = os.stat(output).st_mode
-    except OSError:
-        return  # a new name, or a dangling symlink: the rename creates a regular file
-    if stat.S_ISDIR(mode):
-        raise OptraceError(f"cannot write {printable(output)}: Is a directory")
-    if not stat.S_ISREG(mode):
-        raise OptraceError(f"cannot write {printable(output)}: not a regular file (use -o - for stdout)")

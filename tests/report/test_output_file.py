@@ -54,21 +54,26 @@ def test_replaces_an_existing_report_and_follows_the_umask(optrace, record_file:
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
 
 
-@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink to a fifo"])
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink to a fifo",
+                                  pytest.param("device", marks=pytest.mark.skipif(not ROOT, reason="mknod"))])
 def test_non_regular_targets_are_refused(optrace, record_file: Path, out_dir: Path, kind: str) -> None:
     """A FIFO (would block), a directory, or a name leading to a device or pipe (/dev/stdout, /dev/null:
     a rename would replace it for the whole machine) is refused; nothing there changes."""
     fifo = out_dir / "fifo"
     os.mkfifo(fifo)
-    target = {"fifo": fifo, "directory": out_dir / "dir", "symlink to a fifo": out_dir / "link"}[kind]
+    target = {"fifo": fifo, "directory": out_dir / "dir", "symlink to a fifo": out_dir / "link",
+              "device": out_dir / "null"}[kind]
     if kind == "directory":
         target.mkdir()
+    elif kind == "device":
+        os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a /dev/null of the test's own
     elif kind == "symlink to a fifo":
         target.symlink_to(fifo)
     proc = optrace("report", "-i", str(record_file), "-o", str(target), timeout=20)
     one_line_error(proc, f"cannot write {target}: ")
     assert stat.S_ISFIFO(fifo.lstat().st_mode)
     assert target.is_symlink() == (kind == "symlink to a fifo")
+    assert stat.S_ISCHR(target.lstat().st_mode) == (kind == "device")
     assert sorted(p.name for p in out_dir.iterdir()) == sorted({"fifo", target.name})
 
 

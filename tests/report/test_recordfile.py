@@ -280,3 +280,14 @@ def test_write_over_a_directory_is_one_error(tmp_path: Path, record: Record) -> 
     with pytest.raises(RecordFileError, match=r"cannot write .*r\.data: Is a directory"):
         write_record(record, tmp_path / "r.data")
     assert [p.name for p in tmp_path.iterdir()] == ["r.data"]
+
+
+@pytest.mark.skipif(not ROOT, reason="mknod needs root")
+def test_write_over_a_device_is_refused(tmp_path: Path, record: Record) -> None:
+    """`record -o /dev/null` as root must not replace the machine's /dev/null with a regular file."""
+    device = tmp_path / "null"
+    os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    with pytest.raises(RecordFileError, match=r"cannot write .*null: not a regular file"):
+        write_record(record, device)
+    assert stat.S_ISCHR(device.lstat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]
