@@ -138,6 +138,9 @@ class ServeDaemon:
         except OptraceError as exc:
             self._on_warning(f"reload failed, still serving with the previous settings: {exc}")
             return
+        except Exception as exc:  # a bug in reading settings must not take the daemon down either
+            self._on_warning(f"reload failed, still serving with the previous settings: internal error: {exc!r}")
+            return
         for name in RESTART_ONLY:
             if getattr(new, name) != getattr(self.options, name):
                 self._on_warning(f"reload: {name} changed, which takes a restart of optrace serve: left as it was")

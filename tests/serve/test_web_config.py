@@ -13,6 +13,9 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from optrace.exporters.daemon import ServeDaemon, ServeOptions
 from optrace.exporters.httpserver import ListenAddress
@@ -246,3 +249,25 @@ def test_http_client_sees_401_then_200(running):
     response = connection.getresponse()
     assert response.status == 200 and int(response.getheader("Content-Length")) > 0 and response.read() == b""
     connection.close()
+
+
+YAML_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=8)
+    | st.sampled_from(["TLS12", "TLS13", "NoClientCert", "RequireAndVerifyClientCert", "deny", "nosniff", GOOD_HASH]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6) | st.sampled_from(
+        ["cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "headers", "http2",
+         "X-Frame-Options", "prom"]), inner, max_size=4),
+    max_leaves=12)
+TOP_LEVEL = st.dictionaries(st.sampled_from(["tls_server_config", "http_server_config", "basic_auth_users", "other"]),
+                            YAML_VALUES, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=TOP_LEVEL | YAML_VALUES)
+def test_any_yaml_web_config_loads_or_is_one_clear_error(tmp_path_factory, document):
+    config = tmp_path_factory.mktemp("fuzz") / "web.yml"
+    config.write_text(yaml.safe_dump(document))
+    try:
+        load_web_config(str(config))
+    except OptraceError as exc:
+        assert "\n" not in str(exc)
