@@ -97,6 +97,7 @@ class JitSymbols:
         """Drop an exited process's symbols (for long-running consumers; the recorder keeps them)."""
         for proc in self._procs.pop(pid, ()):
             proc.table.release()
+            self._warned = {key for key in self._warned if key[0] not in proc.sources}
             if proc.root_fd is not None:
                 os.close(proc.root_fd)
                 proc.root_fd = None
