@@ -21,9 +21,10 @@ Caps (:class:`Limits`), from real records: a 60 s system-wide record at 999 Hz o
 (compiles, a 500-function workload, Python: 120k samples, 73k stacks, 119k frames) is 21.8 MB of JSON with
 433k ``[``/``{`` bytes and 1.78M values (``,`` plus containers, counted as bytes, so brackets and commas in
 names count too: an over-estimate, the safe side); ``report`` of it peaks at 155 MB. A file owned by
-another user is held to 2.3 times that (2 minutes of such a run, 20 at the default 99 Hz), which keeps
-``report`` of a file built to those caps, in any shape, near 500 MB; the user's own files (``record``
-gives them to the sudo user) may be four times larger, so long recordings stay readable.
+another user is held to 2.2-2.9 times that (2 minutes of such a run, 20 at the default 99 Hz): files built
+to those caps in the worst shapes tried (a million one-sample rows, 8M distinct strings, one 64 MiB
+string) peak under 500 MB. The user's own files (``record`` gives them to the sudo user) may be four
+times larger, so long recordings stay readable.
 """
 from __future__ import annotations
 
@@ -45,6 +46,10 @@ PERF_MAGIC = b"PERFILE2"
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sIIQQ")
 INFLATE_CHUNK = 1 << 20
+
+
+class RecordFileError(OptraceError):
+    """A record file that cannot be read or written; the message is one line and says what to do."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,8 @@ class Source:
 
     def too_much(self, what: str) -> RecordFileError:
         if self.foreign_owner is None:
-            return RecordFileError(f"{self.shown} is corrupt ({what}): record it again")
+            return RecordFileError(f"{self.shown} is corrupt or from too long a run ({what}): record it again,"
+                                   f" shorter or at a lower -F")
         return RecordFileError(f"{self.shown} is owned by uid {self.foreign_owner} and holds {what}, more than"
                                f" report reads from another user's file: if you trust it, report a copy of it")
 
@@ -88,10 +94,6 @@ def foreign_owner(uid: int) -> int | None:
     if uid == euid or (euid == 0 and sudo_uid.isdigit() and uid == int(sudo_uid)):
         return None
     return uid
-
-
-class RecordFileError(OptraceError):
-    """A record file that cannot be read or written; the message is one line and says what to do."""
 
 
 def write_record(record: Record, path: str | os.PathLike[str]) -> None:

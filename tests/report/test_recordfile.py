@@ -140,7 +140,7 @@ BAD_FILES = {
     "checksum": (packed(b"{}", crc=1), r"corrupt \(checksum mismatch\)"),
     "trailing": (packed(b"{}") + b"x", r"corrupt \(trailing data"),
     "bomb": (packed(b"[" * 100 + b"]" * 100, raw_len=10), r"corrupt \(payload size mismatch\)"),
-    "over cap": (packed(b"{}", raw_len=1 << 40), r"corrupt \(a payload larger than 256 MiB\)"),
+    "over cap": (packed(b"{}", raw_len=1 << 40), r"corrupt or from too long a run \(a payload larger than 256 MiB\)"),
     "not json": (packed(b"\xff\xfe"), r"corrupt \(bad JSON"),
     "deep json": (packed(b"[" * 100000 + b"]" * 100000), r"corrupt \("),
     "wrong shape": (packed(b"[1, 2]"), r"corrupt \(record: expected dict, got list\)"),
