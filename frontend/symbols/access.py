@@ -143,10 +143,10 @@ def problem_kind(err: Exception) -> str:
 
 def describe(shown: str, err: Exception) -> str:
     """One line naming the file and what was wrong, without file content beyond a short error text."""
-    if isinstance(err, RefusedFile):
+    if isinstance(err, RefusedFile):  # names the refused file itself (a debug file, a library)
         if err.reason == "unreadable":
-            return f"cannot read {shown}: {err.detail.removeprefix('cannot open: ')}"
-        return f"refused {shown}: {err.detail}"
+            return f"cannot read {err.path}: {err.detail.removeprefix('cannot open: ')}"
+        return f"refused {err.path}: {err.detail}"
     if isinstance(err, BudgetExceeded):
         return f"{shown}: {err.strerror}"
     if isinstance(err, OSError):

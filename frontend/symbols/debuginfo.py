@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from optrace.fileaccess import decompress_lzma
+from optrace.fileaccess import RefusedFile, decompress_lzma, printable
 from optrace.frontend.symbols.access import DEBUG_LINK_POLICY, FileRef, open_ref
 from optrace.frontend.symbols.elffile import ElfFile
 
@@ -25,6 +25,7 @@ MAX_DEBUGLINK_SECTION = 4096  # a file name (NAME_MAX 255), padding and a CRC
 # libraries Fedora ships. 64 MiB keeps a 640 KB binary with 4 GiB of xz zeros from taking the heap.
 MAX_MINIDEBUGINFO_BYTES = 64 << 20
 CRC_CHUNK = 1 << 20
+MAX_SHOWN_NAME = 80  # characters of a refused debug link quoted in the warning
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,7 @@ def original_path(build_id: bytes, roots: Sequence[str]) -> str | None:
 
 
 def read_debuglink(elf: ElfFile) -> DebugLink | None:
-    """The ``.gnu_debuglink`` section: a NUL-terminated file name, padding to 4 bytes, a CRC-32.
-    None when there is none or the name is not a plain file name."""
+    """The ``.gnu_debuglink`` section: a NUL-terminated file name, padding to 4 bytes, a CRC-32."""
     section = elf.section_by_name(".gnu_debuglink")
     if section is None:
         return None
@@ -71,8 +71,7 @@ def read_debuglink(elf: ElfFile) -> DebugLink | None:
     if name_end <= 0 or len(data) < name_end + 5:
         return None
     (crc,) = struct.unpack_from(elf.endian + "I", data, len(data) - 4)
-    name = data[:name_end].decode("utf-8", "replace")
-    return DebugLink(name, crc) if is_plain_file_name(name) else None
+    return DebugLink(data[:name_end].decode("utf-8", "replace"), crc)
 
 
 def is_plain_file_name(name: str) -> bool:
@@ -82,14 +81,17 @@ def is_plain_file_name(name: str) -> bool:
 
 
 def debuglink_candidates(binary: FileRef, link: DebugLink, roots: Sequence[str]) -> Iterator[FileRef]:
-    """The places gdb looks: the binary's dir and its ``.debug/`` subdir (the user's: no symlinks, and
-    only when the binary is read from its own path here), then ``<root>/<dir>`` (root's own tree)."""
+    """The places gdb looks: the binary's dir and its ``.debug/`` subdir (only when the binary is read
+    from its own path here; symlinks followed only if they were for the binary: a system or execve'd
+    path, see FileRef; never for a path from the maps), then ``<root>/<dir>`` (root's own tree).
+    Raises RefusedFile when the link is not a plain file name (``../../proc/kmsg``)."""
     if not is_plain_file_name(link.name):
-        return
+        raise RefusedFile(binary.name, "debuglink",
+                          f"its .gnu_debuglink {printable(link.name[:MAX_SHOWN_NAME])!r} is not a plain file name")
     directory = os.path.normpath(os.path.dirname(binary.name))  # no ".." climbing out of a debug root
     if binary.read_path == binary.name and binary.fd is None:
-        yield FileRef(os.path.join(directory, link.name), os.path.join(directory, link.name))
-        yield FileRef(os.path.join(directory, ".debug", link.name), os.path.join(directory, ".debug", link.name))
+        for path in (os.path.join(directory, link.name), os.path.join(directory, ".debug", link.name)):
+            yield FileRef(path, path, follow_symlinks=binary.follow_symlinks)
     for root in roots:
         path = os.path.join(root + directory, link.name)
         yield FileRef(path, path, follow_symlinks=True)

@@ -75,7 +75,7 @@ class ElfFile:
         self.file_size = stream.seek(0, io.SEEK_END)
         ident = self._read_at(0, 16)
         if len(ident) < 16 or ident[:4] != ELF_MAGIC or ident[4] not in (1, 2) or ident[5] not in (1, 2):
-            raise ElfFormatError("not an ELF file")
+            raise ElfFormatError("no ELF identification")
         self.elfclass = 32 if ident[4] == 1 else 64
         self.little_endian = ident[5] == 1
         self.endian = "<" if self.little_endian else ">"

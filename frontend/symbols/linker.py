@@ -85,10 +85,12 @@ class Linker:
         self._problems = problems or FileProblems(lambda message: None, {})
         self._ld_cache: dict[str, list[str]] | None = None
         self._dynamic: LruCache[tuple[str, int, int, int], DynamicInfo] = LruCache(max_cached)
+        self._reported = 0  # candidate files reported as bad (a name with one is not also "not found")
 
     def needed_libraries(self, executable: str) -> tuple[list[FileRef], list[str]]:
         """All libraries ``executable`` (an execve'd path: symlinks followed, see FileRef) loads,
-        transitively; and a line for each library that could not be found."""
+        transitively; and a line for each library that could not be found (one whose candidate file
+        was refused or malformed has had its warning already)."""
         root = self._object(FileRef(executable, executable, follow_symlinks=True), None, "its libraries are not indexed")
         if root is None:
             return [], []
@@ -100,10 +102,11 @@ class Linker:
         while queue and len(found) < MAX_LIBRARIES:
             owner = queue.popleft()
             for name in owner.info.needed:
+                reported = self._reported
                 library = self._find_library(name, owner, exe_rpath, root.info)
-                if library is None:
+                if library is None and reported == self._reported:
                     missing.append(f"{name} (needed by {owner.ref.name}) not found")
-                elif library.identity not in seen:
+                elif library is not None and library.identity not in seen:
                     seen.add(library.identity)
                     found.append(library.ref)
                     queue.append(library)
@@ -149,10 +152,14 @@ class Linker:
             sibling = _sibling_of(ref) if refused.reason == "symlink" and hops < MAX_SIBLING_HOPS else None
             if sibling is not None:
                 return self._object(sibling, root, consequence, hops + 1)
-            self._problems.report(ref.name, refused, consequence)
+            self._report(ref, refused, consequence)
         except Exception as err:  # noqa: BLE001 - a bad library costs its own names only
-            self._problems.report(ref.name, err, consequence)
+            self._report(ref, err, consequence)
         return None
+
+    def _report(self, ref: FileRef, err: Exception, consequence: str) -> None:
+        self._reported += 1
+        self._problems.report(ref.name, err, consequence)
 
     def _read_object(self, ref: FileRef, root: DynamicInfo | None) -> _Object | None:
         with open_ref(ref) as stream:

@@ -2,8 +2,11 @@
 under test, and small programs built here with gcc."""
 from __future__ import annotations
 
+import json
 import re
+import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +103,89 @@ def elf() -> type[ElfFacts]:
 def program(tmp_path: Path) -> Path:
     """A fresh small C program with the functions alpha, beta (static), gamma_fn and main."""
     return ElfFacts.compile(tmp_path / "prog")
+
+
+SYMBOLIZE_SCRIPT = r"""
+import json, resource, sys, time
+from optrace.frontend.model import RawSample, UserFrame
+from optrace.frontend.symbols import Symbolizer
+args = json.loads(sys.argv[1])
+started = time.monotonic()
+symbolizer = Symbolizer(debug_roots=tuple(args["roots"]))
+symbolizer.machine.scan_standard_dirs(())
+for path in args["executables"]:
+    symbolizer.add_executable(path)
+for pid in args["pids"]:
+    symbolizer.snapshot_process(pid)
+raw = [RawSample(pid, "t", (UserFrame(bytes.fromhex(build_id) if build_id else None, offset),), (), 1)
+       for build_id, offset, pid in args["frames"]]
+frames, samples = symbolizer.symbolize(raw)
+named = [frames[sample.frames[0]] for sample in samples]
+print(json.dumps({"frames": [[f.symbol, f.dso, f.resolved] for f in named], "warnings": symbolizer.warnings,
+                  "stats": symbolizer.stats, "seconds": time.monotonic() - started,
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+SHDR64 = {"sh_name": (0, "I"), "sh_type": (4, "I"), "sh_flags": (8, "Q"), "sh_offset": (24, "Q"),
+          "sh_size": (32, "Q"), "sh_link": (40, "I"), "sh_info": (44, "I"), "sh_entsize": (56, "Q")}
+
+
+class Hostile:
+    """Hostile ELF files built from real ones with binutils and byte patches, and a symbolizer run in a
+    child process (a hang is a timeout there, and its peak RSS is measured)."""
+
+    @staticmethod
+    def symbolize(executables=(), frames=(), pids=(), roots=(), timeout: float = 20) -> dict:
+        """Run a Symbolizer in a child; ``frames`` are (build-id hex or None, offset, pid)."""
+        args = {"executables": [str(p) for p in executables], "frames": [list(f) for f in frames],
+                "pids": list(pids), "roots": [str(r) for r in roots]}
+        result = subprocess.run([sys.executable, "-c", SYMBOLIZE_SCRIPT, json.dumps(args)], capture_output=True,
+                                text=True, timeout=timeout)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    @staticmethod
+    def section_index(path: Path, name: str) -> int:
+        for line in run("readelf", "-SW", str(path)).splitlines():
+            match = re.match(r"\s*\[\s*(\d+)\]\s+(\S+)", line)
+            if match and match.group(2) == name:
+                return int(match.group(1))
+        raise AssertionError(f"{name} not in readelf -S of {path}")
+
+    @staticmethod
+    def section_offset(path: Path, name: str) -> tuple[int, int]:
+        """(file offset, size) of a section, from readelf."""
+        for line in run("readelf", "-SW", str(path)).splitlines():
+            fields = re.sub(r"\[\s*", "[", line).split()
+            if len(fields) > 5 and fields[1] == name:
+                return int(fields[4], 16), int(fields[5], 16)
+        raise AssertionError(f"{name} not in readelf -S of {path}")
+
+    @classmethod
+    def patch_section(cls, path: Path, name: str, **fields: int) -> None:
+        """Overwrite fields (sh_link=..., sh_flags=...) of a 64-bit little-endian section header."""
+        data = bytearray(path.read_bytes())
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        (shentsize,) = struct.unpack_from("<H", data, 0x3A)
+        at = shoff + cls.section_index(path, name) * shentsize
+        for field, value in fields.items():
+            offset, kind = SHDR64[field]
+            struct.pack_into("<" + kind, data, at + offset, value)
+        path.write_bytes(data)
+
+    @staticmethod
+    def add_section(path: Path, name: str, content: bytes) -> None:
+        blob = path.parent / f"{path.name}.{name.strip('.')}.bin"
+        blob.write_bytes(content)
+        run("objcopy", f"--add-section={name}={blob}", str(path))
+
+    @staticmethod
+    def debuglink(name: bytes, crc: int = 0) -> bytes:
+        """A .gnu_debuglink section: the name, NUL, padding to 4 bytes, the CRC-32."""
+        body = name + b"\0"
+        return body + b"\0" * (-len(body) % 4) + struct.pack("<I", crc)
+
+
+@pytest.fixture(scope="session")
+def hostile() -> type[Hostile]:
+    return Hostile
