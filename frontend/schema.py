@@ -148,7 +148,7 @@ def _dict_decoder(args: tuple[Any, ...]) -> Decoder:
             try:
                 result[key_decoder(key)] = value_decoder(item)
             except SchemaError as exc:
-                raise exc.at(f"[{key!r}]") from None
+                raise exc.at(f"[{key[:40]!r}]") from None  # a key can be megabytes long
         return result
 
     return decode_dict

@@ -3,6 +3,7 @@ numbers, NaN and Infinity, wrong types, huge lists, deep nesting. Reading one ei
 every output format renders, or one RecordFileError line: never another exception (the CLI's exit 70)."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 import zlib
@@ -78,7 +79,7 @@ HOSTILE = st.one_of(
     st.integers(min_value=0, max_value=20_000).map(lambda n: list(range(n))),
     st.lists(st.integers(min_value=-3, max_value=20), max_size=30),
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=4),
-)
+).map(copy.deepcopy)  # sampled lists and dicts are shared: a later swap inside one must not change it
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
