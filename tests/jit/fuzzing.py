@@ -102,37 +102,42 @@ def check_cli(blob: bytes, name: str, max_seconds: float = 5.0) -> float:
 
 
 def main() -> None:
-    """The long run: ``python tests/jit/fuzzing.py EXAMPLES`` -> examples, failures, slowest, per target."""
+    """The long run: ``python tests/jit/fuzzing.py EXAMPLES`` -> examples, failures, slowest, per target.
+    Hypothesis keeps a tree of what it generated for the length of a run (~90 KB an example here), so
+    the examples are run in batches of 1,000, each with its own random seed."""
     import json
+    import resource
     import sys
-
-    from hypothesis import HealthCheck, given, settings
 
     examples = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
     targets = {"jitdump reader": (jitdump_bytes(), lambda b: check_reader(b, "jitdump")),
                "perf-map reader": (perf_map_bytes, lambda b: check_reader(b, "perfmap")),
                "jit show/convert (jitdump)": (jitdump_bytes(), lambda b: check_cli(b, "jit-42.dump")),
                "jit show/convert (perf map)": (perf_map_bytes, lambda b: check_cli(b, "perf-42.map"))}
-    report = {}
     for name, (strategy, check) in targets.items():
-        stats = {"examples": 0, "failures": 0, "max_seconds": 0.0}
-
-        @settings(max_examples=examples, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(strategy)
-        def run(blob: bytes) -> None:
-            started = time.monotonic()
-            stats["examples"] += 1
-            try:
-                check(blob)
-            except Exception as exc:  # counted and shown, the run goes on
-                stats["failures"] += 1
-                stats.setdefault("first_failure", repr(exc)[:300])
-            stats["max_seconds"] = max(stats["max_seconds"], time.monotonic() - started)
-
-        run()
-        report[name] = stats
+        stats: dict = {"examples": 0, "failures": 0, "max_seconds": 0.0}
+        for _ in range(0, examples, 1000):
+            _batch(strategy, check, min(1000, examples - stats["examples"]), stats)
+        stats["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
         print(name, json.dumps(stats), flush=True)
+
+
+def _batch(strategy, check, examples: int, stats: dict) -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def run(blob: bytes) -> None:
+        started = time.monotonic()
+        stats["examples"] += 1
+        try:
+            check(blob)
+        except Exception as exc:  # counted and shown, the run goes on
+            stats["failures"] += 1
+            stats.setdefault("first_failure", repr(exc)[:300])
+        stats["max_seconds"] = max(stats["max_seconds"], time.monotonic() - started)
+
+    run()
 
 
 if __name__ == "__main__":
