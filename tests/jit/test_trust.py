@@ -6,8 +6,9 @@ import time
 
 import pytest
 
-from jithelpers import NOBODY, needs_root
+from jithelpers import NOBODY, needs_root, wait_for
 from optrace.jitmaps.jitsymbols import JitSymbols
+from optrace.jitmaps.procinfo import read_identity
 from optrace.jitmaps.trust import RefusedFile, jit_file_policy, open_file
 
 SECRET = "TOPSECRET_NAME_4711"
@@ -103,3 +104,18 @@ def test_open_trusted_missing_file_is_not_an_error(tmp_path):
     assert open_file(str(tmp_path / "nope"), jit_file_policy(0)) is None
     with pytest.raises(RefusedFile):
         open_file(str(tmp_path), jit_file_policy(0))
+
+
+def test_root_owned_map_of_a_users_process_is_refused(spawn):
+    """Issue 8's owner rule: a JIT file belongs to the process's own euid; root-owned is trusted for root's
+    processes only (before, root-owned passed for everyone's processes)."""
+    needs_root()
+    proc = spawn(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sleep", "30"])
+    wait_for(lambda: read_identity(proc.pid) and read_identity(proc.pid).euid == NOBODY)
+    path = f"/tmp/perf-{proc.pid}.map"
+    with open(path, "w") as f:
+        f.write(f"1000 100 {SECRET}\n")
+    jit, found = poll_and_lookup(proc.pid)
+    assert found is None and jit.lookup(proc.pid, 0x1010, 1.0) is None
+    assert_refused(jit, found, "owner")
+    assert f"owned by uid 0, not uid {NOBODY}" in jit.warnings[0]
