@@ -26,6 +26,9 @@ from optrace.jitmaps.trust import (DEFAULT_MAX_SIZE, RefusedFile, jit_file_polic
                                    open_process_root)
 
 
+MAX_JITDUMPS = 16  # per process: a runtime maps one (perf's agents: one per process and exec)
+
+
 @dataclass
 class _Source:
     """One perf map or jitdump of one process."""
@@ -154,8 +157,13 @@ class JitSymbols:
                 display, open_path = f"/proc/{proc.pid}/root{path}", path.lstrip("/")
             else:
                 display = open_path = path
-            if display not in proc.sources:
-                proc.sources[display] = _Source(display, open_path, jd.JitDumpReader())
+            if display in proc.sources:
+                continue
+            if len(proc.sources) > MAX_JITDUMPS:
+                self._warn(f"/proc/{proc.pid}/maps", "too_many_jitdumps",
+                           f"more than {MAX_JITDUMPS} jitdumps mapped: the others are ignored")
+                return
+            proc.sources[display] = _Source(display, open_path, jd.JitDumpReader())
 
     # -- reading --------------------------------------------------------------------------------------
     def _read_all(self, proc: _Process, time: float, final: bool) -> None:

@@ -168,3 +168,33 @@ def test_reused_pid_gets_its_own_symbols(spawn):
     assert jit.lookup(proc.pid, 0x1010, 1.0)[0] == "old_process"
     assert jit.lookup(proc.pid, 0x1010, 3.0)[0] == "new_process"
     assert read_identity(proc.pid).start_ticks > 0
+
+
+def test_jitdumps_mapped_by_one_process_are_bounded(spawn, tmp_path, monkeypatch):
+    """A process mapping many files named jit-PID.dump costs at most MAX_JITDUMPS sources (one warning)."""
+    import optrace.jitmaps.jitsymbols as jitsymbols
+    monkeypatch.setattr(jitsymbols, "MAX_JITDUMPS", 3)
+    script = textwrap.dedent(f"""
+        import mmap, os, sys
+        sys.path.insert(0, {str(PROGRAMS.parent)!r})
+        from jithelpers import dump_bytes, load
+        keep = []
+        for i in range(8):
+            folder = os.path.join({str(tmp_path)!r}, str(i))
+            os.mkdir(folder)
+            path = os.path.join(folder, f"jit-{{os.getpid()}}.dump")
+            with open(path, "wb") as f:
+                f.write(dump_bytes([load(0x5000 + 0x100 * i, 0x80, f"fn{{i}}", 1)], pid=os.getpid()))
+            fd = os.open(path, os.O_RDONLY)
+            keep.append(mmap.mmap(fd, 40, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_EXEC))
+        print("ready", flush=True)
+        sys.stdin.read()
+    """)
+    proc = spawn([PYTHON, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    jit = JitSymbols()
+    jit.poll(proc.pid, 1e9)
+    named = [jit.lookup(proc.pid, 0x5010 + 0x100 * i, 1e9) for i in range(8)]
+    assert sum(1 for n in named if n) == 3  # the perf map source and 3 dumps: more than 3 sources stops
+    assert jit.stats["refused_too_many_jitdumps"] == 1
+    assert jit.warnings == [f"JIT symbols: /proc/{proc.pid}/maps: more than 3 jitdumps mapped: the others are ignored"]
