@@ -34,8 +34,7 @@ def read_build_id(stream: BinaryIO) -> bytes | None:
     elf = ElfFile(stream)
     notes = [segment for segment in elf.segments() if segment.type == PT_NOTE][:MAX_NOTE_SEGMENTS]
     for note in notes:
-        stream.seek(note.offset)
-        build_id = _find_build_id(stream.read(min(note.filesz, MAX_NOTE_BYTES)), elf.endian, note.align)
+        build_id = _find_build_id(elf.read_at(note.offset, min(note.filesz, MAX_NOTE_BYTES)), elf.endian, note.align)
         if build_id:
             return build_id
     return None

@@ -5,7 +5,7 @@ The search order follows gdb's documentation ("Separate Debug Files"), restricte
 user controls: a debug link is a plain file name (no ``/``, no ``..``, no control characters), looked
 up only in the debug directories (the binary's directory, its ``.debug/``, ``<root>/<binary dir>/``),
 opened as a regular disk file with the CRC-32 computed on a bounded read; MiniDebugInfo is inflated to
-at most MAX_MINIDEBUGINFO_BYTES.
+at most the size of its binary (4 to 64 MiB).
 """
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ from optrace.frontend.symbols.elffile import ElfFile
 
 DEBUG_SUFFIX = ".debug"
 MAX_DEBUGLINK_SECTION = 4096  # a file name (NAME_MAX 255), padding and a CRC
-# MiniDebugInfo holds a .symtab and .strtab of the functions not in .dynsym: a few MB for the biggest
-# libraries Fedora ships. 64 MiB keeps a 640 KB binary with 4 GiB of xz zeros from taking the heap.
+# MiniDebugInfo holds only a .symtab and .strtab of the functions not in .dynsym, far smaller than the
+# code they name: it may inflate to the size of its binary, at least 4 MiB, at most 64 MiB (a 640 KB
+# binary with 4 GiB of xz zeros costs 4 MiB, not the heap).
+MIN_MINIDEBUGINFO_BYTES = 4 << 20
 MAX_MINIDEBUGINFO_BYTES = 64 << 20
 CRC_CHUNK = 1 << 20
 MAX_SHOWN_NAME = 80  # characters of a refused debug link quoted in the warning
@@ -124,9 +126,14 @@ def file_crc32(ref: FileRef) -> tuple[int, tuple[int, int]]:
 
 def mini_debuginfo(elf: ElfFile) -> bytes | None:
     """The decompressed ELF image in ``.gnu_debugdata``, or None. Raises lzma.LZMAError when corrupt,
-    BudgetExceeded past MAX_MINIDEBUGINFO_BYTES (compressed or not)."""
+    BudgetExceeded past :func:`mini_debuginfo_budget` bytes (compressed or not)."""
     section = elf.section_by_name(".gnu_debugdata")
     if section is None:
         return None
-    data = elf.section_data(section, MAX_MINIDEBUGINFO_BYTES)
-    return decompress_lzma(data, MAX_MINIDEBUGINFO_BYTES, ".gnu_debugdata") if data else None
+    budget = mini_debuginfo_budget(elf.file_size)
+    data = elf.section_data(section, budget)
+    return decompress_lzma(data, budget, ".gnu_debugdata") if data else None
+
+
+def mini_debuginfo_budget(file_size: int) -> int:
+    return min(max(file_size, MIN_MINIDEBUGINFO_BYTES), MAX_MINIDEBUGINFO_BYTES)

@@ -10,6 +10,7 @@ import re
 import cxxfilt
 
 RUST_HASH = re.compile(r"h[0-9a-f]{16}")
+MAX_V0_BACKREFS = 64  # real symbols use a handful
 RUST_ESCAPES = {"SP": "@", "BP": "*", "RF": "&", "LT": "<", "GT": ">", "LP": "(", "RP": ")", "C": ","}
 RUST_BASIC_TYPES = {
     "a": "i8", "b": "bool", "c": "char", "d": "f64", "e": "str", "f": "f32", "h": "u8", "i": "isize",
@@ -67,7 +68,7 @@ def demangle_rust_v0(name: str) -> str | None:
     constructs it does not handle (fn pointers, dyn types, punycode identifiers)."""
     try:
         return _V0Parser(name[2:]).symbol()
-    except (_Unsupported, IndexError, ValueError):
+    except (_Unsupported, IndexError, ValueError, RecursionError):
         return None
 
 
@@ -79,6 +80,7 @@ class _V0Parser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.pos = 0
+        self.backrefs = 0
 
     def symbol(self) -> str:
         if self.peek().isdigit():
@@ -126,6 +128,11 @@ class _V0Parser:
         return ident, index
 
     def backref(self, parse) -> str:
+        """Backrefs may nest into exponentially long output (a 188-character name took 15 s): at most
+        MAX_V0_BACKREFS are expanded per name, else the name is shown as it is."""
+        self.backrefs += 1
+        if self.backrefs > MAX_V0_BACKREFS:
+            raise _Unsupported("too many backrefs")
         target = self.base62()
         saved, self.pos = self.pos, target
         try:

@@ -73,14 +73,14 @@ class ElfFile:
     def __init__(self, stream: BinaryIO) -> None:
         self.stream = stream
         self.file_size = stream.seek(0, io.SEEK_END)
-        ident = self._read_at(0, 16)
+        ident = self.read_at(0, 16)
         if len(ident) < 16 or ident[:4] != ELF_MAGIC or ident[4] not in (1, 2) or ident[5] not in (1, 2):
             raise ElfFormatError("no ELF identification")
         self.elfclass = 32 if ident[4] == 1 else 64
         self.little_endian = ident[5] == 1
         self.endian = "<" if self.little_endian else ">"
         header_layout, self._shdr_layout, self._phdr_layout = (self.endian + f for f in _LAYOUTS[self.elfclass])
-        raw = self._read_at(16, struct.calcsize(header_layout))
+        raw = self.read_at(16, struct.calcsize(header_layout))
         if len(raw) < struct.calcsize(header_layout):
             raise ElfFormatError("truncated ELF header")
         (self.type, self.machine, _version, _entry, self._phoff, self._shoff, _flags, _ehsize,
@@ -120,7 +120,7 @@ class ElfFile:
             return b""
         if section.size > max_bytes:
             raise BudgetExceeded(f"section {section.name} is {section.size} bytes, over the {max_bytes}-byte limit")
-        data = self._read_at(section.offset, section.size)
+        data = self.read_at(section.offset, section.size)
         if len(data) < section.size:
             raise ElfFormatError(f"section {section.name} extends past the end of the file")
         if section.flags & SHF_COMPRESSED:
@@ -131,7 +131,7 @@ class ElfFile:
         """The NUL-terminated string at ``offset`` of a string table, read alone (at most MAX_STRING)."""
         if section.type == SHT_NOBITS or not 0 <= offset < section.size:
             raise ElfFormatError(f"string offset {offset} outside section {section.name}")
-        data = self._read_at(section.offset + offset, min(MAX_STRING, section.size - offset))
+        data = self.read_at(section.offset + offset, min(MAX_STRING, section.size - offset))
         return cstring(data, 0, MAX_STRING)
 
     # -- program headers --------------------------------------------------------------------------------
@@ -145,7 +145,8 @@ class ElfFile:
         return [ProgramHeader(r[0], r[1], r[2], r[4], r[5], r[7]) for r in rows]  # type offset vaddr paddr filesz memsz flags align
 
     # -- helpers ----------------------------------------------------------------------------------------
-    def _read_at(self, offset: int, size: int) -> bytes:
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset``, nothing past the end of the file (b"" outside it)."""
         if offset < 0 or offset >= self.file_size or size <= 0:
             return b""
         self.stream.seek(offset)
@@ -169,7 +170,7 @@ class ElfFile:
         if entsize < size:
             raise ElfFormatError(f"header table entries of {entsize} bytes, fewer than {size}")
         count = min(count, max(0, self.file_size - offset) // entsize, MAX_HEADER_TABLE_BYTES // entsize)
-        data = self._read_at(offset, count * entsize)
+        data = self.read_at(offset, count * entsize)
         return [struct.unpack_from(layout, data, i * entsize) for i in range(len(data) // entsize)]
 
     def _section_names(self, rows: list[tuple[int, ...]]) -> bytes:
@@ -179,7 +180,7 @@ class ElfFile:
         if not 0 < index < len(rows) or rows[index][1] == SHT_NOBITS:
             return b""
         offset, size = rows[index][4], rows[index][5]
-        return self._read_at(offset, min(size, MAX_SECTION_NAMES_BYTES))
+        return self.read_at(offset, min(size, MAX_SECTION_NAMES_BYTES))
 
     def _inflate(self, section: SectionHeader, data: bytes, max_bytes: int) -> bytes:
         layout = self.endian + ("III" if self.elfclass == 32 else "IIQQ")  # ch_type [reserved] ch_size ch_addralign
