@@ -1,14 +1,14 @@
 """`--format csv`: a header line, then one line per report row (the JSON row fields; null is empty,
 booleans are true/false). Names are escaped (:mod:`optrace.frontend.report.escape`): a newline or a
 terminal escape in a name never reaches the output, so every row is one line; ``--format json`` keeps
-the names as recorded."""
+the names as recorded.
+
+Lines are written here rather than by the csv module, whose writer holds a line at 4 bytes a character:
+a hostile record's megabyte-long names would cost four times their size per row."""
 from __future__ import annotations
 
-import csv
-import io
-
 from optrace.exporters.jsonrows import row_object
-from optrace.frontend.report.escape import escape_controls
+from optrace.frontend.report.budget import Names, OutputBudget
 from optrace.frontend.report.rows import ReportOptions, Row
 
 
@@ -16,17 +16,29 @@ def render_csv(rows: list[Row], options: ReportOptions) -> str:
     fields = ["comm", "pid", "dso", "symbol", "kernel", "samples", "percent"]
     if options.children:
         fields += ["children", "children_percent"]
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
+    lines = [_line(fields)]
+    names, budget = Names(), OutputBudget()
     for row in rows:
-        writer.writerow({name: _cell(value) for name, value in row_object(row, options).items()})
-    return out.getvalue()
+        cells = [_cell(value, names) for value in row_object(row, options).values()]
+        budget.take(sum(len(cell) + 3 for cell in cells))  # quotes and a comma, at most
+        lines.append(_line(cells))
+    return "".join(lines)
 
 
-def _cell(value: object) -> object:
+def _line(cells: list[str]) -> str:
+    return ",".join(_quoted(cell) for cell in cells) + "\n"
+
+
+def _quoted(cell: str) -> str:
+    """RFC 4180 quoting, as csv.QUOTE_MINIMAL does for these cells (escaped names hold no line break)."""
+    if "," in cell or '"' in cell:
+        return '"' + cell.replace('"', '""') + '"'
+    return cell
+
+
+def _cell(value: object, names: Names) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return escape_controls(value)
-    return "" if value is None else value
+        return names(value)
+    return "" if value is None else str(value)

@@ -4,35 +4,41 @@ from __future__ import annotations
 
 from collections import Counter
 
-from optrace.frontend.model import Frame, Record, Sample
+from optrace.frontend.model import Frame, Record
+from optrace.frontend.report.budget import Names, OutputBudget
 from optrace.frontend.report.escape import escape_controls
 from optrace.frontend.report.rows import (
+    UNKNOWN_FRAME,
     ReportOptions,
     dso_selected,
-    leaf_frame,
     percent,
     sample_total,
     selected_samples,
-    stack_frames,
 )
 
 
 def render_folded(record: Record, options: ReportOptions) -> str:
     """--pid/--comm select stacks, --dso matches the leaf frame (as in the table), --percent-limit
-    drops stacks below that share of all samples."""
+    drops stacks below that share of all samples.
+
+    Each frame's name and --dso match are computed once, and each stack's length is taken from the
+    budget before the stack is joined: one long name in many stacks stops the report, not the machine."""
+    names = [_frame_name(frame) for frame in record.frames]
+    selected = [dso_selected(frame, options.dsos) for frame in record.frames]
+    unknown = _frame_name(UNKNOWN_FRAME)
+    comms = Names(_clean)
+    budget = OutputBudget()
     stacks: Counter[str] = Counter()
     for sample in selected_samples(record, options):
-        if dso_selected(leaf_frame(record, sample), options.dsos):
-            stacks[folded_stack(record, sample)] += sample.count
+        if not (selected[sample.frames[0]] if sample.frames else dso_selected(UNKNOWN_FRAME, options.dsos)):
+            continue
+        parts = [comms(sample.comm)] + ([names[i] for i in reversed(sample.frames)] or [unknown])
+        budget.take(sum(len(part) + 1 for part in parts) + 21)  # the ';'s, a space and a count
+        stacks[";".join(parts)] += sample.count
     total = sample_total(record)
     lines = [f"{stack} {count}" for stack, count in sorted(stacks.items())
              if percent(count, total) >= options.percent_limit]
     return "".join(line + "\n" for line in lines)
-
-
-def folded_stack(record: Record, sample: Sample) -> str:
-    names = [_frame_name(frame) for frame in reversed(stack_frames(record, sample))]
-    return ";".join([_clean(sample.comm)] + names)
 
 
 def _frame_name(frame: Frame) -> str:

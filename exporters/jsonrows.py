@@ -11,10 +11,14 @@ import json
 from typing import Any
 
 from optrace.frontend.model import Record
+from optrace.frontend.report.budget import OutputBudget
 from optrace.frontend.report.rows import ReportOptions, Row, sample_total
+
+ROW_OVERHEAD = 260  # one row's keys, numbers and indentation, at most
 
 
 def render_json(record: Record, rows: list[Row], options: ReportOptions, source: str) -> str:
+    check_size(rows)
     document = {
         "meta": dataclasses.asdict(record.meta),
         "report": report_settings(record, options, source),
@@ -22,6 +26,23 @@ def render_json(record: Record, rows: list[Row], options: ReportOptions, source:
         "calls": [dataclasses.asdict(call) for call in record.calls],
     }
     return json.dumps(document, indent=2) + "\n"
+
+
+def check_size(rows: list[Row]) -> None:
+    """Take the rows' size from the output budget before json.dumps builds them (names are measured
+    once each, as JSON escapes them: rows repeat names)."""
+    budget = OutputBudget()
+    lengths: dict[str, int] = {}
+    for row in rows:
+        names = (name for name in (row.key.comm, row.key.dso, row.key.symbol) if name)
+        budget.take(ROW_OVERHEAD + sum(_json_length(name, lengths) for name in names))
+
+
+def _json_length(name: str, lengths: dict[str, int]) -> int:
+    length = lengths.get(name)
+    if length is None:
+        length = lengths[name] = len(json.dumps(name))
+    return length
 
 
 def report_settings(record: Record, options: ReportOptions, source: str) -> dict[str, Any]:

@@ -5,9 +5,10 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from optrace.frontend.model import CallCount, Record, RecordMeta
+from optrace.frontend.report.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.frontend.report.escape import escape_controls
 from optrace.frontend.report.rows import ReportOptions, Row, sample_total
 
@@ -28,11 +29,26 @@ KEY_COLUMNS = {
 }
 
 
+def shown_dso(dso: str) -> str:
+    """perf shows the object's basename; bracketed names like [kernel.kallsyms] stay as they are."""
+    return os.path.basename(dso) if "/" in dso else dso
+
+
+@dataclass
+class Shown:
+    """One table's escaped names (each computed once) and its output budget."""
+
+    names: Names = field(default_factory=Names)
+    dsos: Names = field(default_factory=lambda: Names(shown_dso))
+    budget: OutputBudget = field(default_factory=OutputBudget)
+
+
 def render_table(record: Record, rows: list[Row], options: ReportOptions, source: str) -> str:
+    shown = Shown()
     lines = header_lines(record, source) + ["#"]
-    lines += profile_lines(rows, options)
+    lines += profile_lines(rows, options, shown)
     if record.calls:
-        lines += ["", "# Uprobe call counts", "#"] + calls_lines(record.calls)
+        lines += ["", "# Uprobe call counts", "#"] + calls_lines(record.calls, shown)
     return "\n".join(lines) + "\n"
 
 
@@ -87,36 +103,49 @@ def _counted(reasons: dict[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items())) + ")"
 
 
-def profile_lines(rows: list[Row], options: ReportOptions) -> list[str]:
+def profile_lines(rows: list[Row], options: ReportOptions, shown: Shown | None = None) -> list[str]:
+    shown = shown or Shown()
     columns = _profile_columns(options)
-    lines = format_columns(columns, lambda: (_profile_cells(row, options) for row in rows))
+    lines = format_columns(columns, lambda: (_profile_cells(row, options, shown) for row in rows), shown.budget)
     return lines if rows else lines + ["# (no samples match)"]
 
 
-def calls_lines(calls: list[CallCount]) -> list[str]:
+def calls_lines(calls: list[CallCount], shown: Shown | None = None) -> list[str]:
+    shown = shown or Shown()
     columns = [Column("Calls", right=True), Column("Probe"), Column("Binary"), Column("Symbol")]
     ordered = sorted(calls, key=lambda call: (-call.calls, call.probe, call.symbol))
+    names = shown.names
     return format_columns(columns, lambda: (
-        [str(c.calls), escape_controls(c.probe), escape_controls(c.binary), escape_controls(c.symbol)]
-        for c in ordered))
+        [str(c.calls), names(c.probe), names(c.binary), names(c.symbol)] for c in ordered), shown.budget)
 
 
-def format_columns(columns: list[Column], cells: Cells) -> list[str]:
+def format_columns(columns: list[Column], cells: Cells, budget: OutputBudget | None = None) -> list[str]:
     """perf's layout: `# Title` line, a line of dots under each title, `#`, then the aligned rows.
-    The cells are made twice rather than held: a hostile record can have a million rows."""
+
+    The cells are made twice rather than held (a hostile record can have a million rows): the first
+    pass measures them against the budget, so the text is never built past it. Columns are padded to
+    at most :data:`MAX_ALIGN` characters and the last one not at all."""
+    budget = budget or OutputBudget()
     widths = [len(col.title) for col in columns]
+    rows = 0
     for row in cells():
-        widths = [max(width, len(cell)) for width, cell in zip(widths, row)]
+        lengths = [len(cell) for cell in row]
+        budget.take(sum(lengths) + 2 * len(lengths) + 1)
+        widths = [max(width, length) for width, length in zip(widths, lengths)]
+        rows += 1
+    widths = [min(width, MAX_ALIGN) for width in widths]
+    budget.take(rows * sum(widths[:-1]))  # the padding, at most
     head = [_align(col.title, width, col.right) for col, width in zip(columns, widths)]
     dots = ["." * width for width in widths]
-    body = ["  " + "  ".join(_align(cell, width, col.right) for cell, col, width in zip(row, columns, widths))
-            for row in cells()]
-    return ["# " + "  ".join(head).rstrip(), "# " + "  ".join(dots), "#"] + [line.rstrip() for line in body]
+    return ["# " + "  ".join(head).rstrip(), "# " + "  ".join(dots), "#"] + [
+        _line(row, columns, widths) for row in cells()]
 
 
-def shown_dso(dso: str) -> str:
-    """perf shows the object's basename; bracketed names like [kernel.kallsyms] stay as they are."""
-    return os.path.basename(dso) if "/" in dso else dso
+def _line(cells: list[str], columns: list[Column], widths: list[int]) -> str:
+    last = len(cells) - 1
+    aligned = [cell if i == last and not col.right else _align(cell, width, col.right)
+               for i, (cell, col, width) in enumerate(zip(cells, columns, widths))]
+    return ("  " + "  ".join(aligned)).rstrip()
 
 
 def _profile_columns(options: ReportOptions) -> list[Column]:
@@ -124,19 +153,21 @@ def _profile_columns(options: ReportOptions) -> list[Column]:
     return counts + [Column("Samples", True)] + [KEY_COLUMNS[key] for key in options.sort]
 
 
-def _profile_cells(row: Row, options: ReportOptions) -> list[str]:
+def _profile_cells(row: Row, options: ReportOptions, shown: Shown) -> list[str]:
     counts = [f"{row.percent:.2f}%"]
     if options.children:
         counts.insert(0, f"{row.children_percent:.2f}%")
-    return counts + [str(row.samples)] + [_key_cell(row, key) for key in options.sort]
+    return counts + [str(row.samples)] + [_key_cell(row, key, shown) for key in options.sort]
 
 
-def _key_cell(row: Row, key: str) -> str:
+def _key_cell(row: Row, key: str, shown: Shown) -> str:
     if key == "dso":
-        return escape_controls(shown_dso(row.key.dso or ""))
+        return shown.dsos(row.key.dso or "")
     if key == "symbol":
-        return f"{'[k]' if row.key.kernel else '[.]'} {escape_controls(row.key.symbol or '')}"
-    return escape_controls(str(getattr(row.key, key)))
+        return f"{'[k]' if row.key.kernel else '[.]'} {shown.names(row.key.symbol or '')}"
+    if key == "comm":
+        return shown.names(row.key.comm or "")
+    return str(row.key.pid)
 
 
 def _align(text: str, width: int, right: bool) -> str:

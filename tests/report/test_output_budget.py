@@ -1,0 +1,70 @@
+"""One long name repeated in many rows or stacks: a 30 KB record file whose report would be gigabytes
+stops with one line (the output budget) instead of taking all memory; long cells do not pad every row."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from optrace.frontend.errors import OptraceError
+from optrace.frontend.model import Frame, Record, Sample
+from optrace.frontend.recordfile import write_record
+from optrace.frontend.report import budget
+from optrace.frontend.report.render import FORMATS, render_report
+from optrace.frontend.report.rows import ReportOptions
+from support import OPTRACE
+
+
+def repeated_name_record(record: Record, name_chars: int, rows: int) -> Record:
+    """One frame with a long symbol and dso, in ``rows`` samples of distinct commands (one row each)."""
+    frame = Frame("s" * name_chars, "/lib/" + "d" * name_chars)
+    samples = [Sample(pid=1, comm=f"c{i}", frames=(0,), count=1) for i in range(rows)]
+    return dataclasses.replace(record, frames=[frame], samples=samples, calls=[])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("children", [False, True])
+def test_budget_stops_every_format(record: Record, monkeypatch, fmt: str, children: bool) -> None:
+    monkeypatch.setattr(budget, "MAX_OUTPUT_CHARS", 4 << 20)
+    big = repeated_name_record(record, 100_000, 200)  # about 40 MB of output, 200 KB of names
+    with pytest.raises(OptraceError, match=r"the report would be over 4 MiB of text .*narrow it with --pid"):
+        render_report(big, ReportOptions(children=children), fmt, "r")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_under_the_budget_the_report_is_whole(record: Record, monkeypatch, fmt: str) -> None:
+    monkeypatch.setattr(budget, "MAX_OUTPUT_CHARS", 4 << 20)
+    text = render_report(repeated_name_record(record, 1000, 200), ReportOptions(), fmt, "r")
+    assert 200_000 < len(text) < 4 << 20
+    assert text.count("s" * 1000) == 200
+
+
+def test_a_long_cell_pads_no_other_row(record: Record) -> None:
+    long_dso = "/lib/" + "d" * 10_000 + ".so"
+    record.frames.append(Frame("odd", long_dso))
+    record.samples.append(Sample(300, "odd", (len(record.frames) - 1,), 10))
+    lines = render_report(record, ReportOptions(sort=("dso", "symbol")), "table", "r").splitlines()
+    rows = [line for line in lines if line.startswith("  ")]
+    assert max(len(line) for line in rows if "ddd" not in line) < budget.MAX_ALIGN + 60
+    assert any(line.endswith("[.] odd") and len(line) > 10_000 for line in rows)
+
+
+def test_cli_on_a_30_kb_file(tmp_path: Path, record: Record) -> None:
+    """A 30 MB symbol in 200 rows (6 GB of report, 30 KB on disk): one line, exit 1, little memory."""
+    path = tmp_path / "amplified.data"
+    write_record(repeated_name_record(record, 30_000_000, 200), path)
+    assert path.stat().st_size < 200_000
+    for fmt in FORMATS:
+        out, err = tmp_path / f"{fmt}.out", tmp_path / f"{fmt}.err"
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            pid = os.posix_spawn(str(OPTRACE), [str(OPTRACE), "report", "-i", str(path), "-f", fmt],
+                                 dict(os.environ), file_actions=[(os.POSIX_SPAWN_DUP2, stdout.fileno(), 1),
+                                                                 (os.POSIX_SPAWN_DUP2, stderr.fileno(), 2)])
+            _, status, usage = os.wait4(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 1, err.read_text()
+        assert err.read_text().count("\n") == 1 and "the report would be over" in err.read_text()
+        assert out.read_text() == ""
+        assert usage.ru_maxrss < 400 << 10, f"{fmt}: peak RSS {usage.ru_maxrss >> 10} MB"
+        assert usage.ru_utime + usage.ru_stime < 5, f"{fmt}: {usage.ru_utime + usage.ru_stime:.1f} s of CPU"
