@@ -91,15 +91,6 @@ def dso_selected(frame: Frame, dsos: frozenset[str]) -> bool:
     return not dsos or frame.dso in dsos or os.path.basename(frame.dso) in dsos
 
 
-def leaf_frame(record: Record, sample: Sample) -> Frame:
-    return record.frames[sample.frames[0]] if sample.frames else UNKNOWN_FRAME
-
-
-def stack_frames(record: Record, sample: Sample) -> list[Frame]:
-    """The sample's frames, leaf first; an empty stack counts as one [unknown] frame."""
-    return [record.frames[i] for i in sample.frames] or [UNKNOWN_FRAME]
-
-
 FramePart = tuple[str | None, str | None, bool | None]  # (dso, symbol, kernel) as the sort keys need them
 
 
