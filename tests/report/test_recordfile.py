@@ -258,7 +258,10 @@ def supported(hint) -> bool:
     import typing
 
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType, list, tuple, dict):
+    if origin in (typing.Union, types.UnionType):  # X | None only: the decoder consumes what it reads
+        args = typing.get_args(hint)
+        return len(args) == 2 and type(None) in args and all(supported(arg) for arg in args)
+    if origin in (list, tuple, dict):
         return all(arg is Ellipsis or supported(arg) for arg in typing.get_args(hint))
     return hint in SCALARS or dataclasses.is_dataclass(hint)
 
