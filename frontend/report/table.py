@@ -103,15 +103,13 @@ def _counted(reasons: dict[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items())) + ")"
 
 
-def profile_lines(rows: list[Row], options: ReportOptions, shown: Shown | None = None) -> list[str]:
-    shown = shown or Shown()
+def profile_lines(rows: list[Row], options: ReportOptions, shown: Shown) -> list[str]:
     columns = _profile_columns(options)
     lines = format_columns(columns, lambda: (_profile_cells(row, options, shown) for row in rows), shown.budget)
     return lines if rows else lines + ["# (no samples match)"]
 
 
-def calls_lines(calls: list[CallCount], shown: Shown | None = None) -> list[str]:
-    shown = shown or Shown()
+def calls_lines(calls: list[CallCount], shown: Shown) -> list[str]:
     columns = [Column("Calls", right=True), Column("Probe"), Column("Binary"), Column("Symbol")]
     ordered = sorted(calls, key=lambda call: (-call.calls, call.probe, call.symbol))
     names = shown.names
@@ -119,13 +117,12 @@ def calls_lines(calls: list[CallCount], shown: Shown | None = None) -> list[str]
         [str(c.calls), names(c.probe), names(c.binary), names(c.symbol)] for c in ordered), shown.budget)
 
 
-def format_columns(columns: list[Column], cells: Cells, budget: OutputBudget | None = None) -> list[str]:
+def format_columns(columns: list[Column], cells: Cells, budget: OutputBudget) -> list[str]:
     """perf's layout: `# Title` line, a line of dots under each title, `#`, then the aligned rows.
 
     The cells are made twice rather than held (a hostile record can have a million rows): the first
     pass measures them against the budget, so the text is never built past it. Columns are padded to
     at most :data:`MAX_ALIGN` characters and the last one not at all."""
-    budget = budget or OutputBudget()
     widths = [len(col.title) for col in columns]
     rows = 0
     for row in cells():
