@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import zlib
 from pathlib import Path
 
 from hostilekit import JIT_BASE, HostileUser, record_file_bytes
