@@ -40,13 +40,15 @@ import signal
 import struct
 import threading
 import weakref
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from optrace.bpf.loader import import_bcc, load_bcc
 from optrace.errors import OptraceError
-from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError
+from optrace.fileaccess import printable
+from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError, UprobeTarget
 from optrace.kernel import TRACEFS_DIRS
 
 PROGRAM = Path(__file__).with_name("uprobe_count.c")
@@ -101,8 +103,8 @@ def _os_error(what: str) -> OptraceError:
     return OptraceError(f"{what}: {os.strerror(err)}{hint}")
 
 
-def open_uprobe_event(path: str, offset: int) -> int:
-    """A perf event firing on every process's execution of ``path`` at file ``offset``."""
+def open_uprobe_event(path: str, offset: int, shown: str | None = None) -> int:
+    """A perf event firing on every process's execution of ``path`` at file ``offset`` (``shown`` names it in errors)."""
     try:
         pmu_type = int(_UPROBE_PMU_TYPE.read_text())
     except OSError as exc:
@@ -112,7 +114,7 @@ def open_uprobe_event(path: str, offset: int) -> int:
                           config1=ctypes.addressof(path_buf), config2=offset)
     fd = _libc.syscall(_syscall_numbers()[0], ctypes.byref(attr), -1, 0, -1, _PERF_FLAG_FD_CLOEXEC)
     if fd < 0:
-        raise _os_error(f"cannot set a uprobe at offset {offset:#x} of {path}")
+        raise _os_error(f"cannot set a uprobe at offset {offset:#x} of {shown or path}")
     return fd
 
 
@@ -130,7 +132,7 @@ def link_program(prog_fd: int, perf_fd: int, cookie: int) -> int:
     return _link_create(attr, "cannot link the BPF program to a uprobe")
 
 
-def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int]) -> int:
+def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list[int], shown: str | None = None) -> int:
     """One BPF link putting uprobes at every offset of ``path`` (all processes), cookie by cookie."""
     count = len(offsets)
     path_buf = ctypes.create_string_buffer(os.fsencode(path))
@@ -140,8 +142,9 @@ def link_uprobe_multi(prog_fd: int, path: str, offsets: list[int], cookies: list
     struct.pack_into("<IIIIQQQQIII", attr, 0, prog_fd, 0, _BPF_TRACE_UPROBE_MULTI, 0,
                      ctypes.addressof(path_buf), ctypes.addressof(offset_buf), 0, ctypes.addressof(cookie_buf),
                      count, 0, 0)
-    what = f"cannot set a uprobe at offset {offsets[0]:#x} of {path}" if count == 1 else \
-        f"cannot set {count} uprobes in {path}"
+    shown = shown or path
+    what = f"cannot set a uprobe at offset {offsets[0]:#x} of {shown}" if count == 1 else \
+        f"cannot set {count} uprobes in {shown}"
     return _link_create(attr, what)
 
 
@@ -154,8 +157,8 @@ class UprobeLink:
     detached: set[int] = field(default_factory=set)  # ids no consumer uses any more
 
     @classmethod
-    def perf(cls, prog_fd: int, path: str, offset: int, cookie: int) -> UprobeLink:
-        perf_fd = open_uprobe_event(path, offset)
+    def perf(cls, prog_fd: int, path: str, offset: int, cookie: int, shown: str | None = None) -> UprobeLink:
+        perf_fd = open_uprobe_event(path, offset, shown)
         try:
             return cls(fds=(link_program(prog_fd, perf_fd, cookie), perf_fd), probe_ids={cookie})
         except BaseException:
@@ -163,12 +166,42 @@ class UprobeLink:
             raise
 
     @classmethod
-    def multi(cls, prog_fd: int, path: str, offsets: list[int], cookies: list[int]) -> UprobeLink:
-        return cls(fds=(link_uprobe_multi(prog_fd, path, offsets, cookies),), probe_ids=set(cookies))
+    def multi(cls, prog_fd: int, path: str, offsets: list[int], cookies: list[int],
+              shown: str | None = None) -> UprobeLink:
+        return cls(fds=(link_uprobe_multi(prog_fd, path, offsets, cookies, shown),), probe_ids=set(cookies))
 
     def close(self) -> None:
         for fd in self.fds:
             os.close(fd)
+
+
+@contextmanager
+def pinned_files(targets: Sequence[UprobeTarget]) -> Iterator[dict[str, str]]:
+    """Each target's path as ``/proc/self/fd/N`` of a descriptor of the very file its offset was checked
+    on. The kernel resolves the path it is given when it attaches; a file swapped in between (a symlink
+    to a system binary put in place of a user's own) would take a uprobe at an unchecked offset, in
+    every process running it. The kernel follows the magic link to the pinned inode instead."""
+    fds: dict[str, int] = {}
+    try:
+        for target in targets:
+            if target.path not in fds:
+                fds[target.path] = _pin(target)
+        yield {path: f"/proc/self/fd/{fd}" for path, fd in fds.items()}
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _pin(target: UprobeTarget) -> int:
+    try:
+        fd = os.open(target.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise OptraceError(f"cannot set uprobes in {printable(target.path)}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (target.dev, target.ino):
+        os.close(fd)
+        raise OptraceError(f"{printable(target.path)} was replaced after it was checked: nothing attached; run again")
+    return fd
 
 
 _live: weakref.WeakSet[BpfUprobeAttacher] = weakref.WeakSet()
@@ -224,20 +257,21 @@ class BpfUprobeAttacher:
                     raise OptraceError("this kernel has no uprobe_multi links (needs Linux 6.6)") from None
         return self._bpf.load_func(handler.encode(), bcc.BPF.KPROBE).fd, False
 
-    def attach(self, targets: Sequence[tuple[str, int]]) -> list[int | UnprobeableError]:
+    def attach(self, targets: Sequence[UprobeTarget]) -> list[int | UnprobeableError]:
         ids = self._allocate(len(targets))
         results: list[int | UnprobeableError] = list(ids)
         opened: list[UprobeLink] = []
         try:
-            if self.multi:
-                by_path: dict[str, list[int]] = {}
-                for index, (path, _offset) in enumerate(targets):
-                    by_path.setdefault(path, []).append(index)
-                for path, indices in by_path.items():
-                    self._link_batch(path, indices, targets, results, opened)
-            else:
-                for index, (path, offset) in enumerate(targets):
-                    self._link_one(index, path, offset, results, opened)
+            with pinned_files(targets) as pinned:
+                if self.multi:
+                    by_path: dict[str, list[int]] = {}
+                    for index, target in enumerate(targets):
+                        by_path.setdefault(target.path, []).append(index)
+                    for path, indices in by_path.items():
+                        self._link_batch(pinned[path], path, indices, targets, results, opened)
+                else:
+                    for index, target in enumerate(targets):
+                        self._link_one(index, pinned[target.path], target, results, opened)
         except BaseException:
             for link in opened:
                 link.close()
@@ -248,23 +282,23 @@ class BpfUprobeAttacher:
         self._reserved.difference_update(r for r, i in zip(ids, results) if isinstance(i, UnprobeableError))
         return results
 
-    def _link_batch(self, path: str, indices: list[int], targets: Sequence[tuple[str, int]],
+    def _link_batch(self, pinned: str, path: str, indices: list[int], targets: Sequence[UprobeTarget],
                     results: list, opened: list[UprobeLink]) -> None:
         """One link for the batch; if the kernel refuses an offset in it, halve until it is found."""
         cookies = [results[i] for i in indices]
         try:
-            opened.append(UprobeLink.multi(self._prog_fd, path, [targets[i][1] for i in indices], cookies))
+            opened.append(UprobeLink.multi(self._prog_fd, pinned, [targets[i].offset for i in indices], cookies, path))
         except UnprobeableError as exc:
             if len(indices) == 1:
                 results[indices[0]] = exc
                 return
             half = len(indices) // 2
-            self._link_batch(path, indices[:half], targets, results, opened)
-            self._link_batch(path, indices[half:], targets, results, opened)
+            self._link_batch(pinned, path, indices[:half], targets, results, opened)
+            self._link_batch(pinned, path, indices[half:], targets, results, opened)
 
-    def _link_one(self, index: int, path: str, offset: int, results: list, opened: list[UprobeLink]) -> None:
+    def _link_one(self, index: int, pinned: str, target: UprobeTarget, results: list, opened: list[UprobeLink]) -> None:
         try:
-            opened.append(UprobeLink.perf(self._prog_fd, path, offset, results[index]))
+            opened.append(UprobeLink.perf(self._prog_fd, pinned, target.offset, results[index], target.path))
         except UnprobeableError as exc:
             results[index] = exc
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from optrace.errors import OptraceError
 from optrace.frontend.model import CallCount
@@ -59,12 +59,23 @@ class KernelCounts:
     followed: dict[int, int] = field(default_factory=dict)  # pid -> the followed root it descends from
 
 
+class UprobeTarget(NamedTuple):
+    """Where to attach: ``offset`` in the file at ``path``, which must still be the file (device,
+    inode) the offset was checked on (``count BIN:0xADDR`` checks instruction boundaries in it)."""
+
+    path: str
+    offset: int
+    dev: int
+    ino: int
+
+
 class Attacher(Protocol):
     """The kernel side: uprobes at (path, file offset), hits counted per (probe id, pid)."""
 
-    def attach(self, targets: Sequence[tuple[str, int]]) -> list[int | UnprobeableError]:
-        """Attach a uprobe at each (path, file offset); give back each one's probe id, or the
-        UnprobeableError the kernel answered for it. Any other failure raises, leaving none attached."""
+    def attach(self, targets: Sequence[UprobeTarget]) -> list[int | UnprobeableError]:
+        """Attach a uprobe at each target; give back each one's probe id, or the UnprobeableError the
+        kernel answered for it. Any other failure raises (a file replaced since it was checked, too),
+        leaving none attached."""
 
     def detach(self, probe_ids: Collection[int]) -> None:
         """Stop counting these ids; their counts are dropped and the ids may come back from attach."""
@@ -248,7 +259,7 @@ class ProbeManager:
         if self._attacher is None:
             self._attacher = self._factory()
         try:
-            results = self._attacher.attach([(p.binary, p.offset) for p in probes])
+            results = self._attacher.attach([UprobeTarget(p.binary, p.offset, p.key.dev, p.key.ino) for p in probes])
         except BaseException:
             self._close_attacher_if_idle()
             raise

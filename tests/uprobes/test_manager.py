@@ -28,11 +28,11 @@ class FakeKernel:
         self.broken: set[int] = set()
 
     def attach(self, targets):
-        if any(offset in self.broken for _path, offset in targets):
+        if any(offset in self.broken for _path, offset, *_inode in targets):
             raise OptraceError("cannot set uprobes: broken")
         free = [i for i in range(self.max_probes) if i not in self.attached]
         results = []
-        for path, offset in targets:
+        for path, offset, *_inode in targets:
             if offset in self.unprobeable:
                 results.append(UnprobeableError(f"cannot set a uprobe at offset {offset:#x}"))
                 continue
