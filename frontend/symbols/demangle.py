@@ -11,6 +11,8 @@ import cxxfilt
 
 RUST_HASH = re.compile(r"h[0-9a-f]{16}")
 MAX_V0_BACKREFS = 64  # real symbols use a handful
+MAX_CACHED_NAME = 512
+MAX_DEMANGLED = 4096  # characters of a readable name (longer ones are cut, ending in "...")
 RUST_ESCAPES = {"SP": "@", "BP": "*", "RF": "&", "LT": "<", "GT": ">", "LP": "(", "RP": ")", "C": ","}
 RUST_BASIC_TYPES = {
     "a": "i8", "b": "bool", "c": "char", "d": "f64", "e": "str", "f": "f32", "h": "u8", "i": "isize",
@@ -19,20 +21,31 @@ RUST_BASIC_TYPES = {
 }
 
 
-@functools.lru_cache(maxsize=1 << 14)  # bounded: `optrace serve` runs for months
 def demangle(name: str) -> str:
+    """The readable form of ``name``, at most MAX_DEMANGLED characters. Names come from files any user
+    writes: only short ones are cached (16k entries of up to MAX_CACHED_NAME characters), so long
+    unique names cannot fill the heap of a daemon that runs for months."""
+    if len(name) > MAX_CACHED_NAME:
+        return _demangle(name)
+    return _cached_demangle(name)
+
+
+def _demangle(name: str) -> str:
     try:
         if name.startswith("_R"):
-            return demangle_rust_v0(name) or name
-        if name.startswith("_ZN"):
-            rust = demangle_rust_legacy(name)
-            if rust:
-                return rust
-        if name.startswith("_Z"):
-            return cxxfilt.demangle(name, external_only=False)
+            readable = demangle_rust_v0(name) or name
+        elif name.startswith("_ZN") and (rust := demangle_rust_legacy(name)):
+            readable = rust
+        elif name.startswith("_Z"):
+            readable = cxxfilt.demangle(name, external_only=False)
+        else:
+            readable = name
     except Exception:  # a demangler bug must never lose a frame
-        return name
-    return name
+        readable = name
+    return readable if len(readable) <= MAX_DEMANGLED else readable[:MAX_DEMANGLED - 3] + "..."
+
+
+_cached_demangle = functools.lru_cache(maxsize=1 << 14)(_demangle)
 
 
 def demangle_rust_legacy(name: str) -> str | None:

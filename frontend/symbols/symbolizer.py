@@ -55,7 +55,9 @@ class Symbolizer:
     def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
                  jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits()) -> None:
         self.warnings: list[str] = []
-        self.stats: dict[str, int] = {"frames_resolved": 0, "frames_unresolved": 0, "dsos_loaded": 0}
+        # bad_files: files that cost their names (refused, over a budget, malformed), each with one
+        # warning; bad_files_<kind> splits them (see access.FileProblems)
+        self.stats: dict[str, int] = {"frames_resolved": 0, "frames_unresolved": 0, "dsos_loaded": 0, "bad_files": 0}
         self.machine = Machine(self._warn, self.stats, max_files=limits.indexed_files)
         self._context = DsoContext(tuple(debug_roots), self._warn, self.stats)
         self._kallsyms = kallsyms

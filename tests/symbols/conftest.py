@@ -106,9 +106,16 @@ def program(tmp_path: Path) -> Path:
 
 
 SYMBOLIZE_SCRIPT = r"""
-import json, resource, sys, time
+import json, sys, time
 from optrace.frontend.model import RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
+
+
+def peak_rss_mb():  # VmHWM: this image's own peak (ru_maxrss keeps the forking parent's across exec)
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+
+
 args = json.loads(sys.argv[1])
 started = time.monotonic()
 symbolizer = Symbolizer(debug_roots=tuple(args["roots"]))
@@ -123,7 +130,7 @@ frames, samples = symbolizer.symbolize(raw)
 named = [frames[sample.frames[0]] for sample in samples]
 print(json.dumps({"frames": [[f.symbol, f.dso, f.resolved] for f in named], "warnings": symbolizer.warnings,
                   "stats": symbolizer.stats, "seconds": time.monotonic() - started,
-                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "maxrss_mb": peak_rss_mb()}))
 """
 
 SHDR64 = {"sh_name": (0, "I"), "sh_type": (4, "I"), "sh_flags": (8, "Q"), "sh_offset": (24, "Q"),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hypothesis import given, strategies as st
 
-from optrace.frontend.symbols.demangle import demangle
+from optrace.frontend.symbols.demangle import _cached_demangle, demangle
 
 
 def test_cplusplus() -> None:
@@ -65,7 +65,7 @@ def test_rust_v0_backref_bomb_is_shown_as_is_at_once() -> None:
         text += "T" + ref + ref + "E"
     name = "_R" + text + "E"
     started = time.monotonic()
-    assert demangle.__wrapped__(name) == name
+    assert demangle(name) == name
     assert time.monotonic() - started < 0.5
 
 
@@ -79,3 +79,15 @@ def base62(value: int) -> str:
         value //= 62
         if value == 0:
             return digits + "_"
+
+
+def test_long_names_are_cut_and_not_cached() -> None:
+    """A file's names are any user's: a readable name is at most 4096 characters, and only short
+    names stay in the cache."""
+    long_name = "_Z1fI" + "".join(f"N{i}A{i}E" for i in range(2000)) + "Ev"
+    readable = demangle(long_name)
+    assert len(readable) == 4096 and readable.endswith("...")
+    before = _cached_demangle.cache_info().currsize
+    for index in range(50):
+        demangle(f"_Z{600 + index}{'x' * (600 + index)}v")
+    assert _cached_demangle.cache_info().currsize == before

@@ -205,7 +205,7 @@ def test_compressed_symtab_is_inflated_within_its_budget(program, elf, hostile, 
     (warning,) = report["warnings"]
     assert warning.startswith(f"{program}: section .symtab inflates to ") and "its frames show as" in warning
     assert report["stats"]["bad_files_budget"] == 1
-    assert report["maxrss_mb"] < 150, report
+    assert report["maxrss_mb"] < 100, report  # inflating it takes over 300 MB
 
 
 def test_malformed_program_headers_cost_only_that_file(program, elf, hostile):
