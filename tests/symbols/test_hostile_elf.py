@@ -53,7 +53,9 @@ def plant(path: Path, kind: str) -> tuple[str, ...]:
 
 
 def assert_fast(report: dict) -> None:
-    assert report["seconds"] < 5, report
+    """Promptly done: no wait on a FIFO or a /proc file (that would be the child's timeout), and
+    little work (CPU seconds, so that a busy machine does not fail the test)."""
+    assert report["cpu_seconds"] < 3, report
 
 
 @pytest.mark.parametrize("dtags", ["--disable-new-dtags", "--enable-new-dtags"])  # RPATH, RUNPATH
@@ -63,8 +65,7 @@ def test_dt_needed_that_is_not_a_regular_file_is_refused_without_blocking(tmp_pa
         pytest.skip("mknod needs root")
     program, library = build_with_library(tmp_path, dtags)
     details = plant(library, kind)
-    report = hostile.symbolize(executables=[program], frames=[(elf.build_id(program).hex(), elf.offset_of(program, "main"), 1)],
-                               timeout=15)
+    report = hostile.symbolize(executables=[program], frames=[(elf.build_id(program).hex(), elf.offset_of(program, "main"), 1)])
     assert_fast(report)
     assert report["frames"] == [["main", str(program), True]]  # the program itself is still named
     refusals = [line for line in report["warnings"] if str(library) in line]
@@ -77,7 +78,7 @@ def test_dt_needed_naming_proc_kmsg_is_refused(tmp_path, elf, hostile):
     program, _ = build_with_library(tmp_path, "--enable-new-dtags", soname="/proc/kmsg")
     assert "Shared library: [/proc/kmsg]" in subprocess.run(["readelf", "-d", str(program)], capture_output=True,
                                                              text=True, check=True).stdout
-    report = hostile.symbolize(executables=[program], timeout=15)
+    report = hostile.symbolize(executables=[program])
     assert_fast(report)
     assert report["warnings"] == ["refused /proc/kmsg: is on procfs, not a disk file system; "
                                   "it is not used as /proc/kmsg"]
@@ -111,7 +112,7 @@ def test_debuglink_that_is_not_a_plain_name_is_refused(program, elf, hostile, li
     offset, build_id = elf.offset_of(program, "beta"), elf.build_id(program)
     subprocess.run(["strip", "--strip-all", str(program)], check=True)
     hostile.add_section(program, ".gnu_debuglink", hostile.debuglink(link))
-    report = hostile.symbolize(executables=[program], frames=[(build_id.hex(), offset, 1)], timeout=15)
+    report = hostile.symbolize(executables=[program], frames=[(build_id.hex(), offset, 1)])
     assert_fast(report)
     assert report["frames"] == [[f"prog+{offset:#x}", str(program), False]]
     (warning,) = report["warnings"]
@@ -132,12 +133,24 @@ def test_debuglink_target_that_is_not_a_regular_file_is_refused(program, elf, ho
     report = hostile.symbolize(executables=[program], frames=[frame])
     assert report["frames"] == [["beta", str(program), True]] and report["warnings"] == []  # the real one works
     details = plant(debug, kind)
-    report = hostile.symbolize(executables=[program], frames=[frame], timeout=15)
+    report = hostile.symbolize(executables=[program], frames=[frame])
     assert_fast(report)
     assert report["frames"] == [[f"prog+{offset:#x}", str(program), False]]
     (warning,) = report["warnings"]
     assert warning.startswith(f"refused {debug}: ") and "its debug file is not used" in warning
     assert any(detail in warning for detail in details)
+
+
+def load_base(pid: int, path: Path) -> int:
+    """Where ``path``'s file offset 0 is mapped in ``pid`` (polled: the program may not have started)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        lines = [line for line in maps if line.endswith(str(path)) and "/libburn.so" in "".join(maps)]
+        if lines:
+            return min(int(line.split("-")[0], 16) - int(line.split()[2], 16) for line in lines)
+        time.sleep(0.02)
+    raise AssertionError(f"{path} not mapped by {pid}")
 
 
 def test_symtab_with_sh_link_out_of_range_costs_only_its_names(tmp_path, workloads, elf, hostile):
@@ -151,9 +164,7 @@ def test_symtab_with_sh_link_out_of_range_costs_only_its_names(tmp_path, workloa
     hostile.patch_section(demo, ".symtab", sh_link=0xFFFF)
     process = subprocess.Popen([str(demo), "20"], stdout=subprocess.DEVNULL)
     try:
-        time.sleep(0.2)
-        base = next(int(line.split("-")[0], 16) - int(line.split()[2], 16)
-                    for line in Path(f"/proc/{process.pid}/maps").read_text().splitlines() if line.endswith(str(demo)))
+        base = load_base(process.pid, demo)
         report = hostile.symbolize(pids=[process.pid], frames=[
             (None, base + offset, process.pid), (build_id.hex(), offset, 1), (elf.build_id(libc).hex(), getpid, 1)])
     finally:
