@@ -93,6 +93,12 @@ def test_bad_config_files(tmp_path, optrace, config_text, suffix, message):
     (["--tls-cert", "/etc/hostname"], "TLS needs both --tls-cert and --tls-key"),
     (["--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"], "cannot read TLS file /nonexistent.pem"),
     (["--config", "/nonexistent.yaml"], "cannot read config /nonexistent.yaml"),
+    (["--config", "/dev/null"], "unknown format"),
+    (["--config", "/proc/self/status.yaml"], "cannot read config /proc/self/status.yaml"),
+    (["--series-idle-expiry", "-1"], "--series-idle-expiry must be 0 (never) or a number of seconds"),
+    (["--series-idle-expiry", "soon"], "'soon' is not a valid integer"),
+    (["--web-config", "/nonexistent.yml"], "cannot read web config /nonexistent.yml: it does not exist"),
+    (["--web-config", "/"], "Directory '/' is a directory"),
 ])
 def test_bad_flags(optrace, args, message):
     result = optrace("serve", *args, timeout=60)
