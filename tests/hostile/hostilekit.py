@@ -2,8 +2,8 @@
 
 An unprivileged account builds its own programs and files (owned by it, in a folder it owns), runs them
 as CPU burners so that root's whole-machine ``optrace record -a`` / ``optrace serve`` meets them, and
-plants files. Root's optrace runs are measured: wall time, peak RSS (``wait4``'s rusage, the process and
-anything it waited for), the BPF programs it held, its exit status and output.
+plants files. Root's optrace runs are measured: wall time, peak RSS (GNU time's, see :class:`Running`),
+the BPF programs it held, its exit status and output.
 """
 from __future__ import annotations
 
