@@ -25,6 +25,7 @@ from optrace.jitmaps.perfmap import MAX_LINE, PerfMapEntry, PerfMapReader
 from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, named_file_policy, open_file
 
 ELF_MACHINES = {3: "x86", 62: "x86-64", 40: "arm", 183: "aarch64", 243: "riscv", 21: "ppc64"}
+MAX_ELF_MACHINE = 0xFFFF  # e_machine is 16 bits; a jitdump's elf_mach field is 32
 MAX_ITEMS = 500_000  # perf-map entries or jitdump records kept for show/convert (~0.35 GB); the rest are counted
 PID_IN_NAME = re.compile(r"([0-9]{1,10})(?!.*[0-9])")
 T = TypeVar("T")
@@ -159,6 +160,8 @@ def convert(dump: str, output: str | None, max_size: int) -> None:
             mach, order, known, times_are_lines = host_elf_machine(), "<", [], True
     if not functions:
         raise OptraceError(f"{printable(dump)}: no JIT functions in it, nothing to convert")
+    if not 0 <= mach <= MAX_ELF_MACHINE:
+        raise OptraceError(f"{printable(dump)}: its header's machine {mach} is not an ELF machine number")
     out = output or f"jit-{pid}.elf"
     try:
         summary = write_elf(out, functions, mach, code_regions(functions, known), order, times_are_lines)

@@ -46,7 +46,7 @@ def raw_record(draw, order: str = "<") -> bytes:
 
 @st.composite
 def jitdump_bytes(draw) -> bytes:
-    header = bytearray(jd.encode_header(draw(u32), draw(st.sampled_from([62, 183, 0, 65535])), draw(u64),
+    header = bytearray(jd.encode_header(draw(u32), draw(st.sampled_from([62, 183, 0, 65535, 65536, 2**32 - 1])), draw(u64),
                                         draw(st.sampled_from("<>"))))
     if rare(draw):
         struct.pack_into("<I", header, 8, draw(u32))  # header size

@@ -150,6 +150,15 @@ def test_malformed_jitdumps_are_one_line_errors_or_shown(tmp_path, records, mess
     assert "-0.0" not in out and " -" not in out  # a record stamped before its header: age 0, never negative
 
 
+def test_convert_of_a_dump_whose_machine_is_not_16_bits(tmp_path):
+    path = tmp_path / "jit-42.dump"
+    path.write_bytes(jd.encode_header(42, 0xFFFF_FFFF, 0) + jd.encode_load(load(0x1000, 4, "f", 1)))
+    status, _, error = jit("convert", str(path), "-o", str(tmp_path / "out.elf"))
+    assert status == 1 and "machine 4294967295 is not an ELF machine number" in str(error)
+    status, out, _ = jit("show", str(path))
+    assert status == 0 and "elf_mach 4294967295" in out
+
+
 def test_header_size_past_the_file_and_huge_header_fields(tmp_path):
     header = bytearray(jd.encode_header(2**32 - 1, 65535, 2**64 - 1))
     struct.pack_into("<I", header, 8, 1 << 20)
