@@ -81,10 +81,14 @@ def live_regions(maps_text: str, functions: Sequence[JitFunction]) -> list[tuple
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         inside = by_start[bisect_left(starts, lo) : bisect_left(starts, hi)]
         end = min(hi, max((f.end for f in inside), default=lo))
-        carried = sum(len(f.code or b"") for f in inside)
-        if inside and end - lo <= carried + 2 * PAGE * len(inside):  # else page runs of the code: smaller
+        if inside and end - lo <= _image_bound(inside):  # else page runs of the code: smaller
             regions.append((lo, end))
     return regions
+
+
+def _image_bound(functions: Sequence[JitFunction]) -> int:
+    """The most bytes a section holding ``functions`` may span: their code and a page on each side."""
+    return sum(len(f.code or b"") for f in functions) + 2 * PAGE * len(functions)
 
 
 def code_regions(functions: Sequence[JitFunction], known: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
@@ -110,12 +114,11 @@ class _Regions:
         self.starts = [lo for lo, _ in self.regions]
 
     def holding(self, start: int, end: int | None = None) -> int | None:
+        """The smallest region holding ``start`` (and ``end``, when given) among the few nearest."""
         k = bisect_right(self.starts, start) - 1
-        for i in range(k, max(k - self.LOOK_BACK, -1), -1):
-            hi = self.regions[i][1]
-            if start < hi and (end is None or end <= hi):
-                return i
-        return None
+        found = [i for i in range(k, max(k - self.LOOK_BACK, -1), -1)
+                 if start < self.regions[i][1] and (end is None or end <= self.regions[i][1])]
+        return min(found, key=lambda i: self.regions[i][1] - self.regions[i][0], default=None)
 
     def images(self, functions: Sequence[JitFunction]) -> list[bytes | None]:
         """Each region's bytes at the end of the input (functions in load order: later ones overwrite);
@@ -128,6 +131,8 @@ class _Regions:
         images: list[bytes | None] = [None] * len(self.regions)
         for where, loaded in inside.items():
             lo, hi = self.regions[where]
+            if hi - lo > _image_bound(loaded):
+                continue  # a region made for code-less functions: its bytes would be mostly zeros
             image = bytearray(hi - lo)
             for function in loaded:
                 image[function.start - lo : function.end - lo] = function.code

@@ -116,6 +116,20 @@ def test_convert_allocates_only_the_code_the_dump_carries(tmp_path):
     assert "3 code sections, 3 symbols" in text and out.stat().st_size < 16384
 
 
+def test_code_and_a_huge_code_less_function_at_the_same_page(tmp_path):
+    """The code-less function's NOBITS region starts where the code's region does: the code's bytes go
+    to the small region, nothing spans the 1 TiB."""
+    records = [jd.encode_record(jd.CODE_LOAD, 1, struct.pack("<IIQQQQ", 42, 42, 0, 0x1000, 1 << 40, 0) + b"big\0"),
+               load(0x1000, 4, "small", 2, 1, b"\x31\xc0\x90\xc3")]
+    path = tmp_path / "jit-42.dump"
+    path.write_bytes(dump_bytes(records))
+    out = tmp_path / "out.elf"
+    status, text, error = jit("convert", str(path), "-o", str(out))
+    assert status == 0 and out.stat().st_size < 16384, error
+    disasm = subprocess.run(["objdump", "-d", str(out)], check=True, capture_output=True, text=True).stdout
+    assert "<small>:" in disasm and "xor    %eax,%eax" in disasm
+
+
 def test_too_many_separate_regions_is_one_line_error(tmp_path, monkeypatch):
     import optrace.jitmaps.elfwriter as elfwriter
     monkeypatch.setattr(elfwriter, "MAX_SECTIONS", 10)
