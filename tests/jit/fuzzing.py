@@ -56,6 +56,30 @@ def jitdump_bytes(draw) -> bytes:
     return blob[: draw(st.integers(0, len(blob)))] if rare(draw) else blob
 
 
+@st.composite
+def well_formed_jitdump(draw) -> bytes:
+    """Valid records only (loads with and without code, moves, debug info) at colliding, huge and
+    edge addresses: what reaches the lifetimes, the regions and the ELF writer."""
+    pages = st.sampled_from([0, 0x1000, 0x1008, 0x2000, 0x7F0000000000, 2**63, 2**64 - 0x2000])
+    sizes = st.one_of(st.integers(1, 64), st.sampled_from([4096, 1 << 40, 2**63]))
+    parts = [jd.encode_header(42, 62, draw(st.integers(0, 10)))]
+    for ts in range(draw(st.integers(0, 12))):
+        kind = draw(st.sampled_from(["load", "load", "codeless", "move", "debug"]))
+        addr, size, index = draw(pages), draw(sizes), draw(st.integers(0, 4))
+        if addr + size >= 2**64:
+            continue
+        if kind == "move":
+            parts.append(jd.encode_move(jd.CodeMove(ts, 42, 42, 0, draw(pages), addr, size, index)))
+        elif kind == "debug":
+            entries = (jd.DebugEntry(addr, 1, 0, "f.js"),)
+            parts.append(jd.encode_debug_info(jd.DebugInfo(ts, addr, entries)))
+        else:
+            code = bytes([0x90]) * size if kind == "load" and size <= 64 else None
+            payload = struct.pack("<IIQQQQ", 42, 42, addr, addr, size, index) + b"f\0" + (code or b"")
+            parts.append(jd.encode_record(jd.CODE_LOAD, ts, payload))
+    return b"".join(parts)
+
+
 hex_field = st.one_of(st.integers(0, 2**64 + 5).map(lambda v: f"{v:x}"), st.sampled_from(["", "0x", "-1", "1_0"]))
 perf_map_line = st.tuples(st.sampled_from(["", "0x", " "]), hex_field, st.sampled_from([" ", "\t", "  ", ""]),
                           hex_field, st.sampled_from([" ", "\t", ""]),
@@ -113,6 +137,8 @@ def main() -> None:
     targets = {"jitdump reader": (jitdump_bytes(), lambda b: check_reader(b, "jitdump")),
                "perf-map reader": (perf_map_bytes, lambda b: check_reader(b, "perfmap")),
                "jit show/convert (jitdump)": (jitdump_bytes(), lambda b: check_cli(b, "jit-42.dump")),
+               "jit show/convert (well-formed jitdump)": (well_formed_jitdump(),
+                                                          lambda b: check_cli(b, "jit-42.dump")),
                "jit show/convert (perf map)": (perf_map_bytes, lambda b: check_cli(b, "perf-42.map"))}
     for name, (strategy, check) in targets.items():
         stats: dict = {"examples": 0, "failures": 0, "max_seconds": 0.0}

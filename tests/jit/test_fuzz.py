@@ -9,7 +9,7 @@ from unittest.mock import patch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import optrace.jitmaps.perfmap as perfmap
-from fuzzing import check_cli, check_reader, jitdump_bytes, perf_map_bytes
+from fuzzing import check_cli, check_reader, jitdump_bytes, perf_map_bytes, well_formed_jitdump
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -29,6 +29,12 @@ def test_perf_map_reader_never_raises(blob):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(jitdump_bytes())
 def test_jit_show_and_convert_on_fuzzed_jitdumps(blob):
+    check_cli(blob, "jit-42.dump")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(well_formed_jitdump())
+def test_jit_show_and_convert_on_well_formed_jitdumps_at_hostile_addresses(blob):
     check_cli(blob, "jit-42.dump")
 
 
