@@ -1,0 +1,52 @@
+"""Beyond issue 8's table, found by its harness: the hostile user forges another program's build-id.
+
+optrace knows ELF files by build-id. A build-id is a claim the file makes about itself, and anyone can
+copy one (``ld --build-id=0x...``; root's binaries' ids are public). The user runs a program of its own
+with the build-id of root's program (and a function of its choosing where root's program burns), then
+root's program runs: its samples must still be named from its own file, not from the user's.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from hostilekit import Running, kill_group, loaded_prog_ids, run_measured
+
+pytestmark = [pytest.mark.bpf]
+BUILD_ID = "0x" + "5a" * 20
+SPOOFED = "spoofed_by_user"
+
+
+def _build(run_as, output, *flags: str) -> None:
+    run_as("gcc", "-O1", "-fno-omit-frame-pointer", "-g", f"-Wl,--build-id={BUILD_ID}", *flags, "-o", output,
+           output.parent.parent / "src" / "burn.c")
+
+
+@pytest.mark.xfail(strict=True, reason="symbols: a file is trusted for every process that maps a file with "
+                   "its build-id (the user's forged copy names root's program)")
+def test_forged_build_id_does_not_rename_roots_program(bpf_ready, hostile_user, user_bin, tmp_path):
+    spoofer = user_bin / "hspoofer"
+    _build(hostile_user.run, spoofer, f"-Dhostile_burn={SPOOFED}")
+    victim_dir = tmp_path / "root-bin"
+    victim_dir.mkdir()
+    victim = victim_dir / "hvictim"
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-g", f"-Wl,--build-id={BUILD_ID}", "-o", str(victim),
+                    str(user_bin.parent / "src" / "burn.c")], check=True)
+    first = hostile_user.spawn(spoofer)
+    second = subprocess.Popen([str(victim)], start_new_session=True)
+    out = tmp_path / "spoof.data"
+    try:
+        running = Running(["record", "-a", "-F", "99", "-d", "3", "-o", str(out)], tmp_path)
+        running.wait_attached()
+        run = running.finish(timeout=60)
+    finally:
+        kill_group(first)
+        kill_group(second)
+    assert run.returncode == 0, run.describe()
+    assert not run.prog_ids & loaded_prog_ids()
+    report = run_measured(["report", "-i", str(out), "--format", "json", "--comm", "hvictim"], tmp_path)
+    rows = json.loads(report.stdout)["rows"]
+    assert rows, "root's program was never sampled"
+    assert not [r for r in rows if SPOOFED in r["symbol"] or "hspoofer" in r["dso"]], rows
