@@ -62,7 +62,7 @@ def test_ten_megabytes_of_hostile_lines_in_well_under_a_second(tmp_path):
     repeats = 10_000_000 // sum(map(len, parts))
     path.write_bytes(b"".join(parts) * repeats + b" " * 3_000_000)  # and an unterminated line of blanks
     entries, reader, took = read_map(path)
-    assert path.stat().st_size > 12_000_000 and took < 1.0, took  # measured: 0.04-0.08 s
+    assert path.stat().st_size > 12_000_000 and took < 1.0, took  # measured: 0.03-0.06 s (load average ~45 on 2 CPUs)
     assert len(entries) == repeats  # the last part, exactly MAX_LINE bytes long, is a good line
     assert (reader.lines, reader.bad_lines, reader.long_lines) == (4 * repeats + 1, 3 * repeats + 1, 2 * repeats + 1)
 
