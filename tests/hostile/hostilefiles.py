@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 from pathlib import Path
 
@@ -61,9 +60,7 @@ def with_kmsg_debuglink(user: HostileUser, source: Path, target: Path) -> Path:
 
 def with_debugdata_bomb(user: HostileUser, source: Path, target: Path, zeros_xz: Path) -> Path:
     """Stripped, its MiniDebugInfo (.gnu_debugdata) is xz of 4 GiB of zeros."""
-    bomb = user.home / "zeros.xz"
-    shutil.copy(zeros_xz, bomb)
-    user.write(bomb, bomb.read_bytes())
+    bomb = user.write(user.home / "zeros.xz", zeros_xz.read_bytes())
     return stripped_with_section(user, source, target, ".gnu_debugdata", bomb)
 
 
