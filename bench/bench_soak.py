@@ -51,16 +51,21 @@ SCRAPE_EVERY_S = 15.0
 class Sample:
     minute: float
     rss_mb: float
+    anon_mb: float  # RssAnon: the heap; the rest of RSS is file pages (LLVM, libbcc, ...)
+    tables_mb: float  # symbol tables the symbolizer keeps (capped at 64 MB)
+    dsos: int  # objects it keeps
+    jit_symbols: int  # JIT symbols held for live processes
     series: int
     page_kb: float
     execs: int
     read_errors: int
     jit_refused: int
+    load: float  # the machine's 1-minute load average (other work on it shows here)
 
 
-def rss_mb(pid: int) -> float:
+def status_mb(pid: int, key: str) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+    return round(int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024, 1)
 
 
 def scrape(url: str) -> str:
@@ -151,12 +156,16 @@ class Churn:
 
 def sample(pid: int, url: str, started: float) -> Sample:
     text = scrape(url)
-    return Sample(minute=round((time.monotonic() - started) / 60, 2), rss_mb=round(rss_mb(pid), 1),
+    return Sample(minute=round((time.monotonic() - started) / 60, 2), rss_mb=status_mb(pid, "VmRSS"),
+                  anon_mb=status_mb(pid, "RssAnon"),
+                  tables_mb=round(metric(text, r'optrace_symbol_cache_bytes\{cache="table"\}') / 2**20, 1),
+                  dsos=int(metric(text, r'optrace_symbol_cache_entries\{cache="dsos"\}')),
+                  jit_symbols=int(metric(text, r'optrace_symbol_cache_entries\{cache="jit_symbols"\}')),
                   series=int(metric(text, r'optrace_series\{metric="optrace_cpu_samples_total"\}')),
                   page_kb=round(len(text.encode()) / 1024, 1),
                   execs=int(metric(text, r'optrace_process_events_total\{event="exec"\}')),
                   read_errors=int(metric(text, r"optrace_read_errors_total\{[^}]*\}")),
-                  jit_refused=int(metric(text, "optrace_jit_refused_files_total")))
+                  jit_refused=int(metric(text, "optrace_jit_refused_files_total")), load=round(os.getloadavg()[0], 1))
 
 
 def soak(warmup_s: float, soak_s: float, sample_every_s: float, tmp: Path) -> tuple[list[Sample], dict]:
@@ -200,7 +209,8 @@ def verdict(samples: list[Sample]) -> dict:
 
 def markdown(samples: list[Sample], result: dict, churned: dict, args: argparse.Namespace) -> str:
     window = samples[-1].minute - samples[0].minute
-    rows = [[f"{s.minute:.1f}", s.rss_mb, s.series, s.page_kb, s.execs, s.read_errors, s.jit_refused] for s in samples]
+    rows = [[f"{s.minute:.1f}", s.rss_mb, s.anon_mb, s.tables_mb, s.dsos, s.jit_symbols, s.series, s.page_kb, s.execs,
+             s.read_errors, s.jit_refused, s.load] for s in samples]
     met = "met" if result["met"] else "NOT met"
     return "\n".join([
         "## serve soak (issue 8)", "",
@@ -214,7 +224,8 @@ def markdown(samples: list[Sample], result: dict, churned: dict, args: argparse.
         f"{result['max_rss_mb']} MB, {result['last_rss_mb']} MB at the end: **{100 * result['spread']:.1f} % from "
         f"the start** (target: within {100 * TARGET_SPREAD:.0f} %, {met}). serve exited "
         f"{churned['exit_code']} on SIGTERM.", "",
-        md_table(["minute", "RSS MB", "CPU series", "page KiB", "execs seen", "read errors", "JIT files refused"], rows),
+        md_table(["minute", "RSS MB", "anon MB", "symbol tables MB", "objects", "JIT symbols", "CPU series", "page KiB",
+                  "execs seen", "read errors", "JIT files refused", "load"], rows),
     ])
 
 

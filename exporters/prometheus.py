@@ -118,6 +118,18 @@ def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[M
     for kind, count in sorted(snap.read_errors.items()):
         errors.add_metric([kind], count)
     yield errors
+    entries = GaugeMetricFamily("optrace_symbol_cache_entries", "What the symbolizer and the JIT symbol "
+                                "reader keep now, by cache (each is capped; for explaining serve's memory).",
+                                labels=["cache"])
+    sizes = GaugeMetricFamily("optrace_symbol_cache_bytes", "Bytes the symbolizer's symbol tables and the "
+                              "JIT symbols' names take now, by cache.", labels=["cache"])
+    for cache, size in sorted(snap.caches.items()):
+        if cache.endswith("_bytes"):
+            sizes.add_metric([cache.removesuffix("_bytes")], size)
+        else:
+            entries.add_metric([cache], size)
+    yield entries
+    yield sizes
     yield CounterMetricFamily("optrace_drains", "Kernel map drains done.", value=snap.drains)
     yield CounterMetricFamily("optrace_drain_seconds", "Wall time spent draining the kernel maps and "
                               "turning them into series, symbolizing included.", value=snap.drain_seconds)

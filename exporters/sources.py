@@ -162,6 +162,8 @@ class ProfileSource:
         self._end_processes(result, delta)
         delta.jit_refused_files += self._new_refusals()
         self._take_warnings(delta)
+        delta.caches.update(self.symbolizer.cache_sizes(), jit_processes=len(self._jit_pids),
+                            jit_symbols=self.jit.budget.entries, jit_names_bytes=self.jit.budget.name_bytes)
 
     def _symbolize(self, leaves: list[RawSample], delta: Delta) -> list[tuple[list[Frame], list[Sample]]]:
         """All leaves in one call; if that raises, again one process at a time, so only the process

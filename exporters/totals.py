@@ -38,6 +38,7 @@ class Delta:
     unresolved_frames: int = 0  # samples whose leaf frame has no symbol
     jit_refused_files: int = 0  # perf maps / jitdumps refused (untrusted owner, bad format...)
     read_errors: Counter[str] = field(default_factory=Counter)  # kind -> failures contained in a drain
+    caches: dict[str, int] = field(default_factory=dict)  # symbol cache -> its size now (entries or *_bytes)
     symbolize_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)  # logged by the daemon, not kept
 
@@ -92,6 +93,7 @@ class TotalsSnapshot:
     overflow: dict[str, int]  # metric -> samples or calls sent to [other] series
     expired: dict[str, int]  # metric -> series dropped after being idle
     read_errors: dict[str, int]  # kind -> failures contained in a drain
+    caches: dict[str, int]  # symbol cache -> its size after the last drain
     lost: dict[str, int]
     idle_samples: int
     process_events: dict[str, int]  # "exec" / "exit" -> count
@@ -119,6 +121,7 @@ class ExporterTotals:
         self.unresolved_frames = 0
         self.jit_refused_files = 0
         self.read_errors: Counter[str] = Counter()
+        self.caches: dict[str, int] = {}
         self.drains = 0
         self.drain_seconds = 0.0
         self.symbolize_seconds = 0.0
@@ -146,6 +149,7 @@ class ExporterTotals:
             self.unresolved_frames += delta.unresolved_frames
             self.jit_refused_files += delta.jit_refused_files
             self.read_errors.update(delta.read_errors)
+            self.caches.update(delta.caches)
             self.symbolize_seconds += delta.symbolize_seconds
             self.drain_seconds += drain_seconds
             self.drains += 1
@@ -169,6 +173,7 @@ class ExporterTotals:
                 overflow={CPU_METRIC: self.cpu_samples.overflow, CALLS_METRIC: self.uprobe_calls.overflow},
                 expired={CPU_METRIC: self.cpu_samples.expired, CALLS_METRIC: self.uprobe_calls.expired},
                 read_errors=dict(self.read_errors),
+                caches=dict(self.caches),
                 lost=dict(self.lost),
                 idle_samples=self.idle_samples,
                 process_events=dict(self.process_events),

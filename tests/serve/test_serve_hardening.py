@@ -167,6 +167,9 @@ class PickySymbolizer:
     def forget_process(self, pid: int) -> None:
         pass
 
+    def cache_sizes(self) -> dict[str, int]:
+        return {"dsos": 2, "table_bytes": 4096}
+
 
 @dataclass
 class FakeDrain:
@@ -187,8 +190,11 @@ class FakeProfiler:
 
 class NoJit:
     def __init__(self) -> None:
+        from optrace.jitmaps.symtable import SymbolBudget
+
         self.warnings: list[str] = []
         self.stats: dict[str, int] = {}
+        self.budget = SymbolBudget()
 
     def poll(self, pid: int, time: float) -> None:
         pass
@@ -209,6 +215,16 @@ def test_one_process_that_breaks_symbolization_costs_its_own_names_only():
                                          ("evil", "[unknown]", "[unknown]"): 3})
     assert delta.read_errors == Counter({"process_maps": 1, "symbolize": 1})
     assert all("pid 666" in w for w in delta.warnings) and len(delta.warnings) == 2
+    assert delta.caches == {"dsos": 2, "table_bytes": 4096, "jit_processes": 0, "jit_symbols": 0, "jit_names_bytes": 0}
+
+
+def test_cache_sizes_are_gauges_on_the_page(expo):
+    totals = ExporterTotals(max_series=10)
+    totals.apply(Delta(caches={"dsos": 5, "table_bytes": 1 << 20}), 0)
+    totals.apply(Delta(caches={"dsos": 3, "table_bytes": 1 << 19}), 0)  # the latest value, not a sum
+    text = MetricsPage(totals, ExporterInfo(99, "cpu-clock")).render().decode()
+    assert expo.value(text, "optrace_symbol_cache_entries", cache="dsos") == 3
+    assert expo.value(text, "optrace_symbol_cache_bytes", cache="table") == 1 << 19
 
 
 # -- the HTTP side ----------------------------------------------------------------------------------------
