@@ -19,6 +19,7 @@ import platform
 import struct
 import subprocess
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -94,7 +95,7 @@ class Linker:
         root = self._object(FileRef(executable, executable, follow_symlinks=True), None, "its libraries are not indexed")
         if root is None:
             return [], []
-        exe_rpath = () if root.info.runpath else _expand(root.info.rpath, executable)
+        exe_rpath = () if root.info.runpath else _expand(root.info.rpath, _origin(root, root))
         queue = deque([root])
         seen = {root.identity}
         found: list[FileRef] = []
@@ -103,7 +104,7 @@ class Linker:
             owner = queue.popleft()
             for name in owner.info.needed:
                 reported = self._reported
-                library = self._find_library(name, owner, exe_rpath, root.info)
+                library = self._find_library(name, owner, exe_rpath, root)
                 if library is None and reported == self._reported:
                     missing.append(f"{name} (needed by {owner.ref.name}) not found")
                 elif library is not None and library.identity not in seen:
@@ -117,27 +118,28 @@ class Linker:
             self._ld_cache = read_ld_so_cache()
         return self._ld_cache
 
-    def _find_library(self, name: str, owner: _Object, exe_rpath: tuple[str, ...], root: DynamicInfo) -> _Object | None:
+    def _find_library(self, name: str, owner: _Object, exe_rpath: tuple[str, ...], root: _Object) -> _Object | None:
         for candidate in self._candidates(name, owner, exe_rpath, root):
-            found = self._object(candidate, root, f"it is not used as {name}")
+            found = self._object(candidate, root.info, f"it is not used as {name}")
             if found is not None:
                 return found
         return None
 
-    def _candidates(self, name: str, owner: _Object, exe_rpath: tuple[str, ...], root: DynamicInfo):
+    def _candidates(self, name: str, owner: _Object, exe_rpath: tuple[str, ...], root: _Object) -> Iterator[FileRef]:
         """The paths ld.so tries, in order, each with whether its symlinks may be followed."""
         if "/" in name:
             if os.path.isabs(name):
                 yield FileRef(name, name)
             return
         info = owner.info
-        dirs = _expand(info.runpath, owner.ref.name) if info.runpath else _expand(info.rpath, owner.ref.name) + exe_rpath
-        for directory in dirs:
-            path = os.path.join(directory, name)
+        origin = _origin(owner, root)
+        dirs = _expand(info.runpath, origin) if info.runpath else _expand(info.rpath, origin) + exe_rpath
+        for directory in dirs:  # ".." resolved lexically: no symlink is followed in these dirs anyway
+            path = os.path.normpath(os.path.join(directory, name))
             yield FileRef(path, path)
         for path in self.ld_so_cache().get(name, []):
             yield FileRef(path, path, follow_symlinks=True)
-        for directory in default_dirs(root.machine):
+        for directory in default_dirs(root.info.machine):
             path = os.path.join(directory, name)
             yield FileRef(path, path, follow_symlinks=True)
 
@@ -186,9 +188,15 @@ def _sibling_of(ref: FileRef) -> FileRef | None:
     return FileRef(path, path)
 
 
-def _expand(dirs: tuple[str, ...], owner: str) -> tuple[str, ...]:
+def _origin(owner: _Object, program: _Object) -> str:
+    """ld.so's $ORIGIN: the directory of the program's real path (an execve'd path, whose symlinks
+    are followed anyway: /usr/bin/java -> /usr/lib/jvm/.../bin/java), of a library's path as found."""
+    path = owner.ref.read_path or owner.ref.name
+    return os.path.dirname(os.path.realpath(path) if owner is program else os.path.abspath(path))
+
+
+def _expand(dirs: tuple[str, ...], origin: str) -> tuple[str, ...]:
     """Substitute $ORIGIN (the owner's directory), $LIB and $PLATFORM as ld.so does."""
-    origin = os.path.dirname(os.path.abspath(owner))
     expanded = []
     for directory in dirs:
         for token, value in (("ORIGIN", origin), ("LIB", "lib"), ("PLATFORM", platform.machine())):

@@ -53,3 +53,22 @@ def test_objects_of_another_class_or_machine_are_skipped() -> None:
     class32 = bytes(header[:4]) + b"\x01" + bytes(header[5:20])  # ELFCLASS32
     arm64 = bytes(header[:18]) + (183).to_bytes(2, "little")  # EM_AARCH64
     assert not any(linker._compatible(h, root) for h in (class32, arm64, b"not an ELF file\n", b""))
+
+
+def test_origin_of_a_program_run_through_a_symlink_is_its_real_directory(tmp_path: Path) -> None:
+    """As ld.so: /usr/bin/java -> /usr/lib/jvm/.../bin/java finds libjli.so through $ORIGIN/../lib."""
+    app = tmp_path / "app"
+    (app / "lib").mkdir(parents=True)
+    (app / "bin").mkdir()
+    (tmp_path / "l.c").write_text("int helper(void) { return 1; }\n")
+    (tmp_path / "m.c").write_text("int helper(void); int main(void) { return helper(); }\n")
+    library = app / "lib" / "libhelper.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libhelper.so", "-o", str(library), str(tmp_path / "l.c")],
+                   check=True)
+    subprocess.run(["gcc", "-o", str(app / "bin" / "prog"), str(tmp_path / "m.c"), str(library),
+                    "-Wl,-rpath,$ORIGIN/../lib", "-Wl,--enable-new-dtags"], check=True)
+    (tmp_path / "prog").symlink_to(app / "bin" / "prog")
+    with open(app / "bin" / "prog", "rb") as stream:
+        assert linker.read_dynamic(stream).needed[0] == "libhelper.so"
+    found, problems = Linker().needed_libraries(str(tmp_path / "prog"))
+    assert problems == [] and str(library) in {ref.read_path for ref in found}
