@@ -114,6 +114,10 @@ class RecordMeta:
     # not read yet) or "raw" (IPs, turned into build-id frames from the process's mappings).
     user_stacks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # Files that cost their own names, by kind (each also has a warning): "elf_refused", "elf_budget",
+    # "elf_unreadable", "elf_malformed" (binaries, libraries, debug files), "jit_<reason>" (perf maps,
+    # jitdumps: refused, corrupt, too many...), "jit_symbols_dropped" (entries over the symbol budget).
+    file_problems: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

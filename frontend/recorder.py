@@ -10,6 +10,7 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -222,8 +223,20 @@ class Recorder:
             stacks=self.options.stacks,
             user_stacks={kind: n for kind, n in self.profiler.stats.items() if kind in ("raw", "build_id")},
             warnings=self.warnings + self.symbolizer.warnings + self.jit.warnings,
+            file_problems=file_problems(self.symbolizer.stats, self.jit.stats),
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls)
+
+
+def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int]) -> dict[str, int]:
+    """The counts behind the per-file warnings, for the record's header (see RecordMeta.file_problems)."""
+    problems = {f"elf_{key[len('bad_files_'):]}": n for key, n in symbol_stats.items()
+                if key.startswith("bad_files_") and n}
+    problems.update({f"jit_{key[len('refused_'):]}": n for key, n in jit_stats.items()
+                     if key.startswith("refused_") and n})
+    if jit_stats.get("symbols_dropped"):
+        problems["jit_symbols_dropped"] = jit_stats["symbols_dropped"]
+    return problems
 
 
 def _alive(pid: int) -> bool:

@@ -8,6 +8,7 @@ import click
 from optrace.frontend.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.frontend.target import check_command, check_pids, describe_exit
+from optrace.frontend.report.escape import escape_controls
 from optrace.kernel import max_sample_rate
 
 def parse_pids(values: tuple[str, ...]) -> list[int]:
@@ -80,15 +81,16 @@ def validate(options: RecordOptions) -> None:
 def summarize(record, output: str) -> None:
     meta = record.meta
     for warning in meta.warnings:
-        click.echo(f"optrace: warning: {warning}", err=True)
+        click.echo(f"optrace: warning: {escape_controls(warning)}", err=True)
     if meta.command:
-        click.echo(f"[ optrace record: {meta.command[0]}: {describe_exit(meta.exit_status)} ]", err=True)
+        click.echo(f"[ optrace record: {escape_controls(meta.command[0])}: {describe_exit(meta.exit_status)} ]",
+                   err=True)
     lost = sum(n for reason, n in meta.lost.items() if "stack" not in reason)
     stackless = sum(n for reason, n in meta.lost.items() if "stack" in reason)
     lost_text = (f", {lost} lost" if lost else "") + (f", {stackless} without stack" if stackless else "")
     size_kb = os.path.getsize(output) / 1024
     click.echo(
         f"[ optrace record: {meta.total_samples} samples{lost_text}, {len(record.frames)} frames, "
-        f"wrote {output} ({size_kb:.1f} KB) ]",
+        f"wrote {escape_controls(output)} ({size_kb:.1f} KB) ]",
         err=True,
     )

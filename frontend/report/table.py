@@ -73,6 +73,9 @@ def _header_text(record: Record, source: str) -> list[str]:
         lines.append(f"# Idle samples (pid 0, not in the profile): {meta.idle_samples}")
     if not meta.stacks:
         lines.append("# Recorded without stacks (--no-stacks): leaf frames only")
+    if meta.file_problems:
+        counted = ", ".join(f"{kind} {n}" for kind, n in sorted(meta.file_problems.items()))
+        lines.append(f"# Files that cost their own names: {counted} (the warnings say which)")
     return lines + [f"# Warning: {warning}" for warning in meta.warnings]
 
 
