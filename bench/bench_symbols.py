@@ -32,7 +32,7 @@ PYTHON = ROOT / ".venv" / "bin" / "python"
 
 DRIVER = """
 import json, sys, time
-from optrace.frontend.model import RawSample, UserFrame
+from optrace.model import RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
 spec = json.load(open(sys.argv[1]))
 s = Symbolizer()

@@ -15,7 +15,7 @@ from typing import Iterable
 
 from optrace.bpf.loader import import_bcc, load_bcc
 from optrace.errors import OptraceError
-from optrace.frontend.model import RawSample, UserFrame
+from optrace.model import RawSample, UserFrame
 from optrace.frontend.symbols.addrspace import AddressSpaces
 from optrace.kernel import syscall_events_available
 

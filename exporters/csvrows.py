@@ -1,5 +1,5 @@
 """`--format csv`: a header line, then one line per report row (the JSON row fields; null is empty,
-booleans are true/false). Names are escaped (:mod:`optrace.frontend.report.escape`): a newline or a
+booleans are true/false). Names are escaped (:mod:`optrace.escape`): a newline or a
 terminal escape in a name never reaches the output, so every row is one line; ``--format json`` keeps
 the names as recorded.
 

@@ -25,7 +25,7 @@ from optrace.exporters.prometheus import ExporterInfo, MetricsPage
 from optrace.exporters.sources import CallSource, ProfileSource, Source, contain
 from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S, Delta, ExporterTotals
 from optrace.exporters.webconfig import WebConfig
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 DEFAULT_PORT = 9469
 DEFAULT_MAX_SERIES = 10000

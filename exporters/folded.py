@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from optrace.frontend.model import Frame, Record
+from optrace.model import Frame, Record
 from optrace.frontend.report.budget import Names, OutputBudget
-from optrace.frontend.report.escape import escape_controls
+from optrace.escape import escape_controls
 from optrace.frontend.report.rows import (
     UNKNOWN_FRAME,
     ReportOptions,
@@ -48,5 +48,5 @@ def _frame_name(frame: Frame) -> str:
 
 def _clean(name: str) -> str:
     """';' separates frames and a newline ends the line: neither may appear inside a name (control
-    characters are escaped, :mod:`optrace.frontend.report.escape`)."""
+    characters are escaped, :mod:`optrace.escape`)."""
     return escape_controls(name).replace(";", ":")

@@ -32,7 +32,7 @@ from optrace import __version__
 from optrace.exporters.prometheus import CONTENT_TYPE
 from optrace.exporters.webconfig import BasicAuth, TlsFiles, WebConfig, tls_context
 from optrace.fileaccess import printable
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 REQUEST_TIMEOUT_S = 30.0  # one blocking read or the whole write of a response
 REQUEST_DEADLINE_S = 60.0  # a connection in all

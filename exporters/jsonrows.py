@@ -10,7 +10,7 @@ import dataclasses
 import json
 from typing import Any
 
-from optrace.frontend.model import Record
+from optrace.model import Record
 from optrace.frontend.report.budget import OutputBudget
 from optrace.frontend.report.rows import ReportOptions, Row, sample_total
 

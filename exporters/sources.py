@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 
 from optrace.exporters.totals import Delta
 from optrace.fileaccess import printable
-from optrace.frontend.model import UNKNOWN, Frame, RawSample, Sample
+from optrace.model import UNKNOWN, Frame, RawSample, Sample
 from optrace.frontend.recorder import leaf_only, resolve_exec_path
 
 JIT_DSO = "[jit]"

@@ -35,7 +35,7 @@ import bcrypt
 import yaml
 
 from optrace.fileaccess import FilePolicy, RefusedFile, printable, read_file
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 CONFIG_POLICY = FilePolicy(max_size=1 << 20, follow_symlinks=True)  # root's own file: symlinks are fine
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,

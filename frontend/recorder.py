@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from optrace import __version__
-from optrace.frontend.model import RawSample, Record, RecordMeta
+from optrace.model import RawSample, Record, RecordMeta
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import GatedChild
 

@@ -30,7 +30,7 @@ from optrace.exporters.httpserver import ListenAddress
 from optrace.exporters.webconfig import CONFIG_POLICY, TlsFiles, WebConfig, load_web_config, tls_context
 from optrace.fileaccess import RefusedFile, read_file
 from optrace.frontend.commands.record import check_frequency, parse_pids
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.target import check_pids
 from optrace.frontend.uprobes.spec import parse_spec
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import click
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.uprobes.render import CountReport, render_json, render_table
 from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES

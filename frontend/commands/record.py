@@ -5,10 +5,10 @@ import os
 
 import click
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.frontend.target import check_command, check_pids, describe_exit
-from optrace.frontend.report.escape import escape_controls
+from optrace.escape import escape_controls
 from optrace.kernel import max_sample_rate
 
 def parse_pids(values: tuple[str, ...]) -> list[int]:
@@ -59,7 +59,7 @@ def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jit
     )
     validate(options)
     from optrace.frontend.doctor import require_recording
-    from optrace.frontend.recordfile import write_record
+    from optrace.recordfile import write_record
 
     require_recording(uprobes=bool(options.uprobes))
     record = Recorder(options).run()

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.recordfile import printable, read_record
-from optrace.frontend.report.escape import escape_controls
+from optrace.errors import OptraceError
+from optrace.recordfile import printable, read_record
+from optrace.escape import escape_controls
 from optrace.frontend.report.render import check_format, render_report
 from optrace.frontend.report.rows import ReportOptions, parse_sort_keys
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.report.escape import escape_controls
+from optrace.errors import OptraceError
+from optrace.escape import escape_controls
 
 MAX_OUTPUT_CHARS = 128 << 20
 MAX_ALIGN = 256  # a table column is padded to at most this width; longer cells overflow it

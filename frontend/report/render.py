@@ -4,8 +4,8 @@ Each format's module is imported only when asked for: report start-up time is pa
 """
 from __future__ import annotations
 
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.model import Record
+from optrace.errors import OptraceError
+from optrace.model import Record
 from optrace.frontend.report.rows import ReportOptions, build_rows
 
 FORMATS = ("table", "json", "csv", "folded")

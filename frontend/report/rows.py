@@ -11,8 +11,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.model import UNKNOWN, Frame, Record, Sample
+from optrace.errors import OptraceError
+from optrace.model import UNKNOWN, Frame, Record, Sample
 
 SORT_KEYS = ("comm", "pid", "dso", "symbol")
 DEFAULT_SORT = ("comm", "dso", "symbol")

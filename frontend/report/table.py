@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from optrace.frontend.model import CallCount, Record, RecordMeta
+from optrace.model import CallCount, Record, RecordMeta
 from optrace.frontend.report.budget import MAX_ALIGN, Names, OutputBudget
-from optrace.frontend.report.escape import escape_controls
+from optrace.escape import escape_controls
 from optrace.frontend.report.rows import ReportOptions, Row, sample_total
 
 Cells = Callable[[], Iterable[list[str]]]  # called twice: once for the widths, once for the lines

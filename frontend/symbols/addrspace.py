@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from optrace.fileaccess import reader_for
-from optrace.frontend.model import UserFrame
+from optrace.model import UserFrame
 from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.lru import LruCache

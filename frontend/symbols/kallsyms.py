@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 KALLSYMS = "/proc/kallsyms"
 # ADDRESS TYPE NAME [\t[MODULE]], for the text types tTwW only (perf's kallsyms__is_function)

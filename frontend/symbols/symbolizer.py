@@ -21,8 +21,8 @@ import io
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample, UserFrame
+from optrace.errors import OptraceError
+from optrace.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample, UserFrame
 from optrace.frontend.symbols import debuginfo
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.demangle import demangle

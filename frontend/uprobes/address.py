@@ -14,7 +14,7 @@ from collections.abc import Callable
 import capstone
 
 from optrace.fileaccess import printable
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.uprobes.elf import ElfFunctions, FunctionSymbol
 
 MAX_DECODE_BYTES = 1 << 20  # from the function start to the address

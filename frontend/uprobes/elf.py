@@ -17,7 +17,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerSymSection
 
 from optrace.fileaccess import BoundedFile, FilePolicy, RefusedFile, open_reader, printable
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 # The binary is one the user named: a generous time budget (a large .symtab takes seconds to parse), but a
 # budget all the same.

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 from optrace.fileaccess import printable
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 # The ld.so.cache flag of this machine's native libraries, as `ldconfig -p` prints it.
 _NATIVE_FLAGS = {"x86_64": "x86-64", "aarch64": "AArch64"}

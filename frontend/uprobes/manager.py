@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from optrace.errors import OptraceError
-from optrace.frontend.model import CallCount
+from optrace.model import CallCount
 from optrace.frontend.uprobes.resolve import ProbeKey, ResolvedProbe
 
 PidFilter = Callable[[int], bool]

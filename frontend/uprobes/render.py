@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from optrace.frontend.model import CallCount
+from optrace.model import CallCount
 from optrace.frontend.uprobes.resolve import ResolvedProbe
 from optrace.frontend.uprobes.spec import parse_spec
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from optrace.fileaccess import BoundedFile, printable
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.uprobes.address import check_address
 from optrace.frontend.uprobes.elf import ElfFunctions, FunctionSymbol, load_functions, open_binary
 from optrace.frontend.uprobes.library import find_object

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

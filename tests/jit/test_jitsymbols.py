@@ -93,7 +93,7 @@ def test_explicit_jitdump(tmp_path):
 
 
 def test_explicit_jitdump_bad_input_is_one_clear_error(tmp_path):
-    from optrace.frontend.errors import OptraceError
+    from optrace.errors import OptraceError
     (tmp_path / "bad.dump").write_bytes(b"not a dump at all, no no no no no no no no")
     with pytest.raises(OptraceError, match="bad magic"):
         JitSymbols(jitdumps=[str(tmp_path / "bad.dump")])

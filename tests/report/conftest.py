@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.model import KERNEL_DSO, CallCount, Frame, Record, RecordMeta, Sample
-from optrace.frontend.recordfile import write_record
+from optrace.model import KERNEL_DSO, CallCount, Frame, Record, RecordMeta, Sample
+from optrace.recordfile import write_record
 
 DEMO = "/work/main/workloads/build/demo"
 LIBBURN = "/work/main/workloads/build/libburn.so"

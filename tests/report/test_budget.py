@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend import recordfile
-from optrace.frontend.model import Record, Sample
-from optrace.frontend.recordfile import HEADER, MAGIC, FOREIGN_LIMITS, OWN_LIMITS, Limits, RecordFileError, read_record
-from optrace.frontend.schema import encode
+from optrace import recordfile
+from optrace.model import Record, Sample
+from optrace.recordfile import HEADER, MAGIC, FOREIGN_LIMITS, OWN_LIMITS, Limits, RecordFileError, read_record
+from optrace.schema import encode
 from support import OPTRACE
 
 ROOT = os.geteuid() == 0
@@ -66,7 +66,7 @@ def test_tiny_element_bombs_stop_early(bomb_dir: Path, unit: bytes, last: bytes,
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert f"over {OWN_LIMITS.containers} JSON containers or {OWN_LIMITS.values} values" in result.stderr
-    assert cpu_s < 1.0, f"{cpu_s:.2f} s of CPU"
+    assert cpu_s < 3.0, f"{cpu_s:.2f} s of CPU (was 52 s before the element caps; loose for a loaded machine)"
     assert peak_kb < 120 << 10, f"peak RSS {peak_kb >> 10} MB"
 
 

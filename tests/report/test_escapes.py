@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.model import CallCount, Frame, Record, Sample
-from optrace.frontend.recordfile import write_record
-from optrace.frontend.report.escape import escape_controls
+from optrace.model import CallCount, Frame, Record, Sample
+from optrace.recordfile import write_record
+from optrace.escape import escape_controls
 
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\r\n\x9b31m\u202eevil\x00;x"
 ESCAPED = "\\x1b]0:owned\\x07\\x1b[2J\\x0d\\x0a\\x9b31m\\u202eevil\\x00:x"  # as folded shows it (';' -> ':')

@@ -5,7 +5,7 @@ import dataclasses
 import json
 
 from optrace.frontend.recorder import file_problems
-from optrace.frontend.recordfile import read_record, write_record
+from optrace.recordfile import read_record, write_record
 
 
 def test_symbol_and_jit_counts_become_file_problems() -> None:

@@ -5,7 +5,7 @@ import csv
 import io
 import json
 
-from optrace.frontend.model import Record
+from optrace.model import Record
 from optrace.frontend.report.render import render_report
 from optrace.frontend.report.rows import ReportOptions
 
@@ -40,7 +40,7 @@ def test_table_children_columns(record: Record) -> None:
 
 
 def test_table_shows_call_counts_under_the_profile(record: Record) -> None:
-    from optrace.frontend.model import CallCount
+    from optrace.model import CallCount
 
     record.calls = [CallCount("c:write", "/lib/libc.so.6", "write", 0x10, 1234, {100: 1234})]
     lines = render_report(record, ReportOptions(), "table", "f").splitlines()
@@ -68,7 +68,7 @@ def test_json_rows_meta_and_nulls(record: Record) -> None:
 
 
 def test_json_children_and_calls(record: Record) -> None:
-    from optrace.frontend.model import CallCount
+    from optrace.model import CallCount
 
     record.calls = [CallCount("c:write", "/lib/libc.so.6", "write", 0x10, 7, {100: 7})]
     doc = json.loads(render_report(record, ReportOptions(sort=("pid",), children=True), "json", "f"))
@@ -109,7 +109,7 @@ def test_folded_one_line_per_stack_root_first(record: Record) -> None:
 
 
 def test_folded_merges_pids_filters_and_cleans_names(record: Record) -> None:
-    from optrace.frontend.model import Frame, Sample
+    from optrace.model import Frame, Sample
 
     record.frames.append(Frame("Lfoo;bar", "/x.jar"))
     record.samples += [Sample(101, "demo", (1, 0), 5), Sample(102, "demo", (len(record.frames) - 1,), 3)]

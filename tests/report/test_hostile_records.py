@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optrace.frontend.model import CallCount, Record
-from optrace.frontend.recordfile import HEADER, MAGIC, RecordFileError, read_record
+from optrace.model import CallCount, Record
+from optrace.recordfile import HEADER, MAGIC, RecordFileError, read_record
 from optrace.frontend.report.render import FORMATS, render_report
 from optrace.frontend.report.rows import ReportOptions
-from optrace.frontend.schema import encode
+from optrace.schema import encode
 
 OPTIONS = [ReportOptions(), ReportOptions(sort=("pid", "symbol"), children=True, percent_limit=1.0)]
 

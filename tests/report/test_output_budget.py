@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.model import Frame, Record, Sample
-from optrace.frontend.recordfile import write_record
+from optrace.errors import OptraceError
+from optrace.model import Frame, Record, Sample
+from optrace.recordfile import write_record
 from optrace.frontend.report import budget
 from optrace.frontend.report.render import FORMATS, render_report
 from optrace.frontend.report.rows import ReportOptions

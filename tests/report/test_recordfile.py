@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optrace.frontend import recordfile
-from optrace.frontend.model import Record
-from optrace.frontend.recordfile import HEADER, MAGIC, RecordFileError, read_record, write_record
-from optrace.frontend.schema import encode
+from optrace import recordfile
+from optrace.model import Record
+from optrace.recordfile import HEADER, MAGIC, RecordFileError, read_record, write_record
+from optrace.schema import encode
 
 ROOT = os.geteuid() == 0
 
@@ -270,7 +270,7 @@ def test_every_model_field_has_a_type_the_file_can_hold() -> None:
     """A field added to model.py with, say, a Path or set type would break the file: fail here first."""
     import typing
 
-    from optrace.frontend import model
+    from optrace import model
 
     classes = [obj for obj in vars(model).values() if dataclasses.is_dataclass(obj)]
     for cls in classes:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.recordfile import HEADER, MAGIC
+from optrace.recordfile import HEADER, MAGIC
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 OPTRACE = str(Path(sys.executable).parent / "optrace")

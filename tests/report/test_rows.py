@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.model import Record, Sample
+from optrace.errors import OptraceError
+from optrace.model import Record, Sample
 from optrace.frontend.report.rows import ReportOptions, RowKey, build_rows, parse_sort_keys
 
 
@@ -74,7 +74,7 @@ def test_children_counts_each_symbol_once_per_stack(record: Record) -> None:
 
 
 def test_children_recursion_is_counted_once() -> None:
-    from optrace.frontend.model import Frame, RecordMeta
+    from optrace.model import Frame, RecordMeta
 
     meta = RecordMeta("0", "h", "k", 0.0, 1.0, 99, "cpu-clock")
     frames = [Frame("fib", "/bin/x"), Frame("main", "/bin/x")]

@@ -18,8 +18,8 @@ from optrace.exporters.httpserver import ListenAddress, TlsFiles, WebConfig
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
 from optrace.exporters.sources import CallSource, add_leaf_rows, leaf_labels
 from optrace.exporters.totals import Delta, ExporterTotals, guard_for
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.model import CallCount, Frame, Sample
+from optrace.errors import OptraceError
+from optrace.model import CallCount, Frame, Sample
 
 CPU = "optrace_cpu_samples_total"
 LABEL_SETS = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["/x", "/y"]), st.text(min_size=1, max_size=3))
@@ -270,7 +270,7 @@ def test_busy_port_and_bad_tls_files_are_one_line_errors(served, tmp_path):
 
 def test_process_tracker_indexes_each_process_once_and_forgets_it():
     from optrace.exporters.sources import ProcessTracker
-    from optrace.frontend.model import RawSample, UserFrame
+    from optrace.model import RawSample, UserFrame
 
     tracker = ProcessTracker()
     tracker.exec(10, "/bin/a")

@@ -21,7 +21,7 @@ from optrace.exporters.httpserver import ListenAddress
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
 from optrace.exporters.sources import ProfileSource
 from optrace.exporters.totals import Delta, ExporterTotals
-from optrace.frontend.model import Frame, RawSample, Sample, UserFrame
+from optrace.model import Frame, RawSample, Sample, UserFrame
 
 CPU = "optrace_cpu_samples_total"
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from optrace.exporters.daemon import ServeDaemon, ServeOptions
 from optrace.exporters.httpserver import ListenAddress
 from optrace.exporters.webconfig import BasicAuth, TlsFiles, WebConfig, load_web_config
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.serveconfig import build_options
 
 CPU = "optrace_cpu_samples_total"

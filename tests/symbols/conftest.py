@@ -107,7 +107,7 @@ def program(tmp_path: Path) -> Path:
 
 SYMBOLIZE_SCRIPT = r"""
 import json, sys, time
-from optrace.frontend.model import RawSample, UserFrame
+from optrace.model import RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
 
 

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from optrace.frontend.model import UserFrame
+from optrace.model import UserFrame
 from optrace.fileaccess import RefusedFile
 from optrace.frontend.symbols import access, addrspace
 from optrace.frontend.symbols.addrspace import AddressSpace, AddressSpaces, BuildIds

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.model import RawSample, UserFrame
+from optrace.model import RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
 from optrace.frontend.symbols.buildid import read_build_id_file
 from optrace.frontend.symbols.lru import LruCache

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optrace.fileaccess import BudgetExceeded
-from optrace.frontend.model import RawSample, UserFrame
+from optrace.model import RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer, debuginfo, linker
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.elffile import ElfFile, ElfFormatError

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.errors import OptraceError
-from optrace.frontend.model import KERNEL_DSO, Frame, RawSample
+from optrace.errors import OptraceError
+from optrace.model import KERNEL_DSO, Frame, RawSample
 from optrace.frontend.symbols import Kallsyms, Symbolizer
 
 SAMPLE = """\

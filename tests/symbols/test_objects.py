@@ -5,7 +5,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from optrace.frontend.model import UNKNOWN, Frame, RawSample, UserFrame
+from optrace.model import UNKNOWN, Frame, RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
 
 NO_DEBUG_ROOTS: tuple[str, ...] = ()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.model import UNKNOWN, Frame, RawSample, UserFrame
+from optrace.model import UNKNOWN, Frame, RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
 from optrace.frontend.symbols.maps import MapEntry, parse_maps
 
@@ -188,7 +188,7 @@ def test_binary_only_visible_in_another_mount_namespace(workloads: Path, elf) ->
 
 NOBODY_SCRIPT = """
 import json, os, sys
-from optrace.frontend.model import RawSample, UserFrame
+from optrace.model import RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
 path, build_id, offset = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3])
 symbolizer = Symbolizer(debug_roots=())

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.uprobes import address as address_module
 from optrace.frontend.uprobes.resolve import resolve_specs
 from support import assert_one_line_error

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from optrace.frontend.errors import OptraceError
+from optrace.errors import OptraceError
 from optrace.frontend.uprobes.library import find_object, ld_cache
 from optrace.frontend.uprobes.resolve import resolve_specs
 from optrace.frontend.uprobes.spec import parse_spec

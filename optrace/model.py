@@ -1,0 +1,128 @@
+"""Records that cross module boundaries.
+
+Data flows one way: the kernel's maps give :class:`RawSample` (bpf/), the symbolizer turns them into
+:class:`Sample` rows over a shared :class:`Frame` table, and a :class:`Record` (what `optrace record`
+writes and `optrace report` reads) holds those rows plus :class:`RecordMeta`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated
+
+KERNEL_DSO = "[kernel.kallsyms]"
+UNKNOWN = "[unknown]"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The inclusive range a number stored in a record file must lie in (an ``Annotated`` extra).
+
+    Numbers without one must be in ``0 .. 2**64-1`` (counts, addresses, offsets, times, frequencies):
+    the record reader refuses anything else, so a hand-made ``10**400`` never reaches arithmetic."""
+
+    low: int
+    high: int
+
+
+Pid = Annotated[int, Bounds(0, (1 << 32) - 1)]  # a pid_t
+ExitStatus = Annotated[int, Bounds(-(1 << 31), (1 << 31) - 1)]  # negative: killed by that signal
+
+
+@dataclass(frozen=True)
+class UserFrame:
+    """One user-space frame as the kernel's build-id stack map returned it.
+
+    With ``build_id`` set, ``offset`` is a file offset inside the ELF object with that build-id (valid
+    even after the process exited). Without it (the kernel fell back to a raw IP, as it does for
+    anonymous memory such as JIT code), ``offset`` is the virtual address in the process.
+    """
+
+    build_id: bytes | None
+    offset: int
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """One kernel aggregation bucket: how often this (process, comm, stacks) was sampled."""
+
+    pid: int
+    comm: str
+    user: tuple[UserFrame, ...]  # leaf first; empty for kernel threads or when the stack was lost
+    kernel: tuple[int, ...]  # kernel IPs, leaf first; empty when the sample was in user space
+    count: int
+    time: float = 0.0  # monotonic time (seconds) of the drain that collected it
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A symbolized frame. ``symbol`` is always printable: a demangled name, ``dso+0xOFFSET`` when
+    the object is known but the address is not in its symbols, or ``[unknown]``."""
+
+    symbol: str
+    dso: str  # full path, or "[kernel.kallsyms]", "[vdso]", "[jit] <map or dump path>", "[unknown]"
+    kernel: bool = False
+    address: int = 0  # file offset for user frames, the address for kernel and JIT frames
+    resolved: bool = True  # False when `symbol` is the dso+0xOFFSET / [unknown] fallback
+    build_id: str | None = None  # hex, lets a later tool symbolize again
+
+
+@dataclass
+class Sample:
+    """A symbolized stack: indices into :attr:`Record.frames`, leaf first (kernel frames, then user)."""
+
+    pid: Pid
+    comm: str
+    frames: tuple[int, ...]
+    count: int
+
+
+@dataclass
+class CallCount:
+    """Exact uprobe call counts (``optrace count`` / ``record --uprobe``)."""
+
+    probe: str  # the SPEC as the user gave it
+    binary: str
+    symbol: str
+    offset: int
+    calls: int
+    per_pid: dict[Pid, int] = field(default_factory=dict)
+    comms: dict[Pid, str] = field(default_factory=dict)  # pid -> command name, for the pids in per_pid
+    # Calls the kernel counted but could not give a process (its per-process maps were full): in
+    # `calls`, in no per_pid entry. A counter of its own, never `calls` minus the rows: the kernel
+    # maps are read one after the other, so that difference drifts while calls happen.
+    unattributed: int = 0
+
+
+@dataclass
+class RecordMeta:
+    optrace_version: str
+    hostname: str
+    kernel: str
+    started: float  # unix time
+    duration_s: float
+    frequency_hz: int
+    event: str  # "cpu-clock" or "cycles"
+    command: list[str] | None = None
+    pids: list[Pid] = field(default_factory=list)
+    system_wide: bool = False
+    exit_status: ExitStatus | None = None
+    total_samples: int = 0
+    lost: dict[str, int] = field(default_factory=dict)  # reason -> count, never silently dropped
+    idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile like BCC's profile
+    stacks: bool = True  # False with --no-stacks: each sample keeps only its leaf frame
+    # Samples with a user stack, by how the kernel gave it: "build_id" (processes whose mappings were
+    # not read yet) or "raw" (IPs, turned into build-id frames from the process's mappings).
+    user_stacks: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    # Files that cost their own names, by kind (each also has a warning): "elf_refused", "elf_budget",
+    # "elf_unreadable", "elf_malformed" (binaries, libraries, debug files), "jit_<reason>" (perf maps,
+    # jitdumps: refused, corrupt, too many...), "jit_symbols_dropped" (entries over the symbol budget).
+    file_problems: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Record:
+    meta: RecordMeta
+    frames: list[Frame] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    calls: list[CallCount] = field(default_factory=list)

@@ -1,0 +1,238 @@
+"""JSON encoding of the model's dataclasses, and strict validation when decoding.
+
+The schema is the dataclasses' own type hints, so a field added to :mod:`optrace.model` (with a
+default) is written and read without touching this module. Decoding accepts only the JSON shape each hint
+allows; a missing field without default, a wrong type, a number outside its range or a dangling frame index
+raises :class:`SchemaError` naming where it was found. Numbers are in ``0 .. 2**64-1`` unless the hint is
+``Annotated`` with other :class:`~optrace.model.Bounds`, and floats are finite: a record file is
+someone else's input, and ``10**400`` or ``Infinity`` must not reach the report's arithmetic.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+import types
+import typing
+from typing import Any, Callable
+
+from optrace.model import Bounds, Record
+
+DEFAULT_BOUNDS = Bounds(0, (1 << 64) - 1)
+INT_KEY = re.compile(r"-?[0-9]{1,20}")  # what json.dumps makes of an int dict key, nothing int() also takes
+
+
+class SchemaError(ValueError):
+    """The JSON does not have the shape the model expects; the message names the offending place."""
+
+    def __init__(self, problem: str, path: tuple[str, ...] = ()) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path = path
+
+    def at(self, part: str) -> "SchemaError":
+        """The same error, one level further out (the location is built only when an error happens)."""
+        return SchemaError(self.problem, (part, *self.path))
+
+    def __str__(self) -> str:
+        return f"record{''.join(self.path)}: {self.problem}"
+
+
+Decoder = Callable[[Any], Any]
+
+
+def encode(value: Any) -> Any:
+    """A dataclass tree as JSON-ready values (bytes as hex, tuples as lists, dict keys as strings)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, (list, tuple)):
+        return [encode(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): encode(item) for key, item in value.items()}
+    return value
+
+
+def decode(data: Any, hint: Any) -> Any:
+    """Build a value of type `hint` from JSON data, checking every field; the result of decoding a
+    :class:`Record` also has every frame index checked against the frame table.
+
+    Consumes `data`: each list item is dropped once decoded, so a large record is never held whole
+    twice, as JSON and as dataclasses."""
+    value = _decoder(hint)(data)
+    if hint is Record:
+        _check_frame_indices(value)
+    return value
+
+
+@functools.cache
+def _decoder(hint: Any) -> Decoder:
+    """A decoder for one type hint, built once: records hold tens of thousands of frames and samples."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        return _annotated_decoder(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _optional_decoder(typing.get_args(hint))
+    if origin in _CONTAINERS:
+        return _CONTAINERS[origin](typing.get_args(hint))
+    if dataclasses.is_dataclass(hint):
+        return _dataclass_decoder(hint)
+    return functools.partial(_decode_scalar, hint=hint)
+
+
+def _annotated_decoder(hint: Any) -> Decoder:
+    base, *extras = typing.get_args(hint)
+    bounds = next((extra for extra in extras if isinstance(extra, Bounds)), DEFAULT_BOUNDS)
+    return functools.partial(_decode_scalar, hint=base, bounds=bounds)
+
+
+def _optional_decoder(options: tuple[Any, ...]) -> Decoder:
+    """``X | None``, the only union a record holds (trying several decoders on data they consume
+    would not work)."""
+    others = [option for option in options if option is not type(None)]
+    if len(others) != 1 or len(options) != 2:
+        raise TypeError(f"record files hold unions of one type and None only, not {options}")
+    decoder = _decoder(others[0])
+    return lambda data: None if data is None else decoder(data)
+
+
+def _items(data: Any, decoder: Decoder) -> list[Any]:
+    _expect(data, list)
+    out = []
+    for i, item in enumerate(data):
+        try:
+            out.append(decoder(item))
+        except SchemaError as exc:
+            raise exc.at(f"[{i}]") from None
+        data[i] = None  # see decode(): the JSON item is no longer needed
+    return out
+
+
+def _list_decoder(args: tuple[Any, ...]) -> Decoder:
+    item = _decoder(args[0])
+    return lambda data: _items(data, item)
+
+
+def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _decoder(args[0])
+        return lambda data: tuple(_items(data, item))
+    decoders = [_decoder(arg) for arg in args]
+
+    def decode_fixed(data: Any) -> tuple[Any, ...]:
+        _expect(data, list)
+        if len(data) != len(decoders):
+            raise SchemaError(f"expected {len(decoders)} items, got {len(data)}")
+        out = []
+        for i, (decoder, item) in enumerate(zip(decoders, data)):
+            try:
+                out.append(decoder(item))
+            except SchemaError as exc:
+                raise exc.at(f"[{i}]") from None
+        return tuple(out)
+
+    return decode_fixed
+
+
+def _dict_decoder(args: tuple[Any, ...]) -> Decoder:
+    key_hint, value_hint = args
+    key_decoder = _key_decoder(key_hint)
+    value_decoder = _decoder(value_hint)
+
+    def decode_dict(data: Any) -> dict[Any, Any]:
+        _expect(data, dict)
+        result = {}
+        for key, item in data.items():
+            try:
+                result[key_decoder(key)] = value_decoder(item)
+            except SchemaError as exc:
+                raise exc.at(f"[{key[:40]!r}]") from None  # a key can be megabytes long
+        return result
+
+    return decode_dict
+
+
+_CONTAINERS = {list: _list_decoder, tuple: _tuple_decoder, dict: _dict_decoder}
+
+
+def _key_decoder(hint: Any) -> Decoder:
+    """JSON object keys are strings; int keys (pids) are decoded from their digits, then range-checked."""
+    base = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+    if base is not int:
+        return _decoder(hint)
+    value_decoder = _decoder(hint)
+
+    def decode_int_key(key: str) -> int:
+        if not INT_KEY.fullmatch(key):
+            raise SchemaError("key is not an integer")
+        return value_decoder(int(key))
+
+    return decode_int_key
+
+
+def _dataclass_decoder(cls: type) -> Decoder:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    fields = [(f.name, _decoder(hints[f.name]),
+               f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+              for f in dataclasses.fields(cls)]
+
+    def decode_dataclass(data: Any) -> Any:
+        _expect(data, dict)
+        kwargs = {}
+        for name, decoder, required in fields:
+            if name in data:
+                try:
+                    kwargs[name] = decoder(data[name])
+                except SchemaError as exc:
+                    raise exc.at(f".{name}") from None
+            elif required:
+                raise SchemaError(f"missing field {name!r}")
+        return cls(**kwargs)
+
+    return decode_dataclass
+
+
+def _decode_scalar(data: Any, hint: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Any:
+    if hint is Any:
+        return data
+    if hint is bytes:
+        _expect(data, str)
+        try:
+            return bytes.fromhex(data)
+        except ValueError:
+            raise SchemaError("not hex bytes") from None
+    if hint is float and type(data) is int:
+        data = float(_in_bounds(data, bounds))
+    if type(data) is not hint:
+        raise SchemaError(f"expected {getattr(hint, '__name__', hint)}, got {type(data).__name__}")
+    if hint is int:
+        return _in_bounds(data, bounds)
+    if hint is float and not (math.isfinite(data) and bounds.low <= data <= bounds.high):
+        raise SchemaError(f"{_shown(data)} is out of range {bounds.low}..{bounds.high}")
+    return data
+
+
+def _in_bounds(number: int, bounds: Bounds) -> int:
+    if not bounds.low <= number <= bounds.high:
+        raise SchemaError(f"{_shown(number)} is out of range {bounds.low}..{bounds.high}")
+    return number
+
+
+def _shown(number: int | float) -> str:
+    """A number for an error message: never thousands of digits."""
+    text = repr(number)
+    return text if len(text) <= 24 else f"a {len(text)}-digit number"
+
+
+def _expect(data: Any, kind: type) -> None:
+    if type(data) is not kind:
+        raise SchemaError(f"expected {kind.__name__}, got {type(data).__name__}")
+
+
+def _check_frame_indices(record: Record) -> None:
+    count = len(record.frames)
+    for i, sample in enumerate(record.samples):
+        if any(not 0 <= index < count for index in sample.frames):
+            raise SchemaError("frame index out of range", (".samples", f"[{i}]"))
