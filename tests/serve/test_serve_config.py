@@ -98,7 +98,7 @@ def test_bad_config_files(tmp_path, optrace, config_text, suffix, message):
     (["--series-idle-expiry", "-1"], "--series-idle-expiry must be 0 (never) or a number of seconds"),
     (["--series-idle-expiry", "soon"], "'soon' is not a valid integer"),
     (["--web-config", "/nonexistent.yml"], "cannot read web config /nonexistent.yml: it does not exist"),
-    (["--web-config", "/"], "Directory '/' is a directory"),
+    (["--web-config", "/"], "File '/' is a directory"),
 ])
 def test_bad_flags(optrace, args, message):
     result = optrace("serve", *args, timeout=60)
