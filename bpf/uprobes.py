@@ -50,6 +50,7 @@ from optrace.errors import OptraceError
 from optrace.fileaccess import printable
 from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError, UprobeTarget
 from optrace.kernel import TRACEFS_DIRS
+from optrace.procfs import comm as process_comm
 
 PROGRAM = Path(__file__).with_name("uprobe_count.c")
 MAX_PROBES = 4096
@@ -358,7 +359,7 @@ class BpfUprobeAttacher:
         procs = {_int(k): v.comm.decode(errors="replace") for k, v in _all_items(self._bpf[b"procs"])}
         for _probe, pid in counts.per_pid:
             if pid not in counts.comms:
-                counts.comms[pid] = procs.get(pid) or _proc_comm(pid)
+                counts.comms[pid] = procs.get(pid) or process_comm(pid)
 
     def map_sizes(self) -> dict[str, int]:
         """Entries of the per-process maps, which the folding of exited processes keeps small."""
@@ -424,8 +425,3 @@ def exit_has_group_dead() -> bool:
     return False
 
 
-def _proc_comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""

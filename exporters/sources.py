@@ -18,7 +18,8 @@ from typing import Protocol, TypeVar
 from optrace.exporters.totals import Delta
 from optrace.fileaccess import printable
 from optrace.model import UNKNOWN, Frame, RawSample, Sample
-from optrace.frontend.recorder import leaf_only, resolve_exec_path
+from optrace.frontend.recorder import leaf_only
+from optrace.procfs import exec_path
 
 JIT_DSO = "[jit]"
 PRUNE_EVERY = 30  # drains between two looks for processes whose exit event was lost
@@ -184,7 +185,7 @@ class ProfileSource:
     def _learn_processes(self, result, samples: list[RawSample], delta: Delta) -> None:
         """What the symbolizer and JIT symbols must know before this drain's samples are named."""
         for pid, filename in result.execs:
-            path = resolve_exec_path(pid, filename)
+            path = exec_path(pid, filename)
             if path:
                 self._tracker.exec(pid, path)
         executables, snapshot = self._tracker.sampled(samples)

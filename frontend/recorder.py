@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from optrace import __version__
 from optrace.model import RawSample, Record, RecordMeta
+from optrace.procfs import exec_path, is_alive
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import GatedChild
 
@@ -142,7 +143,7 @@ class Recorder:
         if self.child:
             return self.child.poll() is not None
         if self.options.pids and not self.options.system_wide:
-            return not any(_alive(pid) for pid in self.options.pids)
+            return not any(is_alive(pid) for pid in self.options.pids)
         return False
 
     def _final_drain(self) -> None:
@@ -185,7 +186,7 @@ class Recorder:
     def _note_execs(self, execs: list[tuple[int, str]]) -> None:
         """A new program is looked at right away: a short-lived one may be gone by the next drain."""
         for pid, filename in execs:
-            path = resolve_exec_path(pid, filename)
+            path = exec_path(pid, filename)
             if path:
                 self.symbolizer.add_executable(path)
             self.symbolizer.snapshot_process(pid)
@@ -239,32 +240,7 @@ def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int])
     return problems
 
 
-def _alive(pid: int) -> bool:
-    """A zombie (exited, not yet reaped by its parent) counts as gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def leaf_only(sample: RawSample) -> RawSample:
     if sample.kernel:
         return RawSample(sample.pid, sample.comm, (), sample.kernel[:1], sample.count, sample.time)
     return RawSample(sample.pid, sample.comm, sample.user[:1], (), sample.count, sample.time)
-
-
-def resolve_exec_path(pid: int, filename: str) -> str | None:
-    """The kernel reports the path as passed to execve; a relative one is made absolute through the
-    process while it runs. Once it is gone, only a path that exists from here is trusted (None: skip)."""
-    if os.path.isabs(filename):
-        return filename
-    for resolve in (lambda: os.readlink(f"/proc/{pid}/exe"),
-                    lambda: os.path.join(os.readlink(f"/proc/{pid}/cwd"), filename)):
-        try:
-            return resolve()
-        except OSError:
-            continue
-    path = os.path.abspath(filename)
-    return path if os.path.exists(path) else None

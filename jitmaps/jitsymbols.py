@@ -20,7 +20,8 @@ from optrace.fileaccess import printable
 from optrace.errors import OptraceError
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.perfmap import PerfMapReader
-from optrace.jitmaps.procinfo import ProcessIdentity, mapped_jitdumps, read_identity
+from optrace.jitmaps.procinfo import ProcessIdentity, read_identity
+from optrace.procfs import mapped_jitdumps
 from optrace.jitmaps.symtable import SymbolBudget, SymbolHistory
 from optrace.jitmaps.trust import (DEFAULT_MAX_SIZE, RefusedFile, jit_file_policy, named_file_policy, open_file,
                                    open_process_root)

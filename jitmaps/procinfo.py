@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
-JITDUMP_NAME = re.compile(r"(?:^|/)jit-(\d+)\.dump$")
+from optrace.procfs import start_ticks, stat_fields, status_fields
 
 
 @dataclass(frozen=True)
@@ -19,25 +18,23 @@ class ProcessIdentity:
 
 def read_identity(pid: int) -> ProcessIdentity | None:
     """From /proc/PID/status (Uid: real effective ...; NSpid: outermost ... innermost). None if gone."""
+    fields, stat = status_fields(pid), stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            status = f.read().decode("ascii", "replace")
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat_fields = f.read().rsplit(b")", 1)[1].split()
         root = os.stat(f"/proc/{pid}/root")
         mounts = os.stat(f"/proc/{pid}/ns/mnt")
     except OSError:
         return None
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields is None or stat is None:
+        return None
     try:
         euid = int(fields["Uid"].split()[1])
-        start_ticks = int(stat_fields[19])  # field 22; the list starts at field 3 (state)
+        started = start_ticks(stat)
     except (KeyError, IndexError, ValueError):
         return None
     nspids = fields.get("NSpid", "").split()
     nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else pid
     return ProcessIdentity(pid, euid, nspid, _same(root, os.stat("/")) and _same(mounts, _own_mounts()),
-                           start_ticks)
+                           started)
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
@@ -46,22 +43,3 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
 
 def _own_mounts() -> os.stat_result:
     return os.stat("/proc/self/ns/mnt")
-
-
-def mapped_jitdumps(pid: int, nspid: int) -> list[str]:
-    """Paths (as the process sees them) of mapped files named jit-<pid>.dump, the way perf finds them."""
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as f:
-            maps = f.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    found: list[str] = []
-    for line in maps.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6:
-            continue
-        path = parts[5]
-        match = JITDUMP_NAME.search(path)
-        if match and int(match.group(1)) in (pid, nspid) and path not in found:
-            found.append(path)
-    return found

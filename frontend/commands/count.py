@@ -14,6 +14,7 @@ from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.uprobes.render import CountReport, render_json, render_table
 from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
 from optrace.frontend.uprobes.session import CallCounter
+from optrace.procfs import is_alive
 
 POLL_S = 0.05
 
@@ -32,18 +33,6 @@ def _check_pids(pids: tuple[int, ...]) -> None:
     for pid in pids:
         if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
             raise OptraceError(f"no process with pid {pid}")
-
-
-def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}") and not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 class _Run:
@@ -85,7 +74,7 @@ class _Run:
             return True
         if self.child is not None:
             return self.child.poll() is not None
-        return bool(self.pids) and not any(_alive(pid) for pid in self.pids)
+        return bool(self.pids) and not any(is_alive(pid) for pid in self.pids)
 
     def report(self) -> CountReport:
         self.refresh_filter()

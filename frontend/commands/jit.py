@@ -23,6 +23,7 @@ from optrace.jitmaps.elfwriter import ElfLimitError, code_regions, live_regions,
 from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_timeline, seconds_since
 from optrace.jitmaps.perfmap import MAX_LINE, PerfMapEntry, PerfMapReader
 from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, named_file_policy, open_file
+from optrace.procfs import maps_text_or_empty
 
 ELF_MACHINES = {3: "x86", 62: "x86-64", 40: "arm", 183: "aarch64", 243: "riscv", 21: "ppc64"}
 MAX_ELF_MACHINE = 0xFFFF  # e_machine is 16 bits; a jitdump's elf_mach field is 32
@@ -175,11 +176,7 @@ def convert(dump: str, output: str | None, max_size: int) -> None:
 
 def _live_regions(pid: int, dump: str, functions: list[JitFunction]) -> list[tuple[int, int]]:
     """The live process's anonymous executable mappings when it still runs with this dump mapped."""
-    try:
-        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
-            maps = f.read()
-    except (OSError, ValueError):
-        return []
+    maps = maps_text_or_empty(pid)
     return live_regions(maps, functions) if os.path.basename(dump) in maps else []
 
 

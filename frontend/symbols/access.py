@@ -25,7 +25,7 @@ from typing import TypeVar
 from optrace.fileaccess import (BoundedFile, BudgetExceeded, FilePolicy, RefusedFile, check_descriptor, open_file,
                                 open_mapped, open_reader, printable, reader_for)
 from optrace.frontend.symbols.elffile import ElfFormatError
-from optrace.frontend.symbols.maps import MapEntry
+from optrace.procfs import MapEntry
 
 # ELF objects are read piecewise (headers, a few sections, each under its own budget), so the size cap
 # only refuses absurd files; the time budget covers all reads of one load.

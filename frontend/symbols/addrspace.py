@@ -20,7 +20,7 @@ from optrace.model import UserFrame
 from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.lru import LruCache
-from optrace.frontend.symbols.maps import MapEntry, parse_maps, read_maps_text
+from optrace.procfs import MapEntry, parse_maps, read_maps_text
 
 FileIdentity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 

@@ -13,7 +13,7 @@ from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.symbols.lru import LruCache
-from optrace.frontend.symbols.maps import MapEntry, parse_maps, read_maps_text
+from optrace.procfs import MapEntry, parse_maps, read_maps_text
 
 # Scanned once, only when a build-id is found nowhere else: the standard library dirs, and the program
 # dirs for processes that ran before the recording and were never snapshotted.

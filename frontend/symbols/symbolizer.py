@@ -32,7 +32,7 @@ from optrace.frontend.symbols.heap import release_free_memory
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.access import FileRef
 from optrace.frontend.symbols.machine import MAX_INDEXED_FILES, Machine
-from optrace.frontend.symbols.maps import MapEntry
+from optrace.procfs import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 
 JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]

@@ -2,7 +2,7 @@
 /proc/self/mem at the [vdso] range of /proc/self/maps) names the [vdso] frames of any process."""
 from __future__ import annotations
 
-from optrace.frontend.symbols.maps import parse_maps, read_maps_text
+from optrace.procfs import parse_maps, read_maps_text
 
 VDSO = "[vdso]"
 

@@ -16,7 +16,7 @@ from optrace.fileaccess import RefusedFile
 from optrace.frontend.symbols import access, addrspace
 from optrace.frontend.symbols.addrspace import AddressSpace, AddressSpaces, BuildIds
 from optrace.frontend.symbols.buildid import read_build_id_file
-from optrace.frontend.symbols.maps import parse_maps, read_maps_text
+from optrace.procfs import parse_maps, read_maps_text
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="/proc/PID/map_files needs root")
 

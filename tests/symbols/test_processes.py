@@ -17,7 +17,7 @@ import pytest
 
 from optrace.model import UNKNOWN, Frame, RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
-from optrace.frontend.symbols.maps import MapEntry, parse_maps
+from optrace.procfs import MapEntry, parse_maps
 
 REPO = Path(__file__).resolve().parents[2]
 

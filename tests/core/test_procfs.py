@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from optrace.frontend.symbols.maps import MapEntry, parse_maps
+from optrace.procfs import MapEntry, parse_maps
 
 TEXT = """\
 55d0c0a00000-55d0c0a01000 r--p 00000000 fe:00 1234                       /opt/my app/demo

@@ -1,0 +1,149 @@
+"""Reading /proc about a process: the one module that parses ``/proc/PID/{maps,stat,status,comm,exe}``.
+
+A :class:`MapEntry` is one line of ``/proc/PID/maps`` (perf's ``map``: an address range of one object).
+These files are the kernel's own (not another user's), so they are read directly; a process that is
+gone gives ``None``/``False``/``FileNotFoundError`` as each function says.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+DELETED_SUFFIX = " (deleted)"
+# Shared anonymous memory shows a path but holds no ELF object (perf's is_anon_memory, plus memfd,
+# which JITs such as .NET use to double-map code).
+ANONYMOUS_PREFIXES = ("/dev/zero", "/anon_hugepage", "/SYSV", "/memfd:")
+
+
+@dataclass(frozen=True)
+class MapEntry:
+    start: int
+    end: int
+    perms: str
+    offset: int  # file offset of ``start``
+    dev: str  # "major:minor" in hex, as the kernel prints it
+    inode: int
+    path: str  # as the process sees it; "" for anonymous memory, "[vdso]", "[heap]", ...
+
+    @property
+    def is_file(self) -> bool:
+        return self.inode != 0 and self.path.startswith("/") and not self.path.startswith(ANONYMOUS_PREFIXES)
+
+    @property
+    def executable(self) -> bool:
+        return "x" in self.perms
+
+    @property
+    def file_key(self) -> tuple[str, int]:
+        """Identifies the mapped file across processes (same device and inode)."""
+        return (self.dev, self.inode)
+
+    @property
+    def file_path(self) -> str:
+        """The path without the kernel's " (deleted)" marker."""
+        if self.path.endswith(DELETED_SUFFIX):
+            return self.path[: -len(DELETED_SUFFIX)]
+        return self.path
+
+    def contains(self, address: int) -> bool:
+        return self.start <= address < self.end
+
+    def file_offset(self, address: int) -> int:
+        return address - self.start + self.offset
+
+
+def parse_maps(text: str) -> list[MapEntry]:
+    """Parse the text of /proc/PID/maps (paths may contain spaces)."""
+    entries = []
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5:
+            continue
+        low, _, high = fields[0].partition("-")
+        entries.append(MapEntry(
+            start=int(low, 16), end=int(high, 16), perms=fields[1], offset=int(fields[2], 16),
+            dev=fields[3], inode=int(fields[4]), path=fields[5] if len(fields) > 5 else "",
+        ))
+    return entries
+
+
+def read_maps_text(pid: int | str) -> str:
+    """The current text of /proc/PID/maps. Raises OSError (FileNotFoundError once the process is gone)."""
+    with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
+def maps_text_or_empty(pid: int | str) -> str:
+    """/proc/PID/maps, or "" when it cannot be read (the process is gone, or not ours to read)."""
+    try:
+        return read_maps_text(pid)
+    except OSError:
+        return ""
+
+
+JITDUMP_NAME = re.compile(r"(?:^|/)jit-(\d+)\.dump$")
+
+
+def mapped_jitdumps(pid: int, nspid: int) -> list[str]:
+    """Paths (as the process sees them) of mapped files named jit-<pid>.dump, the way perf finds them."""
+    found: list[str] = []
+    for entry in parse_maps(maps_text_or_empty(pid)):
+        match = JITDUMP_NAME.search(entry.path)
+        if match and int(match.group(1)) in (pid, nspid) and entry.path not in found:
+            found.append(entry.path)
+    return found
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 (state) on (the comm in parentheses may hold spaces), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode("ascii", "replace").split()
+    except (OSError, IndexError):
+        return None
+
+
+def is_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (exited, not yet reaped by its parent)."""
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def start_ticks(fields: list[str]) -> int:
+    """Start time (field 22) from :func:`stat_fields`: tells a reused pid from the process before."""
+    return int(fields[19])
+
+
+def status_fields(pid: int) -> dict[str, str] | None:
+    """/proc/PID/status as a dict of its ``Key: value`` lines, or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    return dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+
+
+def comm(pid: int) -> str:
+    """The process's command name, or "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def exec_path(pid: int, filename: str) -> str | None:
+    """The kernel reports an exec'd path as passed to execve; a relative one is made absolute through the
+    process while it runs. Once it is gone, only a path that exists from here is trusted (None: skip)."""
+    if os.path.isabs(filename):
+        return filename
+    for resolve in (lambda: os.readlink(f"/proc/{pid}/exe"),
+                    lambda: os.path.join(os.readlink(f"/proc/{pid}/cwd"), filename)):
+        try:
+            return resolve()
+        except OSError:
+            continue
+    path = os.path.abspath(filename)
+    return path if os.path.exists(path) else None
