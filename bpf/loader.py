@@ -1,9 +1,8 @@
 """Loading a BPF program through BCC: the one place that imports bcc and compiles C."""
 from __future__ import annotations
 
-import ctypes
-
 from optrace.errors import OptraceError
+from optrace.heap import release_free_memory
 
 
 def import_bcc():
@@ -25,11 +24,5 @@ def load_bcc(**kwargs):
         program = bcc.BPF(**kwargs)
     except Exception as exc:
         raise OptraceError(f"cannot load the BPF program: {exc} (optrace doctor tells what is missing)") from exc
-    _release_freed_heap()
+    release_free_memory()
     return program
-
-
-def _release_freed_heap() -> None:
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the process's own libc: glibc only
-    if trim is not None:
-        trim(0)

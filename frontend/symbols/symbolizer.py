@@ -28,7 +28,7 @@ from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.demangle import demangle
 from optrace.frontend.symbols.dso import Dso, DsoContext
 from optrace.frontend.symbols.kallsyms import Kallsyms
-from optrace.frontend.symbols.heap import release_free_memory
+from optrace.heap import release_free_memory
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.access import FileRef
 from optrace.frontend.symbols.machine import MAX_INDEXED_FILES, Machine

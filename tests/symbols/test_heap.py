@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from optrace.frontend.symbols.heap import release_free_memory
+from optrace.heap import release_free_memory
 
 
 def rss_kb() -> int:

@@ -1,10 +1,10 @@
 """Give freed heap memory back to the system (glibc's ``malloc_trim``).
 
-Loading a symbol table allocates several times its final size for a moment (section data, one
-object per symbol); glibc keeps such freed memory in the process unless told otherwise, so a
-long-running exporter's RSS would stay at the highest point any load reached. The first call also
-gives back what BCC's compile (clang/LLVM, in process) freed: about 50 MB of `optrace serve`'s RSS.
-Other C libraries: a no-op.
+glibc keeps freed heap memory in the process unless told otherwise, so a long-running exporter's
+RSS would stay at the highest point it ever reached. Two callers free a lot at once: loading a
+symbol table allocates several times its final size for a moment (section data, one object per
+symbol), and BCC's compile (clang/LLVM, in process) frees about 60 MB once a BPF program is loaded
+(about 50 MB of `optrace serve`'s RSS). Other C libraries: a no-op.
 """
 from __future__ import annotations
 
