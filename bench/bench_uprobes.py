@@ -80,7 +80,7 @@ def empty_handler(spec: str) -> AbstractContextManager:
     """An empty BPF program on the same uprobe, attached by optrace's attacher (same attach path)."""
     from optrace.bpf.uprobes import BpfUprobeAttacher
     from optrace.frontend.uprobes.manager import ProbeManager
-    from optrace.frontend.uprobes.session import CallCounter
+    from optrace.frontend.uprobes.counter import CallCounter
 
     return CallCounter([spec], manager=ProbeManager(lambda: BpfUprobeAttacher(handler="empty_handler")))
 

@@ -253,7 +253,7 @@ class CallSource:
         self.counter = None
 
     def start(self) -> None:
-        from optrace.frontend.uprobes.session import CallCounter
+        from optrace.frontend.uprobes.counter import CallCounter
 
         pid_filter = self._target_set.__contains__ if self._targets else None
         self.counter = CallCounter(self._specs, pid_filter=pid_filter)

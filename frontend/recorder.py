@@ -99,7 +99,7 @@ class Recorder:
     def _start_call_counter(self, stack: ExitStack):
         if not self.options.uprobes:
             return None
-        from optrace.frontend.uprobes.session import CallCounter
+        from optrace.frontend.uprobes.counter import CallCounter
 
         pid_filter = None if self.options.system_wide else self._is_target
         counter = CallCounter(self.options.uprobes, pid_filter=pid_filter)

@@ -13,7 +13,7 @@ from optrace.errors import OptraceError
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.uprobes.render import CountReport, render_json, render_table
 from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
-from optrace.frontend.uprobes.session import CallCounter
+from optrace.frontend.uprobes.counter import CallCounter
 from optrace.procfs import is_alive
 
 POLL_S = 0.05

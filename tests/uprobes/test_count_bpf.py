@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.uprobes.session import CallCounter, shared_manager
+from optrace.frontend.uprobes.counter import CallCounter, shared_manager
 
 pytestmark = pytest.mark.bpf
 OPTRACE = Path(sys.executable).parent / "optrace"

@@ -17,7 +17,7 @@ from optrace.bpf.uprobes import BpfUprobeAttacher, exit_has_group_dead
 from optrace.exporters.sources import CallSource
 from optrace.exporters.totals import Delta
 from optrace.frontend.uprobes.manager import ProbeManager
-from optrace.frontend.uprobes.session import CallCounter
+from optrace.frontend.uprobes.counter import CallCounter
 
 pytestmark = pytest.mark.bpf
 RUNS, CALLS_EACH, DRAIN_EVERY = 200, 3, 20
