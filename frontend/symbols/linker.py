@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import struct
 import subprocess
 from collections import deque
@@ -36,6 +37,7 @@ MAX_DYNAMIC_SECTIONS = 4
 MAX_NEEDED = 1024  # DT_NEEDED entries of one object
 MAX_LIBRARIES = 4096  # libraries of one executable, transitively
 MAX_SIBLING_HOPS = 4  # libfoo.so.1 -> libfoo.so.1.2 -> libfoo.so.1.2.3
+NATIVE_CACHE_FLAGS = {"x86_64": "x86-64", "aarch64": "AArch64"}  # as `ldconfig -p` prints them
 
 Identity = tuple[int, int]
 
@@ -213,17 +215,36 @@ def default_dirs(machine: int) -> list[str]:
 
 
 def read_ld_so_cache() -> dict[str, list[str]]:
-    """soname -> paths, from ``ldconfig -p`` (empty when ldconfig is missing)."""
+    """soname -> paths, from ``ldconfig -p``, this machine's native libraries first (a 32-bit libc
+    is listed too); empty when ldconfig is missing."""
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"  # root's PATH may lack /sbin
     try:
-        output = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        output = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
-    cache: dict[str, list[str]] = {}
+    rows = []
     for line in output.splitlines():
-        name, arrow, path = line.strip().partition(" => ")
+        head, arrow, path = line.strip().partition(" => ")
         if arrow:
-            cache.setdefault(name.split(" (")[0], []).append(path)
+            soname, _, flags = head.partition(" (")
+            rows.append((soname, flags, path))
+    native = NATIVE_CACHE_FLAGS.get(platform.machine(), "")
+    cache: dict[str, list[str]] = {}
+    for soname, _flags, path in sorted(rows, key=lambda row: native not in row[1]):
+        cache.setdefault(soname, []).append(path)
     return cache
+
+
+def find_library(name: str, ld_so_cache: dict[str, list[str]]) -> str | None:
+    """The existing cached library ``name`` names, as ``-lNAME`` would: ``c`` and ``libc`` give
+    libc.so.6 (also libc.so when cached), ``libm.so.6`` only itself; None when none."""
+    if ".so" in name:
+        candidates = ld_so_cache.get(name, [])
+    else:
+        stem = name if name.startswith("lib") else f"lib{name}"
+        candidates = [path for soname, paths in ld_so_cache.items()
+                      if soname == f"{stem}.so" or soname.startswith(f"{stem}.so.") for path in paths]
+    return next((path for path in candidates if os.path.exists(path)), None)
 
 
 def _compatible(header: bytes, root: DynamicInfo) -> bool:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import os
+import shutil
 from dataclasses import dataclass, field
 
 from optrace.fileaccess import BoundedFile, printable
 from optrace.errors import OptraceError
+from optrace.frontend.symbols.linker import find_library, read_ld_so_cache
 from optrace.frontend.uprobes.address import check_address
 from optrace.frontend.uprobes.elf import ElfFunctions, FunctionSymbol, load_functions, open_binary
-from optrace.frontend.uprobes.library import find_object
 from optrace.frontend.uprobes.spec import ProbeSpec, parse_spec
 
 DEFAULT_MAX_MATCHES = 1000
@@ -127,6 +129,27 @@ def _read_code(binary: BoundedFile, offset: int, size: int) -> bytes:
     if len(code) != size:
         raise OptraceError(f"{printable(binary.name)} is truncated: its code at file offset {offset:#x} is missing")
     return code
+
+
+@functools.cache
+def _ld_so_cache() -> dict[str, list[str]]:
+    return read_ld_so_cache()
+
+
+def find_object(name: str) -> str:
+    """Path of the file a SPEC's object part names (not yet checked to be ELF), found the way the
+    dynamic linker finds libraries: ``c`` is the libc of ld.so.cache, ``libm.so.6`` the cached libm; a
+    name that is no cached library is a program on PATH (``bash:readline``); a name with ``/`` a path."""
+    if "/" in name:
+        if not os.path.exists(name):
+            raise OptraceError(f"no such file: {printable(name)}")
+        return name
+    found = find_library(name, _ld_so_cache()) or shutil.which(name)
+    if found:
+        return found
+    raise OptraceError(
+        f"'{printable(name)}' is neither a library in the ld.so cache nor a program on PATH: give its full path"
+    )
 
 
 def name_list(names: list[str], shown: int = 5) -> str:

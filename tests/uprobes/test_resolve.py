@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from optrace.errors import OptraceError
-from optrace.frontend.uprobes.library import find_object, ld_cache
-from optrace.frontend.uprobes.resolve import resolve_specs
+from optrace.frontend.symbols.linker import read_ld_so_cache
+from optrace.frontend.uprobes.resolve import find_object, resolve_specs
 from optrace.frontend.uprobes.spec import parse_spec
 
 
@@ -43,7 +43,7 @@ def test_parse_rejects_incomplete_specs(text):
 
 
 def test_library_names_resolve_like_the_dynamic_linker():
-    libc = next(path for soname, _flags, path in ld_cache() if soname == "libc.so.6")
+    libc = read_ld_so_cache()["libc.so.6"][0]
     assert find_object("c") == libc
     assert find_object("libc.so.6") == libc
     assert find_object("bash").endswith("/bash")  # not a cached library: a program on PATH
