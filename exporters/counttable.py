@@ -1,35 +1,33 @@
-"""Output of `optrace count`: a table like funccount's, or JSON."""
+"""`optrace count --format table`: a table like funccount's, one line per probe (and per process with
+--per-pid), then what was left out and how long it counted."""
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import time
+from typing import TextIO
 
-from optrace.model import CallCount
-from optrace.frontend.uprobes.resolve import ResolvedProbe
-from optrace.frontend.uprobes.spec import parse_spec
+from optrace.frontend.uprobes.countreport import CountOptions, CountReport, ProbeCalls
 
 HEADER = ("PROBE", "SYMBOL", "OFFSET", "CALLS", "BINARY")
+CALLS_COLUMN = 3  # right-aligned; the others are left-aligned
 
 
-@dataclass
-class CountReport:
-    probes: list[ResolvedProbe]
-    counts: list[CallCount]  # same order as probes
-    elapsed_s: float
-    lost_pid_rows: int = 0
-    exit_status: int | None = None
+def write(stream: TextIO, report: CountReport, options: CountOptions) -> None:
+    if options.interval_mark:
+        stream.write(f"--- {time.strftime('%H:%M:%S')} after {report.elapsed_s:.1f} s\n")
+    stream.write(_text(report, options.per_pid) + "\n")
 
 
-def _shown(probe: ResolvedProbe, count: CallCount) -> bool:
+def _shown(probe: ProbeCalls) -> bool:
     """Glob matches that were never called are left out of the table (JSON keeps them)."""
-    return count.calls > 0 or not parse_spec(probe.spec).is_glob
+    return probe.count.calls > 0 or not probe.glob
 
 
-def render_table(report: CountReport, per_pid: bool) -> str:
+def _text(report: CountReport, per_pid: bool) -> str:
     rows: list[tuple[str, ...]] = [HEADER]
     pid_rows: dict[int, list[tuple[str, ...]]] = {}
-    pairs = [(p, c) for p, c in zip(report.probes, report.counts) if _shown(p, c)]
-    for probe, count in pairs:
+    shown = [probe for probe in report.probes if _shown(probe)]
+    for probe in shown:
+        count = probe.count
         rows.append((probe.spec, probe.symbol, f"{probe.offset:#x}", str(count.calls), probe.binary))
         if per_pid:
             pid_rows[len(rows) - 1] = [
@@ -41,31 +39,13 @@ def render_table(report: CountReport, per_pid: bool) -> str:
     for index, row in enumerate(rows):
         for line in [row, *pid_rows.get(index, [])]:
             lines.append("  ".join(
-                cell.rjust(width) if column == 3 else cell.ljust(width)
+                cell.rjust(width) if column == CALLS_COLUMN else cell.ljust(width)
                 for column, (cell, width) in enumerate(zip(line, widths))
             ).rstrip())
-    hidden = len(report.probes) - len(pairs)
+    hidden = len(report.probes) - len(shown)
     footer = [f"{hidden} more matched functions were not called" if hidden else "",
               f"{report.lost_pid_rows} calls not attributed to a pid (per-pid map full)"
               if report.lost_pid_rows else "",
               f"counted for {report.elapsed_s:.2f} s" + (
                   f"; command exited with status {report.exit_status}" if report.exit_status is not None else "")]
     return "\n".join(lines + [f for f in footer if f])
-
-
-def _probe_json(probe: ResolvedProbe, count: CallCount, per_pid: bool) -> dict:
-    row = {"probe": probe.spec, "binary": probe.binary, "symbol": probe.symbol, "offset": probe.offset,
-           "calls": count.calls, "aliases": list(probe.aliases)}
-    if per_pid:
-        row["per_pid"] = [{"pid": pid, "comm": count.comms.get(pid, ""), "calls": calls}
-                          for pid, calls in sorted(count.per_pid.items())]
-    return row
-
-
-def render_json(report: CountReport, per_pid: bool) -> str:
-    return json.dumps({
-        "probes": [_probe_json(p, c, per_pid) for p, c in zip(report.probes, report.counts)],
-        "elapsed_s": round(report.elapsed_s, 3),
-        "lost_pid_rows": report.lost_pid_rows,
-        "exit_status": report.exit_status,
-    })

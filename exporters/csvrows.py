@@ -7,18 +7,24 @@ Lines are written here rather than by the csv module, whose writer holds a line 
 a hostile record's megabyte-long names would cost four times their size per row."""
 from __future__ import annotations
 
+from typing import TextIO
+
+from optrace.exporters.budget import Names, OutputBudget
 from optrace.exporters.jsonrows import row_object
-from optrace.frontend.report.budget import Names, OutputBudget
-from optrace.frontend.report.rows import ReportOptions, Row
+from optrace.frontend.report.rows import Profile, ReportOptions, build_rows
 
 
-def render_csv(rows: list[Row], options: ReportOptions) -> str:
+def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
+    stream.write(_text(profile, options))
+
+
+def _text(profile: Profile, options: ReportOptions) -> str:
     fields = ["comm", "pid", "dso", "symbol", "kernel", "samples", "percent"]
     if options.children:
         fields += ["children", "children_percent"]
     lines = [_line(fields)]
     names, budget = Names(), OutputBudget()
-    for row in rows:
+    for row in build_rows(profile.record, options):
         cells = [_cell(value, names) for value in row_object(row, options).values()]
         budget.take(sum(len(cell) + 3 for cell in cells))  # quotes and a comma, at most
         lines.append(_line(cells))

@@ -3,21 +3,27 @@ and speedscope (the layout of BCC's ``profile -f``; kernel frames end in ``_[k]`
 from __future__ import annotations
 
 from collections import Counter
+from typing import TextIO
 
-from optrace.model import Frame, Record
-from optrace.frontend.report.budget import Names, OutputBudget
 from optrace.escape import escape_controls
+from optrace.exporters.budget import Names, OutputBudget
 from optrace.frontend.report.rows import (
     UNKNOWN_FRAME,
+    Profile,
     ReportOptions,
     dso_selected,
     percent,
     sample_total,
     selected_samples,
 )
+from optrace.model import Frame, Record
 
 
-def render_folded(record: Record, options: ReportOptions) -> str:
+def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
+    stream.write(_text(profile.record, options))
+
+
+def _text(record: Record, options: ReportOptions) -> str:
     """--pid/--comm select stacks, --dso matches the leaf frame (as in the table), --percent-limit
     drops stacks below that share of all samples.
 

@@ -1,36 +1,63 @@
-"""From a Record and the report options to the text of one output format.
+"""Every output optrace prints, by name: the one place a format is registered.
 
-Each format's module is imported only when asked for: report start-up time is part of its benchmark.
+A format is a module of ``optrace.exporters`` with one function, ``write(stream, model, options)``: it
+writes the model (a profile, a count, a JIT file's listing) as text to the stream. A new format is that
+module and one line in the table of its output below; ``--format`` takes its choices from there.
+
+A report format makes its whole text before writing any of it: the output budget
+(:mod:`optrace.exporters.budget`) stops a report built from a hostile record before anything is printed.
+
+A format's module is imported only when it is used: report's start-up time is part of its benchmark.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from importlib import import_module
+from typing import TYPE_CHECKING, Generic, TextIO, TypeVar, cast
+
 from optrace.errors import OptraceError
-from optrace.model import Record
-from optrace.frontend.report.rows import ReportOptions, build_rows
 
-FORMATS = ("table", "json", "csv", "folded")
+if TYPE_CHECKING:
+    from optrace.exporters.jitlisting import Listing
+    from optrace.frontend.report.rows import Profile, ReportOptions
+    from optrace.frontend.uprobes.countreport import CountOptions, CountReport
+
+    ProfileWriter = Callable[[TextIO, Profile, ReportOptions], None]
+    CountWriter = Callable[[TextIO, CountReport, CountOptions], None]
+    ListingWriter = Callable[[TextIO, Listing], None]
+
+Writer = TypeVar("Writer")
 
 
-def check_format(name: str) -> str:
-    if name not in FORMATS:
-        raise OptraceError(f"unknown format {name!r}: valid formats are {', '.join(FORMATS)}")
-    return name
+class Formats(Generic[Writer]):
+    """The formats of one output: format name -> the module whose ``write`` prints it."""
+
+    def __init__(self, modules: Mapping[str, str]) -> None:
+        self._modules = dict(modules)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._modules)
+
+    def check(self, name: str) -> str:
+        if name not in self._modules:
+            raise OptraceError(f"unknown format {name!r}: valid formats are {', '.join(self._modules)}")
+        return name
+
+    def writer(self, name: str) -> Writer:
+        return cast(Writer, import_module(self._modules[self.check(name)]).write)
 
 
-def render_report(record: Record, options: ReportOptions, fmt: str, source: str) -> str:
-    if check_format(fmt) == "folded":
-        from optrace.exporters.folded import render_folded
-
-        return render_folded(record, options)
-    rows = build_rows(record, options)
-    if fmt == "json":
-        from optrace.exporters.jsonrows import render_json
-
-        return render_json(record, rows, options, source)
-    if fmt == "csv":
-        from optrace.exporters.csvrows import render_csv
-
-        return render_csv(rows, options)
-    from optrace.frontend.report.table import render_table
-
-    return render_table(record, rows, options, source)
+PROFILE: Formats[ProfileWriter] = Formats({  # optrace report --format
+    "table": "optrace.exporters.table",
+    "json": "optrace.exporters.jsonrows",
+    "csv": "optrace.exporters.csvrows",
+    "folded": "optrace.exporters.folded",
+})
+CALL_COUNTS: Formats[CountWriter] = Formats({  # optrace count --format
+    "table": "optrace.exporters.counttable",
+    "json": "optrace.exporters.countjson",
+})
+JIT_LISTING: Formats[ListingWriter] = Formats({  # optrace jit show
+    "listing": "optrace.exporters.jitlisting",
+})

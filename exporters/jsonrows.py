@@ -8,24 +8,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, TextIO
 
+from optrace.exporters.budget import OutputBudget
+from optrace.frontend.report.rows import Profile, ReportOptions, Row, build_rows, sample_total
 from optrace.model import Record
-from optrace.frontend.report.budget import OutputBudget
-from optrace.frontend.report.rows import ReportOptions, Row, sample_total
 
 ROW_OVERHEAD = 260  # one row's keys, numbers and indentation, at most
 
 
-def render_json(record: Record, rows: list[Row], options: ReportOptions, source: str) -> str:
+def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
+    record = profile.record
+    rows = build_rows(record, options)
     check_size(rows)
     document = {
         "meta": dataclasses.asdict(record.meta),
-        "report": report_settings(record, options, source),
+        "report": report_settings(record, options, profile.source),
         "rows": [row_object(row, options) for row in rows],
         "calls": [dataclasses.asdict(call) for call in record.calls],
     }
-    return json.dumps(document, indent=2) + "\n"
+    stream.write(json.dumps(document, indent=2) + "\n")
 
 
 def check_size(rows: list[Row]) -> None:

@@ -6,11 +6,12 @@ import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TextIO
 
-from optrace.model import CallCount, Record, RecordMeta
-from optrace.frontend.report.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.escape import escape_controls
-from optrace.frontend.report.rows import ReportOptions, Row, sample_total
+from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
+from optrace.frontend.report.rows import Profile, ReportOptions, Row, build_rows, sample_total
+from optrace.model import CallCount, Record, RecordMeta
 
 Cells = Callable[[], Iterable[list[str]]]  # called twice: once for the widths, once for the lines
 
@@ -43,10 +44,14 @@ class Shown:
     budget: OutputBudget = field(default_factory=OutputBudget)
 
 
-def render_table(record: Record, rows: list[Row], options: ReportOptions, source: str) -> str:
-    shown = Shown()
-    lines = header_lines(record, source) + ["#"]
-    lines += profile_lines(rows, options, shown)
+def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
+    stream.write(_text(profile, options))
+
+
+def _text(profile: Profile, options: ReportOptions) -> str:
+    record, shown = profile.record, Shown()
+    lines = header_lines(record, profile.source) + ["#"]
+    lines += profile_lines(build_rows(record, options), options, shown)
     if record.calls:
         lines += ["", "# Uprobe call counts", "#"] + calls_lines(record.calls, shown)
     return "\n".join(lines) + "\n"

@@ -10,10 +10,11 @@ from collections.abc import Callable
 import click
 
 from optrace.errors import OptraceError
+from optrace.exporters.formats import CALL_COUNTS
 from optrace.frontend.stopsignals import StopSignals
-from optrace.frontend.uprobes.render import CountReport, render_json, render_table
-from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
 from optrace.frontend.uprobes.counter import CallCounter
+from optrace.frontend.uprobes.countreport import CountOptions, CountReport
+from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
 from optrace.procfs import is_alive
 
 POLL_S = 0.05
@@ -79,7 +80,7 @@ class _Run:
     def report(self) -> CountReport:
         self.refresh_filter()
         return CountReport(
-            probes=list(self.counter.probes), counts=self.counter.calls(),
+            probes=self.counter.probe_calls(),
             elapsed_s=time.monotonic() - self.started,
             lost_pid_rows=self.counter.lost_rows(),
             exit_status=self.child.returncode if self.child is not None else None,
@@ -96,12 +97,9 @@ class _Run:
 
 
 def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = False) -> None:
-    if fmt == "json":
-        click.echo(render_json(report, per_pid))
-        return
-    if interval_mark:
-        click.echo(f"--- {time.strftime('%H:%M:%S')} after {report.elapsed_s:.1f} s")
-    click.echo(render_table(report, per_pid))
+    stdout = click.get_text_stream("stdout")
+    CALL_COUNTS.writer(fmt)(stdout, report, CountOptions(per_pid, interval_mark))
+    stdout.flush()
 
 
 @click.command(cls=_CommandAfterDoubleDash, context_settings={"help_option_names": ["-h", "--help"]})
@@ -111,7 +109,7 @@ def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = F
 @click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True),
               help="Print counts every INTERVAL s.")
 @click.option("--per-pid", is_flag=True, help="Also show counts per process.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(CALL_COUNTS.names), default="table", show_default=True)
 @click.option("--max-probes", type=click.IntRange(min=1), default=DEFAULT_MAX_MATCHES, show_default=True,
               help="Most functions one glob may match.")
 @click.pass_context

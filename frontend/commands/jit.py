@@ -16,16 +16,17 @@ from typing import TypeVar
 import click
 
 from optrace.errors import OptraceError
+from optrace.exporters.formats import JIT_LISTING
+from optrace.exporters.jitlisting import JitDumpListing, Listing, PerfMapListing, skipped_note
 from optrace.fileaccess import printable
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.agent import host_elf_machine
 from optrace.jitmaps.elfwriter import ElfLimitError, code_regions, live_regions, write_elf
-from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_timeline, seconds_since
-from optrace.jitmaps.perfmap import MAX_LINE, PerfMapEntry, PerfMapReader
+from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_timeline
+from optrace.jitmaps.perfmap import PerfMapEntry, PerfMapReader
 from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, named_file_policy, open_file
 from optrace.procfs import maps_text_or_empty
 
-ELF_MACHINES = {3: "x86", 62: "x86-64", 40: "arm", 183: "aarch64", 243: "riscv", 21: "ppc64"}
 MAX_ELF_MACHINE = 0xFFFF  # e_machine is 16 bits; a jitdump's elf_mach field is 32
 MAX_ITEMS = 500_000  # perf-map entries or jitdump records kept for show/convert (~0.35 GB); the rest are counted
 PID_IN_NAME = re.compile(r"([0-9]{1,10})(?!.*[0-9])")
@@ -75,10 +76,6 @@ def _read_map(fd: int, max_size: int) -> tuple[list[PerfMapEntry], PerfMapReader
     return entries, reader, skipped
 
 
-def _skipped(count: int, what: str) -> str:
-    return f"; {count} {what} after the first {MAX_ITEMS} not shown" if count else ""
-
-
 @click.group("jit")
 def command() -> None:
     """Inspect and convert JIT symbol files (perf maps, jitdumps)."""
@@ -91,56 +88,13 @@ def show(file: str, max_size: int) -> None:
     """List a perf map or jitdump: address, size, name, load time, moves and replacements."""
     with _open_named(file, max_size) as fd:
         if _is_jitdump(fd):
-            _show_jitdump(file, *_read_dump(fd, file, max_size))
+            header, records, reader, skipped = _read_dump(fd, file, max_size)
+            listing: Listing = JitDumpListing(file, header, records, reader, skipped)
         else:
-            entries, reader, skipped = _read_map(fd, max_size)
-            long_lines = f" ({reader.long_lines} over {MAX_LINE} bytes)" if reader.long_lines else ""
-            click.echo(f"perf map {printable(file)}: {len(entries) + skipped} entries, {reader.bad_lines} bad "
-                       f"lines skipped{long_lines}{_skipped(skipped, 'entries')}")
-            click.echo(f"{'LINE':>7}  {'ADDRESS':<18}  {'SIZE':>8}  NAME")
-            for line, function in enumerate(from_perf_map(entries), 1):
-                replaced = "" if function.died is None else f"  (replaced at entry {function.died:.0f})"
-                click.echo(f"{line:>7}  0x{function.start:016x}  {function.size:>#8x}  "
-                           f"{printable(function.name)}{replaced}")
-
-
-def _show_jitdump(path: str, header: jd.JitDumpHeader, records: list[jd.JitRecord],
-                  reader: jd.JitDumpReader, skipped: int) -> None:
-    clock = "TSC" if header.flags & jd.FLAG_ARCH_TIMESTAMP else "CLOCK_MONOTONIC"
-    order = "little" if header.byte_order == "<" else "big"
-    click.echo(f"jitdump {printable(path)}: pid {header.pid}, version {header.version}, "
-               f"{ELF_MACHINES.get(header.elf_mach, 'elf_mach ' + str(header.elf_mach))}, {order}-endian, "
-               f"{clock} clock, {reader.records} records ({reader.unknown_records} unknown skipped, "
-               f"{reader.truncated_bytes} truncated bytes at the end{_skipped(skipped, 'records')})")
-    click.echo(f"{'TIME(s)':>12}  {'EVENT':<6}  {'ADDRESS':<18}  {'SIZE':>8}  NAME")
-    functions, created = jitdump_timeline(header, records)
-    for record, function_id in zip(records, created):
-        function = None if function_id is None else functions[function_id]
-        click.echo(f"{seconds_since(header, record.timestamp):>12.6f}  " + _describe(record, function))
-
-
-def _describe(record: jd.JitRecord, function: JitFunction | None) -> str:
-    if isinstance(record, jd.CodeLoad):
-        extra = " [code]" if record.code and any(record.code) else ""
-        return (f"load    0x{record.code_addr:016x}  {record.code_size:>#8x}  {printable(record.name)}{extra}"
-                f"{_fate(function)}")
-    if isinstance(record, jd.CodeMove):
-        return (f"move    0x{record.new_code_addr:016x}  {record.code_size:>#8x}  "
-                f"from 0x{record.old_code_addr:x} (code #{record.code_index}){_fate(function)}")
-    if isinstance(record, jd.DebugInfo):
-        files = sorted({printable(e.filename) for e in record.entries})
-        lines = [e.lineno for e in record.entries]
-        where = f"{', '.join(files)}:{min(lines)}-{max(lines)}" if lines else "no lines"
-        return f"debug   0x{record.code_addr:016x}  {len(record.entries):>8}  lines in {where}"
-    if isinstance(record, jd.UnwindingInfo):
-        return f"unwind  {'':<18}  {record.unwinding_size:>#8x}  eh_frame_hdr {record.eh_frame_hdr_size:#x}"
-    return "close"
-
-
-def _fate(function: JitFunction | None) -> str:
-    if function is None or function.died is None:
-        return ""
-    return f"  (replaced or moved at {function.died:.6f}s)"
+            listing = PerfMapListing(file, *_read_map(fd, max_size))
+    stdout = click.get_text_stream("stdout")
+    JIT_LISTING.writer("listing")(stdout, listing)
+    stdout.flush()
 
 
 @command.command("convert")
@@ -152,11 +106,13 @@ def convert(dump: str, output: str | None, max_size: int) -> None:
     with _open_named(dump, max_size) as fd:
         if _is_jitdump(fd):
             header, records, _, skipped = _read_dump(fd, dump, max_size)
+            kept = len(records)
             functions, pid = jitdump_timeline(header, records)[0], header.pid
             mach, order, known = header.elf_mach, header.byte_order, _live_regions(pid, dump, functions)
             times_are_lines = False
         else:
             entries, _, skipped = _read_map(fd, max_size)
+            kept = len(entries)
             functions, pid = from_perf_map(entries), _pid_from_name(dump)
             mach, order, known, times_are_lines = host_elf_machine(), "<", [], True
     if not functions:
@@ -171,7 +127,7 @@ def convert(dump: str, output: str | None, max_size: int) -> None:
     except OSError as exc:
         raise OptraceError(f"cannot write {printable(out)}: {exc.strerror or exc}") from None
     click.echo(f"wrote {printable(summary.path)}: {len(summary.sections)} code sections, {summary.symbols} "
-               f"symbols, build-id {summary.build_id}{_skipped(skipped, 'entries or records')}")
+               f"symbols, build-id {summary.build_id}{skipped_note(kept, skipped, 'entries or records')}")
 
 
 def _live_regions(pid: int, dump: str, functions: list[JitFunction]) -> list[tuple[int, int]]:

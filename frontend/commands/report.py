@@ -1,23 +1,27 @@
 """`optrace report`: read a record file and print it per symbol. Needs no root and never loads BCC."""
 from __future__ import annotations
 
+import io
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
 
 import click
 
 from optrace.errors import OptraceError
-from optrace.recordfile import printable, read_record
 from optrace.escape import escape_controls
-from optrace.frontend.report.render import check_format, render_report
-from optrace.frontend.report.rows import ReportOptions, parse_sort_keys
+from optrace.exporters.formats import PROFILE
+from optrace.frontend.report.rows import Profile, ReportOptions, parse_sort_keys
+from optrace.recordfile import printable, read_record
 
 
 @click.command("report")
 @click.option("-i", "--input", "source", default="optrace.data", show_default=True, help="Record file to read.")
 @click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
               help="Comma-separated row keys: comm, pid, dso, symbol.")
-@click.option("-f", "--format", "fmt", default="table", show_default=True, help="table, json, csv or folded.")
+@click.option("-f", "--format", "fmt", default="table", show_default=True, help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
 @click.option("--pid", "pids", default="", help="Only these pids (comma-separated).")
 @click.option("--comm", "comms", default="", help="Only these command names (comma-separated).")
 @click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated).")
@@ -35,9 +39,10 @@ def command(source: str, sort: str, fmt: str, pids: str, comms: str, dsos: str, 
         percent_limit=_parse_percent(percent_limit),
         children=children,
     )
-    check_format(fmt)
-    text = render_report(read_record(source), options, fmt, escape_controls(source))
-    _write(text, output)
+    write = PROFILE.writer(fmt)
+    profile = Profile(read_record(source), escape_controls(source))
+    with _output_stream(output) as stream:
+        write(stream, profile, options)
 
 
 def _split(text: str) -> frozenset[str]:
@@ -64,18 +69,23 @@ def _parse_percent(text: str) -> float:
     return value
 
 
-def _write(text: str, output: str) -> None:
+@contextmanager
+def _output_stream(output: str) -> Iterator[TextIO]:
     """stdout, or a file written the way `record -o` writes (:mod:`optrace.outputfile`): a new file
-    renamed over the name, so a symlink planted there is replaced, never followed."""
+    renamed over the name, so a symlink planted there is replaced, never followed; a report that fails
+    (past its output budget) leaves the name as it was. Names a terminal cannot encode are written as
+    backslash escapes, in both."""
     if output == "-":
-        sys.stdout.buffer.write(text.encode("utf-8", "backslashreplace"))
-        sys.stdout.flush()
+        stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="backslashreplace", newline="")
+        try:
+            yield stdout
+        finally:
+            stdout.detach()  # flushed, and sys.stdout's buffer stays open
         return
     from optrace.outputfile import atomic_output
 
     try:
         with atomic_output(output, "w", encoding="utf-8", errors="backslashreplace") as out:
-            out.write(text)
+            yield out
     except OSError as exc:
         raise OptraceError(f"cannot write {printable(output)}: {exc.strerror or exc}") from None
-

@@ -1,5 +1,8 @@
 """Aggregate a Record's samples into report rows, the way `perf report` builds its histogram.
 
+This is the model every `optrace report` format prints (each format is a module of
+:mod:`optrace.exporters`, registered in :mod:`optrace.exporters.formats`).
+
 Self counts go to the leaf frame (``Sample.frames[0]``); with ``children`` every distinct row key in a
 stack is also credited once with the whole sample (inclusive time). Percentages are of all samples in
 the record (perf's default ``--percentage absolute``), so filtering never inflates them.
@@ -27,6 +30,14 @@ class ReportOptions:
     dsos: frozenset[str] = frozenset()  # basenames or full paths
     percent_limit: float = 0.0
     children: bool = False
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a report prints: a record and its input's name as shown (escaped: it reaches terminals)."""
+
+    record: Record
+    source: str
 
 
 class RowKey(NamedTuple):

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from optrace.frontend.doctor import require_recording
 from optrace.errors import OptraceError
 from optrace.model import CallCount
+from optrace.frontend.uprobes.countreport import ProbeCalls
 from optrace.frontend.uprobes.manager import Attacher, Consumer, PidFilter, ProbeManager
 from optrace.frontend.uprobes.resolve import (DEFAULT_MAX_MATCHES, Resolution, ResolvedProbe, name_list,
                                               resolve_specs)
@@ -121,6 +122,12 @@ class CallCounter:
         if self._consumer is None:
             raise OptraceError("internal: CallCounter.calls() before start()")
         return self.manager.counts(self._consumer)
+
+    def probe_calls(self) -> list[ProbeCalls]:
+        """:meth:`calls`, each with its probe: what `optrace count` prints."""
+        return [ProbeCalls(probe.spec, probe.binary, probe.symbol, probe.offset, probe.aliases,
+                           parse_spec(probe.spec).is_glob, count)
+                for probe, count in zip(self.probes, self.calls())]
 
     def lost_rows(self) -> int:
         """Hits not attributed to a pid because the kernel's per-process maps were full (totals stay exact)."""

@@ -7,12 +7,15 @@ Total 1000 samples.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from optrace.model import KERNEL_DSO, CallCount, Frame, Record, RecordMeta, Sample
 from optrace.recordfile import write_record
+
+sys.path.insert(0, str(Path(__file__).parent))  # for `import profiletext`
 
 DEMO = "/work/main/workloads/build/demo"
 LIBBURN = "/work/main/workloads/build/libburn.so"

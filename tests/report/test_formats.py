@@ -6,7 +6,7 @@ import io
 import json
 
 from optrace.model import Record
-from optrace.frontend.report.render import render_report
+from profiletext import render_report
 from optrace.frontend.report.rows import ReportOptions
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from optrace.model import CallCount, Record
 from optrace.recordfile import HEADER, MAGIC, RecordFileError, read_record
-from optrace.frontend.report.render import FORMATS, render_report
+from profiletext import FORMATS, render_report
 from optrace.frontend.report.rows import ReportOptions
 from optrace.schema import encode
 

@@ -11,8 +11,8 @@ import pytest
 from optrace.errors import OptraceError
 from optrace.model import Frame, Record, Sample
 from optrace.recordfile import write_record
-from optrace.frontend.report import budget
-from optrace.frontend.report.render import FORMATS, render_report
+from optrace.exporters import budget
+from profiletext import FORMATS, render_report
 from optrace.frontend.report.rows import ReportOptions
 from support import OPTRACE
 
