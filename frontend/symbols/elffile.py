@@ -27,7 +27,9 @@ ELFCOMPRESS_ZLIB = 1
 SHN_XINDEX = 0xFFFF
 PN_XNUM = 0xFFFF
 PT_LOAD = 1
+PF_X = 0x1
 EM_386, EM_X86_64, EM_AARCH64 = 3, 62, 183
+MACHINE_NAMES = {EM_386: "EM_386", EM_X86_64: "EM_X86_64", EM_AARCH64: "EM_AARCH64"}
 
 MAX_HEADER_TABLE_BYTES = 8 << 20  # section or program header table read at once (65536 x 64 = 4 MiB)
 MAX_SECTION_NAMES_BYTES = 1 << 20  # .shstrtab
@@ -65,6 +67,15 @@ class ProgramHeader:
     filesz: int
     memsz: int
     align: int
+    flags: int = 0
+
+    @property
+    def executable(self) -> bool:
+        return bool(self.flags & PF_X)
+
+    def holds(self, vaddr: int) -> bool:
+        """Whether ``vaddr`` is mapped from the file by this segment."""
+        return self.vaddr <= vaddr < self.vaddr + self.filesz
 
 
 class ElfFile:
@@ -141,8 +152,13 @@ class ElfFile:
             count = self._first_section_field(7)  # sh_info
         rows = self._table(self._phoff, self._phentsize, count, self._phdr_layout)
         if self.elfclass == 64:  # type flags offset vaddr paddr filesz memsz align
-            return [ProgramHeader(r[0], r[2], r[3], r[5], r[6], r[7]) for r in rows]
-        return [ProgramHeader(r[0], r[1], r[2], r[4], r[5], r[7]) for r in rows]  # type offset vaddr paddr filesz memsz flags align
+            return [ProgramHeader(r[0], r[2], r[3], r[5], r[6], r[7], r[1]) for r in rows]
+        return [ProgramHeader(r[0], r[1], r[2], r[4], r[5], r[7], r[6]) for r in rows]  # type offset vaddr paddr filesz memsz flags align
+
+    @property
+    def machine_name(self) -> str:
+        """e_machine as binutils and pyelftools name it (``EM_X86_64``), for messages."""
+        return MACHINE_NAMES.get(self.machine, f"e_machine {self.machine}")
 
     # -- helpers ----------------------------------------------------------------------------------------
     def read_at(self, offset: int, size: int) -> bytes:

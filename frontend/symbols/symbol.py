@@ -1,16 +1,19 @@
-"""Function symbols of one ELF object and the sorted table that names an address (perf's ``symbol``)."""
+"""Function symbols of one ELF object, the one rule that picks a name among aliases, and the sorted
+table that names an address (perf's ``symbol``). `report` (through the symbolizer) and `count` (uprobe
+resolution) both read symbols here, so they name a function alike."""
 from __future__ import annotations
 
 import bisect
 import struct
+import sys
 from array import array
 from itertools import accumulate
 from operator import attrgetter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from optrace.fileaccess import BudgetExceeded
-from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, ElfFormatError, cstring
+from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, ElfFormatError, SectionHeader, cstring
 
 STT_FUNC = 2
 STT_GNU_IFUNC = 10
@@ -18,6 +21,8 @@ STB_LOCAL = 0
 STB_GLOBAL = 1
 STB_WEAK = 2
 SHN_UNDEF = 0
+SHT_GNU_VERSYM = 0x6FFFFFFF
+VERSYM_HIDDEN = 0x8000
 MAX_NESTING = 8  # how far back to look for a sized symbol covering an address (nested symbols)
 MAX_TABLE_BYTES = 64 << 20  # a symbol table or its string table (libLLVM's debug .strtab: ~30 MB)
 MAX_FUNCTION_SYMBOLS = 1_000_000  # about 130 MB of Symbol objects while a table is built
@@ -29,12 +34,21 @@ MAX_ADDRESS = (1 << 64) - 1
 class Symbol:
     start: int  # virtual address as linked (st_value)
     size: int
-    name: str  # as in the string table (mangled)
+    name: str  # as in the string table (mangled), without a ``@VERSION`` suffix
     binding: int = STB_GLOBAL
+    is_ifunc: bool = False  # STT_GNU_IFUNC: the code at ``start`` is the resolver, not the function
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
 
 
-def read_function_symbols(elf: ElfFile, section_name: str) -> list[Symbol]:
+def read_function_symbols(elf: ElfFile, section_name: str, *, default_versions_only: bool = False) -> list[Symbol]:
     """The STT_FUNC / STT_GNU_IFUNC symbols defined in ``section_name`` (.symtab or .dynsym).
+
+    ``default_versions_only`` leaves out non-default symbol versions (``realpath@GLIBC_2.2.5`` beside
+    ``realpath@@GLIBC_2.3``: hidden in .gnu.version, or a single ``@`` in a .symtab name), which a
+    uprobe on ``realpath`` must not hit; symbolization keeps them (their code runs too).
 
     Unpacks the raw table with :func:`struct.iter_unpack` (per-symbol objects are too slow for binaries
     with 100k symbols). Bounded for hostile files: the table and its string table are read under
@@ -55,19 +69,34 @@ def read_function_symbols(elf: ElfFile, section_name: str) -> list[Symbol]:
         rows = ((n, i, s, v, z) for n, i, _o, s, v, z in struct.iter_unpack(layout, data))
     else:
         rows = ((n, i, s, v, z) for n, v, z, i, _o, s in struct.iter_unpack(layout, data))
+    hidden = _hidden_versions(elf, section) if default_versions_only else frozenset()
     symbols: list[Symbol] = []
     name_bytes = 0
-    for name_at, info, shndx, value, size in rows:
-        if info & 0xF not in (STT_FUNC, STT_GNU_IFUNC) or shndx == SHN_UNDEF or value == 0:
+    for index, (name_at, info, shndx, value, size) in enumerate(rows):
+        kind = info & 0xF
+        if kind not in (STT_FUNC, STT_GNU_IFUNC) or shndx == SHN_UNDEF or value == 0 or index in hidden:
             continue
-        name = cstring(strings, name_at).partition("@")[0]  # glibc's .symtab has "clock_gettime@@GLIBC_2.17"
-        if name:
-            symbols.append(Symbol(value, size, name, info >> 4))
-            name_bytes += len(name)
-            if len(symbols) > MAX_FUNCTION_SYMBOLS or name_bytes > MAX_NAME_BYTES:
-                raise BudgetExceeded(f"{section_name} holds more than {MAX_FUNCTION_SYMBOLS} functions "
-                                     f"or {MAX_NAME_BYTES} bytes of names")
+        name, at, version = cstring(strings, name_at).partition("@")  # glibc's .symtab: "clock_gettime@@GLIBC_2.17"
+        if not name or (default_versions_only and at and not version.startswith("@")):
+            continue
+        symbols.append(Symbol(value, size, name, info >> 4, kind == STT_GNU_IFUNC))
+        name_bytes += len(name)
+        if len(symbols) > MAX_FUNCTION_SYMBOLS or name_bytes > MAX_NAME_BYTES:
+            raise BudgetExceeded(f"{section_name} holds more than {MAX_FUNCTION_SYMBOLS} functions "
+                                 f"or {MAX_NAME_BYTES} bytes of names")
     return symbols
+
+
+def _hidden_versions(elf: ElfFile, symbols: SectionHeader) -> frozenset[int]:
+    """Indexes of the ``symbols`` entries whose GNU version (.gnu.version) is hidden: non-default."""
+    versions = next((s for s in elf.sections_of_type(SHT_GNU_VERSYM) if s.link == symbols.index), None)
+    if versions is None:
+        return frozenset()
+    data = elf.section_data(versions, MAX_TABLE_BYTES)
+    entries = array("H", data[:len(data) - len(data) % 2])
+    if (sys.byteorder == "little") != elf.little_endian:
+        entries.byteswap()
+    return frozenset(index for index, version in enumerate(entries) if version & VERSYM_HIDDEN)
 
 
 def _preference(symbol: Symbol) -> tuple:
@@ -78,14 +107,19 @@ def _preference(symbol: Symbol) -> tuple:
             -underscores, len(symbol.name))
 
 
+def preferred_alias(aliases: Sequence[Symbol]) -> Symbol:
+    """The alias whose name is shown for their address (the first of equally preferred ones): the one
+    rule for `report`'s frames and `count`'s probes."""
+    return max(aliases, key=_preference)
+
+
 def _preferred_aliases(ordered: list[Symbol]) -> list[Symbol]:
     """One symbol per address of ``ordered`` (sorted by start, aliases in input order): the preferred
-    alias, the first of equally preferred ones."""
+    alias."""
     kept: list[Symbol] = []
     for symbol in ordered:
         if kept and kept[-1].start == symbol.start:
-            if _preference(symbol) > _preference(kept[-1]):
-                kept[-1] = symbol
+            kept[-1] = preferred_alias((kept[-1], symbol))
         else:
             kept.append(symbol)
     return kept

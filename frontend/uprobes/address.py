@@ -15,27 +15,26 @@ import capstone
 
 from optrace.fileaccess import printable
 from optrace.errors import OptraceError
-from optrace.frontend.uprobes.elf import ElfFunctions, FunctionSymbol
+from optrace.frontend.symbols.symbol import Symbol, preferred_alias
+from optrace.frontend.uprobes.elf import ElfFunctions
 
 MAX_DECODE_BYTES = 1 << 20  # from the function start to the address
 MAX_INSTRUCTION = 15  # bytes, on x86-64
 ReadCode = Callable[[int, int], bytes]  # (file offset, length) -> exactly those bytes
-Prefer = Callable[[list[FunctionSymbol]], FunctionSymbol]  # the name to show among aliases
 
 
-def check_address(address: int, elf: ElfFunctions, read_code: ReadCode, shown: str,
-                  prefer: Prefer) -> str:
+def check_address(address: int, elf: ElfFunctions, read_code: ReadCode, shown: str) -> str:
     """The probe's label (``main`` or ``main+0x45``) if a uprobe at ``address`` is safe; else OptraceError.
 
     ``shown`` is the binary's path for messages."""
-    starting = [f for f in elf.functions if f.vaddr == address]
+    starting = [f for f in elf.functions if f.start == address]
     if starting:
-        return prefer(starting).name
-    inside = [f for f in elf.functions if f.vaddr < address < f.end]
+        return preferred_alias(starting).name
+    inside = [f for f in elf.functions if f.start < address < f.end]
     if not inside:
-        raise OptraceError(_outside_message(address, elf, shown, prefer))
-    start = max(f.vaddr for f in inside)  # the innermost function, if symbols nest
-    function = prefer([f for f in inside if f.vaddr == start])
+        raise OptraceError(_outside_message(address, elf, shown))
+    start = max(f.start for f in inside)  # the innermost function, if symbols nest
+    function = preferred_alias([f for f in inside if f.start == start])
     label = f"{function.name}+{address - start:#x}"
     if (elf.machine, elf.elfclass) != ("EM_X86_64", 64):
         raise OptraceError(
@@ -46,18 +45,18 @@ def check_address(address: int, elf: ElfFunctions, read_code: ReadCode, shown: s
     return label
 
 
-def _check_boundary(address: int, function: FunctionSymbol, elf: ElfFunctions, read_code: ReadCode,
+def _check_boundary(address: int, function: Symbol, elf: ElfFunctions, read_code: ReadCode,
                     shown: str) -> None:
     name = printable(function.name)
-    if address - function.vaddr > MAX_DECODE_BYTES:
+    if address - function.start > MAX_DECODE_BYTES:
         raise OptraceError(
-            f"address {address:#x} is {address - function.vaddr} bytes into {name} in {shown}, past the "
+            f"address {address:#x} is {address - function.start} bytes into {name} in {shown}, past the "
             f"{MAX_DECODE_BYTES} bytes optrace decodes to check it is an instruction boundary"
         )
     code = _function_code(address, function, elf, read_code, shown)
     decoder = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    reached = function.vaddr
-    for at, size, _mnemonic, _operands in decoder.disasm_lite(code, function.vaddr):
+    reached = function.start
+    for at, size, _mnemonic, _operands in decoder.disasm_lite(code, function.start):
         if at == address:
             return
         if at < address < at + size:
@@ -69,32 +68,32 @@ def _check_boundary(address: int, function: FunctionSymbol, elf: ElfFunctions, r
             )
         reached = at + size
     raise OptraceError(
-        f"address {address:#x} in {name} of {shown} cannot be checked: the code from {function.vaddr:#x} "
-        f"does not decode as x86-64 past {reached:#x}; probe {function.vaddr:#x} ({name}) instead"
+        f"address {address:#x} in {name} of {shown} cannot be checked: the code from {function.start:#x} "
+        f"does not decode as x86-64 past {reached:#x}; probe {function.start:#x} ({name}) instead"
     )
 
 
-def _function_code(address: int, function: FunctionSymbol, elf: ElfFunctions, read_code: ReadCode,
+def _function_code(address: int, function: Symbol, elf: ElfFunctions, read_code: ReadCode,
                    shown: str) -> bytes:
     """The bytes from the function start to the end of the longest instruction that could hold ``address``
     (not past the function's end nor its segment's)."""
-    segment = elf.code_segment(function.vaddr)
+    segment = elf.code_segment(function.start)
     if segment is None or not segment.holds(address):
         raise OptraceError(
-            f"{printable(function.name)} at {function.vaddr:#x} in {shown} is not in the executable segment "
+            f"{printable(function.name)} at {function.start:#x} in {shown} is not in the executable segment "
             f"that holds {address:#x}: the ELF symbols do not match its program headers"
         )
     end = min(address + MAX_INSTRUCTION, function.end, segment.vaddr + segment.filesz)
-    return read_code(function.vaddr - segment.vaddr + segment.offset, end - function.vaddr)
+    return read_code(function.start - segment.vaddr + segment.offset, end - function.start)
 
 
-def _outside_message(address: int, elf: ElfFunctions, shown: str, prefer: Prefer) -> str:
-    before = max((f.vaddr for f in elf.functions if f.vaddr < address), default=None)
-    after = min((f.vaddr for f in elf.functions if f.vaddr > address), default=None)
-    named = {at: prefer([f for f in elf.functions if f.vaddr == at]) for at in (before, after) if at is not None}
+def _outside_message(address: int, elf: ElfFunctions, shown: str) -> str:
+    before = max((f.start for f in elf.functions if f.start < address), default=None)
+    after = min((f.start for f in elf.functions if f.start > address), default=None)
+    named = {at: preferred_alias([f for f in elf.functions if f.start == at]) for at in (before, after) if at is not None}
     where = ""
     if before is not None:
-        previous = max((f for f in elf.functions if f.vaddr == before), key=lambda f: f.size)
+        previous = max((f for f in elf.functions if f.start == before), key=lambda f: f.size)
         name = printable(named[before].name)
         where = f" (after {name} ends at {previous.end:#x})" if previous.size else \
             f" (after {name} at {before:#x}, a symbol without a size)"

@@ -19,7 +19,8 @@ from optrace.fileaccess import BoundedFile, printable
 from optrace.errors import OptraceError
 from optrace.frontend.symbols.linker import find_library, read_ld_so_cache
 from optrace.frontend.uprobes.address import check_address
-from optrace.frontend.uprobes.elf import ElfFunctions, FunctionSymbol, load_functions, open_binary
+from optrace.frontend.symbols.symbol import Symbol, preferred_alias
+from optrace.frontend.uprobes.elf import ElfFunctions, load_functions, open_binary
 from optrace.frontend.uprobes.spec import ProbeSpec, parse_spec
 
 DEFAULT_MAX_MATCHES = 1000
@@ -50,17 +51,14 @@ class Resolution:
     warnings: list[str] = field(default_factory=list)
 
 
-def _preferred_name(names: list[FunctionSymbol], pattern: str | None) -> FunctionSymbol:
-    """The name to show for an address: one the SPEC matches, else global, fewest leading _, shortest."""
-    def rank(symbol: FunctionSymbol) -> tuple:
-        unmatched = pattern is None or not fnmatch.fnmatchcase(symbol.name, pattern)
-        underscores = len(symbol.name) - len(symbol.name.lstrip("_"))
-        return unmatched, not symbol.is_global, underscores, len(symbol.name), symbol.name
-
-    return min(names, key=rank)
+def _preferred_name(names: list[Symbol], pattern: str) -> Symbol:
+    """The name to show for an address: the preferred alias (the symbolizer's rule, so `count` and
+    `report` name a function alike) among those the SPEC names, so `c:__libc_malloc` shows that name."""
+    named = [symbol for symbol in names if fnmatch.fnmatchcase(symbol.name, pattern)]
+    return preferred_alias(named or names)
 
 
-def _matching(spec: ProbeSpec, elf: ElfFunctions, path: str) -> list[FunctionSymbol]:
+def _matching(spec: ProbeSpec, elf: ElfFunctions, path: str) -> list[Symbol]:
     assert spec.symbol is not None
     if spec.is_glob:
         found = [f for f in elf.functions if fnmatch.fnmatchcase(f.name, spec.symbol)]
@@ -77,13 +75,13 @@ def _matching(spec: ProbeSpec, elf: ElfFunctions, path: str) -> list[FunctionSym
 
 
 def _probes_for_symbols(
-    spec: ProbeSpec, elf: ElfFunctions, path: str, st: os.stat_result, found: list[FunctionSymbol],
+    spec: ProbeSpec, elf: ElfFunctions, path: str, st: os.stat_result, found: list[Symbol],
     max_matches: int,
 ) -> list[ResolvedProbe]:
-    at_address: dict[int, list[FunctionSymbol]] = {}
+    at_address: dict[int, list[Symbol]] = {}
     for function in elf.functions:  # aliases at a matched address count as that probe, matched or not
-        at_address.setdefault(function.vaddr, []).append(function)
-    addresses = sorted({f.vaddr for f in found})
+        at_address.setdefault(function.start, []).append(function)
+    addresses = sorted({f.start for f in found})
     if len(addresses) > max_matches:
         raise OptraceError(
             f"'{spec.text}' matches {len(addresses)} functions, more than the limit of {max_matches}: "
@@ -114,8 +112,7 @@ def _probe_at_address(spec: ProbeSpec, elf: ElfFunctions, binary: BoundedFile, s
     offset = elf.file_offset(spec.address)
     if offset is None:
         raise OptraceError(f"address {spec.address:#x} is not in an executable segment of {shown}")
-    label = check_address(spec.address, elf, lambda at, size: _read_code(binary, at, size), shown,
-                          lambda names: _preferred_name(names, None))
+    label = check_address(spec.address, elf, lambda at, size: _read_code(binary, at, size), shown)
     return ResolvedProbe(spec=spec.text, binary=binary.name, symbol=label, offset=offset,
                          key=ProbeKey(st.st_dev, st.st_ino, offset))
 
