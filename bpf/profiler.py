@@ -16,7 +16,6 @@ from typing import Iterable
 from optrace.bpf.loader import import_bcc, load_bcc
 from optrace.errors import OptraceError
 from optrace.model import RawSample, UserFrame
-from optrace.frontend.symbols.addrspace import AddressSpaces
 from optrace.kernel import syscall_events_available
 
 PROGRAM = Path(__file__).with_name("profile.c")
@@ -38,11 +37,15 @@ PROC_EXEC, PROC_EXIT = 0, 1
 
 @dataclass
 class DrainResult:
+    """Raw facts: samples whose user frames are build-id frames, or raw IPs with the epoch of the mappings
+    they ran in (RawSample.epoch, for the caller to translate); the processes still on build-id stacks."""
+
     samples: list[RawSample] = field(default_factory=list)
     lost: dict[str, int] = field(default_factory=dict)
     execs: list[tuple[int, str]] = field(default_factory=list)
     exits: list[int] = field(default_factory=list)
     time: float = 0.0
+    build_id_pids: set[int] = field(default_factory=set)
 
 
 class Profiler:
@@ -75,9 +78,6 @@ class Profiler:
         self.raw_stacks = raw_stacks and syscall_events_available()
         if self.raw_stacks:
             self._cflags.append("-DRAW_STACKS")
-        self._spaces = AddressSpaces()
-        self._exited: list[int] = []
-        self._on_build_ids: set[int] = set()
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id"
         self.event = ""
         self._bpf = None
@@ -94,13 +94,20 @@ class Profiler:
         self.close()
 
     def start(self) -> None:
+        self.load()
+        self.attach()
+
+    def load(self) -> None:
+        """Compile and load the programs and add the initial pids; nothing is sampled until :meth:`attach`
+        (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
         self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=self._cflags)
         for pid in self._initial_pids or ():
             self.add_pid(pid)
-            self.learn(pid)  # before the sampler is attached: raw IPs from the first sample
         if not self._follow:
             self._bpf.detach_tracepoint(b"sched:sched_process_fork")
         self._bpf[b"proc_events"].open_perf_buffer(self._on_event, page_cnt=256, lost_cb=self._on_events_lost)
+
+    def attach(self) -> None:
         self._attach_sampler(import_bcc())
 
     def _attach_sampler(self, bcc) -> None:
@@ -138,33 +145,23 @@ class Profiler:
         active[active.Key(0)] = active.Leaf(self._set)
         time.sleep(GRACE_SECONDS)
         now = time.monotonic()
-        result = DrainResult(samples=self._read_set(old, now), lost=self._read_lost(), time=now)
+        samples, build_id_pids = self._read_set(old, now)
+        result = DrainResult(samples=samples, lost=self._read_lost(), time=now, build_id_pids=build_id_pids)
         result.execs, result.exits = self.poll_events()
-        if self.raw_stacks:
-            self._learn_mappings(self._on_build_ids)
-            self._spaces.end_drain(self._exited)
-        self._exited = []
         return result
 
-    def learn(self, pid: int) -> None:
-        """Read a process's mappings now, so its samples are raw IPs from the first one (the initial
-        pids and, in the recorder, exec'd targets; other processes at the first drain that saw them)."""
-        if self.raw_stacks:
-            epochs = self._bpf[b"epochs"]
-            _insert_if_absent(epochs, pid, time.monotonic_ns())  # the clock of bpf_ktime_get_ns()
-            self._learn_mappings({pid})
+    def epoch(self, pid: int) -> int:
+        """The process's mappings epoch (set now if it has none). To let the sampler take raw IPs of a
+        process, the caller reads this epoch first, then /proc/PID/maps, then calls :meth:`mark_known`:
+        a mapping made in between changes the epoch and the sampler keeps to build-ids (see profile.c)."""
+        epochs = self._bpf[b"epochs"]
+        _insert_if_absent(epochs, pid, time.monotonic_ns())  # the clock of bpf_ktime_get_ns()
+        return _lookup(epochs, pid)
 
-    def _learn_mappings(self, pids: set[int]) -> None:
-        """Read the mappings of processes the sampler does not take raw IPs of yet: the epoch first,
-        then /proc/PID/maps, then `known`, so a mapping made in between changes the epoch and the
-        sampler keeps to build-ids (see profile.c)."""
-        epochs, known = self._bpf[b"epochs"], self._bpf[b"known"]
-        for pid in pids:
-            epoch = _lookup(epochs, pid)
-            if not epoch or self._spaces.has(pid, epoch):
-                continue
-            if self._spaces.learn(pid, epoch):
-                known[known.Key(pid)] = known.Leaf(epoch)
+    def mark_known(self, pid: int, epoch: int) -> None:
+        """The caller holds the process's mappings of ``epoch``: raw IPs from now on."""
+        known = self._bpf[b"known"]
+        known[known.Key(pid)] = known.Leaf(epoch)
 
     def poll_events(self) -> tuple[list[tuple[int, str]], list[int]]:
         """Exec'd files and exited processes since the last call (cheap: call it often, so a
@@ -173,17 +170,16 @@ class Profiler:
         execs = [(pid, filename) for kind, pid, filename in self._events if kind == PROC_EXEC]
         exits = [pid for kind, pid, _ in self._events if kind == PROC_EXIT]
         self._events.clear()
-        self._exited += exits  # their address spaces go at the next drain's end
         return execs, exits
 
-    def _read_set(self, index: int, now: float) -> list[RawSample]:
+    def _read_set(self, index: int, now: float) -> tuple[list[RawSample], set[int]]:
         counts = self._bpf[b"counts"]
         tables = {kind: self._bpf[f"{name}{index}{suffix}".encode()]
                   for kind, name, suffix in ((USER_BUILD_ID, "ustacks", ""), (USER_SPARE, "ustacks", "_alt"),
                                              (USER_RAW, "rawstacks", ""))}
         kstacks = self._bpf[f"kstacks{index}".encode()]
         items = [(k, v) for k, v in counts.items() if k.set == index]
-        self._on_build_ids = set()  # processes whose maps the sampler still waits for
+        on_build_ids = set()  # processes whose maps the sampler still waits for
         ucache: dict[tuple, tuple[UserFrame, ...]] = {}
         kcache: dict[int, tuple[int, ...]] = {}
         samples = []
@@ -191,38 +187,31 @@ class Profiler:
             user = self._user_stack(tables, key, ucache)
             kernel = self._kernel_stack(kstacks, key.kernel_stack_id, kcache)
             comm = key.comm.decode("utf-8", "replace")
-            samples.append(RawSample(key.pid, comm, user, kernel, value.value, now))
-            if user and key.user_map == USER_RAW:
+            raw = bool(user) and key.user_map == USER_RAW
+            samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, key.epoch if raw else 0))
+            if raw:
                 self.stats["raw"] += value.value
             elif user:
                 self.stats["build_id"] += value.value
-                self._on_build_ids.add(key.pid)
+                on_build_ids.add(key.pid)
         for key, _ in items:
             del counts[key]
         for table in (*tables.values(), kstacks):
             _clear_stacks(table)
-        return samples
+        return samples, on_build_ids
 
     def _user_stack(self, tables: dict, key, cache: dict) -> tuple[UserFrame, ...]:
         if key.user_stack_id < 0:
             return ()
         raw = key.user_map == USER_RAW
-        slot = (key.user_map, key.user_stack_id, key.pid if raw else 0, key.epoch)
+        slot = (key.user_map, key.user_stack_id)
         if slot not in cache:
             table = tables[key.user_map]
             if raw:
-                cache[slot] = self._translate(_raw_ips(table, key.user_stack_id), key.pid, key.epoch)
+                cache[slot] = tuple(UserFrame(None, ip) for ip in _raw_ips(table, key.user_stack_id))
             else:
                 cache[slot] = _decode_build_id_stack(table, key.user_stack_id)
         return cache[slot]
-
-    def _translate(self, ips: tuple[int, ...], pid: int, epoch: int) -> tuple[UserFrame, ...]:
-        """Raw IPs as the kernel's build-id map would have given them, from the mappings of their epoch."""
-        space = self._spaces.get(pid, epoch)
-        if space is None:  # cannot happen while snapshots are kept long enough; never guess
-            self.stats["raw_without_mappings"] += 1
-            return tuple(UserFrame(None, ip) for ip in ips)
-        return tuple(space.frame(ip) for ip in ips)
 
     @staticmethod
     def _kernel_stack(table, stack_id: int, cache: dict) -> tuple[int, ...]:

@@ -18,14 +18,16 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from optrace.exporters.httpserver import ListenAddress, MetricsServer
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
-from optrace.exporters.sources import CallSource, ProfileSource, Source, contain
 from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S, Delta, ExporterTotals
 from optrace.exporters.webconfig import WebConfig
 from optrace.errors import OptraceError
+from optrace.escape import escape_controls
+
+T = TypeVar("T")
 
 DEFAULT_PORT = 9469
 DEFAULT_MAX_SERIES = 10000
@@ -50,17 +52,31 @@ class StopRequest(Protocol):
     def wait(self, seconds: float) -> bool: ...  # True once a stop was requested
 
 
-def build_sources(options: ServeOptions) -> list[Source]:
-    profile = ProfileSource(options.frequency_hz, options.pids, options.comms)
-    sources: list[Source] = [profile]
-    if options.uprobes:
-        targets = profile.target_pids if options.pids else None
-        sources.append(CallSource(options.uprobes, options.comms, targets))
-    return sources
+class Source(Protocol):
+    event: str | None  # the sampling event once started ("cpu-clock"...), None for non-sampling sources
+
+    def start(self) -> None: ...
+
+    def collect(self, delta: Delta) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def contain(delta: Delta, kind: str, call: Callable[[], T]) -> T | None:
+    """``call()``, or None when it raised: the failure is counted in ``delta.read_errors[kind]`` and
+    warned about once per kind and exception type (the daemon dedupes), so one hostile or malformed
+    file costs only what depended on it."""
+    try:
+        return call()
+    except Exception as exc:  # containment is the point: any bug or bad input in one process's work
+        delta.read_errors[kind] += 1
+        delta.warnings.append(f"{kind} failed and was skipped ({type(exc).__name__}: {escape_controls(str(exc))[:200]}); "
+                              f"counted in optrace_read_errors_total{{kind=\"{kind}\"}}")
+        return None
 
 
 class ServeDaemon:
-    def __init__(self, options: ServeOptions, sources: list[Source] | None = None,
+    def __init__(self, options: ServeOptions, sources: list[Source],
                  on_warning: Callable[[str], None] = lambda message: None,
                  reload: Callable[[], ServeOptions] | None = None,
                  on_info: Callable[[str], None] = lambda message: None,
@@ -71,7 +87,7 @@ class ServeDaemon:
         self._reload_options = reload
         self._reload_requested = reload_requested or threading.Event()
         self._warned: OrderedDict[str, None] = OrderedDict()
-        self.sources = build_sources(options) if sources is None else sources
+        self.sources = sources
         self.totals = ExporterTotals(options.max_series, options.series_idle_s)
         self.address: ListenAddress | None = None
         self._server: MetricsServer | None = None

@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from optrace.exporters.cardinality import Labels, SeriesGuard, bound_labels
+from optrace.model import UNKNOWN, Frame, Sample
 
 CPU_LABELS = ("comm", "dso", "symbol")
 CALL_LABELS = ("binary", "symbol", "comm")
@@ -183,3 +184,28 @@ class ExporterTotals:
                 drain_seconds=self.drain_seconds,
                 symbolize_seconds=self.symbolize_seconds,
             )
+
+
+JIT_DSO = "[jit]"
+
+
+def dso_label(dso: str) -> str:
+    """JIT dsos name a per-process file (`[jit] /tmp/perf-PID.map`): one label for all of them, or
+    every process would add series."""
+    return JIT_DSO if dso.startswith(JIT_DSO) else dso
+
+
+def leaf_labels(comm: str, frame: Frame | None) -> tuple[str, str, str]:
+    """(comm, dso, symbol) of a sample's leaf frame. An unnamed address becomes symbol="[unknown]"
+    (keeping its dso): `dso+0xOFFSET` labels would add a series per address."""
+    if frame is None:
+        return (comm, UNKNOWN, UNKNOWN)
+    return (comm, dso_label(frame.dso), frame.symbol if frame.resolved else UNKNOWN)
+
+
+def add_leaf_rows(delta: Delta, frames: list[Frame], samples: Iterable[Sample]) -> None:
+    for sample in samples:
+        leaf = frames[sample.frames[0]] if sample.frames else None
+        if leaf is None or not leaf.resolved:
+            delta.unresolved_frames += sample.count
+        delta.cpu_samples[leaf_labels(sample.comm, leaf)] += sample.count

@@ -1,8 +1,8 @@
-"""`optrace record`'s engine: run the profiler, drain it on a fixed period, symbolize at the end.
+"""`optrace record`'s engine: a profiling session drained on a fixed period, symbolized at the end.
 
-Flow: Profiler.drain() (raw samples) -> Symbolizer / JitSymbols learn about processes while they are
-alive -> at the end everything is symbolized once and written as a Record. Names are resolved while
-the recording still has root and the processes' files, so `optrace report` needs neither.
+Flow: ProfilingSession.drain() (raw samples; the session learns about processes while they are alive)
+-> SampleStore sums them -> at the end everything is symbolized once and written as a Record. Names are
+resolved while the recording still has root and the processes' files, so `optrace report` needs neither.
 """
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from optrace import __version__
-from optrace.model import RawSample, Record, RecordMeta
-from optrace.procfs import exec_path, is_alive
+from optrace.frontend.session import ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import GatedChild
+from optrace.model import RawSample, Record, RecordMeta
+from optrace.procfs import is_alive
 
 POLL_SECONDS = 0.05  # how quickly the end of the profiled command is noticed
 
@@ -44,14 +45,6 @@ class SampleStore:
 
     def __init__(self) -> None:
         self._counts: Counter[tuple] = Counter()
-        self._build_ids: dict[int, set[bytes]] = {}
-
-    def shows_new_objects(self, sample: RawSample) -> bool:
-        """True when the sample has a build-id not seen before in its process (time to read its maps)."""
-        known = self._build_ids.setdefault(sample.pid, set())
-        new = {f.build_id for f in sample.user if f.build_id is not None} - known
-        known |= new
-        return bool(new)
 
     def add(self, sample: RawSample, timed: bool) -> None:
         key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0)
@@ -70,31 +63,30 @@ class Recorder:
         self.exit_status: int | None = None
         self.warnings: list[str] = []
         self._targets: set[int] = set()
-        self._jit_pids: set[int] = set()  # processes with samples in anonymous code: their JIT files are read
+        opts = options
+        self.session = ProfilingSession(SessionOptions(
+            frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
+            programs_at_exec=True, learn_at_exec=not opts.system_wide, forget_exited=False,
+            stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
+            jitdumps=opts.jitdumps))
 
     def run(self) -> Record:
-        from optrace.bpf.profiler import Profiler
-        from optrace.frontend.symbols.kallsyms import Kallsyms
-        from optrace.frontend.symbols.symbolizer import Symbolizer
-        from optrace.jitmaps.jitsymbols import JitSymbols
-
-        opts = self.options
-        self.jit = JitSymbols(max_file_size=opts.jit_max_file_size, jitdumps=opts.jitdumps)
-        targets = None if opts.system_wide else list(opts.pids)
-        self.profiler = Profiler(opts.frequency_hz, pids=targets, stack_storage_size=opts.stack_storage_size)
         started = time.time()
-        with ExitStack() as stack:
-            stop = stack.enter_context(StopSignals())
-            stack.enter_context(self.profiler)  # first: the compile's peak memory does not stack on kallsyms'
-            self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
-            calls = self._start_call_counter(stack)
-            t0 = time.monotonic()
-            self._start_targets()
-            self._loop(stop, t0)
-            self._final_drain()
-            call_counts = calls.calls() if calls else []
-        duration = time.monotonic() - t0
-        return self._build_record(started, duration, call_counts)
+        try:
+            with ExitStack() as stack:
+                stop = stack.enter_context(StopSignals())
+                self.session.start()
+                stack.callback(self.session.detach)
+                calls = self._start_call_counter(stack)
+                t0 = time.monotonic()
+                self._start_targets()
+                self._loop(stop, t0)
+                self._final_drain()
+                call_counts = calls.calls() if calls else []
+            duration = time.monotonic() - t0
+            return self._build_record(started, duration, call_counts)
+        finally:
+            self.session.close()
 
     def _start_call_counter(self, stack: ExitStack):
         if not self.options.uprobes:
@@ -110,11 +102,9 @@ class Recorder:
         return pid in self._targets
 
     def _start_targets(self) -> None:
-        for pid in self.options.pids:
-            self.symbolizer.snapshot_process(pid)
         if self.options.command:
             self.child = GatedChild(self.options.command)
-            self.profiler.add_pid(self.child.pid)
+            self.session.add_pid(self.child.pid)
             self.child.release()
 
     def _loop(self, stop: StopSignals, t0: float) -> None:
@@ -131,9 +121,7 @@ class Recorder:
                 self._drain()
                 next_drain += opts.drain_interval_s
             else:
-                execs, exits = self.profiler.poll_events()
-                self._note_execs(execs)
-                self._note_exits(exits, now)
+                self.session.poll(now)
             wake = min(next_drain, deadline or next_drain)
             if stop.wait(min(POLL_SECONDS, wake - now)):
                 break
@@ -153,57 +141,19 @@ class Recorder:
                 self.exit_status = self.child.stop()
                 self.warnings.append("the recording ended first: the command was sent SIGTERM")
         result = self._drain()
-        self.jit.finish(result.time)
-        self._targets = self.profiler.target_pids()
+        self.session.finish(result.time)
+        self._targets = self.session.target_pids()
 
     def _drain(self):
-        result = self.profiler.drain()
+        result = self.session.drain()
         self.lost.update(result.lost)
-        self._note_execs(result.execs)
-        for pid in {s.pid for s in result.samples if self.store.shows_new_objects(s)}:
-            self.symbolizer.snapshot_process(pid)
-        polled = set()
-        for sample in result.samples:
-            maybe_jit = self._maybe_jit(sample)
-            self.store.add(sample, timed=maybe_jit)
-            if maybe_jit:
-                polled.add(sample.pid)
-        self._jit_pids |= polled
-        for pid in polled:
-            self.jit.poll(pid, result.time)
-        self._note_exits(result.exits, result.time)  # after the poll: this drain may be a pid's first JIT sample
+        for sample, timed in zip(result.samples, result.maybe_jit):
+            self.store.add(sample, timed)
         return result
 
-    def _maybe_jit(self, sample: RawSample) -> bool:
-        """A raw address outside every file mapping (and [vdso]) may be JIT code: keep its drain time."""
-        for frame in sample.user:
-            if frame.build_id is None:
-                entry = self.symbolizer.machine.mapping_at(sample.pid, frame.offset)
-                if entry is None or not (entry.is_file or entry.path == "[vdso]"):
-                    return True
-        return False
-
-    def _note_execs(self, execs: list[tuple[int, str]]) -> None:
-        """A new program is looked at right away: a short-lived one may be gone by the next drain."""
-        for pid, filename in execs:
-            path = exec_path(pid, filename)
-            if path:
-                self.symbolizer.add_executable(path)
-            self.symbolizer.snapshot_process(pid)
-            if not self.options.system_wide:  # a few targets; a whole machine may exec hundreds a second
-                self.profiler.learn(pid)
-
-    def _note_exits(self, exits: list[int], now: float) -> None:
-        """JIT files are read once more at exit (a map written at exit, DumpPerfMapAtExit, counts)."""
-        for pid in self._jit_pids.intersection(exits):
-            self.jit.process_exited(pid, now)
-
     def _build_record(self, started: float, duration: float, calls) -> Record:
-        raw = self.store.samples()
-        if not self.options.stacks:
-            raw = [leaf_only(s) for s in raw]
-        frames, samples = self.symbolizer.symbolize(raw)
-        self.symbolizer.close()
+        frames, samples = self.session.symbolize(self.store.samples())
+        session = self.session
         lost = dict(self.lost)
         idle = lost.pop("idle", 0)
         meta = RecordMeta(
@@ -213,7 +163,7 @@ class Recorder:
             started=started,
             duration_s=round(duration, 3),
             frequency_hz=self.options.frequency_hz,
-            event=self.profiler.event,
+            event=session.event,
             command=self.options.command,
             pids=list(self.options.pids),
             system_wide=self.options.system_wide,
@@ -222,14 +172,15 @@ class Recorder:
             lost=lost,
             idle_samples=idle if self.options.system_wide else 0,
             stacks=self.options.stacks,
-            user_stacks={kind: n for kind, n in self.profiler.stats.items() if kind in ("raw", "build_id")},
-            warnings=self.warnings + self.symbolizer.warnings + self.jit.warnings,
-            file_problems=file_problems(self.symbolizer.stats, self.jit.stats),
+            user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id")},
+            warnings=self.warnings + session.take_warnings(),
+            file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls)
 
 
-def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int]) -> dict[str, int]:
+def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int],
+                  read_errors: Mapping[str, int] = {}) -> dict[str, int]:
     """The counts behind the per-file warnings, for the record's header (see RecordMeta.file_problems)."""
     problems = {f"elf_{key[len('bad_files_'):]}": n for key, n in symbol_stats.items()
                 if key.startswith("bad_files_") and n}
@@ -237,10 +188,5 @@ def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int])
                      if key.startswith("refused_") and n})
     if jit_stats.get("symbols_dropped"):
         problems["jit_symbols_dropped"] = jit_stats["symbols_dropped"]
+    problems.update({f"failed_{kind}": n for kind, n in read_errors.items() if n})
     return problems
-
-
-def leaf_only(sample: RawSample) -> RawSample:
-    if sample.kernel:
-        return RawSample(sample.pid, sample.comm, (), sample.kernel[:1], sample.count, sample.time)
-    return RawSample(sample.pid, sample.comm, sample.user[:1], (), sample.count, sample.time)

@@ -51,6 +51,9 @@ class RawSample:
     kernel: tuple[int, ...]  # kernel IPs, leaf first; empty when the sample was in user space
     count: int
     time: float = 0.0  # monotonic time (seconds) of the drain that collected it
+    # 0: ``user`` is as the kernel's build-id stack map gave it. Else ``user`` holds raw IPs (build_id None)
+    # to be translated against the process's mappings of this epoch (see frontend/session.py).
+    epoch: int = 0
 
 
 @dataclass(frozen=True)

@@ -59,10 +59,11 @@ def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
     options = build_options(merged_settings(ctx, config, flags))
     from optrace.exporters.daemon import ServeDaemon
     from optrace.frontend.doctor import require_recording
+    from optrace.frontend.metricsources import build_sources
     from optrace.frontend.stopsignals import StopSignals
 
     require_recording(uprobes=bool(options.uprobes))
-    daemon = ServeDaemon(options, on_warning=lambda message: say(f"warning: {message}"), on_info=say,
+    daemon = ServeDaemon(options, build_sources(options), on_warning=lambda message: say(f"warning: {message}"), on_info=say,
                          reload=lambda: build_options(merged_settings(ctx, config, flags), reloading=True),
                          reload_requested=reload_requested)
     with StopSignals() as stop:

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from optrace.bpf.profiler import Profiler
+from optrace.frontend.session import ProfilingSession, SessionOptions
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
@@ -21,13 +21,17 @@ def caller_chains(samples, pid: int) -> Counter:
     return chains
 
 
-def sampled_chains(profiler: Profiler, pid: int, learn: bool) -> Counter:
-    with profiler:
-        profiler.add_pid(pid)
+def sampled_chains(session: ProfilingSession, pid: int, learn: bool) -> Counter:
+    with session:
+        session.add_pid(pid)
         if learn:
-            profiler.learn(pid)
+            session.learn(pid)
         time.sleep(1.0)
-        return caller_chains(profiler.drain().samples, pid)
+        return caller_chains(session.drain().samples, pid)
+
+
+def session(hz: int, raw_stacks: bool = True) -> ProfilingSession:
+    return ProfilingSession(SessionOptions(hz, pids=[], raw_stacks=raw_stacks, programs_at_exec=False))
 
 
 def test_translated_raw_stacks_equal_the_kernels_build_id_stacks(workloads):
@@ -37,13 +41,14 @@ def test_translated_raw_stacks_equal_the_kernels_build_id_stacks(workloads):
     demo = subprocess.Popen([str(workloads / "demo"), "30"])  # killed at the end: each compile takes seconds
     try:
         time.sleep(0.3)  # past the dynamic loader's mmaps
-        kernel = sampled_chains(Profiler(999, pids=[], raw_stacks=False), demo.pid, learn=False)
-        translated_by = Profiler(999, pids=[])
+        kernel = sampled_chains(session(999, raw_stacks=False), demo.pid, learn=False)
+        translated_by = session(999)
         translated = sampled_chains(translated_by, demo.pid, learn=True)
     finally:
         demo.kill()
         demo.wait()
-    assert translated_by.raw_stacks and translated_by.stats["raw"] > 0.9 * sum(translated.values())
+    profiler = translated_by.profiler
+    assert profiler.raw_stacks and profiler.stats["raw"] > 0.9 * sum(translated.values())
     # The kernel falls back to raw IPs itself now and then: only the chains it gave as build-ids count.
     named = Counter({chain: n for chain, n in kernel.items() if all(f.build_id for f in chain)})
     top = [chain for chain, _ in translated.most_common(4)]
@@ -54,17 +59,17 @@ def test_translated_raw_stacks_equal_the_kernels_build_id_stacks(workloads):
 
 def test_address_spaces_of_exited_processes_are_dropped(workloads):
     """Exits seen between drains count too: a long recording of short processes keeps nothing of them."""
-    with Profiler(99, pids=[]) as profiler:
+    with session(99) as profiling:
         children = [subprocess.Popen(["sleep", "0.3"]) for _ in range(5)]
         for child in children:
-            profiler.add_pid(child.pid)
-            profiler.learn(child.pid)
-        assert len(profiler._spaces) == 5
+            profiling.add_pid(child.pid)
+            profiling.learn(child.pid)
+        assert len(profiling.spaces) == 5
         for child in children:
             child.wait()
         time.sleep(0.1)
-        profiler.poll_events()  # the recorder's poll loop takes the exit events, not a drain
-        profiler.drain()
-        assert len(profiler._spaces) == 5  # raw stacks of theirs may still be in the set just drained
-        profiler.drain()
-        assert len(profiler._spaces) == 0
+        profiling.poll(time.monotonic())  # the recorder's poll loop takes the exit events, not a drain
+        profiling.drain()
+        assert len(profiling.spaces) == 5  # raw stacks of theirs may still be in the set just drained
+        profiling.drain()
+        assert len(profiling.spaces) == 0

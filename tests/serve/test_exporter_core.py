@@ -16,7 +16,8 @@ from optrace.exporters.cardinality import OTHER, SeriesGuard
 from optrace.exporters.daemon import ServeDaemon, ServeOptions
 from optrace.exporters.httpserver import ListenAddress, TlsFiles, WebConfig
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
-from optrace.exporters.sources import CallSource, add_leaf_rows, leaf_labels
+from optrace.exporters.totals import add_leaf_rows, leaf_labels
+from optrace.frontend.metricsources import CallSource
 from optrace.exporters.totals import Delta, ExporterTotals, guard_for
 from optrace.errors import OptraceError
 from optrace.model import CallCount, Frame, Sample
@@ -269,7 +270,7 @@ def test_busy_port_and_bad_tls_files_are_one_line_errors(served, tmp_path):
 
 
 def test_process_tracker_indexes_each_process_once_and_forgets_it():
-    from optrace.exporters.sources import ProcessTracker
+    from optrace.frontend.session import ProcessTracker
     from optrace.model import RawSample, UserFrame
 
     tracker = ProcessTracker()

@@ -277,10 +277,11 @@ def test_guard_and_memory_stay_bounded_as_processes_come_and_go(bpf_ready, uniqu
 
     from optrace.exporters.daemon import ServeDaemon, ServeOptions
     from optrace.exporters.httpserver import ListenAddress
+    from optrace.frontend.metricsources import build_sources
 
     progs_before = bpf_prog_ids(os.getpid())
-    daemon = ServeDaemon(ServeOptions(listen=ListenAddress("127.0.0.1", 0), frequency_hz=999, max_series=30,
-                                      drain_interval_s=0.2))
+    options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), frequency_hz=999, max_series=30, drain_interval_s=0.2)
+    daemon = ServeDaemon(options, build_sources(options))
     stop = threading.Event()
     urls: list[str] = []
     thread = threading.Thread(target=daemon.run, args=(stop,), kwargs={"on_ready": urls.append})
@@ -295,8 +296,9 @@ def test_guard_and_memory_stay_bounded_as_processes_come_and_go(bpf_ready, uniqu
             pids.append(child.pid)
         drains = daemon.totals.drains
         wait_for(lambda: daemon.totals.drains >= drains + 3, 10, "three more drains")
-        tables = {"processes": profile._tracker.pids(), "maps": set(profile.symbolizer.machine.processes),
-                  "jit": set(profile.jit._procs)}
+        session = profile.session
+        tables = {"processes": session.tracker.pids(), "maps": set(session.symbolizer.machine.processes),
+                  "jit": set(session.jit._procs)}
         assert {name: table & set(pids) for name, table in tables.items()} == {name: set() for name in tables}
         text = expo.scrape(urls[0])
         assert expo.value(text, "optrace_series", metric=CPU) == 30

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -19,7 +19,7 @@ from optrace.exporters.cardinality import CUT_MARK, MAX_LABEL_CHARS, bound_label
 from optrace.exporters.daemon import ServeDaemon, ServeOptions
 from optrace.exporters.httpserver import ListenAddress
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
-from optrace.exporters.sources import ProfileSource
+from optrace.frontend.metricsources import ProfileSource
 from optrace.exporters.totals import Delta, ExporterTotals
 from optrace.model import Frame, RawSample, Sample, UserFrame
 
@@ -178,6 +178,7 @@ class FakeDrain:
     execs: list
     exits: list
     time: float = 0.0
+    build_id_pids: set = field(default_factory=set)
 
 
 class FakeProfiler:
@@ -207,8 +208,9 @@ def test_one_process_that_breaks_symbolization_costs_its_own_names_only():
     source = ProfileSource(99, [], [])
     samples = [RawSample(pid, comm, (UserFrame(b"id%d" % pid, 0x10),), (), 3)
                for pid, comm in ((10, "good"), (666, "evil"), (11, "good2"))]
-    source.profiler = FakeProfiler(FakeDrain(samples, {}, [], []))
-    source.symbolizer, source.jit = PickySymbolizer(), NoJit()
+    session = source.session
+    session.profiler = FakeProfiler(FakeDrain(samples, {}, [], []))
+    session.symbolizer, session.jit = PickySymbolizer(), NoJit()
     delta = Delta()
     source.collect(delta)
     assert delta.cpu_samples == Counter({("good", "/bin/x", "fn10"): 3, ("good2", "/bin/x", "fn11"): 3,

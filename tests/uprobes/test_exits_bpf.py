@@ -14,7 +14,7 @@ import pytest
 
 from optrace.bpf import uprobes
 from optrace.bpf.uprobes import BpfUprobeAttacher, exit_has_group_dead
-from optrace.exporters.sources import CallSource
+from optrace.frontend.metricsources import CallSource
 from optrace.exporters.totals import Delta
 from optrace.frontend.uprobes.manager import ProbeManager
 from optrace.frontend.uprobes.counter import CallCounter

@@ -1,0 +1,111 @@
+"""What `optrace serve` drains each period, as exporters.daemon.Source objects: the CPU profile (a
+:class:`~optrace.frontend.session.ProfilingSession` naming each sample's leaf) and the uprobe call counts,
+each turned into a :class:`~optrace.exporters.totals.Delta` of what it saw since the previous drain."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from optrace.exporters.daemon import ServeOptions, Source
+from optrace.exporters.totals import Delta, add_leaf_rows
+from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.model import UNKNOWN
+
+
+def build_sources(options: ServeOptions) -> list[Source]:
+    profile = ProfileSource(options.frequency_hz, options.pids, options.comms)
+    sources: list[Source] = [profile]
+    if options.uprobes:
+        targets = profile.target_pids if options.pids else None
+        sources.append(CallSource(options.uprobes, options.comms, targets))
+    return sources
+
+
+class ProfileSource:
+    """The continuous CPU profile: a profiling session that names leaf frames only and forgets exited
+    processes (serve runs for months), turned into per-drain rows."""
+
+    def __init__(self, frequency_hz: int, pids: list[int], comms: list[str]) -> None:
+        self.session = ProfilingSession(SessionOptions(
+            frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
+            raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks
+            programs_at_exec=False, learn_at_exec=False, forget_exited=True))
+        self._refused_seen = 0
+        self.event: str | None = None
+
+    def start(self) -> None:
+        self.session.start()
+        self.event = self.session.event
+
+    def target_pids(self) -> set[int]:
+        """With -p: the given processes and their children; empty for the whole machine."""
+        return self.session.target_pids()
+
+    def collect(self, delta: Delta) -> None:
+        drain = self.session.drain()
+        lost = dict(drain.lost)
+        delta.idle_samples += lost.pop("idle", 0)
+        delta.lost.update(lost)
+        delta.execs += drain.execs
+        delta.exits += len(drain.exits)
+        started = time.perf_counter()
+        add_leaf_rows(delta, *self.session.symbolize(drain.samples))
+        delta.symbolize_seconds += time.perf_counter() - started
+        delta.jit_refused_files += self._new_refusals()
+        delta.read_errors.update(self.session.read_errors)
+        self.session.read_errors.clear()
+        delta.warnings.extend(self.session.take_warnings())
+        delta.caches.update(self.session.cache_sizes())
+
+    def _new_refusals(self) -> int:
+        total = sum(n for key, n in self.session.jit.stats.items() if key.startswith("refused_"))
+        new, self._refused_seen = total - self._refused_seen, total
+        return new
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class CallSource:
+
+    """Exact uprobe call counts: the probe manager's cumulative counts since start, turned into
+    per-drain increments by (binary, symbol, comm). Calls the kernel could not attribute to a process
+    (its per-pid map was full) are counted with comm="[unknown]" from their own kernel counter, so the
+    totals stay exact. An exited process is listed one last time with its final count, then dropped."""
+
+    event = None
+
+    def __init__(self, specs: list[str], comms: list[str], targets: Callable[[], set[int]] | None) -> None:
+        self._specs = specs
+        self._comms = set(comms)
+        self._targets = targets
+        self._seen: dict[tuple[str, int, int | None], int] = {}  # (binary, offset, pid or None) -> calls
+        self._target_set: set[int] = set()  # read once per drain, not once per pid
+        self.counter = None
+
+    def start(self) -> None:
+        from optrace.frontend.uprobes.counter import CallCounter
+
+        pid_filter = self._target_set.__contains__ if self._targets else None
+        self.counter = CallCounter(self._specs, pid_filter=pid_filter)
+        self.counter.start()
+
+    def collect(self, delta: Delta) -> None:
+        if self._targets:
+            self._target_set.clear()
+            self._target_set.update(self._targets())
+        seen: dict[tuple[str, int, int | None], int] = {}
+        for count in self.counter.calls():
+            cumulative: dict[int | None, int] = {**count.per_pid, None: count.unattributed}
+            for pid, calls in cumulative.items():
+                key = (count.binary, count.offset, pid)  # one glob SPEC gives many rows
+                seen[key] = calls
+                new = calls - self._seen.get(key, 0)
+                comm = count.comms.get(pid) or UNKNOWN  # the attacher read the comm (kernel, else /proc)
+                if new > 0 and (not self._comms or comm in self._comms):
+                    delta.uprobe_calls[(count.binary, count.symbol, comm)] += new
+        self._seen = seen  # pids the probe manager no longer reports are dropped here too
+
+    def close(self) -> None:
+        if self.counter is not None:
+            self.counter.close()

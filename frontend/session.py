@@ -1,0 +1,340 @@
+"""One profiling session: the pipeline that `record` and `serve` share (and that live views will use).
+
+    bpf.profiler (kernel maps) -> raw samples -> here: raw IPs translated to (build-id, offset) frames,
+    new processes and objects looked at, JIT files read -> symbolizer -> Frame / Sample rows
+
+The session owns everything about a process's life as the profiler reports it: an exec (the program and
+its libraries are indexed, at once or once sampled), a sample that shows an object not seen before in
+its process (its maps are read again), a sample in anonymous code (its perf map and jitdumps are read),
+an exit (JIT files read a last time; with ``forget_exited``, everything about it dropped one drain
+later). Each process's share of that work is contained: an exception there costs that process's names,
+counted in :attr:`ProfilingSession.read_errors`, never the session.
+
+What differs between `record` and `serve` is a setting of :class:`SessionOptions`, each with its reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from optrace.escape import escape_controls
+from optrace.model import Frame, RawSample, Sample, UserFrame
+from optrace.procfs import exec_path
+
+T = TypeVar("T")
+PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
+DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
+
+
+@dataclass
+class SessionOptions:
+    frequency_hz: int = 99
+    pids: list[int] | None = None  # None: the whole machine; else these processes and their children
+    comms: frozenset[str] = frozenset()  # only samples of these commands (empty: all)
+    # False: only each sample's leaf is named (serve's rows, record --no-stacks), so JIT files are read
+    # only for processes whose leaf is in anonymous code.
+    stacks: bool = True
+    # Raw user IPs for processes whose mappings were read (cheaper per sample than the kernel's build-id
+    # stacks, see optrace.frontend.symbols.addrspace). serve keeps build-id stacks: with raw IPs, 2 of 6
+    # full test-suite runs lost about half of one demo function's samples in serve (never in record, never
+    # alone); kept out until understood.
+    raw_stacks: bool = True
+    # True: an exec'd program and its libraries are indexed at once (record: a short-lived program may be
+    # gone by the next drain). False: only once the process is sampled (serve: a busy machine execs
+    # hundreds of processes a second, most never sampled).
+    programs_at_exec: bool = True
+    # True: read an exec'd process's mappings at once, so its samples are raw IPs from the first one
+    # (record of a command or of pids: a few targets). Not for the whole machine.
+    learn_at_exec: bool = False
+    # True: drop what is kept about an exited process one drain after its exit (serve runs for months).
+    # False: keep it to name the process's samples when the recording ends (record).
+    forget_exited: bool = False
+    stack_storage_size: int = 8192
+    jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
+    jitdumps: Sequence[str] = ()
+
+
+@dataclass
+class Drain:
+    """What one drain of the kernel's maps gave, user frames translated. ``maybe_jit[i]``: sample i has a
+    frame in anonymous code, whose name depends on when it was sampled (JITs reuse addresses)."""
+
+    samples: list[RawSample]
+    maybe_jit: list[bool]
+    lost: dict[str, int]
+    execs: int
+    exits: list[int]
+    time: float
+
+
+class ProcessTracker:
+    """Per live process: its exec'd path until it is first sampled, and the build-ids its samples showed.
+    A process is looked at again (maps snapshot) only when a sample shows an object not seen before in it."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, set[bytes]] = {}
+        self._execs: dict[int, str] = {}
+
+    def exec(self, pid: int, path: str) -> None:
+        self._execs[pid] = path
+
+    def sampled(self, samples: Iterable[RawSample]) -> tuple[dict[int, str], set[int]]:
+        """(pid -> exec'd path of processes sampled for the first time, processes to snapshot)."""
+        executables, snapshot = {}, set()
+        for sample in samples:
+            if sample.pid in self._execs:
+                executables[sample.pid] = self._execs.pop(sample.pid)
+            known = self._seen.setdefault(sample.pid, set())
+            new = {f.build_id for f in sample.user if f.build_id is not None} - known
+            if new:
+                known |= new
+                snapshot.add(sample.pid)
+        return executables, snapshot
+
+    def forget(self, pid: int) -> None:
+        self._seen.pop(pid, None)
+        self._execs.pop(pid, None)
+
+    def pids(self) -> set[int]:
+        return set(self._seen) | set(self._execs)
+
+
+class ProfilingSession:
+    """Start it, then call :meth:`poll` often and :meth:`drain` once per period; :meth:`symbolize` turns
+    drained samples into rows, now (serve) or at the end (record); :meth:`close` detaches everything."""
+
+    def __init__(self, options: SessionOptions) -> None:
+        from optrace.frontend.symbols.addrspace import AddressSpaces
+        from optrace.jitmaps.jitsymbols import JitSymbols
+
+        self.options = options
+        self.jit = JitSymbols(max_file_size=options.jit_max_file_size, jitdumps=options.jitdumps)
+        self.spaces = AddressSpaces()
+        self.tracker = ProcessTracker()
+        self.read_errors: Counter[str] = Counter()
+        self.stats: Counter[str] = Counter()
+        self.warnings: list[str] = []
+        self.profiler = None
+        self.symbolizer = None
+        self._jit_pids: set[int] = set()  # processes whose JIT files are read
+        self._exited: list[int] = []  # exits since the last drain: their address spaces go at its end
+        self._forgettable: list[int] = []  # exited before the last drain: forgotten at the next one
+        self._drains = 0
+
+    # -- life ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        from optrace.bpf.profiler import Profiler
+        from optrace.frontend.symbols.kallsyms import Kallsyms
+        from optrace.frontend.symbols.symbolizer import Symbolizer
+
+        opts = self.options
+        self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
+                                 stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks)
+        self.profiler.load()  # first: the compile's peak memory does not stack on kallsyms' tables
+        for pid in opts.pids or ():
+            self.profiler.add_pid(pid)
+            self.learn(pid)  # before the first sample: raw IPs from the start
+        self.profiler.attach()
+        self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
+        for pid in opts.pids or ():
+            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+
+    def detach(self) -> None:
+        """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
+        works until :meth:`close` (a recording names its samples after the profiler is gone)."""
+        if self.profiler is not None:
+            self.profiler.close()
+
+    def close(self) -> None:
+        """Detach and release the symbolizer's files; safe to call twice."""
+        self.detach()
+        if self.symbolizer is not None:
+            self.symbolizer.close()
+
+    def __enter__(self) -> ProfilingSession:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def event(self) -> str:
+        return self.profiler.event if self.profiler else ""
+
+    def add_pid(self, pid: int) -> None:
+        """Profile one more process (and its children), e.g. a command started after the session."""
+        self.profiler.add_pid(pid)
+
+    def target_pids(self) -> set[int]:
+        """With pids: the given processes and their children; empty for the whole machine."""
+        return self.profiler.target_pids() if self.profiler and self.options.pids is not None else set()
+
+    # -- the profiler's reports ------------------------------------------------------------------------
+    def poll(self, now: float) -> None:
+        """Exec and exit events since the last call: cheap, call it often (a short-lived program can
+        then be looked at while it still runs)."""
+        execs, exits = self.profiler.poll_events()
+        self._note_execs(execs)
+        self._note_exits(exits, now)
+
+    def drain(self) -> Drain:
+        result = self.profiler.drain()
+        translated: dict[tuple, tuple[UserFrame, ...]] = {}
+        samples = [self._translated(s, translated) for s in result.samples
+                   if not self.options.comms or s.comm in self.options.comms]
+        self._note_execs(result.execs)
+        maybe_jit = self._learn_processes(samples, result.time)
+        for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
+            self.learn(pid)
+        self._end_processes(result.exits, result.time)
+        return Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time)
+
+    def finish(self, time: float) -> None:
+        """The recording is over: JIT files are read a last time."""
+        self._contain("jit_symbols", self.jit.finish, time)
+
+    def learn(self, pid: int) -> None:
+        """Read a process's mappings, so the sampler can take raw IPs of it (see addrspace)."""
+        if not self.profiler.raw_stacks:
+            return
+        epoch = self.profiler.epoch(pid)
+        if epoch and not self.spaces.has(pid, epoch) and self.spaces.learn(pid, epoch):
+            self.profiler.mark_known(pid, epoch)
+
+    def maybe_jit(self, sample: RawSample) -> bool:
+        """A raw address outside every file mapping (and [vdso]) may be JIT code (its name depends on when
+        it was sampled: the JIT reuses addresses)."""
+        for frame in sample.user if self.options.stacks else sample.user[:1]:
+            if frame.build_id is None:
+                entry = self.symbolizer.machine.mapping_at(sample.pid, frame.offset)
+                if entry is None or not (entry.is_file or entry.path == "[vdso]"):
+                    return True
+        return False
+
+    # -- naming ----------------------------------------------------------------------------------------
+    def symbolize(self, samples: list[RawSample]) -> tuple[list[Frame], list[Sample]]:
+        """Rows for ``samples`` (leaf frames only without ``stacks``). If naming raises, it is done again one
+        process at a time, so only the process whose files broke it loses its names (its samples still
+        count, as frameless rows)."""
+        if not self.options.stacks:
+            samples = [leaf_only(s) for s in samples]
+        try:
+            return self.symbolizer.symbolize(samples)
+        except Exception:  # found again, counted and warned below, per process
+            pass
+        by_pid: dict[int, list[RawSample]] = defaultdict(list)
+        for sample in samples:
+            by_pid[sample.pid].append(sample)
+        frames: list[Frame] = []
+        rows: list[Sample] = []
+        for group in by_pid.values():
+            named = self._contain("symbolize", self.symbolizer.symbolize, group)
+            group_frames, group_rows = named or ([], [Sample(s.pid, s.comm, (), s.count) for s in group])
+            rows += [Sample(r.pid, r.comm, tuple(i + len(frames) for i in r.frames), r.count) for r in group_rows]
+            frames += group_frames
+        return frames, rows
+
+    def take_warnings(self) -> list[str]:
+        """New warnings of the session, the symbolizer and the JIT files, handed over once."""
+        taken = self.warnings + self.symbolizer.warnings + self.jit.warnings
+        for owner in (self.warnings, self.symbolizer.warnings, self.jit.warnings):
+            owner.clear()
+        return taken
+
+    def cache_sizes(self) -> dict[str, int]:
+        return {**self.symbolizer.cache_sizes(), "jit_processes": len(self._jit_pids),
+                "jit_symbols": self.jit.budget.entries, "jit_names_bytes": self.jit.budget.name_bytes}
+
+    # -- processes -------------------------------------------------------------------------------------
+    def _translated(self, sample: RawSample, done: dict[tuple, tuple[UserFrame, ...]]) -> RawSample:
+        """Raw IPs as the kernel's build-id map would have given them, from the mappings of their epoch
+        (``done``: the stacks translated in this drain, by process, epoch and IPs)."""
+        if not sample.epoch:
+            return sample
+        key = (sample.pid, sample.epoch, sample.user)
+        if key not in done:
+            space = self.spaces.get(sample.pid, sample.epoch)
+            if space is None:  # cannot happen while snapshots are kept long enough; never guess
+                self.stats["raw_without_mappings"] += sample.count
+                done[key] = sample.user
+            else:
+                done[key] = tuple(space.frame(f.offset) for f in sample.user)
+        return dataclasses.replace(sample, user=done[key], epoch=0)
+
+    def _note_execs(self, execs: list[tuple[int, str]]) -> None:
+        for pid, filename in execs:
+            path = exec_path(pid, filename)
+            if not self.options.programs_at_exec:
+                if path:
+                    self.tracker.exec(pid, path)
+                continue
+            if path:
+                self._contain("executable", self.symbolizer.add_executable, path)
+            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+            if self.options.learn_at_exec:
+                self.learn(pid)
+
+    def _learn_processes(self, samples: list[RawSample], time: float) -> list[bool]:
+        """What the symbolizer and JIT symbols must know before this drain's samples are named; returns
+        which samples may be in JIT code."""
+        executables, snapshot = self.tracker.sampled(samples)
+        for pid in snapshot:
+            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+        for path in executables.values():  # for processes gone before their maps could be read
+            self._contain("executable", self.symbolizer.add_executable, path)
+        maybe_jit = [self.maybe_jit(s) for s in samples]
+        for pid in {s.pid for s, jit in zip(samples, maybe_jit) if jit}:
+            self._jit_pids.add(pid)
+            self._contain("jit_symbols", self.jit.poll, pid, time)
+        return maybe_jit
+
+    def _note_exits(self, exits: list[int], now: float) -> None:
+        """JIT files are read once more at exit (a map written at exit, DumpPerfMapAtExit, counts)."""
+        self._exited += exits
+        for pid in self._jit_pids.intersection(exits):
+            self._contain("jit_symbols", self.jit.process_exited, pid, now)
+
+    def _end_processes(self, exits: list[int], now: float) -> None:
+        """Exits seen by this drain; with ``forget_exited``, processes that exited before the previous
+        drain are forgotten (samples taken just before an exit may reach the next drain), and every
+        PRUNE_EVERY drains, those whose exit event was lost (the kernel's event buffer overflowed)."""
+        self._note_exits(exits, now)
+        retired, self._exited = self._exited, []
+        self.spaces.end_drain(retired)
+        if not self.options.forget_exited:
+            return
+        self._drains += 1
+        for pid in self._forgettable:
+            self._contain("forget_process", self._forget, pid)
+        self._forgettable = retired
+        if self._drains % PRUNE_EVERY == 0:
+            self._forgettable += [pid for pid in self.tracker.pids() if not os.path.exists(f"/proc/{pid}")]
+
+    def _forget(self, pid: int) -> None:
+        """Drop what is kept about a process, so memory does not grow with every process that ever ran."""
+        self.tracker.forget(pid)
+        self._jit_pids.discard(pid)
+        self.symbolizer.forget_process(pid)
+        self.jit.forget_process(pid)
+
+    def _contain(self, kind: str, call: Callable[..., T], *args: object) -> T | None:
+        """``call(*args)``, or None when it raised: counted in ``read_errors[kind]`` and warned, so one
+        hostile or malformed file costs only what depended on it."""
+        try:
+            return call(*args)
+        except Exception as exc:  # containment is the point: any bug or bad input in one process's work
+            self.read_errors[kind] += 1
+            self.warnings.append(f"{kind} failed and was skipped ({type(exc).__name__}: "
+                                 f"{escape_controls(str(exc))[:200]}); only what depended on it is lost")
+            return None
+
+
+def leaf_only(sample: RawSample) -> RawSample:
+    if sample.kernel:
+        return dataclasses.replace(sample, user=(), kernel=sample.kernel[:1])
+    return dataclasses.replace(sample, user=sample.user[:1])
