@@ -11,90 +11,41 @@ else (anonymous or JIT code, [vdso], a file without build-id) the raw IP.
 """
 from __future__ import annotations
 
-import bisect
-import os
-from dataclasses import dataclass
+from collections.abc import Iterable
 
-from optrace.fileaccess import reader_for
 from optrace.model import UserFrame
-from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
-from optrace.frontend.symbols.buildid import read_build_id
-from optrace.frontend.symbols.lru import LruCache
-from optrace.procfs import MapEntry, parse_maps, read_maps_text
-
-FileIdentity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
-
-
-class BuildIds:
-    """Build-ids of mapped files, read through /proc/PID/map_files: the very file the process maps,
-    even deleted or in another mount namespace, never a path taken from user data (without
-    CAP_SYS_ADMIN, the path inside the process's root, only if it is still the mapped inode; see
-    :func:`~optrace.frontend.symbols.access.open_mapped_file`). Cached by the file's identity, size
-    and mtime, so a rebuilt binary that got the old one's inode is read again. A file that cannot be
-    read (refused, malformed) counts in ``failures`` and has no build-id: its frames stay raw IPs."""
-
-    def __init__(self, capacity: int = 4096) -> None:
-        self._cache: LruCache[FileIdentity, bytes | None] = LruCache(capacity)
-        self.failures = 0
-
-    def of(self, pid: int, entry: MapEntry) -> bytes | None:
-        try:
-            fd = open_mapped_file(pid, entry, ELF_POLICY)
-            if fd is None:
-                return None
-            with reader_for(fd, ELF_POLICY, entry.file_path) as stream:
-                info = os.fstat(fd)
-                identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-                if identity in self._cache:
-                    return self._cache.get(identity)
-                found = read_build_id(stream)
-        except Exception:  # noqa: BLE001 - the per-file boundary: a bad file only loses its build-id
-            self.failures += 1
-            return None
-        self._cache.put(identity, found)
-        return found
-
-
-@dataclass(frozen=True)
-class _Range:
-    start: int
-    end: int
-    file_offset: int  # of start
-    build_id: bytes
+from optrace.frontend.symbols.buildid import BuildIdCache
+from optrace.frontend.symbols.mappings import Mappings
+from optrace.procfs import MapEntry, read_maps_text
 
 
 class AddressSpace:
-    """The executable file mappings of one process at one moment, sorted by address."""
+    """The executable file mappings of one process at one moment that have a build-id."""
 
-    def __init__(self, ranges: list[_Range]) -> None:
-        self._ranges = sorted(ranges, key=lambda r: r.start)
-        self._starts = [r.start for r in self._ranges]
+    def __init__(self, mapped: Iterable[tuple[MapEntry, bytes]] = ()) -> None:
+        ordered = sorted(mapped, key=lambda pair: pair[0].start)
+        self._mappings = Mappings(entry for entry, _build_id in ordered)
+        self._build_ids = [build_id for _entry, build_id in ordered]
 
     @classmethod
-    def read(cls, pid: int, build_ids: BuildIds) -> AddressSpace | None:
+    def read(cls, pid: int, build_ids: BuildIdCache) -> AddressSpace | None:
         """The process's address space now; None when it is gone."""
         try:
-            entries = parse_maps(read_maps_text(pid))
+            mappings = Mappings.parse(read_maps_text(pid))
         except OSError:
             return None
-        ranges = []
-        for entry in entries:
-            if entry.executable and entry.is_file:
-                build_id = build_ids.of(pid, entry)
-                if build_id:
-                    ranges.append(_Range(entry.start, entry.end, entry.offset, build_id))
-        return cls(ranges)
+        found = ((entry, build_ids.of_mapping(pid, entry)) for entry in mappings if entry.is_file)
+        return cls((entry, build_id) for entry, build_id in found if build_id)
 
     def frame(self, ip: int) -> UserFrame:
-        index = bisect.bisect_right(self._starts, ip) - 1
-        if index >= 0:
-            found = self._ranges[index]
-            if ip < found.end:
-                return UserFrame(found.build_id, found.file_offset + ip - found.start)
-        return UserFrame(None, ip)
+        index = self._mappings.index_at(ip)
+        if index is None:
+            return UserFrame(None, ip)
+        entry = self._mappings.entries[index]
+        return UserFrame(self._build_ids[index], entry.offset + ip - entry.start)  # hot: no file_offset() call
 
     def __len__(self) -> int:
-        return len(self._ranges)
+        return len(self._mappings)
 
 
 class AddressSpaces:
@@ -104,8 +55,8 @@ class AddressSpaces:
     in the map set the sampler writes now, which the next drain reads: it is dropped at the end of
     the drain after the one that retired it."""
 
-    def __init__(self, build_ids: BuildIds | None = None) -> None:
-        self._build_ids = build_ids or BuildIds()
+    def __init__(self, build_ids: BuildIdCache | None = None) -> None:
+        self._build_ids = build_ids or BuildIdCache()
         self._spaces: dict[tuple[int, int], AddressSpace] = {}
         self._current: dict[int, int] = {}  # pid -> epoch of its newest snapshot
         self._retired: dict[tuple[int, int], int] = {}  # (pid, epoch) -> drain that retired it

@@ -1,4 +1,5 @@
-"""Read an ELF object's GNU build-id from its PT_NOTE segments.
+"""Read an ELF object's GNU build-id from its PT_NOTE segments, and the one cache of build-ids of
+mapped files.
 
 This runs for every new mapped file (the recorder snapshots maps each second) and for each file of the
 library-directory scan, so it reads only the ELF header, the program headers and the note segments
@@ -6,17 +7,23 @@ library-directory scan, so it reads only the ELF header, the program headers and
 """
 from __future__ import annotations
 
+import os
 import struct
 from typing import BinaryIO
 
-from optrace.frontend.symbols.access import ELF_POLICY, FileRef, open_ref
+from optrace.fileaccess import reader_for
+from optrace.frontend.symbols.access import ELF_POLICY, FileRef, open_mapped_file, open_ref
 from optrace.frontend.symbols.elffile import ELF_MAGIC, ElfFile
+from optrace.frontend.symbols.lru import LruCache
+from optrace.procfs import MapEntry
 
 PT_NOTE = 4
 NT_GNU_BUILD_ID = 3
 MAX_NOTE_BYTES = 1 << 16  # read of one note segment
 MAX_NOTE_SEGMENTS = 16  # looked at, in order (real objects have 1-3)
 MAX_BUILD_ID = 64  # bytes (GNU ld writes 20; the kernel keeps at most 20)
+
+FileIdentity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
 
 def read_build_id_file(path: str) -> bytes | None:
@@ -38,6 +45,47 @@ def read_build_id(stream: BinaryIO) -> bytes | None:
         if build_id:
             return build_id
     return None
+
+
+class BuildIdCache:
+    """Build-ids of mapped files, cached by the file's identity, size and mtime, so a rebuilt binary
+    that got the old one's inode is read again.
+
+    Mapped files are read through /proc/PID/map_files: the very file the process maps, even deleted
+    or in another mount namespace, never a path taken from user data (without CAP_SYS_ADMIN, the path
+    inside the process's root, only if it is still the mapped inode; see
+    :func:`~optrace.frontend.symbols.access.open_mapped_file`)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._cache: LruCache[FileIdentity, bytes | None] = LruCache(capacity)
+        self.failures = 0
+
+    def of_open_file(self, fd: int, name: str) -> bytes | None:
+        """The build-id of the file open at ``fd`` (left open; ``name`` for messages). Raises OSError
+        (RefusedFile, BudgetExceeded), ElfFormatError."""
+        info = os.fstat(fd)
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        if identity in self._cache:
+            return self._cache.get(identity)
+        with reader_for(os.dup(fd), ELF_POLICY, name) as stream:
+            found = read_build_id(stream)
+        self._cache.put(identity, found)
+        return found
+
+    def of_mapping(self, pid: int, entry: MapEntry) -> bytes | None:
+        """The build-id of the file ``entry`` of ``pid`` maps. A file that cannot be read (refused,
+        malformed) counts in ``failures`` and has none: its frames stay raw IPs."""
+        try:
+            fd = open_mapped_file(pid, entry, ELF_POLICY)
+            if fd is None:
+                return None
+            try:
+                return self.of_open_file(fd, entry.file_path)
+            finally:
+                os.close(fd)
+        except Exception:  # noqa: BLE001 - the per-file boundary: a bad file only loses its build-id
+            self.failures += 1
+            return None
 
 
 def _find_build_id(data: bytes, end: str, align: int) -> bytes | None:

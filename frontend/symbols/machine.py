@@ -2,18 +2,18 @@
 each process's executable mappings over time (perf's ``thread`` -> ``maps``)."""
 from __future__ import annotations
 
-import bisect
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from optrace.fileaccess import RefusedFile, open_file, reader_for
+from optrace.fileaccess import RefusedFile, open_file
 from optrace.frontend.symbols.access import ELF_POLICY, FileProblems, FileRef, open_mapped_file, open_ref
-from optrace.frontend.symbols.buildid import read_build_id
+from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
 from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.symbols.lru import LruCache
-from optrace.procfs import MapEntry, parse_maps, read_maps_text
+from optrace.frontend.symbols.mappings import Mappings
+from optrace.procfs import MapEntry, read_maps_text
 
 # Scanned once, only when a build-id is found nowhere else: the standard library dirs, and the program
 # dirs for processes that ran before the recording and were never snapshotted.
@@ -31,17 +31,14 @@ class ProcessMaps:
     """The executable mappings of one pid: the latest snapshot, and older ones since unmapped."""
 
     text: str = ""
-    current: list[MapEntry] = field(default_factory=list)
+    current: Mappings = field(default_factory=Mappings)
     older: list[MapEntry] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._starts = [entry.start for entry in self.current]
 
     def find(self, address: int) -> MapEntry | None:
         """The current mapping at ``address``; else an older one if all older candidates agree."""
-        index = bisect.bisect_right(self._starts, address) - 1
-        if index >= 0 and self.current[index].contains(address):
-            return self.current[index]
+        found = self.current.find(address)
+        if found is not None:
+            return found
         matches = [entry for entry in self.older if entry.contains(address)]
         if matches and len({(e.file_key, e.path, e.file_offset(address)) for e in matches}) == 1:
             return matches[0]
@@ -58,7 +55,9 @@ class Machine:
     :meth:`trim` between symbolize calls; processes are dropped by their owner
     (``Symbolizer.forget_process``), which lets their files go."""
 
-    def __init__(self, warn: Callable[[str], None], stats: dict[str, int], max_files: int = MAX_INDEXED_FILES) -> None:
+    def __init__(self, warn: Callable[[str], None], stats: dict[str, int], max_files: int = MAX_INDEXED_FILES,
+                 build_ids: BuildIdCache | None = None) -> None:
+        self.build_ids = build_ids or BuildIdCache()  # shared with the sampler's AddressSpaces when given
         self.by_build_id: LruCache[bytes, FileRef] = LruCache(max_files, trim_on_put=False)
         # (dev, inode) -> file, build-id
         self.files: LruCache[tuple[str, int], tuple[FileRef, bytes | None]] = LruCache(max_files, trim_on_put=False)
@@ -100,7 +99,7 @@ class Machine:
         known = self.processes.get(pid)
         if known is not None and known.text == text:
             return
-        entries = sorted((e for e in parse_maps(text) if e.executable), key=lambda e: e.start)
+        entries = Mappings.parse(text)
         older = []
         if known is not None:
             keep = set(entries) | set(known.older)
@@ -202,8 +201,7 @@ class Machine:
         if fd is None:
             return ()
         try:
-            with reader_for(os.dup(fd), ELF_POLICY, entry.file_path) as stream:
-                build_id = read_build_id(stream)
+            build_id = self.build_ids.of_open_file(fd, entry.file_path)
             same_here = self._same_file_here(entry.file_path, fd)
         except BaseException:
             os.close(fd)

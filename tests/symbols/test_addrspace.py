@@ -13,9 +13,9 @@ from elftools.elf.elffile import ELFFile
 
 from optrace.model import UserFrame
 from optrace.fileaccess import RefusedFile
-from optrace.frontend.symbols import access, addrspace
-from optrace.frontend.symbols.addrspace import AddressSpace, AddressSpaces, BuildIds
-from optrace.frontend.symbols.buildid import read_build_id_file
+from optrace.frontend.symbols import access, buildid
+from optrace.frontend.symbols.addrspace import AddressSpace, AddressSpaces
+from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id_file
 from optrace.procfs import parse_maps, read_maps_text
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="/proc/PID/map_files needs root")
@@ -37,12 +37,12 @@ def file_offset_of_symbol(path: str, name: str) -> int:
 def test_libc_function_becomes_libc_build_id_and_file_offset():
     address = libc_getpid()
     path = mapping_of(address).file_path
-    space = AddressSpace.read(os.getpid(), BuildIds())
+    space = AddressSpace.read(os.getpid(), BuildIdCache())
     assert space.frame(address) == UserFrame(read_build_id_file(path), file_offset_of_symbol(path, "getpid"))
 
 
 def test_anonymous_memory_and_unmapped_addresses_stay_raw():
-    space = AddressSpace.read(os.getpid(), BuildIds())
+    space = AddressSpace.read(os.getpid(), BuildIdCache())
     heap = ctypes.addressof(ctypes.create_string_buffer(64))
     assert space.frame(heap) == UserFrame(None, heap)
     assert space.frame(8) == UserFrame(None, 8)
@@ -52,7 +52,7 @@ def test_anonymous_memory_and_unmapped_addresses_stay_raw():
 def test_gone_process_has_no_address_space():
     child = subprocess.Popen(["true"])
     child.wait()
-    assert AddressSpace.read(child.pid, BuildIds()) is None
+    assert AddressSpace.read(child.pid, BuildIdCache()) is None
 
 
 def libc_getpid(library: str | None = None) -> int:
@@ -63,15 +63,15 @@ def libc_getpid(library: str | None = None) -> int:
 def test_rebuilt_file_is_read_again(tmp_path, monkeypatch):
     """Cached by identity, size and mtime, not by (device, inode) alone, which a new file may reuse."""
     reads = []
-    monkeypatch.setattr(addrspace, "read_build_id", lambda stream: reads.append(1) or b"id")
+    monkeypatch.setattr(buildid, "read_build_id", lambda stream: reads.append(1) or b"id")
     library = tmp_path / "libcopy.so"
     shutil.copy(mapping_of(libc_getpid()).file_path, library)
     entry = mapping_of(libc_getpid(str(library)))
-    build_ids = BuildIds()
-    assert build_ids.of(os.getpid(), entry) == build_ids.of(os.getpid(), entry) == b"id"
+    build_ids = BuildIdCache()
+    assert build_ids.of_mapping(os.getpid(), entry) == build_ids.of_mapping(os.getpid(), entry) == b"id"
     assert len(reads) == 1
     os.utime(library, ns=(0, 0))  # what a rebuild in place changes, at least
-    assert build_ids.of(os.getpid(), entry) == b"id" and len(reads) == 2
+    assert build_ids.of_mapping(os.getpid(), entry) == b"id" and len(reads) == 2
 
 
 def test_replaced_snapshot_stays_readable_until_the_drain_after_next(monkeypatch):
@@ -99,6 +99,6 @@ def test_without_cap_sys_admin_the_path_is_used_only_if_it_is_still_the_mapped_f
 
     monkeypatch.setattr(access, "open_mapped", no_map_files)
     entry = mapping_of(libc_getpid())
-    assert BuildIds().of(os.getpid(), entry) == read_build_id_file(entry.file_path)
+    assert BuildIdCache().of_mapping(os.getpid(), entry) == read_build_id_file(entry.file_path)
     replaced = dataclasses.replace(entry, inode=entry.inode + 1)  # as if another file took the path
-    assert BuildIds().of(os.getpid(), replaced) is None
+    assert BuildIdCache().of_mapping(os.getpid(), replaced) is None
