@@ -48,7 +48,7 @@ from pathlib import Path
 from optrace.bpf.loader import import_bcc, load_bcc
 from optrace.errors import OptraceError
 from optrace.fileaccess import printable
-from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, UnprobeableError, UprobeTarget
+from optrace.probes import ExitedRow, KernelCounts, UnprobeableError, UprobeTarget
 from optrace.kernel import TRACEFS_DIRS
 from optrace.procfs import comm as process_comm
 

@@ -6,7 +6,8 @@ from collections import Counter
 import pytest
 
 from optrace.errors import OptraceError
-from optrace.frontend.uprobes.manager import ExitedRow, KernelCounts, ProbeManager, UnprobeableError
+from optrace.frontend.uprobes.manager import ProbeManager
+from optrace.probes import ExitedRow, KernelCounts, UnprobeableError
 from optrace.frontend.uprobes.resolve import ProbeKey, ResolvedProbe
 
 

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from optrace.errors import OptraceError
-from optrace.frontend.uprobes.manager import UprobeTarget
+from optrace.probes import UprobeTarget
 from optrace.frontend.uprobes.resolve import resolve_specs
 
 pytestmark = pytest.mark.bpf
