@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from optrace.errors import OptraceError
+from optrace.frontend.symbols.symbol import name_preference
 
 KALLSYMS = "/proc/kallsyms"
 # ADDRESS TYPE NAME [\t[MODULE]], for the text types tTwW only (perf's kallsyms__is_function)
@@ -29,7 +30,7 @@ class KernelSymbol:
 class Kallsyms:
     """Sorted kernel text symbols. Addresses have no sizes: an address belongs to the nearest symbol
     below it, as in perf. Among aliases at one address the preferred name is kept (see
-    :func:`_preference`)."""
+    :func:`~optrace.frontend.symbols.symbol.name_preference`)."""
 
     def __init__(self, symbols: Iterable[tuple[int, KernelSymbol]] = ()) -> None:
         self._addresses = array("Q")
@@ -95,7 +96,7 @@ def _preferred_aliases(rows: Iterable[tuple[int, bytes, str | None]]) -> Iterato
             continue  # the last of a run of aliases yields the run's winner
         best = order[run_start]
         for alias in order[run_start + 1:position + 1]:
-            if _preference(names[alias]) > _preference(names[best]):
+            if name_preference(names[alias]) > name_preference(names[best]):
                 best = alias
         run_start = position + 1
         yield addresses[best], names[best], modules[best]
@@ -110,7 +111,3 @@ def _text_rows(text: bytes) -> Iterable[tuple[int, bytes, str | None]]:
             modules[module] = module.decode("utf-8", "replace")
         yield int(address, 16), name, modules[module] if module else None
 
-
-def _preference(name: bytes) -> tuple:
-    """Among aliases prefer names without leading underscores, then the longest."""
-    return (-(len(name) - len(name.lstrip(b"_"))), len(name))

@@ -99,12 +99,17 @@ def _hidden_versions(elf: ElfFile, symbols: SectionHeader) -> frozenset[int]:
     return frozenset(index for index, version in enumerate(entries) if version & VERSYM_HIDDEN)
 
 
+def name_preference(name: str | bytes) -> tuple[int, int]:
+    """perf's choice among aliases by name alone (all kallsyms knows): fewer leading underscores,
+    then the longest name."""
+    underscores = len(name) - len(name.lstrip(b"_" if isinstance(name, bytes) else "_"))
+    return -underscores, len(name)
+
+
 def _preference(symbol: Symbol) -> tuple:
-    """perf's choose_best_symbol for aliases at one address: sized, not weak, global, fewer leading
-    underscores, then the longest name."""
-    underscores = len(symbol.name) - len(symbol.name.lstrip("_"))
+    """perf's choose_best_symbol for aliases at one address: sized, not weak, global, then by name."""
     return (symbol.size > 0, symbol.binding != STB_WEAK, symbol.binding == STB_GLOBAL,
-            -underscores, len(symbol.name))
+            *name_preference(symbol.name))
 
 
 def preferred_alias(aliases: Sequence[Symbol]) -> Symbol:

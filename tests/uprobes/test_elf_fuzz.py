@@ -1,6 +1,6 @@
 """Malformed ELF files given to `count`: a one-line OptraceError, never another exception, never a hang.
 
-Copies of the bundled `calls` workload are corrupted where pyelftools and the address check look: the
+Copies of the bundled `calls` workload are corrupted where the ELF reader and the address check look: the
 ELF header, the program and section headers, the symbol and string tables, the symbol versions, and the
 code; then truncated or not. Each copy is resolved as a symbol, a glob and an address.
 """
