@@ -21,7 +21,8 @@ from optrace.recordfile import printable, read_record
 @click.option("-i", "--input", "source", default="optrace.data", show_default=True, help="Record file to read.")
 @click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
               help="Comma-separated row keys: comm, pid, dso, symbol.")
-@click.option("-f", "--format", "fmt", default="table", show_default=True, help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
+@click.option("-f", "--format", "fmt", default="table", show_default=True,
+              help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
 @click.option("--pid", "pids", default="", help="Only these pids (comma-separated).")
 @click.option("--comm", "comms", default="", help="Only these command names (comma-separated).")
 @click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated).")
