@@ -1,5 +1,6 @@
 """A small, bounded ELF reader: the header, the section and program header tables, and the bytes of a
-few sections, which is all the symbolizer needs.
+few sections, which is all the symbolizer and `count`'s uprobe resolution (the one reader of function
+symbols for both) need.
 
 The files come from any local user, so every count and size in them is checked against the file's
 real size and a budget before anything is read or allocated, links between sections are plain indexes
