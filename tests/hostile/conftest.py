@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `import hostilekit`, `import hostilefiles`
 
-from hostilekit import PROGRAMS, USER_NAME, HostileUser, Secret, make_secret  # noqa: E402
+from hostilekit import PROGRAMS, USER_NAME, HostileUser, Secret, make_secret, remove_perf_maps  # noqa: E402
 
 XZ_CACHE = Path("/var/tmp/optrace-hostile-cache")
 
@@ -60,9 +60,7 @@ def hostile_user() -> HostileUser:
     user = HostileUser(USER_NAME, entry.pw_uid, entry.pw_gid, home)
     yield user
     kill_user_processes(user.uid)
-    for path in Path("/tmp").glob("perf-*.map"):
-        if path.lstat().st_uid == user.uid:
-            path.unlink()
+    remove_perf_maps(user.uid)
     shutil.rmtree(home, ignore_errors=True)
     if created:
         subprocess.run(["userdel", USER_NAME], check=False)

@@ -298,6 +298,16 @@ def record_payload(path: Path) -> bytes:
     return zlib.decompress(data[RECORD_HEADER.size:])
 
 
+def remove_perf_maps(uid: int) -> None:
+    """The /tmp/perf-PID.map files ``uid`` owns (others' come and go meanwhile: skipped)."""
+    for path in Path("/tmp").glob("perf-*.map"):
+        try:
+            if path.lstat().st_uid == uid:
+                path.unlink()
+        except FileNotFoundError:
+            continue
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """Kill a process started with start_new_session (and everything in its session's group)."""
     if proc.poll() is None:

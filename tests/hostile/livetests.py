@@ -26,7 +26,7 @@ import pytest
 
 import hostilefiles as hf
 from hostilekit import (DRAIN_S, HostileUser, Measured, Running, Scrape, Secret, kill_group, loaded_prog_ids,
-                        metric_sum, record_payload, run_measured, scrape, wait_for_line)
+                        metric_sum, record_payload, remove_perf_maps, run_measured, scrape, wait_for_line)
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -206,9 +206,7 @@ class Rows:
             row.look(self.user.uid)
             kill_group(row.proc)
             row.proc.stderr.close()
-        for path in Path("/tmp").glob("perf-*.map"):
-            if path.lstat().st_uid == self.user.uid:
-                path.unlink()
+        remove_perf_maps(self.user.uid)
         return rows
 
 
