@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from optrace.errors import OptraceError
 from optrace.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample, UserFrame
 from optrace.frontend.symbols import debuginfo
-from optrace.frontend.symbols.buildid import read_build_id
+from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
 from optrace.frontend.symbols.demangle import demangle
 from optrace.frontend.symbols.dso import Dso, DsoContext
 from optrace.frontend.symbols.kallsyms import Kallsyms
@@ -53,12 +53,15 @@ class CacheLimits:
 
 class Symbolizer:
     def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
-                 jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits()) -> None:
+                 jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits(),
+                 build_ids: BuildIdCache | None = None) -> None:
+        """``build_ids``: the cache the sampler's AddressSpaces read mapped files' build-ids through, so
+        each mapped file is read once for both."""
         self.warnings: list[str] = []
         # bad_files: files that cost their names (refused, over a budget, malformed), each with one
         # warning; bad_files_<kind> splits them (see access.FileProblems)
         self.stats: dict[str, int] = {"frames_resolved": 0, "frames_unresolved": 0, "dsos_loaded": 0, "bad_files": 0}
-        self.machine = Machine(self._warn, self.stats, max_files=limits.indexed_files)
+        self.machine = Machine(self._warn, self.stats, max_files=limits.indexed_files, build_ids=build_ids)
         self._context = DsoContext(tuple(debug_roots), self._warn, self.stats)
         self._kallsyms = kallsyms
         self._kallsyms_loaded = kallsyms is not None
