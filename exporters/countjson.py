@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any, TextIO
 
-from optrace.frontend.uprobes.countreport import CountOptions, CountReport, ProbeCalls
+from optrace.frontend.report.callcounts import CountOptions, CountReport, ProbeCalls
 
 
 def write(stream: TextIO, report: CountReport, options: CountOptions) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
-from optrace.frontend.uprobes.countreport import CountOptions, CountReport, ProbeCalls
+from optrace.frontend.report.callcounts import CountOptions, CountReport, ProbeCalls
 
 HEADER = ("PROBE", "SYMBOL", "OFFSET", "CALLS", "BINARY")
 CALLS_COLUMN = 3  # right-aligned; the others are left-aligned

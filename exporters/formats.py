@@ -20,7 +20,7 @@ from optrace.errors import OptraceError
 if TYPE_CHECKING:
     from optrace.exporters.jitlisting import Listing
     from optrace.frontend.report.rows import Profile, ReportOptions
-    from optrace.frontend.uprobes.countreport import CountOptions, CountReport
+    from optrace.frontend.report.callcounts import CountOptions, CountReport
 
     ProfileWriter = Callable[[TextIO, Profile, ReportOptions], None]
     CountWriter = Callable[[TextIO, CountReport, CountOptions], None]

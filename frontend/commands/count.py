@@ -11,9 +11,9 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.exporters.formats import CALL_COUNTS
+from optrace.frontend.report.callcounts import CountOptions, CountReport
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.uprobes.counter import CallCounter
-from optrace.frontend.uprobes.countreport import CountOptions, CountReport
 from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
 from optrace.procfs import is_alive
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from optrace.frontend.doctor import require_recording
 from optrace.errors import OptraceError
 from optrace.model import CallCount
-from optrace.frontend.uprobes.countreport import ProbeCalls
+from optrace.frontend.report.callcounts import ProbeCalls
 from optrace.frontend.uprobes.manager import Attacher, Consumer, PidFilter, ProbeManager
 from optrace.frontend.uprobes.resolve import (DEFAULT_MAX_MATCHES, Resolution, ResolvedProbe, name_list,
                                               resolve_specs)

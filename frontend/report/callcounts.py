@@ -1,5 +1,6 @@
-"""What `optrace count` prints: each probe with its calls, and the run around them. The formats that
-print it are :mod:`optrace.exporters.counttable` and :mod:`optrace.exporters.countjson`."""
+"""What `optrace count` prints: each probe with its calls, and the run around them (made by
+:meth:`~optrace.frontend.uprobes.counter.CallCounter.probe_calls`). The formats that print it are
+:mod:`optrace.exporters.counttable` and :mod:`optrace.exporters.countjson`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
