@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
+from optrace.escape import escape_controls
 from optrace.frontend.report.callcounts import CountOptions, CountReport, ProbeCalls
 
 HEADER = ("PROBE", "SYMBOL", "OFFSET", "CALLS", "BINARY")
@@ -28,10 +29,11 @@ def _text(report: CountReport, per_pid: bool) -> str:
     shown = [probe for probe in report.probes if _shown(probe)]
     for probe in shown:
         count = probe.count
-        rows.append((probe.spec, probe.symbol, f"{probe.offset:#x}", str(count.calls), probe.binary))
+        rows.append((escape_controls(probe.spec), escape_controls(probe.symbol), f"{probe.offset:#x}",
+                     str(count.calls), escape_controls(probe.binary)))
         if per_pid:
             pid_rows[len(rows) - 1] = [
-                (f"  pid {pid}", count.comms.get(pid, ""), "", str(calls), "")
+                (f"  pid {pid}", escape_controls(count.comms.get(pid, "")), "", str(calls), "")
                 for pid, calls in sorted(count.per_pid.items(), key=lambda item: -item[1])
             ]
     widths = [max(len(r[i]) for r in rows + sum(pid_rows.values(), [])) for i in range(len(HEADER))]

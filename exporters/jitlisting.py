@@ -1,13 +1,13 @@
 """`optrace jit show`: a perf map or jitdump listed one entry or record a line (address, size, name,
 load time, moves and replacements). Every name and path goes through
-:func:`~optrace.fileaccess.printable`: a name is whatever the JIT wrote, terminal escapes included."""
+:func:`~optrace.escape.escape_controls`: a name is whatever the JIT wrote, terminal escapes included."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
-from optrace.fileaccess import printable
+from optrace.escape import escape_controls
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_timeline, seconds_since
 from optrace.jitmaps.perfmap import MAX_LINE, PerfMapEntry, PerfMapReader
@@ -49,19 +49,19 @@ def skipped_note(kept: int, skipped: int, what: str) -> str:
 def _perf_map_lines(listing: PerfMapListing) -> Iterator[str]:
     reader, kept = listing.reader, len(listing.entries)
     long_lines = f" ({reader.long_lines} over {MAX_LINE} bytes)" if reader.long_lines else ""
-    yield (f"perf map {printable(listing.path)}: {kept + listing.skipped} entries, {reader.bad_lines} bad "
+    yield (f"perf map {escape_controls(listing.path)}: {kept + listing.skipped} entries, {reader.bad_lines} bad "
            f"lines skipped{long_lines}{skipped_note(kept, listing.skipped, 'entries')}")
     yield f"{'LINE':>7}  {'ADDRESS':<18}  {'SIZE':>8}  NAME"
     for line, function in enumerate(from_perf_map(listing.entries), 1):
         replaced = "" if function.died is None else f"  (replaced at entry {function.died:.0f})"
-        yield f"{line:>7}  0x{function.start:016x}  {function.size:>#8x}  {printable(function.name)}{replaced}"
+        yield f"{line:>7}  0x{function.start:016x}  {function.size:>#8x}  {escape_controls(function.name)}{replaced}"
 
 
 def _jitdump_lines(listing: JitDumpListing) -> Iterator[str]:
     header, records, reader = listing.header, listing.records, listing.reader
     clock = "TSC" if header.flags & jd.FLAG_ARCH_TIMESTAMP else "CLOCK_MONOTONIC"
     order = "little" if header.byte_order == "<" else "big"
-    yield (f"jitdump {printable(listing.path)}: pid {header.pid}, version {header.version}, "
+    yield (f"jitdump {escape_controls(listing.path)}: pid {header.pid}, version {header.version}, "
            f"{ELF_MACHINES.get(header.elf_mach, 'elf_mach ' + str(header.elf_mach))}, {order}-endian, "
            f"{clock} clock, {reader.records} records ({reader.unknown_records} unknown skipped, "
            f"{reader.truncated_bytes} truncated bytes at the end"
@@ -76,13 +76,13 @@ def _jitdump_lines(listing: JitDumpListing) -> Iterator[str]:
 def _describe(record: jd.JitRecord, function: JitFunction | None) -> str:
     if isinstance(record, jd.CodeLoad):
         extra = " [code]" if record.code and any(record.code) else ""
-        return (f"load    0x{record.code_addr:016x}  {record.code_size:>#8x}  {printable(record.name)}{extra}"
+        return (f"load    0x{record.code_addr:016x}  {record.code_size:>#8x}  {escape_controls(record.name)}{extra}"
                 f"{_fate(function)}")
     if isinstance(record, jd.CodeMove):
         return (f"move    0x{record.new_code_addr:016x}  {record.code_size:>#8x}  "
                 f"from 0x{record.old_code_addr:x} (code #{record.code_index}){_fate(function)}")
     if isinstance(record, jd.DebugInfo):
-        files = sorted({printable(e.filename) for e in record.entries})
+        files = sorted({escape_controls(e.filename) for e in record.entries})
         lines = [e.lineno for e in record.entries]
         where = f"{', '.join(files)}:{min(lines)}-{max(lines)}" if lines else "no lines"
         return f"debug   0x{record.code_addr:016x}  {len(record.entries):>8}  lines in {where}"

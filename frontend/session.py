@@ -109,11 +109,13 @@ class ProfilingSession:
 
     def __init__(self, options: SessionOptions) -> None:
         from optrace.frontend.symbols.addrspace import AddressSpaces
+        from optrace.frontend.symbols.buildid import BuildIdCache
         from optrace.jitmaps.jitsymbols import JitSymbols
 
         self.options = options
         self.jit = JitSymbols(max_file_size=options.jit_max_file_size, jitdumps=options.jitdumps)
-        self.spaces = AddressSpaces()
+        self.build_ids = BuildIdCache()  # one read of each mapped file's build-id, for spaces and symbolizer
+        self.spaces = AddressSpaces(self.build_ids)
         self.tracker = ProcessTracker()
         self.read_errors: Counter[str] = Counter()
         self.stats: Counter[str] = Counter()
@@ -139,7 +141,7 @@ class ProfilingSession:
             self.profiler.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
         self.profiler.attach()
-        self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup)
+        self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup, build_ids=self.build_ids)
         for pid in opts.pids or ():
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 

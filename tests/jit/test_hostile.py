@@ -192,7 +192,7 @@ def test_escapes_in_names_are_not_sent_to_the_terminal(tmp_path):
     for target in (path, dump):
         status, out, _ = jit("show", str(target))
         assert status == 0 and "\x1b" not in out and "\x07" not in out
-        assert "?]0;pwned??[2J" in out
+        assert "\\x1b]0;pwned\\x07\\x1b[2J" in out
 
 
 # -- output files ------------------------------------------------------------------------------------------
