@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -34,16 +35,19 @@ def test_forged_build_id_does_not_rename_roots_program(bpf_ready, hostile_user, 
     victim = victim_dir / "hvictim"
     subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-g", f"-Wl,--build-id={BUILD_ID}", "-o", str(victim),
                     str(user_bin.parent / "src" / "burn.c")], check=True)
-    first = hostile_user.spawn(spoofer)
-    second = subprocess.Popen([str(victim)], start_new_session=True)
     out = tmp_path / "spoof.data"
+    running = Running(["record", "-a", "-F", "99", "-d", "4", "-o", str(out)], tmp_path)
+    first = second = None
     try:
-        running = Running(["record", "-a", "-F", "99", "-d", "3", "-o", str(out)], tmp_path)
         running.wait_attached()
-        run = running.finish(timeout=60)
+        first = hostile_user.spawn(spoofer)  # met first: its file is the one seen with that build-id
+        time.sleep(1.5)
+        second = subprocess.Popen([str(victim)], start_new_session=True)
     finally:
-        kill_group(first)
-        kill_group(second)
+        run = running.finish(timeout=60)
+        for proc in (first, second):
+            if proc is not None:
+                kill_group(proc)
     assert run.returncode == 0, run.describe()
     assert not run.prog_ids & loaded_prog_ids()
     report = run_measured(["report", "-i", str(out), "--format", "json", "--comm", "hvictim"], tmp_path)
