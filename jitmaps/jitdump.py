@@ -214,9 +214,11 @@ class JitDumpReader:
         self.unknown_records = 0
         self.truncated_bytes = 0  # an incomplete last record seen at the final read
 
-    def read_new(self, fd: int, final: bool = False, max_size: int | None = None) -> Iterator[JitRecord]:
+    def read_new(self, fd: int, final: bool = False, max_size: int | None = None,
+                 budget: int | None = None) -> Iterator[JitRecord]:
         """Yield the records completed since the previous read (never reading past ``max_size`` bytes of
-        the file). Raises JitDumpError on corruption."""
+        the file; with ``budget``, stopping once about that many bytes were read, the rest left for the
+        next call). Raises JitDumpError on corruption."""
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino)
         if self.identity not in (None, identity) or st.st_size < self.offset:
@@ -229,7 +231,8 @@ class JitDumpReader:
             self.header = read_header(fd)
             self.offset = self.header.total_size
         want = CHUNK
-        while self.offset < end:
+        start = self.offset
+        while self.offset < end and (budget is None or self.offset - start < budget):
             data = os.pread(fd, min(want, end - self.offset), self.offset)
             used, needed = yield from self._parse(data)
             self.offset += used
@@ -238,7 +241,8 @@ class JitDumpReader:
                 if needed == 0 or self.offset + needed > end:
                     break  # a partial prefix or a truncated last record: wait for more bytes
                 want = needed  # one record larger than a chunk: read it whole
-        self.truncated_bytes = max(0, end - self.offset) if final else 0
+        done = budget is None or self.offset - start < budget
+        self.truncated_bytes = max(0, end - self.offset) if final and done else 0
 
     def _parse(self, data: bytes) -> Iterator[JitRecord]:
         """Parse the complete records at the start of ``data``.

@@ -29,6 +29,7 @@ from optrace.jitmaps.trust import (DEFAULT_MAX_SIZE, RefusedFile, jit_file_polic
 
 MAX_JITDUMPS = 16  # per process: a runtime maps one (perf's agents: one per process and exec)
 
+READ_BUDGET = 8 << 20  # bytes of one JIT file read per poll: about 0.2 s of parsing here
 
 @dataclass
 class _Source:
@@ -73,12 +74,12 @@ class JitSymbols:
             proc = self._new_process(pid, since=time)
         if not proc.exited:
             self._discover(proc)
-            self._read_all(proc, time, final=False)
+            self._read_all(proc, time, final=False, budget=READ_BUDGET)
 
     def process_exited(self, pid: int, time: float) -> None:
         proc = self._process(pid)
         if not proc.exited:
-            self._read_all(proc, time, final=True)
+            self._read_all(proc, time, final=True, budget=READ_BUDGET)
             proc.exited = True
             if proc.root_fd is not None:
                 os.close(proc.root_fd)
@@ -89,6 +90,9 @@ class JitSymbols:
             self._process(pid)
         for pid in list(self._procs):
             self.process_exited(pid, time)
+        for generations in self._procs.values():  # the recording is over: what budgets left, read now
+            for proc in generations:
+                self._read_all(proc, time, final=True, budget=None)
         for generations in self._procs.values():
             for proc in generations:
                 for source in proc.sources.values():
@@ -167,10 +171,12 @@ class JitSymbols:
             proc.sources[display] = _Source(display, open_path, jd.JitDumpReader())
 
     # -- reading --------------------------------------------------------------------------------------
-    def _read_all(self, proc: _Process, time: float, final: bool) -> None:
+    def _read_all(self, proc: _Process, time: float, final: bool, budget: int | None) -> None:
+        """Read what each file added; with ``budget`` (bytes per file and call) a huge file is read over
+        several drains instead of holding one up (a 1,000,000-line map took 4.6 s in one go)."""
         for source in proc.sources.values():
             if not source.broken:
-                self._read(proc, source, time, final)
+                self._read(proc, source, time, final, budget)
 
     def _open(self, proc: _Process, source: _Source) -> int | None:
         """The source's file under the rule for it; None when it does not exist (yet)."""
@@ -181,7 +187,7 @@ class JitSymbols:
         return open_file(source.open_path, jit_file_policy(proc.identity.euid, self.max_file_size),
                          root_fd=proc.root_fd, shown=source.display)
 
-    def _read(self, proc: _Process, source: _Source, time: float, final: bool) -> None:
+    def _read(self, proc: _Process, source: _Source, time: float, final: bool, budget: int | None) -> None:
         try:
             fd = self._open(proc, source)
         except RefusedFile as refused:
@@ -193,9 +199,9 @@ class JitSymbols:
         dropped = proc.table.dropped
         try:
             if isinstance(source.reader, PerfMapReader):
-                self._read_perf_map(proc, source, fd, time, final)
+                self._read_perf_map(proc, source, fd, time, final, budget)
             else:
-                self._read_jitdump(proc, source, fd, time, final)
+                self._read_jitdump(proc, source, fd, time, final, budget)
         except jd.JitDumpError as exc:
             source.broken = True
             self._warn(source.display, "corrupt", f"ignored from here: not a usable jitdump ({exc})")
@@ -212,19 +218,21 @@ class JitSymbols:
             self._warn(source.display, "symbol_limit", "symbols over the per-process or total limit "
                        f"({self.budget.describe()}) were dropped", stat="files_over_symbol_limit")
 
-    def _read_perf_map(self, proc: _Process, source: _Source, fd: int, time: float, final: bool) -> None:
+    def _read_perf_map(self, proc: _Process, source: _Source, fd: int, time: float, final: bool,
+                       budget: int | None) -> None:
         reader = source.reader
         before_lines, before_bad = reader.lines, reader.bad_lines
-        proc.table.add_many(reader.read_new(fd, final, self.max_file_size), source.display, time)
+        proc.table.add_many(reader.read_new(fd, final, self.max_file_size, budget), source.display, time)
         self.stats["perfmap_lines"] += reader.lines - before_lines
         self.stats["perfmap_bad_lines"] += reader.bad_lines - before_bad
 
-    def _read_jitdump(self, proc: _Process, source: _Source, fd: int, time: float, final: bool) -> None:
+    def _read_jitdump(self, proc: _Process, source: _Source, fd: int, time: float, final: bool,
+                      budget: int | None) -> None:
         reader = source.reader
         if os.fstat(fd).st_size >= jd.HEADER_SIZE:
             self._check_dump_pid(proc, source, jd.read_header(fd))
         before, before_unknown = reader.records, reader.unknown_records
-        for record in reader.read_new(fd, final, self.max_file_size):
+        for record in reader.read_new(fd, final, self.max_file_size, budget):
             stamp = record.timestamp / 1e9 if reader.header.monotonic else time
             if isinstance(record, jd.CodeLoad) and record.code_size:
                 if len(proc.code_names) < self.budget.table_entries or record.code_index in proc.code_names:

@@ -61,9 +61,12 @@ class PerfMapReader:
         self.restarts = 0  # the file was replaced or truncated (e.g. `jcmd Compiler.perfmap` rewrites it)
         self._in_long_line = False  # the bytes up to the next newline belong to a line already counted bad
 
-    def read_new(self, fd: int, final: bool = False, max_size: int | None = None) -> Iterator[PerfMapEntry]:
+    def read_new(self, fd: int, final: bool = False, max_size: int | None = None,
+                 budget: int | None = None) -> Iterator[PerfMapEntry]:
         """Yield the entries of the complete lines added since the previous read (never past ``max_size``
-        bytes of the file, nor past the size it has now)."""
+        bytes of the file, nor past the size it has now). With ``budget``, stop once about that many bytes
+        were read (at most one chunk more): the next call goes on from there, so one huge map cannot hold
+        a drain up."""
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino)
         if self.identity not in (None, identity) or st.st_size < self.offset:
@@ -72,8 +75,9 @@ class PerfMapReader:
             self.restarts += 1
         self.identity = identity
         end = st.st_size if max_size is None else min(st.st_size, max_size)
+        start = self.offset
         carry = b""
-        while self.offset + len(carry) < end:
+        while self.offset + len(carry) < end and (budget is None or self.offset - start < budget):
             chunk = os.pread(fd, min(CHUNK, end - self.offset - len(carry)), self.offset + len(carry))
             if not chunk:
                 break
@@ -82,7 +86,7 @@ class PerfMapReader:
             yield from self._parse(data[:cut])
             self.offset += cut
             carry = self._keep_partial(data[cut:])
-        if final and carry:
+        if final and carry and self.offset + len(carry) >= end:
             yield from self._parse(carry)
             self.offset += len(carry)
 

@@ -102,3 +102,23 @@ def test_written_entries_read_back(tmp_path_factory, rows):
     text = "".join(f"{'0x' if hexp else ''}{s:x} {'0x' if hexp else ''}{n:x} {name}\n" for s, n, name, hexp in rows)
     write(path, text.encode())
     assert read_all(PerfMapReader(), path) == [PerfMapEntry(s, n, name) for s, n, name, _ in rows]
+
+
+def test_a_read_budget_splits_a_big_map_without_losing_or_repeating_a_line(tmp_path):
+    """serve reads a huge map over several drains: every call stops after its budget and the next goes on
+    from there; together they give exactly what one read gives."""
+    path = tmp_path / "perf-1.map"
+    with open(path, "w") as f:
+        for i in range(200_000):
+            f.write(f"{0x1000 + i * 16:x} 10 name_{i}_{'x' * 30}\n")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        whole = list(PerfMapReader().read_new(fd, final=True))
+        reader, parts, calls = PerfMapReader(), [], 0
+        while reader.offset < os.path.getsize(path):
+            parts += list(reader.read_new(fd, final=True, budget=1))
+            calls += 1
+    finally:
+        os.close(fd)
+    assert parts == whole and len(whole) == 200_000
+    assert calls >= 2
