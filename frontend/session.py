@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from optrace.escape import escape_controls
+from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
 from optrace.procfs import exec_path
 
@@ -311,8 +312,11 @@ class ProfilingSession:
         if not self.options.forget_exited:
             return
         self._drains += 1
+        jit_tables = bool(self._jit_pids.intersection(self._forgettable))
         for pid in self._forgettable:
             self._contain("forget_process", self._forget, pid)
+        if jit_tables:  # a JIT table can be tens of MB: give the freed heap back, or RSS keeps its peak
+            release_free_memory()
         self._forgettable = retired
         if self._drains % PRUNE_EVERY == 0:
             self._forgettable += [pid for pid in self.tracker.pids() if not os.path.exists(f"/proc/{pid}")]
