@@ -33,6 +33,7 @@ class ProcessMaps:
     text: str = ""
     current: Mappings = field(default_factory=Mappings)
     older: list[MapEntry] = field(default_factory=list)
+    by_build_id: dict[bytes, MapEntry] = field(default_factory=dict)  # its own files, current ones last
 
     def find(self, address: int) -> MapEntry | None:
         """The current mapping at ``address``; else an older one if all older candidates agree."""
@@ -114,6 +115,20 @@ class Machine:
                 self._index_mapped_file(pid, entry)
             elif known_file[1] is not None:
                 self.by_build_id.touch(known_file[1])
+        self._own_build_ids(self.processes[pid])
+
+    def _own_build_ids(self, maps: ProcessMaps) -> None:
+        for entry in (*maps.older, *maps.current):
+            known = self.files.get(entry.file_key)
+            if known is not None and known[1] is not None:
+                maps.by_build_id[known[1]] = entry
+
+    def mapping_of(self, pid: int, build_id: bytes) -> MapEntry | None:
+        """The process's own mapped file with ``build_id``, current or older. A build-id is a claim a file
+        makes about itself and anyone can copy one: a frame is named from the file its own process mapped,
+        and only from another file with that id when the process was never snapshotted."""
+        maps = self.processes.get(pid)
+        return None if maps is None else maps.by_build_id.get(build_id)
 
     def mapping_at(self, pid: int, address: int) -> MapEntry | None:
         maps = self.processes.get(pid)
@@ -163,6 +178,8 @@ class Machine:
         self._stats["scanned_files"] = len(seen)
 
     def _index(self, build_id: bytes, ref: FileRef) -> None:
+        """The file to name frames of ``build_id`` for processes gone before their maps were read: the first
+        seen, but a file from the maps beats one found otherwise (the mapped one is what ran)."""
         known = self.by_build_id.get(build_id)
         if known is None or (ref.from_maps and not known.from_maps):
             self.by_build_id.put(build_id, ref)

@@ -139,11 +139,12 @@ class Symbolizer:
     def _user_frame(self, raw: RawSample, frame: UserFrame) -> Frame:
         if frame.build_id is None:
             return self._address_frame(raw.pid, frame.offset, raw.time)
-        key = (frame.build_id, frame.offset)
+        own = self.machine.mapping_of(raw.pid, frame.build_id)
+        key = (own.file_key if own is not None else frame.build_id, frame.offset)
         cached = self._frames.get(key)
         if cached is not None:
             return cached
-        dso = self._dso_for_build_id(frame.build_id)
+        dso = self._dso_for_mapping(own) if own is not None else self._dso_for_build_id(frame.build_id)
         if dso is None:
             return Frame(UNKNOWN, UNKNOWN, address=frame.offset, resolved=False, build_id=frame.build_id.hex())
         named = self._object_frame(dso, frame.offset)
@@ -185,15 +186,18 @@ class Symbolizer:
         return Frame(name, dso.name, address=offset, build_id=build_id)
 
     def _dso_for_mapping(self, entry: MapEntry) -> Dso:
+        """The object a mapping holds, known by the mapped file (device, inode), not by the build-id it
+        claims (see Machine.mapping_of)."""
         ref, build_id = self.machine.files.get(entry.file_key, (FileRef(entry.file_path, entry.file_path), None))
-        if build_id is not None:
-            dso = self._dso_for_build_id(build_id)
-            if dso is not None:
-                return dso
         dso = self._dsos.get(entry.file_key)
+        if dso is None and build_id is not None:
+            shared = self._dsos.get(build_id)  # loaded for frames of a process gone, from this very file
+            dso = shared if shared is not None and shared.source is ref else None
         if dso is None:
             dso = Dso(ref.name, self._context, source=ref, build_id=build_id)
-            self._dsos.put(entry.file_key, dso)
+        self._dsos.put(entry.file_key, dso)
+        if build_id is not None and self.machine.by_build_id.get(build_id) is ref:
+            self._dsos.put(build_id, dso)  # the file that names this build-id for processes gone: one load
         return dso
 
     def _dso_for_build_id(self, build_id: bytes) -> Dso | None:
