@@ -3,7 +3,8 @@
 optrace knows ELF files by build-id. A build-id is a claim the file makes about itself, and anyone can
 copy one (``ld --build-id=0x...``; root's binaries' ids are public). The user runs a program of its own
 with the build-id of root's program (and a function of its choosing where root's program burns), then
-root's program runs: its samples must still be named from its own file, not from the user's.
+root's program runs: its samples must still be named from its own file, not from the user's (and the
+user's from the user's: which of the two optrace meets first is up to the scheduler).
 """
 from __future__ import annotations
 
