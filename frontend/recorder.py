@@ -188,5 +188,7 @@ def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int],
                      if key.startswith("refused_") and n})
     if jit_stats.get("symbols_dropped"):
         problems["jit_symbols_dropped"] = jit_stats["symbols_dropped"]
+    if jit_stats.get("files_not_read_to_the_end"):
+        problems["jit_unread"] = jit_stats["files_not_read_to_the_end"]
     problems.update({f"failed_{kind}": n for kind, n in read_errors.items() if n})
     return problems

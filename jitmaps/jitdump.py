@@ -209,6 +209,7 @@ class JitDumpReader:
     def __init__(self) -> None:
         self.header: JitDumpHeader | None = None
         self.offset = 0
+        self.size_seen = 0  # the size the file had at the last read
         self.identity: tuple[int, int] | None = None
         self.records = 0
         self.unknown_records = 0
@@ -225,6 +226,7 @@ class JitDumpReader:
             self.__init__()  # a different file now: start over
         self.identity = identity
         end = st.st_size if max_size is None else min(st.st_size, max_size)
+        self.size_seen = end
         if self.header is None:
             if end < HEADER_SIZE and not final:
                 return

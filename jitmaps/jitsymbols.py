@@ -30,6 +30,7 @@ from optrace.jitmaps.trust import (DEFAULT_MAX_SIZE, RefusedFile, jit_file_polic
 MAX_JITDUMPS = 16  # per process: a runtime maps one (perf's agents: one per process and exec)
 
 READ_BUDGET = 8 << 20  # bytes of one JIT file read per poll: about 0.2 s of parsing here
+FINAL_READ_BUDGET = 32 << 20  # and at the recording's end, once: about 0.8 s
 
 @dataclass
 class _Source:
@@ -90,12 +91,13 @@ class JitSymbols:
             self._process(pid)
         for pid in list(self._procs):
             self.process_exited(pid, time)
-        for generations in self._procs.values():  # the recording is over: what budgets left, read now
+        for generations in self._procs.values():  # the recording is over: a last, larger read of what is left
             for proc in generations:
-                self._read_all(proc, time, final=True, budget=None)
+                self._read_all(proc, time, final=True, budget=FINAL_READ_BUDGET)
         for generations in self._procs.values():
             for proc in generations:
                 for source in proc.sources.values():
+                    self._count_unread(source)
                     bad = getattr(source.reader, "bad_lines", 0)
                     if bad:
                         self._warn(source.display, "bad_lines", f"{bad} malformed lines skipped",
@@ -211,6 +213,14 @@ class JitSymbols:
         finally:
             os.close(fd)
         self._count_dropped(source, proc.table.dropped - dropped)
+
+    def _count_unread(self, source: _Source) -> None:
+        """What the read budgets left of a file when the recording ended: counted, never read."""
+        unread = source.reader.size_seen - source.reader.offset
+        if unread > 0 and not source.broken:
+            self.stats["unread_bytes"] += unread
+            self._warn(source.display, "unread", f"{unread} bytes not read when the recording ended "
+                       "(it grew faster than 8 MiB a drain)", stat="files_not_read_to_the_end")
 
     def _count_dropped(self, source: _Source, dropped: int) -> None:
         if dropped:

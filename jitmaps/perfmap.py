@@ -54,6 +54,7 @@ class PerfMapReader:
 
     def __init__(self) -> None:
         self.offset = 0
+        self.size_seen = 0  # the size the file had at the last read
         self.identity: tuple[int, int] | None = None
         self.lines = 0
         self.bad_lines = 0
@@ -75,6 +76,7 @@ class PerfMapReader:
             self.restarts += 1
         self.identity = identity
         end = st.st_size if max_size is None else min(st.st_size, max_size)
+        self.size_seen = end
         start = self.offset
         carry = b""
         while self.offset + len(carry) < end and (budget is None or self.offset - start < budget):

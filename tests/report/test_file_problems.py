@@ -10,9 +10,10 @@ from optrace.recordfile import read_record, write_record
 
 def test_symbol_and_jit_counts_become_file_problems() -> None:
     symbols = {"bad_files": 3, "bad_files_refused": 2, "bad_files_malformed": 1, "frames_resolved": 10}
-    jit = {"refused_mount": 1, "refused_owner": 0, "symbols_dropped": 7, "perfmap_lines": 99}
+    jit = {"refused_mount": 1, "refused_owner": 0, "symbols_dropped": 7, "perfmap_lines": 99,
+           "files_not_read_to_the_end": 1}
     assert file_problems(symbols, jit) == {"elf_refused": 2, "elf_malformed": 1, "jit_mount": 1,
-                                           "jit_symbols_dropped": 7}
+                                           "jit_symbols_dropped": 7, "jit_unread": 1}
 
 
 def test_header_and_json_carry_them(record, tmp_path, optrace) -> None:
