@@ -232,13 +232,14 @@ class JitDumpReader:
                 return
             self.header = read_header(fd)
             self.offset = self.header.total_size
-        want = CHUNK
+        chunk = CHUNK if budget is None else min(CHUNK, budget)
+        want = chunk
         start = self.offset
         while self.offset < end and (budget is None or self.offset - start < budget):
             data = os.pread(fd, min(want, end - self.offset), self.offset)
             used, needed = yield from self._parse(data)
             self.offset += used
-            want = CHUNK
+            want = chunk
             if used == 0:
                 if needed == 0 or self.offset + needed > end:
                     break  # a partial prefix or a truncated last record: wait for more bytes

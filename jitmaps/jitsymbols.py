@@ -29,8 +29,8 @@ from optrace.jitmaps.trust import (DEFAULT_MAX_SIZE, RefusedFile, jit_file_polic
 
 MAX_JITDUMPS = 16  # per process: a runtime maps one (perf's agents: one per process and exec)
 
-READ_BUDGET = 8 << 20  # bytes of one JIT file read per poll: about 0.2 s of parsing here
-FINAL_READ_BUDGET = 32 << 20  # and at the recording's end, once: about 0.8 s
+READ_BUDGET = 2 << 20  # bytes of one JIT file read per poll: about 50 ms of parsing here
+FINAL_READ_BUDGET = 8 << 20  # and at the recording's end, once: about 0.2 s
 
 @dataclass
 class _Source:
@@ -220,7 +220,7 @@ class JitSymbols:
         if unread > 0 and not source.broken:
             self.stats["unread_bytes"] += unread
             self._warn(source.display, "unread", f"{unread} bytes not read when the recording ended "
-                       "(it grew faster than 8 MiB a drain)", stat="files_not_read_to_the_end")
+                       "(it grew faster than 2 MiB a drain)", stat="files_not_read_to_the_end")
 
     def _count_dropped(self, source: _Source, dropped: int) -> None:
         if dropped:

@@ -80,7 +80,8 @@ class PerfMapReader:
         start = self.offset
         carry = b""
         while self.offset + len(carry) < end and (budget is None or self.offset - start < budget):
-            chunk = os.pread(fd, min(CHUNK, end - self.offset - len(carry)), self.offset + len(carry))
+            size = CHUNK if budget is None else min(CHUNK, max(budget, 2 * MAX_LINE))
+            chunk = os.pread(fd, min(size, end - self.offset - len(carry)), self.offset + len(carry))
             if not chunk:
                 break
             data = self._skip_long_line(carry + chunk)
