@@ -1,9 +1,14 @@
 """Helpers shared by tests (importable as `support`: pytest's pythonpath includes tests/)."""
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,3 +68,43 @@ def assert_no_programs_of(pid: int, name: str) -> None:
     for prog_id, pids in bpf_programs_named(name).items():
         assert pid not in pids, f"program {prog_id} still held by {pid}"
         assert pids, f"program {prog_id} ({name}) is loaded but held by no process"
+
+
+def bpf_prog_ids(pid: int) -> set[int]:
+    """BPF programs a process holds open (from its fds' fdinfo)."""
+    ids = set()
+    try:
+        entries = list(Path(f"/proc/{pid}/fdinfo").iterdir())
+    except OSError:
+        return ids
+    for fdinfo in entries:
+        try:
+            found = re.search(r"^prog_id:\s*(\d+)", fdinfo.read_text(), re.M)
+        except OSError:
+            continue
+        if found:
+            ids.add(int(found.group(1)))
+    return ids
+
+
+def loaded_prog_ids() -> set[int]:
+    """Every BPF program loaded on the machine."""
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True).stdout
+    return {prog["id"] for prog in json.loads(out)}
+
+
+@contextmanager
+def system_user(name: str) -> Iterator[pwd.struct_passwd]:
+    """An unprivileged account for tests: created if missing (and then removed at the end), reused if not."""
+    created = False
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/usr/sbin/nologin", name], check=True)
+        entry, created = pwd.getpwnam(name), True
+    try:
+        yield entry
+    finally:
+        if created:
+            subprocess.run(["userdel", name], check=False)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # for `import hostilekit`, `import hostilefiles`
 
 from hostilekit import PROGRAMS, USER_NAME, HostileUser, Secret, make_secret, remove_perf_maps  # noqa: E402
+from support import system_user  # noqa: E402
 
 XZ_CACHE = Path("/var/tmp/optrace-hostile-cache")
 
@@ -47,13 +49,11 @@ def hostile_user() -> HostileUser:
     it owns under /var/tmp (not /tmp: its namespace rows mount over /tmp)."""
     if os.geteuid() != 0:
         pytest.skip("creating a user needs root")
-    created = False
-    try:
-        entry = pwd.getpwnam(USER_NAME)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                        "--shell", "/usr/sbin/nologin", USER_NAME], check=True)
-        entry, created = pwd.getpwnam(USER_NAME), True
+    with system_user(USER_NAME) as entry:
+        yield from _hostile_user(entry)
+
+
+def _hostile_user(entry: pwd.struct_passwd) -> Iterator[HostileUser]:
     home = Path(tempfile.mkdtemp(prefix="optrace-hostile-", dir="/var/tmp"))
     os.chmod(home, 0o755)
     os.chown(home, entry.pw_uid, entry.pw_gid)
@@ -62,8 +62,6 @@ def hostile_user() -> HostileUser:
     kill_user_processes(user.uid)
     remove_perf_maps(user.uid)
     shutil.rmtree(home, ignore_errors=True)
-    if created:
-        subprocess.run(["userdel", USER_NAME], check=False)
 
 
 @pytest.fixture(scope="session")

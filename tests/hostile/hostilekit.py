@@ -7,7 +7,6 @@ the BPF programs it held, its exit status and output.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -21,6 +20,8 @@ import urllib.request
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from support import bpf_prog_ids, loaded_prog_ids  # noqa: F401 - loaded_prog_ids is used by the rows
 
 # OPTRACE_UNDER_TEST: another optrace build to hold to the same rows (e.g. one from before issue 8's fixes).
 OPTRACE = Path(os.environ.get("OPTRACE_UNDER_TEST") or Path(sys.executable).parent / "optrace")
@@ -210,28 +211,6 @@ class Running:
 
 def run_measured(args: list[str], workdir: Path, timeout: float = 60) -> Measured:
     return Running(args, workdir).finish(timeout)
-
-
-def bpf_prog_ids(pid: int) -> set[int]:
-    """BPF programs a process holds open (from its fds' fdinfo)."""
-    ids = set()
-    try:
-        entries = list(Path(f"/proc/{pid}/fdinfo").iterdir())
-    except OSError:
-        return ids
-    for fdinfo in entries:
-        try:
-            found = re.search(r"^prog_id:\s*(\d+)", fdinfo.read_text(), re.M)
-        except OSError:
-            continue
-        if found:
-            ids.add(int(found.group(1)))
-    return ids
-
-
-def loaded_prog_ids() -> set[int]:
-    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True).stdout
-    return {prog["id"] for prog in json.loads(out)}
 
 
 def assert_one_line(stderr: str, what: str) -> None:

@@ -5,7 +5,6 @@ and no warning may hold any of the file's content or its line count."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jithelpers import wait_for
+from support import system_user
 from optrace.jitmaps.jitsymbols import JitSymbols
 
 USER = "optrace-jit-test"
@@ -41,16 +41,8 @@ def jit_user():
     """An unprivileged account for this module (created if missing and then removed)."""
     if os.geteuid() != 0 or not shutil.which("useradd"):
         pytest.skip("needs root and useradd")
-    created = False
-    try:
-        entry = pwd.getpwnam(USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                        "--shell", "/usr/sbin/nologin", USER], check=True)
-        entry, created = pwd.getpwnam(USER), True
-    yield entry
-    if created:
-        subprocess.run(["userdel", USER], check=False)
+    with system_user(USER) as entry:
+        yield entry
 
 
 @pytest.fixture

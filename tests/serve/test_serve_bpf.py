@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from support import bpf_prog_ids, loaded_prog_ids
+
 OPTRACE = Path(sys.executable).parent / "optrace"
 CPU = "optrace_cpu_samples_total"
 CALLS = "optrace_uprobe_calls_total"
@@ -69,24 +71,6 @@ def wait_for_drains(url: str, expo, count: int = 2) -> None:
     """Until the exporter has drained `count` more times: what ran before is in its counters then."""
     drains = expo.value(expo.scrape(url), "optrace_drains_total")
     wait_for(lambda: expo.value(expo.scrape(url), "optrace_drains_total") >= drains + count, 30, "drains")
-
-
-def bpf_prog_ids(pid: int) -> set[int]:
-    """BPF programs a process holds open (from its fds' fdinfo)."""
-    ids = set()
-    for fdinfo in Path(f"/proc/{pid}/fdinfo").iterdir():
-        try:
-            found = re.search(r"^prog_id:\s*(\d+)", fdinfo.read_text(), re.M)
-        except OSError:
-            continue
-        if found:
-            ids.add(int(found.group(1)))
-    return ids
-
-
-def loaded_prog_ids() -> set[int]:
-    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True).stdout
-    return {prog["id"] for prog in json.loads(out)}
 
 
 @pytest.fixture(scope="module")
