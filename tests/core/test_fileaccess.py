@@ -61,6 +61,7 @@ def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
     assert time.monotonic() - started < 1
 
 
+@pytest.mark.root  # as another user /proc/kmsg is refused earlier, by the kernel
 @pytest.mark.parametrize("path", ["/proc/kmsg", "/proc/self/environ", "/sys/kernel/notes"])
 def test_pseudo_file_systems_are_refused(path: str) -> None:
     assert refusal(path, FilePolicy(follow_symlinks=True)) in ("pseudo_fs", "symlink")
@@ -111,6 +112,7 @@ def test_decompression_is_bounded() -> None:
     assert decompress_zlib(zlib.compress(b"ok"), 2) == b"ok"
 
 
+@pytest.mark.root  # /proc/PID/map_files needs CAP_SYS_ADMIN
 def test_map_files_give_the_mapped_inode() -> None:
     with open("/proc/self/maps") as maps:
         line = next(line for line in maps if "python" in line and "r-xp" in line)

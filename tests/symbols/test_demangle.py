@@ -4,6 +4,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from hypothesis import given, strategies as st
 
 from optrace.frontend.symbols.demangle import _cached_demangle, demangle
@@ -34,6 +35,7 @@ def test_rust_v0() -> None:
     assert demangle("_RINvNtCs1234_3std3mem4swapReEB6_") == "std::mem::swap::<&str>"
 
 
+@pytest.mark.root  # the toolchain is root's (~/.cargo)
 def test_rust_v0_from_rustc(tmp_path: Path) -> None:
     """Names rustc itself produced, read back by nm: every main-crate function demangles."""
     (tmp_path / "r.rs").write_text(

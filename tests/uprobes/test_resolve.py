@@ -80,6 +80,7 @@ def test_default_symbol_version_is_chosen():
     assert [p.offset for p in resolve_specs(["c:realpath"]).probes] == [default]
 
 
+@pytest.mark.root  # a hard link to a file of root's (fs.protected_hardlinks)
 def test_symlink_and_hard_link_give_the_same_key(workloads, calls_links):
     link, hard = calls_links
     keys = {p.key for p in resolve_specs([f"{workloads}/calls:target", f"{link}:target",
