@@ -61,6 +61,7 @@ class Recorder:
         self.lost: Counter[str] = Counter()
         self.child: GatedChild | None = None
         self.exit_status: int | None = None
+        self.stopped_command = False  # the recording ended first (-d, a signal) and stopped the command
         self.warnings: list[str] = []
         self._targets: set[int] = set()
         opts = options
@@ -139,6 +140,7 @@ class Recorder:
             self.exit_status = self.child.poll()
             if self.exit_status is None:
                 self.exit_status = self.child.stop()
+                self.stopped_command = True
                 self.warnings.append("the recording ended first: the command was sent SIGTERM")
         result = self._drain()
         self.session.finish(result.time)

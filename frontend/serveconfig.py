@@ -29,9 +29,9 @@ from optrace.exporters.daemon import DEFAULT_PORT, ServeOptions
 from optrace.exporters.httpserver import ListenAddress
 from optrace.exporters.webconfig import CONFIG_POLICY, TlsFiles, WebConfig, load_web_config, tls_context
 from optrace.fileaccess import RefusedFile, read_file
-from optrace.frontend.commands.record import check_frequency, parse_pids
+from optrace.frontend.commands.record import check_frequency
 from optrace.errors import OptraceError
-from optrace.frontend.target import check_pids
+from optrace.frontend.target import check_pids, parse_pids
 from optrace.frontend.uprobes.spec import parse_spec
 
 COMM_MAX = 15  # TASK_COMM_LEN - 1

@@ -9,10 +9,27 @@ import time
 from optrace.errors import OptraceError
 
 
-def check_pids(pids: list[int]) -> None:
+def parse_pids(values: tuple[str, ...] | list[str]) -> list[int]:
+    """`-p 1 -p 2` and perf's `-p 1,2` both work, in every command and in serve's config file."""
+    pids = []
+    for value in values:
+        for part in str(value).split(","):
+            if not part.strip().isdigit() or int(part) <= 0:
+                raise OptraceError(f"not a process id: {part.strip()!r}")
+            pids.append(int(part))
+    return pids
+
+
+def check_pids(pids: list[int] | tuple[int, ...]) -> None:
+    """Every command says the same thing about a pid that does not exist."""
     for pid in pids:
         if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
             raise OptraceError(f"no such process: {pid}")
+
+
+def shell_status(status: int) -> int:
+    """A child's exit status as a shell gives it: its code, or 128+N when signal N ended it."""
+    return status if status >= 0 else 128 - status
 
 
 def check_command(argv: list[str]) -> None:

@@ -12,7 +12,9 @@ import click
 from optrace.errors import OptraceError
 from optrace.exporters.formats import CALL_COUNTS
 from optrace.frontend.report.callcounts import CountOptions, CountReport
+from optrace.frontend.cliopts import pid_option
 from optrace.frontend.stopsignals import StopSignals
+from optrace.frontend.target import check_pids, shell_status
 from optrace.frontend.uprobes.counter import CallCounter
 from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
 from optrace.procfs import is_alive
@@ -28,12 +30,6 @@ class _CommandAfterDoubleDash(click.Command):
             at = args.index("--")
             args, ctx.meta["optrace.count.command"] = args[:at], args[at + 1:]
         return super().parse_args(ctx, args)
-
-
-def _check_pids(pids: tuple[int, ...]) -> None:
-    for pid in pids:
-        if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
-            raise OptraceError(f"no process with pid {pid}")
 
 
 class _Run:
@@ -104,7 +100,7 @@ def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = F
 
 @click.command(cls=_CommandAfterDoubleDash, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("specs", nargs=-1, metavar="SPEC...")
-@click.option("-p", "--pid", "pids", type=int, multiple=True, help="Count only in these processes.")
+@pid_option("-p", "--pid", help="Count only in these processes (repeat, or comma list).")
 @click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after SECONDS.")
 @click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True),
               help="Print counts every INTERVAL s.")
@@ -123,7 +119,7 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
         raise OptraceError("give either -p PID or -- CMD, not both")
     if command_args and not shutil.which(command_args[0]):
         raise OptraceError(f"command not found: {command_args[0]}")
-    _check_pids(pids)
+    check_pids(pids)
     run = _Run(specs, pids, command_args, duration, max_probes)
     for warning in run.counter.resolve().warnings:
         click.echo(f"optrace: warning: {warning}", err=True)
@@ -132,7 +128,7 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
     finally:
         run.counter.close()
     if run.child is not None and run.child.returncode:
-        ctx.exit(run.child.returncode if run.child.returncode > 0 else 128 - run.child.returncode)
+        ctx.exit(shell_status(run.child.returncode))
 
 
 def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None) -> None:

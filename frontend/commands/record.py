@@ -7,20 +7,10 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
-from optrace.frontend.target import check_command, check_pids, describe_exit
+from optrace.frontend.cliopts import pid_option
+from optrace.frontend.target import check_command, check_pids, describe_exit, shell_status
 from optrace.escape import escape_controls
 from optrace.kernel import max_sample_rate
-
-def parse_pids(values: tuple[str, ...]) -> list[int]:
-    """`-p 1 -p 2` and perf's `-p 1,2` both work."""
-    pids = []
-    for value in values:
-        for part in value.split(","):
-            if not part.strip().isdigit():
-                raise OptraceError(f"not a process id: {part!r}")
-            pids.append(int(part))
-    return pids
-
 
 def check_frequency(hz: int) -> None:
     limit = max_sample_rate()
@@ -32,7 +22,7 @@ def check_frequency(hz: int) -> None:
 @click.option("-o", "--output", default="optrace.data", show_default=True, help="Record file to write.")
 @click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
 @click.option("-g/--no-stacks", "stacks", default=True, help="Keep whole stacks (default) or only the sampled frame.")
-@click.option("-p", "--pid", "pids", multiple=True, help="Profile running processes (repeat, or comma list).")
+@pid_option("-p", "--pid", help="Profile running processes (repeat, or comma list).")
 @click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="Profile the whole machine.")
 @click.option("-d", "--duration", type=float, help="Stop after this many seconds.")
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Also count calls of SPEC (see optrace count).")
@@ -42,13 +32,17 @@ def check_frequency(hz: int) -> None:
 @click.option("--stack-storage-size", type=click.IntRange(1, 1 << 20), default=8192, show_default=True,
               help="Distinct stacks the kernel holds per drain period (more: fewer collisions, more memory).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
+@click.pass_context
+def command(ctx: click.Context, output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
             stack_storage_size, command) -> None:
-    """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS..."""
+    """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
+
+    With a command, exits with the command's status (128+N when signal N ended it), like perf; when the
+    recording ends first (-d) and stops the command, exits 0."""
     options = RecordOptions(
         frequency_hz=frequency,
         stacks=stacks,
-        pids=parse_pids(pids),
+        pids=list(pids),
         system_wide=system_wide,
         duration_s=duration,
         command=list(command) or None,
@@ -62,9 +56,13 @@ def command(output, frequency, stacks, pids, system_wide, duration, uprobes, jit
     from optrace.recordfile import write_record
 
     require_recording(uprobes=bool(options.uprobes))
-    record = Recorder(options).run()
+    recorder = Recorder(options)
+    record = recorder.run()
     write_record(record, output)
     summarize(record, output)
+    status = record.meta.exit_status
+    if status and not recorder.stopped_command:
+        ctx.exit(shell_status(status))
 
 
 def validate(options: RecordOptions) -> None:

@@ -13,6 +13,7 @@ import click
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.exporters.formats import PROFILE
+from optrace.frontend.cliopts import pid_option
 from optrace.frontend.report.rows import Profile, ReportOptions, parse_sort_keys
 from optrace.recordfile import printable, read_record
 
@@ -23,18 +24,18 @@ from optrace.recordfile import printable, read_record
               help="Comma-separated row keys: comm, pid, dso, symbol.")
 @click.option("-f", "--format", "fmt", default="table", show_default=True,
               help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
-@click.option("--pid", "pids", default="", help="Only these pids (comma-separated).")
+@pid_option("--pid", help="Only these processes (repeat, or comma list).")
 @click.option("--comm", "comms", default="", help="Only these command names (comma-separated).")
 @click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated).")
 @click.option("--percent-limit", default="0", help="Hide rows below this percentage of all samples.")
 @click.option("--children", is_flag=True, help="Add inclusive (children) counts from the stacks.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
-def command(source: str, sort: str, fmt: str, pids: str, comms: str, dsos: str, percent_limit: str,
+def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str,
             children: bool, output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
     options = ReportOptions(
         sort=parse_sort_keys(sort),
-        pids=frozenset(_parse_pids(pids)),
+        pids=frozenset(pids),
         comms=_split(comms),
         dsos=_split(dsos),
         percent_limit=_parse_percent(percent_limit),
@@ -48,16 +49,6 @@ def command(source: str, sort: str, fmt: str, pids: str, comms: str, dsos: str, 
 
 def _split(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
-
-
-def _parse_pids(text: str) -> set[int]:
-    try:
-        pids = {int(part) for part in _split(text)}
-    except ValueError:
-        raise OptraceError(f"--pid takes comma-separated process ids, not {text!r}") from None
-    if any(pid <= 0 for pid in pids):
-        raise OptraceError(f"--pid takes positive process ids, not {text!r}")
-    return pids
 
 
 def _parse_percent(text: str) -> float:

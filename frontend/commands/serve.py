@@ -10,6 +10,7 @@ from click.core import ParameterSource
 
 from optrace.exporters.daemon import DEFAULT_MAX_SERIES, DEFAULT_PORT
 from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S
+from optrace.frontend.cliopts import pid_option
 from optrace.frontend.serveconfig import SETTING_TYPES, build_options, load_config_file
 
 
@@ -36,7 +37,7 @@ def say(message: str) -> None:
               help="Address to serve /metrics on.")
 @click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Count calls of SPEC (see optrace count).")
-@click.option("-p", "--pid", "pids", multiple=True, help="Profile only these processes and their children.")
+@pid_option("-p", "--pid", help="Profile only these processes and their children (repeat, or comma list).")
 @click.option("--comm", "comms", multiple=True, metavar="NAME", help="Keep only samples and calls of this command name.")
 @click.option("--max-series", type=int, default=DEFAULT_MAX_SERIES, show_default=True,
               help="Series per metric; the rest is counted in [other] series.")

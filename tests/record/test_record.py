@@ -69,12 +69,23 @@ def test_non_pie_binary(tmp_path, workloads):
 def test_record_meta_and_exit_status(tmp_path, workloads):
     out = tmp_path / "rec.data"
     proc = run_optrace("record", "-o", str(out), "-F", "99", "--", "sh", "-c", "exit 3")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 3, proc.stderr  # the command's status, like perf record and optrace count
     assert "exit status 3" in proc.stderr
     meta = report_json(out)["meta"]
     assert meta["exit_status"] == 3
     assert meta["frequency_hz"] == 99
     assert meta["event"] == "cpu-clock"
+
+
+def test_record_exit_status_of_a_signalled_command_and_of_a_stopped_one(tmp_path):
+    """Killed by SIGTERM: 128+15, as a shell says. Stopped by -d (the recording ended first): 0."""
+    out = tmp_path / "rec.data"
+    proc = run_optrace("record", "-o", str(out), "--", "sh", "-c", "kill -TERM $$")
+    assert proc.returncode == 143, proc.stderr
+    assert "killed by SIGTERM" in proc.stderr
+    proc = run_optrace("record", "-o", str(out), "-d", "1", "--", "sleep", "30")
+    assert proc.returncode == 0, proc.stderr
+    assert "command was sent SIGTERM" in proc.stderr
 
 
 def test_kernel_functions_on_syscall_heavy_run(tmp_path, workloads):

@@ -29,7 +29,7 @@ def assert_one_line_error(proc, pattern: str) -> None:
     (["c:zzzz*"], r"no function in \S+libc\.so\.6 matches 'zzzz\*'"),
     (["c:*"], r"'c:\*' matches \d+ functions, more than the limit of 1000: .*--max-probes"),
     (["c:str*", "--max-probes", "3"], r"more than the limit of 3"),
-    (["c:labs", "-p", "999999999"], r"no process with pid 999999999"),
+    (["c:labs", "-p", "999999999"], r"no such process: 999999999"),
     (["c"], r"bad probe 'c': expected BINARY:SYMBOL"),
     ([], r"no probe given"),
     (["nosuchlibrary42:f"], r"'nosuchlibrary42' is neither a library"),
