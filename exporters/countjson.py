@@ -11,6 +11,7 @@ def write(stream: TextIO, report: CountReport, options: CountOptions) -> None:
     stream.write(json.dumps({
         "probes": [_probe_object(probe, options.per_pid) for probe in report.probes],
         "elapsed_s": round(report.elapsed_s, 3),
+        "counts": "interval" if report.interval else "total",  # interval: of the last elapsed_s (count -i)
         "lost_pid_rows": report.lost_pid_rows,
         "exit_status": report.exit_status,
     }) + "\n")

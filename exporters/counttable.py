@@ -14,8 +14,14 @@ CALLS_COLUMN = 3  # right-aligned; the others are left-aligned
 
 def write(stream: TextIO, report: CountReport, options: CountOptions) -> None:
     if options.interval_mark:
-        stream.write(f"--- {time.strftime('%H:%M:%S')} after {report.elapsed_s:.1f} s\n")
+        stream.write(f"--- {time.strftime('%H:%M:%S')} {_span(report)}\n")
     stream.write(_text(report, options.per_pid) + "\n")
+
+
+def _span(report: CountReport) -> str:
+    if report.interval:
+        return f"calls in the last {report.elapsed_s:.1f} s (per interval; --cumulative for running totals)"
+    return f"calls since the start, {report.elapsed_s:.1f} s (totals)"
 
 
 def _shown(probe: ProbeCalls) -> bool:

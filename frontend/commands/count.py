@@ -11,7 +11,7 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.exporters.formats import CALL_COUNTS
-from optrace.frontend.report.callcounts import CountOptions, CountReport
+from optrace.frontend.report.callcounts import CountOptions, CountReport, interval_report
 from optrace.frontend.cliopts import pid_option
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import check_pids, shell_status
@@ -103,18 +103,22 @@ def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = F
 @pid_option("-p", "--pid", help="Count only in these processes (repeat, or comma list).")
 @click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop after SECONDS.")
 @click.option("-i", "--interval", type=click.FloatRange(min=0, min_open=True),
-              help="Print counts every INTERVAL s.")
+              help="Print the calls of each INTERVAL s (funccount's -i); the end prints the totals.")
+@click.option("--cumulative", is_flag=True,
+              help="With -i: print running totals instead of each interval's calls.")
 @click.option("--per-pid", is_flag=True, help="Also show counts per process.")
 @click.option("--format", "fmt", type=click.Choice(CALL_COUNTS.names), default="table", show_default=True)
 @click.option("--max-probes", type=click.IntRange(min=1), default=DEFAULT_MAX_MATCHES, show_default=True,
               help="Most functions one glob may match.")
 @click.pass_context
 def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], duration: float | None,
-            interval: float | None, per_pid: bool, fmt: str, max_probes: int) -> None:
+            interval: float | None, cumulative: bool, per_pid: bool, fmt: str, max_probes: int) -> None:
     """Count exact calls of functions: SPEC is BINARY:SYMBOL, LIB:SYMBOL (c:malloc), LIB:GLOB (c:str*)
     or BINARY:0xADDRESS. Counts every process unless -p or -- CMD ARGS... is given. Ctrl-C prints the
     final counts."""
     command_args: list[str] = ctx.meta.get("optrace.count.command", [])
+    if cumulative and not interval:
+        raise OptraceError("--cumulative goes with -i INTERVAL (without -i, count prints only the totals)")
     if pids and command_args:
         raise OptraceError("give either -p PID or -- CMD, not both")
     if command_args and not shutil.which(command_args[0]):
@@ -124,15 +128,16 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
     for warning in run.counter.resolve().warnings:
         click.echo(f"optrace: warning: {warning}", err=True)
     try:
-        _count(run, fmt, per_pid, interval)
+        _count(run, fmt, per_pid, interval, cumulative)
     finally:
         run.counter.close()
     if run.child is not None and run.child.returncode:
         ctx.exit(shell_status(run.child.returncode))
 
 
-def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None) -> None:
-    """Count until the end (-d, the command, the -p processes) or Ctrl-C / SIGTERM, then print."""
+def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None, cumulative: bool) -> None:
+    """Count until the end (-d, the command, the -p processes) or Ctrl-C / SIGTERM, then print the
+    totals; with -i, each interval's calls (or the running totals) on the way."""
     with StopSignals() as stops:
         try:
             run.start()
@@ -142,10 +147,13 @@ def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None) -> None:
             click.echo(f"Counting calls of {functions} function{'s' if functions != 1 else ''}. "
                        "Ctrl-C to stop.", err=True)
             next_print = time.monotonic() + interval if interval else None
+            previous: CountReport | None = None
             while not run.finished() and not stops.wait(POLL_S):
                 if next_print is not None and time.monotonic() >= next_print:
                     next_print += interval
-                    _print(run.report(), fmt, per_pid, interval_mark=True)
+                    report = run.report()
+                    _print(report if cumulative else interval_report(report, previous), fmt, per_pid, True)
+                    previous = report
         finally:
             run.stop_child()
-    _print(run.report(), fmt, per_pid)
+    _print(run.report(), fmt, per_pid, interval_mark=interval is not None)

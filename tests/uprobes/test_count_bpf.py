@@ -197,8 +197,30 @@ def test_signal_prints_final_counts_and_removes_the_uprobe(bpf_ready, workloads,
 
 def test_interval_and_duration(bpf_ready, optrace):
     proc = optrace("count", "c:labs", "-d", "1.2", "-i", "0.5", check=True)
-    assert proc.stdout.count("--- ") == 2
+    assert proc.stdout.count("--- ") == 3  # two intervals, then the totals
+    assert proc.stdout.count("(per interval; --cumulative for running totals)") == 2
     assert proc.stdout.rstrip().splitlines()[-1].startswith("counted for 1.")
+
+
+@pytest.mark.parametrize("cumulative", [False, True], ids=["per_interval", "cumulative"])
+def test_intervals_count_each_burst_once(bpf_ready, optrace, workloads, cumulative):
+    """Two bursts of 2000 calls 1.5 s apart, printed every 0.4 s: per interval (the default) no print
+    holds both bursts and the prints add up to the total; --cumulative prints only grow up to it."""
+    calls = workloads / "calls"
+    script = f"{calls} 2000 >/dev/null; sleep 1.5; {calls} 2000 >/dev/null; sleep 0.6"
+    args = ["--format", "json", f"{calls}:target", "-i", "0.4", *(["--cumulative"] if cumulative else []),
+            "--", "sh", "-c", script]
+    docs = [json.loads(line) for line in optrace("count", *args, check=True).stdout.splitlines()
+            if line.startswith("{")]
+    *intervals, total = [doc["probes"][0]["calls"] for doc in docs]
+    assert total == 4000 and docs[-1]["counts"] == "total"
+    assert len(intervals) >= 4
+    if cumulative:
+        assert intervals == sorted(intervals) and intervals[-1] == 4000
+        assert {doc["counts"] for doc in docs[:-1]} == {"total"}
+    else:
+        assert sum(intervals) == 4000 and max(intervals) <= 2000
+        assert {doc["counts"] for doc in docs[:-1]} == {"interval"}
 
 
 @pytest.mark.parametrize("multi", [True, False], ids=["uprobe_multi", "perf_event"])

@@ -30,6 +30,7 @@ def assert_one_line_error(proc, pattern: str) -> None:
     (["c:*"], r"'c:\*' matches \d+ functions, more than the limit of 1000: .*--max-probes"),
     (["c:str*", "--max-probes", "3"], r"more than the limit of 3"),
     (["c:labs", "-p", "999999999"], r"no such process: 999999999"),
+    (["c:labs", "--cumulative"], r"--cumulative goes with -i INTERVAL"),
     (["c"], r"bad probe 'c': expected BINARY:SYMBOL"),
     ([], r"no probe given"),
     (["nosuchlibrary42:f"], r"'nosuchlibrary42' is neither a library"),

@@ -34,3 +34,31 @@ def test_json_keeps_the_names_exact() -> None:
     assert "\x1b" not in out.getvalue()
     [probe] = json.loads(out.getvalue())["probes"]
     assert (probe["symbol"], probe["binary"], probe["per_pid"][0]["comm"]) == (EVIL, f"/tmp/{EVIL}", EVIL)
+
+
+def _with_calls(calls: int, per_pid: dict[int, int], elapsed: float) -> CountReport:
+    base = report()
+    probe = base.probes[0]
+    count = CallCount(probe.spec, probe.binary, probe.symbol, probe.offset, calls, per_pid, {})
+    return CountReport(probes=[ProbeCalls(probe.spec, probe.binary, probe.symbol, probe.offset, (), False, count)],
+                       elapsed_s=elapsed)
+
+
+def test_an_interval_is_the_difference_of_two_reads() -> None:
+    """count -i prints each interval's calls (funccount's way); the intervals add up to the total."""
+    from optrace.frontend.report.callcounts import interval_report
+
+    first, second = _with_calls(10, {1: 10}, 1.0), _with_calls(25, {1: 12, 2: 13}, 2.0)
+    assert interval_report(first, None).probes[0].count.calls == 10
+    delta = interval_report(second, first)
+    assert delta.interval and delta.elapsed_s == 1.0
+    assert (delta.probes[0].count.calls, delta.probes[0].count.per_pid) == (15, {1: 2, 2: 13})
+    out = io.StringIO()
+    counttable.write(out, delta, CountOptions(interval_mark=True))
+    assert "calls in the last 1.0 s (per interval; --cumulative for running totals)" in out.getvalue()
+    out = io.StringIO()
+    counttable.write(out, second, CountOptions(interval_mark=True))
+    assert "calls since the start, 2.0 s (totals)" in out.getvalue()
+    out = io.StringIO()
+    countjson.write(out, delta, CountOptions())
+    assert json.loads(out.getvalue())["counts"] == "interval"
