@@ -11,7 +11,7 @@ import json
 from typing import Any, TextIO
 
 from optrace.exporters.budget import OutputBudget
-from optrace.frontend.report.rows import Profile, ReportOptions, Row, build_rows, sample_total
+from optrace.frontend.report.rows import Profile, ReportOptions, Row, RowTable, build_table, sample_total
 from optrace.model import Record
 
 ROW_OVERHEAD = 260  # one row's keys, numbers and indentation, at most
@@ -19,11 +19,12 @@ ROW_OVERHEAD = 260  # one row's keys, numbers and indentation, at most
 
 def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     record = profile.record
-    rows = build_rows(record, options)
+    table = build_table(record, options)
+    rows = table.rows
     check_size(rows)
     document = {
         "meta": dataclasses.asdict(record.meta),
-        "report": report_settings(record, options, profile.source),
+        "report": report_settings(record, options, profile.source, table),
         "rows": [row_object(row, options) for row in rows],
         "calls": [dataclasses.asdict(call) for call in record.calls],
     }
@@ -47,12 +48,15 @@ def _json_length(name: str, lengths: dict[str, int]) -> int:
     return length
 
 
-def report_settings(record: Record, options: ReportOptions, source: str) -> dict[str, Any]:
+def report_settings(record: Record, options: ReportOptions, source: str, table: RowTable) -> dict[str, Any]:
     return {
         "input": source,
         "sort": list(options.sort),
         "children": options.children,
         "total_samples": sample_total(record),
+        "matched_samples": table.matched,  # kept by the pid/comm/dso filters (self samples)
+        "hidden_rows": table.hidden_rows,  # under percent_limit
+        "hidden_samples": table.hidden,
         "filters": {
             "pid": sorted(options.pids),
             "comm": sorted(options.comms),

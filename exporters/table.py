@@ -10,7 +10,7 @@ from typing import TextIO
 
 from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
-from optrace.frontend.report.rows import Profile, ReportOptions, Row, build_rows, sample_total
+from optrace.frontend.report.rows import Profile, ReportOptions, Row, RowTable, build_table, percent, sample_total
 from optrace.model import CallCount, Record, RecordMeta
 
 Cells = Callable[[], Iterable[list[str]]]  # called twice: once for the widths, once for the lines
@@ -51,7 +51,8 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
 def _text(profile: Profile, options: ReportOptions) -> str:
     record, shown = profile.record, Shown()
     lines = header_lines(record, profile.source) + ["#"]
-    lines += profile_lines(build_rows(record, options), options, shown)
+    table = build_table(record, options)
+    lines += profile_lines(table.rows, options, shown) + selection_lines(table, sample_total(record), options)
     if record.calls:
         lines += ["", "# Uprobe call counts", "#"] + calls_lines(record.calls, shown)
     return "\n".join(lines) + "\n"
@@ -113,8 +114,25 @@ def _counted(reasons: dict[str, int]) -> str:
 
 def profile_lines(rows: list[Row], options: ReportOptions, shown: Shown) -> list[str]:
     columns = _profile_columns(options)
-    lines = format_columns(columns, lambda: (_profile_cells(row, options, shown) for row in rows), shown.budget)
-    return lines if rows else lines + ["# (no samples match)"]
+    return format_columns(columns, lambda: (_profile_cells(row, options, shown) for row in rows), shown.budget)
+
+
+def selection_lines(table: RowTable, total: int, options: ReportOptions) -> list[str]:
+    """What the filters matched and what --percent-limit hid, under the rows: a limit that hides every
+    row must not read as "no samples match"."""
+    filters = " ".join(f"--{name} {','.join(str(v) for v in sorted(values))}" for name, values in
+                       (("pid", options.pids), ("comm", options.comms), ("dso", options.dsos)) if values)
+    lines = []
+    if not table.matched:
+        return [f"# (no samples match{' ' + escape_controls(filters) if filters else ''})"]
+    if filters:
+        lines.append(f"# Matched {escape_controls(filters)}: {table.matched} samples "
+                     f"({percent(table.matched, total):.2f}% of all)")
+    if table.hidden_rows:
+        rows = f"{table.hidden_rows} row{'s' if table.hidden_rows != 1 else ''}"
+        lines.append(f"# Hidden by --percent-limit {options.percent_limit:g}: {rows} with "
+                     f"{table.hidden} samples ({percent(table.hidden, total):.2f}% of all)")
+    return ["#", *lines] if lines else []
 
 
 def calls_lines(calls: list[CallCount], shown: Shown) -> list[str]:

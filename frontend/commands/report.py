@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,32 +12,35 @@ import click
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.exporters.formats import PROFILE
-from optrace.frontend.cliopts import pid_option
-from optrace.frontend.report.rows import Profile, ReportOptions, parse_sort_keys
+from optrace.frontend.cliopts import parse_percent, perf_sort_keys, pid_option
+from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
 from optrace.recordfile import printable, read_record
 
 
 @click.command("report")
 @click.option("-i", "--input", "source", default="optrace.data", show_default=True, help="Record file to read.")
 @click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
-              help="Comma-separated row keys: comm, pid, dso, symbol.")
+              help="Comma-separated row keys: comm, pid, dso, symbol (perf's sym, overhead... too).")
 @click.option("-f", "--format", "fmt", default="table", show_default=True,
               help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
 @pid_option("--pid", help="Only these processes (repeat, or comma list).")
 @click.option("--comm", "comms", default="", help="Only these command names (comma-separated).")
 @click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated).")
-@click.option("--percent-limit", default="0", help="Hide rows below this percentage of all samples.")
-@click.option("--children", is_flag=True, help="Add inclusive (children) counts from the stacks.")
+@click.option("--percent-limit", default="0", help="Hide rows below this percentage of all samples (1 or 1%).")
+@click.option("--children/--no-children", default=False, help="Add inclusive (children) counts from the stacks.")
+@click.option("--stdio", is_flag=True, expose_value=False, help="perf's spelling of the default text table.")
+@click.option("-n", "--show-nr-samples", is_flag=True, expose_value=False,
+              help="perf's spelling: the table always shows the Samples column.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
 def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str,
             children: bool, output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
     options = ReportOptions(
-        sort=parse_sort_keys(sort),
+        sort=parse_sort_keys(perf_sort_keys(sort, SORT_KEYS)),
         pids=frozenset(pids),
         comms=_split(comms),
         dsos=_split(dsos),
-        percent_limit=_parse_percent(percent_limit),
+        percent_limit=parse_percent(percent_limit),
         children=children,
     )
     write = PROFILE.writer(fmt)
@@ -49,16 +51,6 @@ def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str,
 
 def _split(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
-
-
-def _parse_percent(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value <= 100.0:
-        raise OptraceError(f"--percent-limit takes a number from 0 to 100, not {text!r}")
-    return value
 
 
 @contextmanager

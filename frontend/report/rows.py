@@ -77,15 +77,32 @@ def percent(count: int, total: int) -> float:
     return round(100.0 * count / total, 4) if total else 0.0
 
 
+@dataclass(frozen=True)
+class RowTable:
+    """The rows, and what the filters kept and --percent-limit hid (a report says both, so a limit that
+    hides every row never reads as "nothing matched")."""
+
+    rows: list[Row]
+    matched: int  # self samples the --pid/--comm/--dso filters kept, before --percent-limit
+    hidden_rows: int  # rows under --percent-limit
+    hidden: int  # their self samples
+
+
 def build_rows(record: Record, options: ReportOptions) -> list[Row]:
     """Rows sorted by their main count (children with --children, else self), largest first."""
+    return build_table(record, options).rows
+
+
+def build_table(record: Record, options: ReportOptions) -> RowTable:
+    """:func:`build_rows` with what was matched and hidden."""
     self_counts, child_counts = _count(record, options)
     total = sample_total(record)
     keys = set(self_counts) | (set(child_counts) if options.children else set())
     rows = [_make_row(key, self_counts[key], child_counts, total, options) for key in keys]
-    rows = [row for row in rows if _main_percent(row) >= options.percent_limit]
-    rows.sort(key=lambda row: (-_main_count(row), _key_order(row.key)))
-    return rows
+    shown = [row for row in rows if _main_percent(row) >= options.percent_limit]
+    shown.sort(key=lambda row: (-_main_count(row), _key_order(row.key)))
+    matched = sum(self_counts.values())
+    return RowTable(shown, matched, len(rows) - len(shown), matched - sum(row.samples for row in shown))
 
 
 def selected_samples(record: Record, options: ReportOptions) -> list[Sample]:

@@ -52,7 +52,7 @@ def test_table_shows_call_counts_under_the_profile(record: Record) -> None:
 
 def test_table_without_matching_rows(record: Record) -> None:
     text = render_report(record, ReportOptions(comms=frozenset({"nothing"})), "table", "f")
-    assert "# (no samples match)" in text
+    assert "# (no samples match --comm nothing)" in text
 
 
 def test_json_rows_meta_and_nulls(record: Record) -> None:

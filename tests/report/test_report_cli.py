@@ -92,12 +92,14 @@ def test_real_perf_data_is_recognised(optrace, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--sort", "comm,cpu"], "unknown sort key 'cpu': valid keys are comm, pid, dso, symbol"),
+    (["--sort", "comm,bogus"], "unknown sort key 'bogus': valid keys are comm, pid, dso, symbol"),
+    (["--sort", "comm,cpu"], "perf's sort key 'cpu' is not in optrace's records: valid keys are comm, pid"),
     (["--sort", ""], "valid keys are comm, pid, dso, symbol"),
     (["--format", "xml"], "unknown format 'xml': valid formats are table, json, csv, folded"),
     (["--pid", "abc"], "not a process id: 'abc'"),
     (["--pid", "-3"], "not a process id: '-3'"),
     (["--percent-limit", "lots"], "--percent-limit takes a number from 0 to 100"),
+    (["--percent-limit", "101%"], "--percent-limit takes a number from 0 to 100 (or perf's 1%)"),
     (["--percent-limit", "150"], "--percent-limit takes a number from 0 to 100"),
     (["-o", "/nonexistent-dir/out.txt"], "cannot write /nonexistent-dir/out.txt: No such file or directory"),
 ])

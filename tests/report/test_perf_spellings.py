@@ -1,0 +1,62 @@
+"""perf's spellings on `optrace report` mean what they mean in perf, and a --percent-limit that hides
+rows says what matched and what it hid (on the synthetic record of conftest.py: pid 200 has 10 % of the
+samples in two rows of 5 %)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from optrace.errors import OptraceError
+from optrace.frontend.cliopts import CallGraphSpec, parse_call_graph
+
+
+def report(optrace, record_file: Path, *args: str) -> str:
+    return optrace("report", "-i", str(record_file), *args, check=True).stdout
+
+
+@pytest.mark.parametrize("perf, ours", [
+    (["--sort", "sym"], ["--sort", "symbol"]),
+    (["--sort", "overhead,sym,dso"], ["--sort", "symbol,dso"]),
+    (["--sort", "tgid,comm"], ["--sort", "pid,comm"]),
+    (["--stdio", "-n", "--no-children"], []),
+    (["--show-nr-samples", "--children"], ["--children"]),
+    (["--percent-limit", "6%"], ["--percent-limit", "6"]),
+])
+def test_perf_spelling_gives_the_same_report(optrace, record_file, perf, ours):
+    assert report(optrace, record_file, *perf) == report(optrace, record_file, *ours)
+
+
+def test_a_limit_that_hides_every_matching_row_says_so(optrace, record_file):
+    text = report(optrace, record_file, "--pid", "200", "--percent-limit", "6")
+    assert "no samples match" not in text
+    assert "# Matched --pid 200: 100 samples (10.00% of all)" in text
+    assert "# Hidden by --percent-limit 6: 2 rows with 100 samples (10.00% of all)" in text
+    doc = json.loads(report(optrace, record_file, "--pid", "200", "--percent-limit", "6", "--format", "json"))
+    assert (doc["rows"], doc["report"]["matched_samples"], doc["report"]["hidden_rows"],
+            doc["report"]["hidden_samples"]) == ([], 100, 2, 100)
+
+
+def test_no_filter_no_limit_adds_no_lines(optrace, record_file):
+    text = report(optrace, record_file)
+    assert "# Matched" not in text and "# Hidden" not in text
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("caller", CallGraphSpec(order="caller")),
+    ("callee", CallGraphSpec(order="callee")),
+    ("none", CallGraphSpec(mode="none")),
+    ("graph,0.5,caller", CallGraphSpec("graph", "caller", 0.5)),
+    ("fractal,2,callee,function,percent", CallGraphSpec("fractal", "callee", 2.0)),
+    ("flat,1%,10", CallGraphSpec("flat", "caller", 1.0, 10)),
+    ("callee,folded", CallGraphSpec("folded", "callee")),
+])
+def test_perf_call_graph_forms(text, spec):
+    assert parse_call_graph(text) == spec
+
+
+@pytest.mark.parametrize("text", ["sideways", "graph,lots", "graph,0.5,10,20", "graph,500"])
+def test_bad_call_graph_forms(text):
+    with pytest.raises(OptraceError, match="--call-graph"):
+        parse_call_graph(text)
