@@ -58,6 +58,7 @@ class SectionHeader:
     link: int
     info: int
     entsize: int
+    addr: int = 0  # sh_addr: where the section is loaded (pc-relative pointers in .eh_frame need it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,8 @@ class ElfFile:
         if self._sections is None:
             rows = self._table(self._shoff, self._shentsize, self._section_count(), self._shdr_layout)
             names = self._section_names(rows)
-            self._sections = [SectionHeader(i, cstring(names, row[0], MAX_SECTION_NAME), row[1], row[2], *row[4:8], row[9])
+            self._sections = [SectionHeader(i, cstring(names, row[0], MAX_SECTION_NAME), row[1], row[2], *row[4:8], row[9],
+                                            row[3])
                               for i, row in enumerate(rows)]
         return self._sections
 

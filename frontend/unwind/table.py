@@ -1,0 +1,234 @@
+"""Unwind tables: an executable file's call-frame information as rows sorted by PC, for the BPF unwinder.
+
+The contract with ``bpf/`` (do not change one side alone):
+
+- ``ROW`` is ``struct unwind_row { u64 pc; s32 cfa_offset; s16 rbp_offset; u8 cfa_type; u8 rbp_type; }``,
+  16 bytes little-endian; ``pc`` is the file's own virtual address (as in its symbol table, before any
+  load bias) where the row starts, and the row holds until the next row's pc.
+- ``cfa_type``: CFA_RSP (cfa = rsp + off), CFA_RBP (cfa = rbp + off), CFA_PLT (cfa = rsp + off +
+  ((pc & 15) >= 11 ? 8 : 0), the lazy .plt), CFA_END (no CFI until the next row: fall back to frame
+  pointers), CFA_UNSUPPORTED (stop, counted as "expression"), CFA_OUTERMOST (return address undefined:
+  the stack is complete). ``rbp_type``: RBP_SAME, RBP_AT_CFA (caller's rbp = *(cfa + rbp_offset)),
+  RBP_UNSUPPORTED (stop). The return address is always *(cfa - 8); an FDE whose return-address rule is
+  anything else gives CFA_UNSUPPORTED rows.
+- Rows are sorted by pc, no two share a pc, consecutive identical rules are merged, and the last row is
+  CFA_END (after the last FDE). PLT expressions with another threshold than 11 (binutils' IBT .plt uses
+  10) are written out as explicit CFA_RSP rows per 16-byte entry, so the walker needs one PLT type only.
+
+Additions to the first contract (compatible): ``UnwindTable.problems``/``problem`` (malformed CFI, counted),
+``find(pc)``, ``rule(i)``, ``pcs()`` and ``nbytes``.
+"""
+from __future__ import annotations
+
+import io
+import struct
+import time
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from typing import BinaryIO
+
+from optrace.fileaccess import BudgetExceeded
+from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, ElfFormatError, SectionHeader
+from optrace.frontend.unwind.cfi import CfiError, Section, read_fdes
+from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, END,
+                                         RBP_AT_CFA, RBP_SAME, RBP_UNSUPPORTED, ROW, UNSUPPORTED, Rule)
+from optrace.frontend.unwind.rules import PLT_EXPAND, ProgramRunner
+
+__all__ = ["ROW", "CFA_RSP", "CFA_RBP", "CFA_PLT", "CFA_END", "CFA_UNSUPPORTED", "CFA_OUTERMOST", "RBP_SAME",
+           "RBP_AT_CFA", "RBP_UNSUPPORTED", "Rule", "UnwindTable", "build_table", "EMPTY"]
+
+EM_X86_64 = 62
+MAX_SECTION_BYTES = 64 << 20  # .eh_frame / .debug_frame read (cc1's .eh_frame: 2.3 MB)
+MAX_ROWS = 1 << 21  # 32 MiB of rows (cc1: 0.44 M rows); past it the table stops there, counted
+MAX_PLT_ENTRIES = 1 << 16  # entries written out for a PLT expression with an unusual threshold
+BUILD_SECONDS = 10.0  # CPU-bound work per file (cc1 takes about a second)
+_CHECK_EVERY = 1024  # FDEs between two looks at the clock
+_PC = struct.Struct("<Q")
+_TAIL = struct.Struct("<ihBB")
+
+
+@dataclass(frozen=True)
+class UnwindTable:
+    rows: bytes  # count * ROW.size bytes
+    count: int
+    source: str  # ".eh_frame" | ".debug_frame" | ".eh_frame+.debug_frame" | "" (no CFI at all)
+    unsupported: int  # rows marked CFA_UNSUPPORTED or RBP_UNSUPPORTED
+    problems: int = 0  # malformed FDEs or sections (their PCs get CFA_UNSUPPORTED or no rows)
+    problem: str = ""  # the first problem, for a warning
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.rows)
+
+    @cached_property
+    def _pcs(self) -> memoryview:
+        return memoryview(self.rows).cast("Q")[::2] if self.rows else memoryview(b"").cast("Q")
+
+    def pcs(self) -> memoryview:
+        """The rows' pcs (a read-only sequence of ints)."""
+        return self._pcs
+
+    def rule(self, index: int) -> Rule:
+        _, cfa_offset, rbp_offset, cfa_type, rbp_type = ROW.unpack_from(self.rows, index * ROW.size)
+        return Rule(cfa_type, cfa_offset, rbp_type, rbp_offset)
+
+    def find(self, pc: int) -> Rule | None:
+        """The rule for ``pc`` as the BPF walker looks it up (None before the first row)."""
+        index = bisect_right(self._pcs, pc) - 1
+        return self.rule(index) if index >= 0 else None
+
+    def __iter__(self) -> Iterator[tuple[int, Rule]]:
+        for pc, cfa_offset, rbp_offset, cfa_type, rbp_type in ROW.iter_unpack(self.rows):
+            yield pc, Rule(cfa_type, cfa_offset, rbp_type, rbp_offset)
+
+
+EMPTY = UnwindTable(b"", 0, "", 0)
+
+
+def build_table(source: bytes | BinaryIO | ElfFile, seconds: float = BUILD_SECONDS) -> UnwindTable:
+    """The unwind table of an x86-64 ELF file (its bytes, a seekable bounded reader or an ElfFile).
+
+    FDEs come from ``.eh_frame`` and from ``.debug_frame`` (a separate debug file has only the latter; a
+    binary built with ``-g -fno-asynchronous-unwind-tables`` has its own code in ``.debug_frame`` and the
+    C runtime's in ``.eh_frame``); where both describe a PC, ``.eh_frame`` wins. Malformed call-frame
+    information gives a partial table (what was decoded before the fault, bad FDEs as CFA_UNSUPPORTED)
+    with ``problems`` counted. Raises ElfFormatError when ``source`` is not a well-formed x86-64 ELF
+    file, OSError when it cannot be read."""
+    elf = source if isinstance(source, ElfFile) else ElfFile(io.BytesIO(source) if isinstance(source, bytes) else source)
+    if elf.machine != EM_X86_64 or elf.elfclass != 64:
+        raise ElfFormatError(f"unwind tables are built for x86-64 only, not {elf.machine_name}")
+    deadline = time.monotonic() + seconds
+    problems: list[str] = []
+    fdes: list[tuple[int, int, list]] = []
+    names = []
+    for name in (".eh_frame", ".debug_frame"):
+        header = elf.section_by_name(name)
+        if header is None or header.type == SHT_NOBITS or header.size == 0:
+            continue
+        try:
+            found = _decode(_section(elf, header), deadline, problems)
+        except (BudgetExceeded, ElfFormatError) as err:
+            problems.append(f"{name}: {err}")
+            continue
+        if found:
+            fdes = _merge(fdes, found)
+            names.append(name)
+    if not fdes and not problems:
+        return EMPTY
+    return _table(fdes, "+".join(names), problems)
+
+
+def _section(elf: ElfFile, header: SectionHeader) -> Section:
+    data = elf.section_data(header, MAX_SECTION_BYTES)
+    eh_frame = header.name == ".eh_frame"
+    got = elf.section_by_name(".got.plt") or elf.section_by_name(".got")
+    return Section(data, header.addr if eh_frame else 0, eh_frame, got.addr if got else 0)
+
+
+def _merge(primary: list[tuple[int, int, list]], extra: list[tuple[int, int, list]]) -> list[tuple[int, int, list]]:
+    """Both lists' FDEs sorted by start, without those of ``extra`` that overlap one of ``primary``."""
+    if not primary:
+        return extra
+    starts = [fde[0] for fde in primary]
+    kept = []
+    for fde in extra:
+        index = bisect_right(starts, fde[0])
+        if (index and primary[index - 1][1] > fde[0]) or (index < len(primary) and starts[index] < fde[1]):
+            continue
+        kept.append(fde)
+    return sorted(primary + kept, key=lambda fde: fde[0])
+
+
+def _table(fdes: list[tuple[int, int, list]], source: str, problems: list[str]) -> UnwindTable:
+    pcs, rules = _assemble(fdes, problems)
+    tails = {rule: _TAIL.pack(rule.cfa_offset, rule.rbp_offset, rule.cfa_type, rule.rbp_type) for rule in set(rules)}
+    pack = _PC.pack
+    rows = b"".join([pack(pc) + tails[rule] for pc, rule in zip(pcs, rules)])
+    unsupported = sum(1 for rule in rules if rule.unsupported)
+    return UnwindTable(rows, len(pcs), source, unsupported, len(problems), problems[0] if problems else "")
+
+
+def _decode(section: Section, deadline: float, problems: list[str]) -> list[tuple[int, int, list]]:
+    """(start, end, rows) of every FDE with a non-empty range, decoded until the first fault, sorted."""
+    runner = ProgramRunner()
+    fdes = []
+    try:
+        for count, fde in enumerate(read_fdes(section), 1):
+            if count % _CHECK_EVERY == 0 and time.monotonic() > deadline:
+                raise CfiError(f"over its {BUILD_SECONDS:g} s time budget after {count} FDEs")
+            if fde.end <= fde.start:
+                continue
+            try:
+                rows = runner.rows(fde.cie, fde.program)
+            except CfiError as err:
+                problems.append(f"FDE at {fde.start:#x}: {err}")
+                rows = [(0, UNSUPPORTED)]
+            fdes.append((fde.start, fde.end, rows))
+    except CfiError as err:
+        problems.append(str(err))
+    fdes.sort(key=lambda fde: fde[0])
+    return fdes
+
+
+def _assemble(fdes: list[tuple[int, int, list]], problems: list[str]) -> tuple[list[int], list[Rule]]:
+    """The rows of the FDEs (sorted by start) as one sorted list: CFA_END in gaps and after the last one,
+    a later FDE overlapping an earlier one cuts it, identical consecutive rules merged."""
+    pcs: list[int] = []
+    rules: list[Rule] = []
+    prev_end = -1
+    for start, end, rows in fdes:
+        if start > prev_end >= 0:
+            _append(pcs, rules, prev_end, END)
+        elif start < prev_end:
+            while pcs and pcs[-1] >= start:
+                pcs.pop()
+                rules.pop()
+        for index, (offset, rule) in enumerate(rows):
+            pc = start + offset
+            if pc >= end:
+                break
+            if rule.cfa_type == PLT_EXPAND:
+                limit = min(end, start + rows[index + 1][0]) if index + 1 < len(rows) else end
+                _expand_plt(pcs, rules, pc, limit, rule)
+            elif pcs and pcs[-1] == pc:
+                rules[-1] = rule
+                if len(rules) > 1 and rules[-2] == rule:
+                    pcs.pop()
+                    rules.pop()
+            elif not rules or rules[-1] != rule:
+                pcs.append(pc)
+                rules.append(rule)
+        prev_end = end
+        if len(pcs) > MAX_ROWS:
+            problems.append(f"more than {MAX_ROWS} rows")
+            del pcs[MAX_ROWS:], rules[MAX_ROWS:]
+            return pcs, rules
+    if prev_end >= 0:
+        _append(pcs, rules, prev_end, END)
+    return pcs, rules
+
+
+def _append(pcs: list[int], rules: list[Rule], pc: int, rule: Rule) -> None:
+    """Add a row at ``pc`` (replacing one already there), merged with an identical previous rule."""
+    if pcs and pcs[-1] == pc:
+        pcs.pop()
+        rules.pop()
+    if not rules or rules[-1] != rule:
+        pcs.append(pc)
+        rules.append(rule)
+
+
+def _expand_plt(pcs: list[int], rules: list[Rule], pc: int, limit: int, rule: Rule) -> None:
+    """CFA = rsp + N + ((pc & 15) >= K) * 8 over [pc, limit) as explicit rows (K in rule.rbp_offset)."""
+    if (limit - pc) // 16 > MAX_PLT_ENTRIES:
+        _append(pcs, rules, pc, UNSUPPORTED)
+        return
+    low, high = Rule(CFA_RSP, rule.cfa_offset, RBP_SAME, 0), Rule(CFA_RSP, rule.cfa_offset + 8, RBP_SAME, 0)
+    threshold = rule.rbp_offset
+    _append(pcs, rules, pc, high if pc & 15 >= threshold else low)
+    for entry in range(pc & ~15, limit, 16):
+        for at, entry_rule in ((entry, low), (entry + threshold, high)):
+            if pc < at < limit:
+                _append(pcs, rules, at, entry_rule)
