@@ -1,0 +1,133 @@
+"""UnwindTableCache: one conversion per file per session (through two paths, two processes, a build-id),
+a byte bound that evicts, a rebuilt file converted again, and bad files costing only their table."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from optrace.frontend.symbols.access import FileRef
+from optrace.frontend.unwind.cache import UnwindTableCache
+from optrace.frontend.unwind.table import EMPTY, build_table
+from optrace.procfs import parse_maps, read_maps_text
+
+LIBLZMA = os.path.realpath("/lib/x86_64-linux-gnu/liblzma.so.5")  # FileRef follows no symlink
+LIBC = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+
+
+def _copy(source: str | Path, target: Path) -> Path:
+    shutil.copyfile(source, target)
+    return target
+
+
+def test_two_paths_of_one_file_convert_once(omit_fp_binary: Path, tmp_path: Path):
+    other = tmp_path / "hardlink"
+    os.link(omit_fp_binary, other)
+    cache = UnwindTableCache()
+    first = cache.of_ref(FileRef(str(omit_fp_binary), str(omit_fp_binary)))
+    second = cache.of_ref(FileRef(str(other), str(other)))
+    assert first.count > 10 and second is first
+    assert cache.stats["conversions"] == 1 and cache.stats["hits"] == 1
+
+
+def test_two_processes_convert_once(omit_fp_binary: Path):
+    """The executable of two running processes, each through /proc/PID/map_files."""
+    cache = UnwindTableCache()
+    procs = [subprocess.Popen([str(omit_fp_binary), "1", "0", "-"], stdin=subprocess.PIPE) for _ in range(2)]
+    try:
+        tables = []
+        for proc in procs:
+            entry = _wait_for_mapping(proc.pid, str(omit_fp_binary))
+            tables.append(cache.of_mapping(proc.pid, entry))
+    finally:
+        for proc in procs:
+            proc.communicate(b"\n", timeout=10)
+    assert tables[0].count > 10 and tables[1] is tables[0]
+    assert tables[0].rows == build_table(omit_fp_binary.read_bytes()).rows
+    assert cache.stats["conversions"] == 1
+
+
+def _wait_for_mapping(pid: int, path: str):
+    for _ in range(200):
+        for entry in parse_maps(read_maps_text(pid)):
+            if entry.path == path and entry.executable:
+                return entry
+        threading.Event().wait(0.01)
+    raise AssertionError(f"{path} never mapped executable in {pid}")
+
+
+def test_byte_bound_evicts_least_recently_used(tmp_path: Path):
+    files = [_copy(LIBLZMA, tmp_path / f"lib{n}.so") for n in range(3)]
+    one = build_table(files[0].read_bytes()).nbytes
+    cache = UnwindTableCache(max_bytes=2 * one + one // 2)
+    for path in files:
+        cache.of_ref(FileRef(str(path), str(path)))
+    assert len(cache) == 2 and cache.held_bytes == 2 * one and cache.stats["evictions"] == 1
+    cache.of_ref(FileRef(str(files[0]), str(files[0])))  # evicted: converted again, evicting lib1
+    assert cache.stats["conversions"] == 4 and cache.held_bytes <= cache.max_bytes
+    cache.of_ref(FileRef(str(files[2]), str(files[2])))
+    assert cache.stats["conversions"] == 4 and cache.stats["hits"] == 1
+
+
+def test_table_larger_than_the_budget_is_returned_not_kept(tmp_path: Path):
+    cache = UnwindTableCache(max_bytes=1000)
+    table = cache.of_ref(FileRef(LIBLZMA, LIBLZMA))
+    assert table.count > 1000 // 16 and len(cache) == 0 and cache.held_bytes == 0
+
+
+def test_changed_file_is_converted_again(tmp_path: Path):
+    path = _copy(LIBLZMA, tmp_path / "liblzma.so")
+    cache = UnwindTableCache()
+    ref = FileRef(str(path), str(path))
+    cache.of_ref(ref)
+    cache.of_ref(ref)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    cache.of_ref(ref)
+    assert cache.stats["conversions"] == 2 and cache.stats["hits"] == 1
+
+
+def test_build_id_is_a_second_key(tmp_path: Path):
+    """A copy (another inode) of a file whose build-id the caller knows is not converted again."""
+    copy = _copy(LIBLZMA, tmp_path / "liblzma-copy.so")
+    cache = UnwindTableCache()
+    first = cache.of_ref(FileRef(LIBLZMA, LIBLZMA), build_id=b"\x01" * 20)
+    assert cache.of_ref(FileRef(str(copy), str(copy)), build_id=b"\x01" * 20) is first
+    assert cache.cached(b"\x01" * 20) is first and cache.stats["conversions"] == 1
+
+
+def test_threads_asking_at_once_wait_for_one_conversion():
+    cache = UnwindTableCache()
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(cache.of_ref(FileRef(LIBC, LIBC)))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4 and all(table is results[0] for table in results)
+    assert cache.stats["conversions"] == 1
+
+
+@pytest.mark.parametrize("content", [b"", b"not an ELF file at all", b"\x7fELF\x02\x01\x01" + b"\0" * 9])
+def test_bad_file_costs_its_table_only(tmp_path: Path, content: bytes):
+    path = tmp_path / "bad.so"
+    path.write_bytes(content)
+    lines = []
+    cache = UnwindTableCache(warn=lines.append)
+    assert cache.of_ref(FileRef(str(path), str(path))) is EMPTY
+    assert cache.of_ref(FileRef(str(path), str(path))) is EMPTY  # not read again
+    assert cache.stats["bad_files"] == 1 and cache.stats["conversions"] == 1
+    assert len(lines) == 1 and "bad.so" in lines[0]
+
+
+def test_symlink_is_refused(tmp_path: Path):
+    link = tmp_path / "libc-link.so"
+    link.symlink_to(LIBC)
+    lines = []
+    cache = UnwindTableCache(warn=lines.append)
+    assert cache.of_ref(FileRef(str(link), str(link))) is EMPTY
+    assert cache.stats["bad_files_refused"] == 1 and "symbolic link" in lines[0]
