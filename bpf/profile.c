@@ -50,8 +50,8 @@ enum lost_reason {
 };
 
 BPF_HASH(counts, struct key_t, u64, COUNTS_SIZE);
-BPF_STACK_TRACE_BUILDID(ustacks0, STACK_SIZE);
-BPF_STACK_TRACE_BUILDID(ustacks1, STACK_SIZE);
+BPF_STACK_TRACE_BUILDID(ustacks0, BUILD_ID_SIZE);
+BPF_STACK_TRACE_BUILDID(ustacks1, BUILD_ID_SIZE);
 // Spare user-stack maps take a stack whose bucket in the main map is taken: by a hash collision,
 // or by the same stack resolved differently (the kernel falls back from build-ids to raw IPs when
 // it cannot take the mm lock in interrupt context).
@@ -85,12 +85,15 @@ static inline int is_target(u32 tgid)
 #endif
 }
 
-static inline void check_stack(s32 id, u32 collision, u32 missing, int expected)
+// Why a sample lost a stack it should have (NR_LOST: it did not); each sample counts once, under
+// its first loss (user stack before kernel stack), so `lost` adds up to samples, not stacks.
+static inline u32 stack_loss(s32 id, u32 collision, u32 missing, int expected)
 {
     if (id == -EEXIST)
-        count_lost(collision);
-    else if (id < 0 && expected)
-        count_lost(missing);
+        return collision;
+    if (id == -ENOMEM || (id < 0 && expected))  // -ENOMEM: the map has no free entry left
+        return missing;
+    return NR_LOST;
 }
 
 static inline void add_count(struct key_t *key)
@@ -183,8 +186,11 @@ int on_sample(struct bpf_perf_event_data *ctx)
         }
         key.kernel_stack_id = in_kernel ? kstacks0.get_stackid(&ctx->regs, 0) : -EFAULT;
     }
-    check_stack(key.user_stack_id, USER_STACK_COLLISION, USER_STACK_MISSING, !in_kernel);
-    check_stack(key.kernel_stack_id, KERNEL_STACK_COLLISION, KERNEL_STACK_MISSING, in_kernel);
+    u32 loss = stack_loss(key.user_stack_id, USER_STACK_COLLISION, USER_STACK_MISSING, !in_kernel);
+    if (loss == NR_LOST)
+        loss = stack_loss(key.kernel_stack_id, KERNEL_STACK_COLLISION, KERNEL_STACK_MISSING, in_kernel);
+    if (loss != NR_LOST)
+        count_lost(loss);
 
     add_count(&key);
     return 0;

@@ -6,6 +6,7 @@ This module and its siblings are the only ones that import BCC.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 from collections import Counter
@@ -33,6 +34,13 @@ BUILD_ID_IP = 2
 BPF_NOEXIST = 1
 GRACE_SECONDS = 0.005  # a sampler run takes microseconds; this is long past any run that saw the old set
 PROC_EXEC, PROC_EXIT = 0, 1
+# Stack maps: a new stack whose hash bucket holds another stack is a collision, so a map needs several
+# buckets per distinct stack of a drain period (at most CPUs x Hz per second): at 4 per sample a stack
+# finds its bucket taken about 1 time in 8, and then the next map in the chain (profile.c) takes it.
+BUCKETS_PER_SAMPLE = 4
+MIN_STACKS = 8192
+MAX_STACKS = 1 << 17  # 128 MiB per raw-IP or kernel map (1 KiB a stack), two sets
+MAX_BUILD_ID_STACKS = 1 << 14  # build-id stacks are 4 KiB each (127 x 32 bytes): 64 MiB per map
 
 
 @dataclass
@@ -56,7 +64,7 @@ class Profiler:
         frequency_hz: int = 99,
         pids: Iterable[int] | None = None,
         follow_children: bool = True,
-        stack_storage_size: int = 8192,
+        stack_storage_size: int | None = None,
         counts_size: int = 40960,
         targets_size: int = 65536,
         raw_stacks: bool = True,
@@ -66,9 +74,12 @@ class Profiler:
         self.frequency_hz = frequency_hz
         self._initial_pids = None if pids is None else list(pids)
         self._follow = follow_children
+        self.stack_storage_size = stack_storage_size or default_stack_storage(frequency_hz, len(online_cpus()))
+        size = self.stack_storage_size
         self._cflags = [
-            f"-DSTACK_SIZE={stack_storage_size}",
-            f"-DSPARE_SIZE={max(stack_storage_size // 4, 1)}",
+            f"-DSTACK_SIZE={size}",
+            f"-DBUILD_ID_SIZE={min(size, MAX_BUILD_ID_STACKS)}",
+            f"-DSPARE_SIZE={max(min(size, MAX_BUILD_ID_STACKS) // 4, 1)}",
             f"-DCOUNTS_SIZE={counts_size}",
             f"-DTARGETS_SIZE={targets_size}",
             f"-DPROCS_SIZE={targets_size}",
@@ -249,6 +260,17 @@ class Profiler:
         if self._bpf is not None:
             bpf, self._bpf = self._bpf, None
             bpf.cleanup()
+
+
+def default_stack_storage(frequency_hz: int, cpus: int, drain_seconds: float = 1.0) -> int:
+    """Stacks per map: BUCKETS_PER_SAMPLE x the most samples of one drain period, a power of two (the
+    kernel rounds the buckets up to one), within [MIN_STACKS, MAX_STACKS]."""
+    wanted = BUCKETS_PER_SAMPLE * cpus * frequency_hz * drain_seconds
+    return min(MAX_STACKS, max(MIN_STACKS, 1 << max(0, math.ceil(math.log2(max(wanted, 1))))))
+
+
+def online_cpus() -> list[int]:
+    return list(import_bcc().utils.get_online_cpus())
 
 
 def _raw_ips(table, stack_id: int) -> tuple[int, ...]:

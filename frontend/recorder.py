@@ -35,7 +35,7 @@ class RecordOptions:
     uprobes: list[str] = field(default_factory=list)
     jitdumps: list[str] = field(default_factory=list)
     drain_interval_s: float = 1.0
-    stack_storage_size: int = 8192
+    stack_storage_size: int | None = None
     jit_max_file_size: int = 256 << 20
 
 
@@ -158,6 +158,8 @@ class Recorder:
         session = self.session
         lost = dict(self.lost)
         idle = lost.pop("idle", 0)
+        total = sum(s.count for s in samples)
+        warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
         meta = RecordMeta(
             optrace_version=__version__,
             hostname=socket.gethostname(),
@@ -170,15 +172,28 @@ class Recorder:
             pids=list(self.options.pids),
             system_wide=self.options.system_wide,
             exit_status=self.exit_status,
-            total_samples=sum(s.count for s in samples),
+            total_samples=total,
             lost=lost,
             idle_samples=idle if self.options.system_wide else 0,
             stacks=self.options.stacks,
             user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id")},
-            warnings=self.warnings + session.take_warnings(),
+            warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls)
+
+
+STACKLESS_WARN_SHARE = 0.01
+
+
+def stackless_warning(lost: Mapping[str, int], total: int, stack_storage_size: int) -> list[str]:
+    """A warning when more than 1 % of the samples lost their stack (a full or colliding stack map, the
+    cases a larger map fixes), with the flag that fixes it."""
+    stackless = sum(n for reason, n in lost.items() if "stack" in reason)
+    if not total or stackless <= STACKLESS_WARN_SHARE * total:
+        return []
+    return [f"{100 * stackless / total:.1f}% of samples lost their stack (stack maps of {stack_storage_size}): "
+            f"record with --stack-storage-size {min(max(4 * stack_storage_size, 1 << 13), 1 << 20)}"]
 
 
 def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int],

@@ -54,7 +54,7 @@ class SessionOptions:
     # True: drop what is kept about an exited process one drain after its exit (serve runs for months).
     # False: keep it to name the process's samples when the recording ends (record).
     forget_exited: bool = False
-    stack_storage_size: int = 8192
+    stack_storage_size: int | None = None  # None: sized from CPUs x Hz (bpf.profiler.default_stack_storage)
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
 

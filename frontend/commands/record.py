@@ -13,9 +13,14 @@ from optrace.escape import escape_controls
 from optrace.kernel import max_sample_rate
 
 def check_frequency(hz: int) -> None:
+    """perf's rule: a frequency above kernel.perf_event_max_sample_rate is refused, not clamped (the
+    kernel lowers that cap by itself when sampling interrupts take too long)."""
+    if hz < 1:
+        raise OptraceError(f"frequency {hz} Hz is out of range: use 1 or more")
     limit = max_sample_rate()
-    if not 1 <= hz <= limit:
-        raise OptraceError(f"frequency {hz} Hz is out of range: use 1..{limit} (kernel.perf_event_max_sample_rate)")
+    if hz > limit:
+        raise OptraceError(f"frequency {hz} Hz is above kernel.perf_event_max_sample_rate ({limit}): use -F {limit} "
+                           f"or less, or raise the cap with sysctl -w kernel.perf_event_max_sample_rate={hz}")
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
@@ -29,8 +34,9 @@ def check_frequency(hz: int) -> None:
 @click.option("--jitdump", "jitdumps", multiple=True, type=click.Path(), help="A jitdump file to use for JIT symbols.")
 @click.option("--jit-max-file-size", type=click.IntRange(1), default=256, show_default=True, metavar="MB",
               help="Larger perf maps and jitdumps are refused.")
-@click.option("--stack-storage-size", type=click.IntRange(1, 1 << 20), default=8192, show_default=True,
-              help="Distinct stacks the kernel holds per drain period (more: fewer collisions, more memory).")
+@click.option("--stack-storage-size", type=click.IntRange(1, 1 << 20), default=None,
+              help="Distinct stacks the kernel holds per drain period (more: fewer collisions, more memory). "
+                   "Default: 4 x CPUs x Hz, 8192 to 131072.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx: click.Context, output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,

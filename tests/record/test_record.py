@@ -170,16 +170,35 @@ def test_no_stacks_keeps_only_the_leaf(tmp_path, workloads):
 
 
 def test_lost_stacks_are_counted_and_reported(tmp_path, workloads):
-    """A tiny stack map forces collisions; they are counted in the record and shown by report."""
+    """A tiny stack map forces collisions and a full map. Every sample shown as [unknown] is counted in the
+    lost line (each sample once); the only counted ones not [unknown] are kernel-mode samples whose kernel
+    stack was lost but whose user leaf was kept. More than 1 % lost: a warning names the flag."""
     loop = f"for i in $(seq 20); do {workloads / 'shortlived'} 20; done"
     data = record(tmp_path, "-F", "999", "--stack-storage-size", "2", "--", "sh", "-c", loop)
-    meta = report_json(data)["meta"]
+    report = report_json(data)
+    meta = report["meta"]
     lost_user_stacks = {k: n for k, n in meta["lost"].items() if k.startswith("user_stack")}
     assert sum(lost_user_stacks.values()) > 0
+    stackless = sum(n for k, n in meta["lost"].items() if "stack" in k)
+    kernel_only = sum(n for k, n in meta["lost"].items() if k.startswith("kernel_stack"))
+    unknown = sum(r["samples"] for r in report["rows"] if r["symbol"] == "[unknown]")
+    assert unknown <= stackless <= unknown + kernel_only, (unknown, meta["lost"])
     table = run_optrace("report", "-i", str(data), check=True).stdout
-    assert "samples without their stack" in table
+    assert f"samples without their stack: {stackless} (" in table
     for reason in lost_user_stacks:
         assert reason in table
+    share = 100 * stackless / meta["total_samples"]
+    assert f"# Warning: {share:.1f}% of samples lost their stack (stack maps of 2): " \
+           "record with --stack-storage-size 8192" in table.splitlines()
+
+
+def test_frequency_above_the_kernel_cap_is_refused_in_one_line(tmp_path):
+    cap = int(Path("/proc/sys/kernel/perf_event_max_sample_rate").read_text())
+    proc = run_optrace("record", "-o", str(tmp_path / "x.data"), "-F", str(cap + 1), "--", "true")
+    assert_one_line_error(proc, f"frequency {cap + 1} Hz is above kernel.perf_event_max_sample_rate ({cap}): "
+                                f"use -F {cap} or less, or raise the cap with sysctl -w "
+                                f"kernel.perf_event_max_sample_rate={cap + 1}")
+    assert not (tmp_path / "x.data").exists()
 
 
 def test_file_owned_by_sudo_user(tmp_path, workloads):
