@@ -53,6 +53,14 @@ PROFILE: Formats[ProfileWriter] = Formats({  # optrace report --format
     "json": "optrace.exporters.jsonrows",
     "csv": "optrace.exporters.csvrows",
     "folded": "optrace.exporters.folded",
+    "flamegraph": "optrace.exporters.flamegraph",
+    "svg": "optrace.exporters.flamesvg",
+})
+CALL_GRAPH: Formats[ProfileWriter] = Formats({  # optrace report -G caller|callee --format
+    "table": "optrace.exporters.callgraph",
+    "json": "optrace.exporters.callgraphjson",
+    "flamegraph": "optrace.exporters.flamegraph",
+    "svg": "optrace.exporters.flamesvg",
 })
 CALL_COUNTS: Formats[CountWriter] = Formats({  # optrace count --format
     "table": "optrace.exporters.counttable",

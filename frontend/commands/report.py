@@ -11,8 +11,8 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
-from optrace.exporters.formats import PROFILE
-from optrace.frontend.cliopts import parse_percent, perf_sort_keys, pid_option
+from optrace.exporters.formats import CALL_GRAPH, PROFILE
+from optrace.frontend.cliopts import parse_call_graph, parse_percent, perf_sort_keys, pid_option
 from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
 from optrace.recordfile import printable, read_record
 
@@ -31,9 +31,12 @@ from optrace.recordfile import printable, read_record
 @click.option("--stdio", is_flag=True, expose_value=False, help="perf's spelling of the default text table.")
 @click.option("-n", "--show-nr-samples", is_flag=True, expose_value=False,
               help="perf's spelling: the table always shows the Samples column.")
+@click.option("-G", "--call-graph", "call_graph", default=None, metavar="caller|callee",
+              help="Show the call graph: caller (from main down) or callee (from the hot function up);"
+                   " perf's forms (graph,0.5,caller...) too.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
 def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str,
-            children: bool, output: str) -> None:
+            children: bool, call_graph: str | None, output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
     options = ReportOptions(
         sort=parse_sort_keys(perf_sort_keys(sort, SORT_KEYS)),
@@ -42,11 +45,20 @@ def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str,
         dsos=_split(dsos),
         percent_limit=parse_percent(percent_limit),
         children=children,
+        call_graph=_graph_order(call_graph),
     )
-    write = PROFILE.writer(fmt)
+    write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
     profile = Profile(read_record(source), escape_controls(source))
     with _output_stream(output) as stream:
         write(stream, profile, options)
+
+
+def _graph_order(text: str | None) -> str:
+    """-G's order, or "" for no call graph (no -G, or perf's `none`)."""
+    if text is None:
+        return ""
+    spec = parse_call_graph(text)
+    return "" if spec.mode == "none" else spec.order
 
 
 def _split(text: str) -> frozenset[str]:

@@ -30,6 +30,7 @@ class ReportOptions:
     dsos: frozenset[str] = frozenset()  # basenames or full paths
     percent_limit: float = 0.0
     children: bool = False
+    call_graph: str = ""  # "caller" or "callee" with -G (frontend/report/callgraph.py), else no graph
 
 
 @dataclass(frozen=True)
