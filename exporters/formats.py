@@ -21,10 +21,12 @@ if TYPE_CHECKING:
     from optrace.exporters.jitlisting import Listing
     from optrace.frontend.report.rows import Profile, ReportOptions
     from optrace.frontend.report.callcounts import CountOptions, CountReport
+    from optrace.frontend.report.diff import Comparison
 
     ProfileWriter = Callable[[TextIO, Profile, ReportOptions], None]
     CountWriter = Callable[[TextIO, CountReport, CountOptions], None]
     ListingWriter = Callable[[TextIO, Listing], None]
+    DiffWriter = Callable[[TextIO, Comparison, ReportOptions], None]
 
 Writer = TypeVar("Writer")
 
@@ -65,6 +67,11 @@ CALL_GRAPH: Formats[ProfileWriter] = Formats({  # optrace report -G caller|calle
 CALL_COUNTS: Formats[CountWriter] = Formats({  # optrace count --format
     "table": "optrace.exporters.counttable",
     "json": "optrace.exporters.countjson",
+})
+DIFF: Formats[DiffWriter] = Formats({  # optrace diff --format
+    "table": "optrace.exporters.difftable",
+    "json": "optrace.exporters.diffjson",
+    "flamegraph": "optrace.exporters.diffflamegraph",
 })
 JIT_LISTING: Formats[ListingWriter] = Formats({  # optrace jit show
     "listing": "optrace.exporters.jitlisting",

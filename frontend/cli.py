@@ -18,6 +18,7 @@ from optrace.errors import OptraceError
 COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("record", "Record a CPU profile of a command, processes or the whole machine."),
     "report": ("report", "Show a recorded profile per symbol, like perf report."),
+    "diff": ("diff", "Compare two recorded profiles per symbol, like perf diff."),
     "doctor": ("doctor", "Check that this machine can record, and say how to fix what is missing."),
     "count": ("count", "Count exact calls of user functions with uprobes."),
     "serve": ("serve", "Serve a continuous profile and call counts to Prometheus."),

@@ -1,0 +1,78 @@
+"""`report --format svg`: a static flame graph (icicle: callers on top) that needs no script.
+
+One ``<g>`` per frame holding a ``<title>`` (the tooltip: name, object, samples, percent), a ``<rect>``
+whose width is the frame's samples times :data:`WIDTH` over the samples drawn, and its name cut to fit.
+Frames narrower than :data:`MIN_WIDTH` pixels are left out with their callees, as flamegraph.pl's
+``--minwidth`` does: a 100,000-stack record would otherwise be a file of invisible slivers.
+
+Every name is escaped twice over: control characters as text escapes (XML 1.0 has no way to carry
+most of them), then ``& < > "`` as entities.
+"""
+from __future__ import annotations
+
+from html import escape
+from typing import TextIO
+
+from optrace.exporters.budget import Names, OutputBudget
+from optrace.exporters.flamegraph import header_facts
+from optrace.frontend.report.callgraph import Node, build_tree, require_stacks, walk
+from optrace.frontend.report.rows import Profile, ReportOptions, percent
+
+WIDTH = 1200.0
+ROW = 16
+TOP = 64  # the header lines above the graph
+MIN_WIDTH = 0.1
+CHAR_WIDTH = 7.0  # of the 12px monospace font, roughly
+COLOURS = {"user": "#f2a65a", "kernel": "#7fa7d9", "jit": "#8fd17f", "unknown": "#c8c8c8", "comm": "#b9add6",
+           "root": "#d6d0e6"}
+
+
+def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
+    record = profile.record
+    require_stacks(record, "flame graph")
+    tree = build_tree(record, options, options.call_graph or "caller", by_comm="comm" in options.sort)
+    facts = header_facts(record, profile.source)
+    stream.write(_svg(tree.root, tree.total_samples, facts))
+
+
+def _svg(root: Node, total: int, facts: list[tuple[str, str]]) -> str:
+    budget, names = OutputBudget(), Names()
+    scale = WIDTH / root.total if root.total else 0.0
+    body: list[str] = []
+    x_of: dict[int, float] = {id(root): 0.0}  # a node's left edge, set when its parent is placed
+    max_depth = 0
+    for depth, node in walk(root):
+        x = start = x_of.pop(id(node))
+        for child in node.sorted_children():
+            x_of[id(child)] = start
+            start += child.total * scale
+        width = node.total * scale
+        if width < MIN_WIDTH:
+            continue
+        max_depth = max(max_depth, depth)
+        line = _frame(node, x, depth, width, total, names)
+        budget.take(len(line))
+        body.append(line)
+    height = TOP + (max_depth + 1) * ROW + 8
+    head = [f'<text x="4" y="{16 + 14 * i}">{escape(label)}: {escape(value)}</text>'
+            for i, (label, value) in enumerate(facts[:4])]
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n'
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH:g}" height="{height}"'
+            f' viewBox="0 0 {WIDTH:g} {height}" font-family="monospace" font-size="12">\n'
+            f'<rect width="100%" height="100%" fill="#fafafa"/>\n' + "\n".join(head) + "\n"
+            + "\n".join(body) + "\n</svg>\n")
+
+
+def _frame(node: Node, x: float, depth: int, width: float, total: int, names: Names) -> str:
+    name = names(node.symbol) if node.kind != "root" else f"all ({node.total} samples)"
+    where = f" in {names(node.dso)}" if node.dso else ""
+    title = f"{name}{where}: {node.total} samples, {percent(node.total, total):.2f}%"
+    y = TOP + depth * ROW
+    fit = int((width - 6) / CHAR_WIDTH)
+    text = ""
+    if fit >= 3:
+        shown = name if len(name) <= fit else name[:fit - 2] + ".."
+        text = f'<text x="{x + 3:.2f}" y="{y + 12}">{escape(shown)}</text>'
+    return (f'<g class="{node.kind}" data-samples="{node.total}"><title>{escape(title)}</title>'
+            f'<rect x="{x:.4f}" y="{y}" width="{width:.4f}" height="{ROW - 1}" fill="{COLOURS[node.kind]}"'
+            f' stroke="#fafafa" stroke-width="0.5"/>{text}</g>')
