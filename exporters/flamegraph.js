@@ -55,6 +55,7 @@
     if (matches && matches[fr[i]]) return "#e040fb";
     if (DIFF && kind(i) !== "root") {
       const d = delta(i), a = Math.min(1, Math.abs(d) / maxDelta);
+      if (Math.abs(d) < 0.005) return "rgb(236,236,236)";
       const c = Math.round(236 - 180 * a);
       return d >= 0 ? `rgb(255,${c},${c})` : `rgb(${c},${c},255)`;
     }

@@ -1,0 +1,96 @@
+"""report --format flamegraph / svg and diff's differential graph, looked at the way people do: in
+headless Chromium (DOM after the scripts ran, screenshots), and the SVG as XML."""
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from browser import dump_dom, read_page, screenshot, share
+from optrace.model import Frame, Record, Sample
+from optrace.recordfile import write_record
+from support import assert_one_line_error
+
+SVG = "{http://www.w3.org/2000/svg}"
+HOSTILE = ['</script><script>document.title="pwned"</script>', 'say "hi" & <b>bold</b>', "<!--",
+           "ctl\x1b[2J\u202eevil", "]]>"]
+
+
+def hostile_record(record: Record) -> Record:
+    """The synthetic record with hostile names for hot_b's function, object and command."""
+    record.frames.append(Frame(HOSTILE[0], "/tmp/" + HOSTILE[1]))  # 8
+    record.frames.append(Frame(HOSTILE[2], HOSTILE[3], address=1))  # 9
+    record.frames.append(Frame(HOSTILE[4], "/x", kernel=True))  # 10
+    record.samples[1] = Sample(100, HOSTILE[1], (8, 9, 0), 200)
+    record.samples.append(Sample(100, "demo", (10, 0), 10))
+    return record
+
+
+def test_html_is_self_contained_and_shows_the_shares(optrace, record_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "flame.html"
+    optrace("report", "-i", str(record_file), "--format", "flamegraph", "-o", str(out), check=True)
+    text = out.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", text) and "http://" not in text.replace(
+        "http://www.w3.org", "")
+    page = read_page(dump_dom(out))
+    assert int(page.body["data-ready-ms"]) > 0
+    assert share(page, "hot_a") == 40.0 and share(page, "hot_b") == 20.0 and share(page, "main") == 90.0
+    assert share(page, "ksys_write") == 10.0
+    assert "Samples1000 of cpu-clock at 499 Hz" in re.sub(r"<[^>]+>", "", dump_dom(out))
+
+
+def test_search_shows_the_share_of_matches(optrace, record_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "flame.html"
+    optrace("report", "-i", str(record_file), "-f", "flamegraph", "-o", str(out), check=True)
+    assert read_page(dump_dom(out, "#search=hot_")).match == "Matched: 650 samples, 65.00% of all"
+    assert read_page(dump_dom(out, "#search=/^lib_|write$/")).match == "Matched: 300 samples, 30.00% of all"
+
+
+def test_hostile_names_stay_text(optrace, record: Record, tmp_path: Path) -> None:
+    data, out, svg = tmp_path / "hostile.data", tmp_path / "flame.html", tmp_path / "flame.svg"
+    write_record(hostile_record(record), data)
+    optrace("report", "-i", str(data), "-f", "flamegraph", "-o", str(out), check=True)
+    dom = dump_dom(out)
+    page = read_page(dom)
+    assert page.scripts == 2 and "pwned" not in re.search(r"<title>(.*?)</title>", dom).group(1)
+    assert int(page.body["data-ready-ms"]) > 0  # the page's own script ran to the end
+    assert share(page, HOSTILE[0]) == share(page, HOSTILE[2]) == 19.8  # 200 of 1010 samples
+    names = {row[3] for row in page.top} | {row[4] for row in page.top}
+    assert "/tmp/" + HOSTILE[1] in names and "ctl\\x1b[2J\\u202eevil" in names and HOSTILE[4] in names
+    optrace("report", "-i", str(data), "-f", "svg", "-o", str(svg), check=True)
+    titles = [g.find(SVG + "title").text for g in ET.parse(svg).getroot().iter(SVG + "g")]
+    assert any(t.startswith(HOSTILE[0] + " in /tmp/" + HOSTILE[1]) for t in titles)
+    assert any(t.startswith(HOSTILE[2] + " in ctl\\x1b[2J\\u202eevil") for t in titles)
+
+
+def test_svg_widths_match_the_samples(optrace, record_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "flame.svg"
+    optrace("report", "-i", str(record_file), "-f", "svg", "-o", str(out), check=True)
+    root = ET.parse(out).getroot()
+    width = float(root.get("width"))
+    frames = list(root.iter(SVG + "g"))
+    assert len(frames) == 12  # all, 2 commands, 9 frames
+    for g in frames:
+        samples = int(g.get("data-samples"))
+        title = g.find(SVG + "title").text
+        assert f": {samples} samples, {samples / 10:.2f}%" in title
+        assert float(g.find(SVG + "rect").get("width")) == pytest.approx(width * samples / 1000, abs=1e-3)
+    hot_a = [g for g in frames if g.find(SVG + "title").text.startswith("hot_a in /work/main")][0]
+    assert hot_a.find(SVG + "text").text == "hot_a"
+
+
+def test_screenshot_draws_the_graph(optrace, record_file: Path, tmp_path: Path) -> None:
+    """The canvas is drawn: the screenshot has hot_a's colour over a wide area, not a blank page."""
+    out, png = tmp_path / "flame.html", tmp_path / "flame.png"
+    optrace("report", "-i", str(record_file), "-f", "flamegraph", "-o", str(out), check=True)
+    screenshot(out, png, fragment="#search=hot_a")
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 10_000
+
+
+def test_unwritable_output(optrace, record_file: Path, tmp_path: Path) -> None:
+    for fmt in ("flamegraph", "svg"):
+        proc = optrace("report", "-i", str(record_file), "-f", fmt, "-o", str(tmp_path / "no" / "such" / "f"))
+        assert_one_line_error(proc, "cannot write")
