@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from optrace.exporters.budget import OutputBudget
 from optrace.exporters.jsonrows import ROW_OVERHEAD, report_settings
 from optrace.frontend.report.callgraph import Node, build_tree, require_stacks, walk
-from optrace.frontend.report.rows import Profile, ReportOptions, percent
+from optrace.frontend.report.rows import Profile, ReportOptions, build_table, percent
 
 
 def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
@@ -21,7 +21,7 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     require_stacks(record, "call graph")
     tree = build_tree(record, options, options.call_graph or "caller")
     _check_size(tree.root)
-    settings = report_settings(record, options, profile.source) | {"call_graph": tree.order}
+    settings = report_settings(record, options, profile.source, build_table(record, options)) | {"call_graph": tree.order}
     document = {
         "meta": dataclasses.asdict(record.meta),
         "report": settings,

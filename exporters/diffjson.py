@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 from optrace.exporters.jsonrows import check_size, report_settings
 from optrace.frontend.report.diff import Comparison, DiffRow, diff_rows
-from optrace.frontend.report.rows import Profile, ReportOptions
+from optrace.frontend.report.rows import Profile, ReportOptions, build_table
 
 
 def write(stream: TextIO, comparison: Comparison, options: ReportOptions) -> None:
@@ -26,7 +26,7 @@ def write(stream: TextIO, comparison: Comparison, options: ReportOptions) -> Non
 
 def _side(profile: Profile, options: ReportOptions) -> dict[str, Any]:
     meta = profile.record.meta
-    return report_settings(profile.record, options, profile.source) | {
+    return report_settings(profile.record, options, profile.source, build_table(profile.record, options)) | {
         "hostname": meta.hostname, "kernel": meta.kernel, "command": meta.command, "duration_s": meta.duration_s}
 
 

@@ -1,9 +1,10 @@
 #!/bin/sh
 # System part of `make setup`: Debian packages, kernel headers visible to BCC, tracefs.
+# chromium: the tests look at the flame graph pages in headless Chromium (tests/browser.py).
 # Idempotent: every step checks before it acts, so a second run takes about a second.
 set -eu
 
-PACKAGES="python3-bpfcc bpfcc-tools python3-venv bpftool linux-perf prometheus gcc g++ make binutils elfutils xz-utils openssl time util-linux"
+PACKAGES="python3-bpfcc bpfcc-tools python3-venv bpftool linux-perf prometheus gcc g++ make binutils elfutils xz-utils openssl time util-linux chromium"
 KREL="$(uname -r)"
 
 need_install=""

@@ -5,10 +5,10 @@ import click
 
 from optrace.escape import escape_controls
 from optrace.exporters.formats import DIFF
-from optrace.frontend.commands.report import _output_stream, _parse_percent, _parse_pids, _split
-from optrace.frontend.report.callgraph import parse_call_graph
+from optrace.frontend.cliopts import parse_percent, perf_sort_keys, pid_option
+from optrace.frontend.commands.report import _graph_order, _output_stream, _split
 from optrace.frontend.report.diff import compare
-from optrace.frontend.report.rows import Profile, ReportOptions, parse_sort_keys
+from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
 from optrace.recordfile import read_record
 
 
@@ -19,7 +19,7 @@ from optrace.recordfile import read_record
               help="Comma-separated row keys: comm, pid, dso, symbol.")
 @click.option("-f", "--format", "fmt", default="table", show_default=True,
               help=f"{', '.join(DIFF.names[:-1])} or {DIFF.names[-1]} (a differential flame graph, HTML).")
-@click.option("--pid", "pids", default="", help="Only these pids (comma-separated).")
+@pid_option("--pid", help="Only these processes (repeat, or comma list).")
 @click.option("--comm", "comms", default="", help="Only these command names (comma-separated).")
 @click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated).")
 @click.option("--percent-limit", default="0", help="Hide rows below this share in both records.")
@@ -27,18 +27,18 @@ from optrace.recordfile import read_record
 @click.option("-G", "--call-graph", "call_graph", default="caller", show_default=True, metavar="caller|callee",
               help="Order of the differential flame graph.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
-def command(base: str, new: str, sort: str, fmt: str, pids: str, comms: str, dsos: str, percent_limit: str,
+def command(base: str, new: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str,
             children: bool, call_graph: str, output: str) -> None:
     """Compare two recorded profiles: each row's share in BASE and NEW and the change, largest first.
     Records of other machines compare too (by name, with a note)."""
     options = ReportOptions(
-        sort=parse_sort_keys(sort),
-        pids=frozenset(_parse_pids(pids)),
+        sort=parse_sort_keys(perf_sort_keys(sort, SORT_KEYS)),
+        pids=frozenset(pids),
         comms=_split(comms),
         dsos=_split(dsos),
-        percent_limit=_parse_percent(percent_limit),
+        percent_limit=parse_percent(percent_limit),
         children=children,
-        call_graph=parse_call_graph(call_graph),
+        call_graph=_graph_order(call_graph) or "caller",
     )
     write = DIFF.writer(fmt)
     comparison = compare(Profile(read_record(base), escape_controls(base)),

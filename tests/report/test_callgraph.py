@@ -131,7 +131,7 @@ def test_cli_call_graph_and_bad_value(optrace, record_file: Path) -> None:
     proc = optrace("report", "-i", str(record_file), "--call-graph", "callee", "-f", "json", check=True)
     assert json.loads(proc.stdout)["tree"][0]["symbol"] == "hot_a"
     assert_one_line_error(optrace("report", "-i", str(record_file), "-G", "sideways"),
-                          "--call-graph takes caller or callee, not 'sideways'")
+                          "--call-graph takes perf's forms")
     assert_one_line_error(optrace("report", "-i", str(record_file), "-G", "caller", "-f", "csv"),
                           "unknown format 'csv'")
 

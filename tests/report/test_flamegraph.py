@@ -3,6 +3,7 @@ headless Chromium (DOM after the scripts ran, screenshots), and the SVG as XML."
 from __future__ import annotations
 
 import re
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from browser import dump_dom, read_page, screenshot, share
 from optrace.model import Frame, Record, Sample
 from optrace.recordfile import write_record
-from support import assert_one_line_error
+from support import OPTRACE, assert_one_line_error
 
 SVG = "{http://www.w3.org/2000/svg}"
 HOSTILE = ['</script><script>document.title="pwned"</script>', 'say "hi" & <b>bold</b>', "<!--",
@@ -94,3 +95,19 @@ def test_unwritable_output(optrace, record_file: Path, tmp_path: Path) -> None:
     for fmt in ("flamegraph", "svg"):
         proc = optrace("report", "-i", str(record_file), "-f", fmt, "-o", str(tmp_path / "no" / "such" / "f"))
         assert_one_line_error(proc, "cannot write")
+
+
+def test_a_repeated_long_name_is_stored_once(tmp_path: Path, record: Record) -> None:
+    """The output budget's 30 KB file (a 30 MB symbol in 200 stacks): the page holds the name once,
+    so it is written, about 60 MB, in bounded time and memory."""
+    frame = Frame("s" * 30_000_000, "/lib/" + "d" * 30_000_000)
+    samples = [Sample(pid=1, comm=f"c{i}", frames=(0,), count=1) for i in range(200)]
+    write_record(Record(meta=record.meta, frames=[frame], samples=samples), tmp_path / "amplified.data")
+    out, measured = tmp_path / "flame.html", tmp_path / "time"
+    result = subprocess.run(["/usr/bin/time", "-o", str(measured), "-f", "%U %S %M", str(OPTRACE), "report",
+                             "-i", str(tmp_path / "amplified.data"), "-f", "flamegraph", "-o", str(out)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    user, system, peak_kb = measured.read_text().split()[-3:]
+    assert 60_000_000 < out.stat().st_size < 61_000_000
+    assert int(peak_kb) < 400 << 10 and float(user) + float(system) < 5
