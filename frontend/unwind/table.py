@@ -21,7 +21,6 @@ Additions to the first contract (compatible): ``UnwindTable.problems``/``problem
 from __future__ import annotations
 
 import io
-import struct
 import time
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -45,8 +44,6 @@ MAX_ROWS = 1 << 21  # 32 MiB of rows (cc1: 0.44 M rows); past it the table stops
 MAX_PLT_ENTRIES = 1 << 16  # entries written out for a PLT expression with an unusual threshold
 BUILD_SECONDS = 10.0  # CPU-bound work per file (cc1 takes about a second)
 _CHECK_EVERY = 1024  # FDEs between two looks at the clock
-_PC = struct.Struct("<Q")
-_TAIL = struct.Struct("<ihBB")
 
 
 @dataclass(frozen=True)
@@ -143,11 +140,14 @@ def _merge(primary: list[tuple[int, int, list]], extra: list[tuple[int, int, lis
 
 def _table(fdes: list[tuple[int, int, list]], source: str, problems: list[str]) -> UnwindTable:
     pcs, rules = _assemble(fdes, problems)
-    tails = {rule: _TAIL.pack(rule.cfa_offset, rule.rbp_offset, rule.cfa_type, rule.rbp_type) for rule in set(rules)}
-    pack = _PC.pack
-    rows = b"".join([pack(pc) + tails[rule] for pc, rule in zip(pcs, rules)])
+    rows = bytearray(len(pcs) * ROW.size)  # packed in place: a list of row objects would triple the peak
+    pack_into = ROW.pack_into
+    offset = 0
+    for pc, (cfa_type, cfa_offset, rbp_type, rbp_offset) in zip(pcs, rules):
+        pack_into(rows, offset, pc, cfa_offset, rbp_offset, cfa_type, rbp_type)
+        offset += ROW.size
     unsupported = sum(1 for rule in rules if rule.unsupported)
-    return UnwindTable(rows, len(pcs), source, unsupported, len(problems), problems[0] if problems else "")
+    return UnwindTable(bytes(rows), len(pcs), source, unsupported, len(problems), problems[0] if problems else "")
 
 
 def _decode(section: Section, deadline: float, problems: list[str]) -> list[tuple[int, int, list]]:
