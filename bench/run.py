@@ -5,7 +5,10 @@ stderr), writes bench/results/<area>.json and may declare `BENCH_BUDGET_S = N` (
 DEFAULT_BUDGET_S). A benchmark that fails or runs out of time is reported in the README with the tail of
 its stderr; the others still run. Usage:
     .venv/bin/python bench/run.py [--only AREA ...] [--list]
-With --only, the README keeps the other benchmarks' sections from their last run (marked with its date).
+With --only, the README keeps the other benchmarks' sections from their last run (marked with its date):
+each run's outcome (its markdown section, status and targets) is kept in bench/outcomes/<area>.json, which
+is tracked, so a fresh clone (where bench/results/ is empty) rewrites only what it ran. `--render` rebuilds
+the README from the stored outcomes without running anything (e.g. after merging two branches' outcomes).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from benchlib import RESULTS, ROOT, machine_info, md_table  # noqa: E402
 
 BENCH_DIR = ROOT / "bench"
 README = BENCH_DIR / "README.md"
+OUTCOMES = BENCH_DIR / "outcomes"  # tracked: one small JSON per benchmark, its last outcome
+MACHINE = OUTCOMES / "machine.json"  # the machine of the last real run
 DEFAULT_BUDGET_S = 180
 GRACE_S = 20  # after the budget: SIGINT to the bench's process group, then SIGKILL after this long
 BUDGET_LINE = re.compile(r"^BENCH_BUDGET_S\s*=\s*(\d+)", re.MULTILINE)
@@ -34,7 +39,7 @@ STDERR_TAIL_LINES = 25
 
 @dataclass
 class Outcome:
-    """What one benchmark run produced; saved as results/<area>.outcome.json for later README builds."""
+    """What one benchmark run produced; saved as outcomes/<area>.json for later README builds."""
 
     area: str
     status: str  # "ok", "failed (exit N)", "timed out after N s", "no results file"
@@ -44,6 +49,7 @@ class Outcome:
     markdown: str
     stderr_tail: str
     targets: list[dict]
+    load_at_start: str = ""  # the machine's load averages when it started (other work shows here)
 
     @property
     def ok(self) -> bool:
@@ -85,6 +91,7 @@ def run_bench(area: str, script: Path) -> Outcome:
     budget = budget_of(script)
     results_file = RESULTS / f"{area}.json"
     started = time.time()
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"== bench {area}: {script.relative_to(ROOT)} (budget {budget} s)", file=sys.stderr, flush=True)
     proc = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -117,18 +124,28 @@ def run_bench(area: str, script: Path) -> Outcome:
         markdown="".join(stdout).strip() if status == "ok" else "",
         stderr_tail="".join(stderr[-STDERR_TAIL_LINES:]),
         targets=(results or {}).get("targets", []),
+        load_at_start=load,
     )
-    (RESULTS / f"{area}.outcome.json").write_text(json.dumps(asdict(outcome), indent=2) + "\n")
+    OUTCOMES.mkdir(exist_ok=True)
+    (OUTCOMES / f"{area}.json").write_text(json.dumps(asdict(outcome), indent=2) + "\n")
     print(f"== bench {area}: {status} in {outcome.seconds:.0f} s", file=sys.stderr, flush=True)
     return outcome
 
 
 def load_previous(area: str) -> Outcome | None:
-    path = RESULTS / f"{area}.outcome.json"
+    path = OUTCOMES / f"{area}.json"
     try:
         return Outcome(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def stored_machine() -> dict[str, str]:
+    """The machine the stored outcomes were measured on (the last real run's), not the one rendering."""
+    try:
+        return json.loads(MACHINE.read_text())
+    except (OSError, ValueError):
+        return {"machine": "not recorded"}
 
 
 def readme(outcomes: dict[str, Outcome | None], fresh: set[str], machine: dict[str, str], total_s: float) -> str:
@@ -136,9 +153,11 @@ def readme(outcomes: dict[str, Outcome | None], fresh: set[str], machine: dict[s
     parts = [
         "# optrace benchmarks",
         "",
-        f"Written by `make bench` (bench/run.py) on {now}; this run took {total_s / 60:.1f} min. Every number "
-        "below comes from one run on the machine described here, optrace side by side with the reference "
-        "tools in the same run. Targets come from the issues; a target not met is shown as NOT met.",
+        (f"Written by `make bench` (bench/run.py) on {now}; this run took {total_s / 60:.1f} min. " if fresh else
+         f"Rebuilt from bench/outcomes/ on {now} (`bench/run.py --render`). ")
+        + "Each benchmark's numbers come from one run of it on the machine described here, optrace side by side "
+        "with the reference tools in the same run (the Benchmarks table says when). Targets come from the "
+        "issues; a target not met is shown as NOT met.",
         "",
         "## Machine",
         "",
@@ -153,8 +172,9 @@ def readme(outcomes: dict[str, Outcome | None], fresh: set[str], machine: dict[s
             rows.append([area, "not run yet", "", "", ""])
             continue
         when = "this run" if area in fresh else f"earlier run, {outcome.finished}"
-        rows.append([area, outcome.status, f"{outcome.seconds:.0f}", outcome.budget_s, when])
-    parts += [md_table(["bench", "status", "seconds", "budget s", "from"], rows), ""]
+        rows.append([area, outcome.status, f"{outcome.seconds:.0f}", outcome.budget_s, when,
+                     outcome.load_at_start or "not recorded"])
+    parts += [md_table(["bench", "status", "seconds", "budget s", "from", "load at start"], rows), ""]
     target_rows = [[area, t.get("name", ""), t.get("target", ""), t.get("measured", ""),
                     {True: "met", False: "NOT met"}.get(t.get("met"), "n/a")]
                    for area, outcome in outcomes.items() if outcome for t in outcome.targets]
@@ -178,7 +198,8 @@ process group with the budget the script declares (`BENCH_BUDGET_S`); past it th
 (tools write their files and detach) and then SIGKILL. Each script prints its markdown section (above) and
 writes `bench/results/<area>.json`, whose `targets` list (`name`, `target`, `measured`, `met`) feeds the
 Targets table. One failing benchmark is reported here and does not stop the others.
-`.venv/bin/python bench/run.py --only AREA` reruns one benchmark and keeps the others' last sections.
+`.venv/bin/python bench/run.py --only AREA` reruns one benchmark and keeps the others' last sections
+(from `bench/outcomes/`, tracked); `--render` rebuilds this file from those outcomes alone.
 The machine is a shared 2-CPU VM: expect a few percent of run-to-run noise in timings.
 """
 
@@ -187,6 +208,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="Run the optrace benchmarks and write bench/README.md.")
     parser.add_argument("--only", nargs="+", metavar="AREA", help="run only these benchmarks")
     parser.add_argument("--list", action="store_true", help="list benchmarks and their budgets")
+    parser.add_argument("--render", action="store_true", help="rewrite README.md from bench/outcomes/, run nothing")
     args = parser.parse_args()
     benches = discover()
     if args.list:
@@ -198,6 +220,10 @@ def main() -> int:
         print(f"run.py: no such benchmark: {', '.join(sorted(unknown))} (have: {', '.join(benches)})",
               file=sys.stderr)
         return 2
+    if args.render:
+        outcomes = {area: load_previous(area) for area in benches}
+        README.write_text(readme(outcomes, set(), stored_machine(), 0.0))
+        return 0
     if os.geteuid() != 0:
         print("run.py: the benchmarks attach BPF programs and perf events: run as root (sudo make bench)",
               file=sys.stderr)
@@ -205,6 +231,8 @@ def main() -> int:
     selected = args.only or list(benches)
     RESULTS.mkdir(parents=True, exist_ok=True)
     machine = machine_info()
+    OUTCOMES.mkdir(exist_ok=True)
+    MACHINE.write_text(json.dumps(machine, indent=2) + "\n")
     total_budget = sum(budget_of(benches[a]) for a in selected)
     print(f"== {len(selected)} benchmarks, budgets add up to {total_budget / 60:.1f} min", file=sys.stderr)
     started = time.time()

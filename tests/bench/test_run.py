@@ -50,6 +50,9 @@ def harness(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "ROOT", tmp_path)
     monkeypatch.setattr(module, "BENCH_DIR", tmp_path / "bench")
     monkeypatch.setattr(module, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(module, "OUTCOMES", tmp_path / "bench" / "outcomes")
+    monkeypatch.setattr(module, "MACHINE", tmp_path / "bench" / "outcomes" / "machine.json")
+    monkeypatch.setattr(module, "README", tmp_path / "bench" / "README.md")
     monkeypatch.setattr(module, "GRACE_S", 5)
     return module
 
@@ -86,7 +89,7 @@ def test_each_outcome_is_reported_and_none_stops_the_others(harness, tmp_path):
 def test_rerunning_one_bench_keeps_the_others_last_sections(harness, tmp_path):
     benches = harness.discover()
     harness.run_bench("good", benches["good"])
-    saved = json.loads((tmp_path / "results" / "good.outcome.json").read_text())
+    saved = json.loads((tmp_path / "bench" / "outcomes" / "good.json").read_text())
     assert saved["status"] == "ok"
 
     previous = harness.load_previous("good")
@@ -95,6 +98,20 @@ def test_rerunning_one_bench_keeps_the_others_last_sections(harness, tmp_path):
     assert f"earlier run, {previous.finished}" in text
     assert "all numbers here" in text
     assert "| silent | not run yet |" in text
+
+
+def test_render_rebuilds_the_readme_from_stored_outcomes_alone(harness, tmp_path, monkeypatch):
+    """A fresh clone has no bench/results/: the README must come back from the tracked outcomes."""
+    benches = harness.discover()
+    harness.run_bench("good", benches["good"])
+    harness.MACHINE.write_text(json.dumps({"cpu": "the measuring machine"}))
+    monkeypatch.setattr("sys.argv", ["run.py", "--render"])
+    assert harness.main() == 0
+    text = harness.README.read_text()
+    assert "Rebuilt from bench/outcomes/" in text
+    assert "## Good bench" in text and "| good | good: widgets | >= 2 | 3 | met |" in text
+    assert "the measuring machine" in text
+    assert "| broken | not run yet |" in text
 
 
 def test_refuses_unknown_benchmark_names(harness, monkeypatch, capsys):
