@@ -3,8 +3,13 @@ processes map it, and the tables held stay under a byte budget.
 
 Keys are the file's identity as the symbol layer keys files (:class:`~optrace.frontend.symbols.buildid.
 BuildIdCache`): (st_dev, st_ino, st_size, st_mtime_ns), so a rebuilt or replaced file is converted
-again; a build-id, when the caller knows it, is a second key (the same library in two containers is one
-table).
+again. The build-id (read in the same open, kept with the table) is deliberately not a key: it is a
+claim made by the file's owner, and a file forging libc's build-id must not hand its rows to every
+process that maps the real libc (the conversion is cheap next to that risk: libc takes 35 ms of CPU).
+
+What is kept per file is an :class:`UnwindFile`: the table, the build-id and the PT_LOAD segments, which
+turn a mapping's addresses into the file's own virtual addresses (the rows' pcs): see
+:meth:`UnwindFile.bias`. The per-process mapping tables of the BPF unwinder take their files from here.
 
 Bound: the rows of the tables held total at most ``max_bytes`` (default DEFAULT_MAX_BYTES = 256 MiB,
 about 16 M rows: cc1's table is 7.7 MB); the least recently used tables go first. A table over the
@@ -23,31 +28,60 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from optrace.fileaccess import reader_for
 from optrace.frontend.symbols.access import ELF_POLICY, FileProblems, FileRef, open_mapped_file, open_ref
-from optrace.frontend.symbols.buildid import FileIdentity
+from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
+from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.unwind.cfi import CfiError
 from optrace.frontend.unwind.table import EMPTY, UnwindTable, build_table
 from optrace.procfs import MapEntry
 
 DEFAULT_MAX_BYTES = 256 << 20
+MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per file (linkers write 2-5)
 CONSEQUENCE = "its frames are walked with frame pointers only"
 
 
+@dataclass(frozen=True)
+class UnwindFile:
+    """One file's unwind table, build-id and PT_LOAD segments."""
+
+    table: UnwindTable
+    build_id: bytes | None = None
+    loads: tuple[ProgramHeader, ...] = ()
+
+    def bias(self, entry: MapEntry) -> int:
+        """The load bias of the mapping ``entry`` of this file: a mapped address is at the file's virtual
+        address ``address - bias`` (the rows' pcs). The segment is the one the mapping's file range
+        overlaps (the executable one first), so a p_offset that is not page-aligned is fine."""
+        length = entry.end - entry.start
+        overlapping = [seg for seg in self.loads
+                       if seg.offset < entry.offset + length and entry.offset < seg.offset + max(seg.filesz, 1)]
+        overlapping.sort(key=lambda seg: not seg.executable)
+        delta = overlapping[0].vaddr - overlapping[0].offset if overlapping else 0
+        return entry.start - entry.offset - delta
+
+    def file_vaddr(self, entry: MapEntry, address: int) -> int:
+        """The file's virtual address of ``address`` in the mapping ``entry``."""
+        return address - self.bias(entry)
+
+
+NO_FILE = UnwindFile(EMPTY)
+
+
 class UnwindTableCache:
-    """Unwind tables by file. ``stats`` counts ``conversions``, ``hits``, ``evictions`` and the problems
-    (``bad_files``, ``bad_files_<kind>``, as the symbolizer's); ``warn`` gets one line per bad file."""
+    """Unwind tables by file. ``stats`` counts ``conversions``, ``hits``, ``evictions``, ``too_large`` and
+    the problems (``bad_files``, ``bad_files_<kind>``, as the symbolizer's); ``warn`` gets one line per
+    bad file."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, warn: Callable[[str], None] | None = None) -> None:
         self.max_bytes = max_bytes
         self.stats: Counter[str] = Counter()
         self._problems = FileProblems(warn or (lambda _line: None), self.stats)
-        self._tables: LruCache[FileIdentity, UnwindTable] = LruCache(1 << 30, trim_on_put=False)
-        self._by_build_id: dict[bytes, FileIdentity] = {}
-        self._build_ids: dict[FileIdentity, bytes] = {}
+        self._files: LruCache[FileIdentity, UnwindFile] = LruCache(1 << 30, trim_on_put=False)  # bound: bytes
         self._bytes = 0
         self._lock = threading.Lock()
         self._building: dict[FileIdentity, threading.Event] = {}
@@ -57,109 +91,92 @@ class UnwindTableCache:
         return self._bytes
 
     def __len__(self) -> int:
-        return len(self._tables)
+        return len(self._files)
 
     # -- lookups ----------------------------------------------------------------------------------------
-    def of_mapping(self, pid: int, entry: MapEntry, build_id: bytes | None = None) -> UnwindTable:
-        """The table of the file ``pid`` maps at ``entry`` (through /proc/PID/map_files: the very inode
-        mapped). EMPTY when the process or mapping is gone or the file is bad (counted)."""
+    def of_mapping(self, pid: int, entry: MapEntry) -> UnwindTable:
+        return self.file_of_mapping(pid, entry).table
+
+    def of_ref(self, ref: FileRef) -> UnwindTable:
+        return self.file_of_ref(ref).table
+
+    def of_open_file(self, fd: int, name: str) -> UnwindTable:
+        return self.file_of_open_file(fd, name).table
+
+    def file_of_mapping(self, pid: int, entry: MapEntry) -> UnwindFile:
+        """The file ``pid`` maps at ``entry`` (through /proc/PID/map_files: the very inode mapped).
+        NO_FILE when the process or mapping is gone or the file is bad (counted)."""
         try:
             fd = open_mapped_file(pid, entry, ELF_POLICY)
         except Exception as err:  # noqa: BLE001 - the per-file boundary
             self._problems.report(entry.file_path, err, CONSEQUENCE)
-            return EMPTY
+            return NO_FILE
         if fd is None:
-            return EMPTY
+            return NO_FILE
         try:
-            return self.of_open_file(fd, entry.file_path, build_id)
+            return self.file_of_open_file(fd, entry.file_path)
         finally:
             os.close(fd)
 
-    def of_ref(self, ref: FileRef, build_id: bytes | None = None) -> UnwindTable:
-        """The table of a file the symbol layer names (a debug file, a library by path)."""
+    def file_of_ref(self, ref: FileRef) -> UnwindFile:
+        """A file the symbol layer names (a debug file, a library by path)."""
         try:
             reader = open_ref(ref, ELF_POLICY)
         except Exception as err:  # noqa: BLE001 - the per-file boundary
             self._problems.report(ref.name, err, CONSEQUENCE)
-            return EMPTY
+            return NO_FILE
         with reader:
-            return self._lookup(_identity(reader.fd), ref.name, build_id, reader)
+            return self._lookup(_identity(reader.fd), ref.name, reader)
 
-    def of_open_file(self, fd: int, name: str, build_id: bytes | None = None) -> UnwindTable:
-        """The table of the file open at ``fd`` (left open; ``name`` for messages), already checked
-        against ELF_POLICY (open_mapped_file, open_file)."""
-        return self._lookup(_identity(fd), name, build_id, None, fd)
-
-    def cached(self, build_id: bytes) -> UnwindTable | None:
-        """The table already built for a file with this build-id (e.g. of a process that has exited)."""
-        with self._lock:
-            identity = self._by_build_id.get(build_id)
-            return None if identity is None else self._tables.get(identity)
+    def file_of_open_file(self, fd: int, name: str) -> UnwindFile:
+        """The file open at ``fd`` (left open; ``name`` for messages), already checked against
+        ELF_POLICY (open_mapped_file, open_file)."""
+        with reader_for(os.dup(fd), ELF_POLICY, name) as reader:
+            return self._lookup(_identity(fd), name, reader)
 
     # -- the one conversion per file ------------------------------------------------------------------
-    def _lookup(self, identity: FileIdentity, name: str, build_id: bytes | None, reader: BinaryIO | None,
-                fd: int | None = None) -> UnwindTable:
+    def _lookup(self, identity: FileIdentity, name: str, reader: BinaryIO) -> UnwindFile:
         while True:
             with self._lock:
-                found = self._find(identity, build_id)
+                found = self._files.get(identity)
                 if found is not None:
                     self.stats["hits"] += 1
                     return found
                 pending = self._building.get(identity)
                 if pending is None:
                     pending = self._building[identity] = threading.Event()
+                    self.stats["conversions"] += 1
                     break
-            pending.wait()  # another thread converts this file: use its table
+            pending.wait()  # another thread converts this file: use its result
         try:
-            table = self._convert(name, reader, fd)
+            unwind = self._problems.contained(name, CONSEQUENCE, lambda: _convert(reader)) or NO_FILE
+            if unwind.table.problems:
+                self._problems.report(name, CfiError(f"{unwind.table.problems} problems in its CFI, first: "
+                                                     f"{unwind.table.problem}"), "its unwind table is partial")
             with self._lock:
-                self._store(identity, build_id, table)
-            return table
+                unwind = self._store(identity, unwind)
+            return unwind
         finally:
             with self._lock:
                 del self._building[identity]
             pending.set()
 
-    def _find(self, identity: FileIdentity, build_id: bytes | None) -> UnwindTable | None:
-        table = self._tables.get(identity)
-        if table is None and build_id is not None and build_id in self._by_build_id:
-            table = self._tables.get(self._by_build_id[build_id])
-        return table
-
-    def _convert(self, name: str, reader: BinaryIO | None, fd: int | None) -> UnwindTable:
-        self.stats["conversions"] += 1
-        if reader is None:
-            with reader_for(os.dup(fd), ELF_POLICY, name) as owned:
-                table = self._problems.contained(name, CONSEQUENCE, lambda: build_table(owned))
-        else:
-            table = self._problems.contained(name, CONSEQUENCE, lambda: build_table(reader))
-        if table is None:
-            return EMPTY
-        if table.problems:
-            self._problems.report(name, CfiError(f"{table.problems} problems in its CFI, first: {table.problem}"),
-                                  "its unwind table is partial")
-        return table
-
-    def _store(self, identity: FileIdentity, build_id: bytes | None, table: UnwindTable) -> None:
-        if table.nbytes > self.max_bytes:
+    def _store(self, identity: FileIdentity, unwind: UnwindFile) -> UnwindFile:
+        if unwind.table.nbytes > self.max_bytes:
             self.stats["too_large"] += 1
-            return
-        self._tables.put(identity, table)
-        self._bytes += table.nbytes
-        if build_id is not None:
-            self._by_build_id[build_id] = identity
-            self._build_ids[identity] = build_id
+            return unwind
+        self._files.put(identity, unwind)
+        self._bytes += unwind.table.nbytes
         while self._bytes > self.max_bytes:
-            self._evict_oldest()
+            self._bytes -= self._files.evict_oldest().table.nbytes
+            self.stats["evictions"] += 1
+        return unwind
 
-    def _evict_oldest(self) -> None:
-        identity = self._tables.keys()[0]
-        self._bytes -= self._tables[identity].nbytes
-        self._tables.evict_oldest()
-        build_id = self._build_ids.pop(identity, None)
-        if build_id is not None and self._by_build_id.get(build_id) == identity:
-            del self._by_build_id[build_id]
-        self.stats["evictions"] += 1
+
+def _convert(stream: BinaryIO) -> UnwindFile:
+    elf = ElfFile(stream)
+    loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
+    return UnwindFile(build_table(elf), read_build_id(stream), loads)
 
 
 def _identity(fd: int) -> FileIdentity:

@@ -2,11 +2,12 @@
 rule a table row must hold (imported by name: tests/unwind is put on sys.path by conftest.py)."""
 from __future__ import annotations
 
+import bisect
 import re
 import subprocess
 from dataclasses import dataclass
 
-from optrace.frontend.unwind.table import (CFA_OUTERMOST, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME,
+from optrace.frontend.unwind.table import (CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, RBP_AT_CFA, RBP_SAME,
                                            RBP_UNSUPPORTED, Rule)
 
 EXPRESSION = "exp"  # a CFA expression: the PLT's (CFA_PLT) or one the walker refuses (CFA_UNSUPPORTED)
@@ -94,3 +95,40 @@ def ranges(fdes: list[ReadelfFde]) -> list[tuple[int, int, Rule | str]]:
             if end > pc:
                 found.append((pc, end - 1, rule))
     return found
+
+
+def plt_sections(path: str) -> list[tuple[int, int]]:
+    """[start, end) of the file's .plt* sections (pyelftools)."""
+    from elftools.elf.elffile import ELFFile
+    with open(path, "rb") as stream:
+        return [(s["sh_addr"], s["sh_addr"] + s["sh_size"]) for s in ELFFile(stream).iter_sections()
+                if s.name.startswith(".plt")]
+
+
+def matches(got: Rule | None, want: Rule | str, pc: int, plts: list[tuple[int, int]]) -> bool:
+    """Whether the table's rule at ``pc`` is readelf's: an expression is CFA_PLT (or written-out PLT
+    rows) inside a .plt section, else CFA_UNSUPPORTED."""
+    if got is None:
+        return False
+    if want != EXPRESSION:
+        return got == want
+    in_plt = any(low <= pc < high for low, high in plts)
+    plt = got.cfa_type == CFA_PLT and got.cfa_offset == 8 or got.cfa_type == CFA_RSP and got.cfa_offset in (8, 16)
+    return (in_plt and plt) or got.cfa_type == CFA_UNSUPPORTED
+
+
+class Expected:
+    """readelf's rule at any pc of one file (None outside every FDE)."""
+
+    def __init__(self, path: str) -> None:
+        listed = frames(path)
+        fdes = listed.get(".eh_frame") or listed.get(".debug_frame") or []
+        self.ranges = sorted(ranges(fdes))
+        self._firsts = [first for first, _, _ in self.ranges]
+        self.plts = plt_sections(path)
+
+    def at(self, pc: int) -> Rule | str | None:
+        index = bisect.bisect_right(self._firsts, pc) - 1
+        if index >= 0 and pc <= self.ranges[index][1]:
+            return self.ranges[index][2]
+        return None

@@ -2,6 +2,7 @@
 a byte bound that evicts, a rebuilt file converted again, and bad files costing only their table."""
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from optrace.frontend.symbols.access import FileRef
+from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.table import EMPTY, build_table
 from optrace.procfs import parse_maps, read_maps_text
@@ -91,13 +93,23 @@ def test_changed_file_is_converted_again(tmp_path: Path):
     assert cache.stats["conversions"] == 2 and cache.stats["hits"] == 1
 
 
-def test_build_id_is_a_second_key(tmp_path: Path):
-    """A copy (another inode) of a file whose build-id the caller knows is not converted again."""
-    copy = _copy(LIBLZMA, tmp_path / "liblzma-copy.so")
+def test_a_forged_build_id_gets_its_own_table(tmp_path: Path):
+    """A copy of liblzma with other CFI but the same build-id: the build-id is the owner's claim, so it
+    is kept with each table but never shares one."""
+    forged = tmp_path / "liblzma-forged.so"
+    data = bytearray(Path(LIBLZMA).read_bytes())
+    section = _eh_frame(bytes(data))
+    data[section.offset + 0x30:section.offset + 0x40] = b"\0" * 16  # CIE/FDE bytes of the first entries
+    forged.write_bytes(bytes(data))
     cache = UnwindTableCache()
-    first = cache.of_ref(FileRef(LIBLZMA, LIBLZMA), build_id=b"\x01" * 20)
-    assert cache.of_ref(FileRef(str(copy), str(copy)), build_id=b"\x01" * 20) is first
-    assert cache.cached(b"\x01" * 20) is first and cache.stats["conversions"] == 1
+    real = cache.file_of_ref(FileRef(LIBLZMA, LIBLZMA))
+    fake = cache.file_of_ref(FileRef(str(forged), str(forged)))
+    assert real.build_id == fake.build_id is not None
+    assert real.table.rows != fake.table.rows and cache.stats["conversions"] == 2
+
+
+def _eh_frame(data: bytes):
+    return ElfFile(io.BytesIO(data)).section_by_name(".eh_frame")
 
 
 def test_threads_asking_at_once_wait_for_one_conversion():

@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from framesinterp import EXPRESSION, frames, ranges
+from framesinterp import frames, matches, plt_sections, ranges
 
-from optrace.frontend.unwind.table import CFA_END, CFA_PLT, CFA_RSP, CFA_UNSUPPORTED, UnwindTable, build_table
+from optrace.frontend.unwind.table import CFA_END, CFA_PLT, CFA_RSP, UnwindTable, build_table
 
 LIBLZMA = "/lib/x86_64-linux-gnu/liblzma.so.5"
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
@@ -27,13 +27,6 @@ def _existing(path: str) -> str:
     return path
 
 
-def _plt_sections(path: str) -> list[tuple[int, int]]:
-    from elftools.elf.elffile import ELFFile
-    with open(path, "rb") as stream:
-        return [(s["sh_addr"], s["sh_addr"] + s["sh_size"]) for s in ELFFile(stream).iter_sections()
-                if s.name.startswith(".plt")]
-
-
 def check_against_readelf(path: str, source: str = ".eh_frame") -> UnwindTable:
     with open(path, "rb") as stream:
         table = build_table(stream.read())
@@ -44,27 +37,15 @@ def check_against_readelf(path: str, source: str = ".eh_frame") -> UnwindTable:
     assert len(expected) > 10
     if len(expected) > SAMPLED:
         expected = random.Random(10).sample(expected, SAMPLED)
-    plts = _plt_sections(path)
+    plts = plt_sections(path)
     mismatches = []
     for first, last, rule in expected:
         for pc in {first, last, (first + last) // 2}:
-            got = table.find(pc)
-            if rule == EXPRESSION:
-                ok = _plt_rule_ok(got, pc, plts) or got.cfa_type == CFA_UNSUPPORTED
-            else:
-                ok = got == rule
-            if not ok:
-                mismatches.append(f"{pc:#x}: readelf {rule}, table {got}")
+            if not matches(table.find(pc), rule, pc, plts):
+                mismatches.append(f"{pc:#x}: readelf {rule}, table {table.find(pc)}")
     assert not mismatches, f"{len(mismatches)} mismatches, e.g. {mismatches[:5]}"
     _check_gaps(table, fdes)
     return table
-
-
-def _plt_rule_ok(got, pc: int, plts: list[tuple[int, int]]) -> bool:
-    """An expression recognised as the PLT's is only in a .plt section, as CFA_PLT or written-out rows."""
-    in_plt = any(low <= pc < high for low, high in plts)
-    return in_plt and (got.cfa_type == CFA_PLT and got.cfa_offset == 8
-                       or got.cfa_type == CFA_RSP and got.cfa_offset in (8, 16))
 
 
 def _check_gaps(table: UnwindTable, fdes) -> None:

@@ -1,0 +1,84 @@
+"""Tables looked up the way the BPF unwinder does, from live processes: a mapped address becomes the
+file's virtual address through UnwindFile.bias (mapping start/offset and the PT_LOAD's p_offset/p_vaddr),
+and the row found there is the one readelf lists for that address. The bias itself is checked against
+an independent source: the address the dynamic linker resolved for a libc function, and that function's
+st_value in libc's .dynsym (pyelftools)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+from framesinterp import Expected, matches
+
+from optrace.frontend.unwind.cache import UnwindTableCache
+from optrace.frontend.unwind.table import CFA_END
+from optrace.procfs import MapEntry, parse_maps, read_maps_text
+
+SAMPLES_PER_MAPPING = 400
+
+
+def _mapping_of(pid: int, address: int) -> MapEntry:
+    return next(entry for entry in parse_maps(read_maps_text(pid)) if entry.contains(address))
+
+
+def test_bias_gives_the_dynamic_symbols_address():
+    libc = ctypes.CDLL("libc.so.6")
+    cache = UnwindTableCache()
+    for name in ("getpid", "qsort", "malloc"):
+        address = ctypes.cast(getattr(libc, name), ctypes.c_void_p).value
+        entry = _mapping_of(os.getpid(), address)
+        unwind = cache.file_of_mapping(os.getpid(), entry)
+        with open(entry.file_path, "rb") as stream:
+            symbol = ELFFile(stream).get_section_by_name(".dynsym").get_symbol_by_name(name)[0]
+        assert unwind.file_vaddr(entry, address) == symbol["st_value"], name
+        assert unwind.table.find(symbol["st_value"]) is not None
+    assert cache.stats["conversions"] == 1  # one libc, however many lookups
+
+
+@pytest.fixture
+def live_processes(omit_fp_binary: Path):
+    """Debian's python3.11 running a loop, and the workload built without frame pointers."""
+    procs = [subprocess.Popen(["/usr/bin/python3.11", "-c", "import sys\nwhile sys.stdin.read(1) == '': pass"],
+                              stdin=subprocess.PIPE),
+             subprocess.Popen([str(omit_fp_binary), "1", "0", "-"], stdin=subprocess.PIPE)]
+    time.sleep(0.3)
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_rows_found_from_live_addresses_are_readelfs(live_processes):
+    cache = UnwindTableCache()
+    rng = random.Random(10)
+    checked, files, mismatches = 0, set(), []
+    expected_by_file: dict[str, Expected] = {}
+    for proc in live_processes:
+        for entry in parse_maps(read_maps_text(proc.pid)):
+            if not (entry.is_file and entry.executable):
+                continue
+            unwind = cache.file_of_mapping(proc.pid, entry)
+            if not unwind.table.count:
+                continue
+            expected = expected_by_file.setdefault(entry.file_path, Expected(entry.file_path))
+            files.add(entry.file_path)
+            for address in rng.sample(range(entry.start, entry.end), SAMPLES_PER_MAPPING):
+                vaddr = unwind.file_vaddr(entry, address)
+                want, got = expected.at(vaddr), unwind.table.find(vaddr)
+                if want is None:  # outside every FDE: no rule, or CFA_END
+                    ok = got is None or got.cfa_type == CFA_END
+                else:
+                    ok = matches(got, want, vaddr, expected.plts)
+                checked += 1
+                if not ok:
+                    mismatches.append(f"{entry.file_path} {address:#x} -> {vaddr:#x}: readelf {want}, table {got}")
+    assert not mismatches, f"{len(mismatches)} of {checked}, e.g. {mismatches[:5]}"
+    assert {"/usr/bin/python3.11", os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")} <= files
+    assert checked >= 5 * SAMPLES_PER_MAPPING
+    assert cache.stats["conversions"] == len(files)  # libc and ld.so, mapped by both, converted once
