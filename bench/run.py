@@ -140,6 +140,13 @@ def load_previous(area: str) -> Outcome | None:
         return None
 
 
+def previous_readme() -> str:
+    try:
+        return README.read_text()
+    except OSError:
+        return ""
+
+
 def stored_machine() -> dict[str, str]:
     """The machine the stored outcomes were measured on (the last real run's), not the one rendering."""
     try:
@@ -148,7 +155,8 @@ def stored_machine() -> dict[str, str]:
         return {"machine": "not recorded"}
 
 
-def readme(outcomes: dict[str, Outcome | None], fresh: set[str], machine: dict[str, str], total_s: float) -> str:
+def readme(outcomes: dict[str, Outcome | None], fresh: set[str], machine: dict[str, str], total_s: float,
+           previous: str = "") -> str:
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     parts = [
         "# optrace benchmarks",
@@ -188,8 +196,25 @@ def readme(outcomes: dict[str, Outcome | None], fresh: set[str], machine: dict[s
         else:
             parts += [f"## {area}: {outcome.status}", "", "Last lines of its stderr:", "", "```",
                       outcome.stderr_tail.rstrip(), "```", ""]
+    parts += kept_sections(previous, "\n".join(parts) + HARNESS)
     parts += [HARNESS]
     return "\n".join(parts)
+
+
+def sections(text: str) -> dict[str, str]:
+    """The README's second-level sections by heading line (the text before the first one is left out)."""
+    found: dict[str, str] = {}
+    chunks = re.split(r"^(?=## )", text, flags=re.MULTILINE)
+    for chunk in chunks[1:]:
+        found[chunk.split("\n", 1)[0].strip()] = chunk.rstrip() + "\n"
+    return found
+
+
+def kept_sections(previous: str, generated: str) -> list[str]:
+    """Sections written by hand into the README (no outcome makes them): kept as they are, so rendering
+    never loses a section a benchmark's author added before storing its outcome."""
+    made = set(sections(generated))
+    return [text for heading, text in sections(previous).items() if heading not in made]
 
 
 HARNESS = """## How these numbers are made
@@ -222,7 +247,7 @@ def main() -> int:
         return 2
     if args.render:
         outcomes = {area: load_previous(area) for area in benches}
-        README.write_text(readme(outcomes, set(), stored_machine(), 0.0))
+        README.write_text(readme(outcomes, set(), stored_machine(), 0.0, previous_readme()))
         return 0
     if os.geteuid() != 0:
         print("run.py: the benchmarks attach BPF programs and perf events: run as root (sudo make bench)",
@@ -239,7 +264,7 @@ def main() -> int:
     outcomes: dict[str, Outcome | None] = {area: load_previous(area) for area in benches}
     for area in selected:
         outcomes[area] = run_bench(area, benches[area])
-    README.write_text(readme(outcomes, set(selected), machine, time.time() - started))
+    README.write_text(readme(outcomes, set(selected), machine, time.time() - started, previous_readme()))
     print(f"== wrote {README.relative_to(ROOT)}", file=sys.stderr)
     failed = [area for area in selected if not outcomes[area].ok]
     return 1 if failed else 0

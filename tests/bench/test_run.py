@@ -114,6 +114,16 @@ def test_render_rebuilds_the_readme_from_stored_outcomes_alone(harness, tmp_path
     assert "| broken | not run yet |" in text
 
 
+def test_render_keeps_sections_written_by_hand(harness, tmp_path, monkeypatch):
+    harness.README.write_text("# optrace benchmarks\n\n## Machine\n\nold\n\n## Hand-made (issue 99)\n\n| a |\n\n"
+                              "## How these numbers are made\nold harness text\n")
+    monkeypatch.setattr("sys.argv", ["run.py", "--render"])
+    assert harness.main() == 0
+    text = harness.README.read_text()
+    assert "## Hand-made (issue 99)\n\n| a |" in text
+    assert text.count("## Machine") == 1 and "old harness text" not in text
+
+
 def test_refuses_unknown_benchmark_names(harness, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["run.py", "--only", "nosuch"])
     assert harness.main() == 2
