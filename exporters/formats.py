@@ -57,6 +57,7 @@ PROFILE: Formats[ProfileWriter] = Formats({  # optrace report --format
     "folded": "optrace.exporters.folded",
     "flamegraph": "optrace.exporters.flamegraph",
     "svg": "optrace.exporters.flamesvg",
+    "pprof": "optrace.exporters.pprof",
 })
 CALL_GRAPH: Formats[ProfileWriter] = Formats({  # optrace report -G caller|callee --format
     "table": "optrace.exporters.callgraph",

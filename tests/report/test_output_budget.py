@@ -12,7 +12,7 @@ from optrace.errors import OptraceError
 from optrace.model import Frame, Record, Sample
 from optrace.recordfile import write_record
 from optrace.exporters import budget
-from profiletext import FORMATS, render_report
+from profiletext import TEXT_FORMATS as FORMATS, render_report
 from optrace.frontend.report.rows import ReportOptions
 from support import OPTRACE
 
