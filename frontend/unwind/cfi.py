@@ -42,7 +42,7 @@ _FIXED = {PE_UDATA2: struct.Struct("<H"), PE_UDATA4: struct.Struct("<I"), PE_UDA
           PE_SDATA2: struct.Struct("<h"), PE_SDATA4: struct.Struct("<i"), PE_SDATA8: struct.Struct("<q")}
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_S32 = struct.Struct("<i")
+_S32_PAIR = struct.Struct("<ii")
 
 # The x86-64 PLT CFA expression: DW_OP_breg7 (rsp) N; DW_OP_breg16 (rip) 0; DW_OP_lit15; DW_OP_and;
 # DW_OP_litK; DW_OP_ge; DW_OP_lit3; DW_OP_shl; DW_OP_plus  (CFA = rsp + N + ((rip & 15) >= K) * 8).
@@ -206,8 +206,13 @@ def _augmentation(data: bytes, at: int, augmentation: str, pos: int, end: int) -
 def _read_fde(section: Section, cie: Cie, pos: int, end: int) -> Fde:
     data = section.data
     try:
-        start, pos = read_pointer(data, pos, cie.fde_encoding, section.address, section.data_base)
-        size, pos = read_pointer(data, pos, cie.fde_encoding & PE_FORMAT, 0, 0)
+        if cie.fde_encoding == PE_PCREL | PE_SDATA4:  # what gcc and gas write: the fast path
+            start, size = _S32_PAIR.unpack_from(data, pos)
+            start += section.address + pos
+            pos += 8
+        else:
+            start, pos = read_pointer(data, pos, cie.fde_encoding, section.address, section.data_base)
+            size, pos = read_pointer(data, pos, cie.fde_encoding & PE_FORMAT, 0, 0)
         if cie.augmented:
             skip, pos = uleb128(data, pos, end)
             pos += skip
@@ -244,29 +249,25 @@ def read_pointer(data: bytes, pos: int, encoding: int, section_address: int, dat
 
 
 def uleb128(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise CfiError(f"bad ULEB128 at {pos:#x}")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
+    return _leb128(data, pos, end, False)
 
 
 def sleb128(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    return _leb128(data, pos, end, True)
+
+
+def _leb128(data: bytes, pos: int, end: int, signed: bool) -> tuple[int, int]:
+    """(value, position after it) of the LEB128 number at ``pos``; at most 64 bits, never past ``end``."""
     result = shift = 0
     while True:
         if pos >= end or shift > 63:
-            raise CfiError(f"bad SLEB128 at {pos:#x}")
+            raise CfiError(f"bad LEB128 number at {pos:#x}")
         byte = data[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
         shift += 7
         if byte < 0x80:
-            return (result - (1 << shift) if byte & 0x40 else result), pos
+            return (result - (1 << shift) if signed and byte & 0x40 else result), pos
 
 
 def plt_threshold(expression: bytes) -> tuple[int, int] | None:

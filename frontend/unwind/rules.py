@@ -94,16 +94,23 @@ def _run(cie: Cie, code: bytes, state: State, initial: State | None) -> tuple[li
             rows.append((loc, (cfa, rbp, ra)))
             loc += (op & 0x3F) * code_align
             continue
-        if high == 0x80:  # DW_CFA_offset
+        if high == 0x80:  # DW_CFA_offset (rbx, r12-r15... are skipped: the walker follows rbp only)
             reg = op & 0x3F
-            value, pos = uleb128(code, pos, end)
-            rbp, ra = _saved(reg, value * data_align, rbp, ra, ra_col)
+            if pos < end and code[pos] < 0x80:  # one-byte ULEB128: nearly always
+                value, pos = code[pos], pos + 1
+            else:
+                value, pos = uleb128(code, pos, end)
+            if reg == REG_RBP or reg == ra_col:
+                rbp, ra = _saved(reg, value * data_align, rbp, ra, ra_col)
             continue
         if high == 0xC0:  # DW_CFA_restore
             rbp, ra = _restore(op & 0x3F, rbp, ra, ra_col, initial)
             continue
         if op == 0x0E:  # def_cfa_offset
-            value, pos = uleb128(code, pos, end)
+            if pos < end and code[pos] < 0x80:
+                value, pos = code[pos], pos + 1
+            else:
+                value, pos = uleb128(code, pos, end)
             cfa = (cfa[0], value) if len(cfa) == 2 else _EXPR
         elif op == 0x0C:  # def_cfa
             reg, pos = uleb128(code, pos, end)
