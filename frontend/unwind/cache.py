@@ -7,6 +7,10 @@ again. The build-id (read in the same open, kept with the table) is deliberately
 claim made by the file's owner, and a file forging libc's build-id must not hand its rows to every
 process that maps the real libc (the conversion is cheap next to that risk: libc takes 35 ms of CPU).
 
+A file without any CFI of its own (its .eh_frame and .debug_frame stripped) gets the ``.debug_frame`` of
+its separate debug file, found by build-id under the debug roots (``/usr/lib/debug/.build-id/xx/rest.debug``,
+root's own tree), with the binary's own load segments.
+
 What is kept per file is an :class:`UnwindFile`: the table, the build-id and the PT_LOAD segments, which
 turn a mapping's addresses into the file's own virtual addresses (the rows' pcs): see
 :meth:`UnwindFile.bias`. The per-process mapping tables of the BPF unwinder take their files from here.
@@ -27,13 +31,14 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import BinaryIO
 
 from optrace.fileaccess import reader_for
 from optrace.frontend.symbols.access import ELF_POLICY, FileProblems, FileRef, open_mapped_file, open_ref
 from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
+from optrace.frontend.symbols.debuginfo import build_id_debug_path
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.unwind.cfi import CfiError
@@ -77,8 +82,10 @@ class UnwindTableCache:
     the problems (``bad_files``, ``bad_files_<kind>``, as the symbolizer's); ``warn`` gets one line per
     bad file."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, warn: Callable[[str], None] | None = None) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, warn: Callable[[str], None] | None = None,
+                 debug_roots: Sequence[str] = ("/usr/lib/debug",)) -> None:
         self.max_bytes = max_bytes
+        self.debug_roots = tuple(debug_roots)
         self.stats: Counter[str] = Counter()
         self._problems = FileProblems(warn or (lambda _line: None), self.stats)
         self._files: LruCache[FileIdentity, UnwindFile] = LruCache(1 << 30, trim_on_put=False)  # bound: bytes
@@ -150,6 +157,8 @@ class UnwindTableCache:
             pending.wait()  # another thread converts this file: use its result
         try:
             unwind = self._problems.contained(name, CONSEQUENCE, lambda: _convert(reader)) or NO_FILE
+            if not unwind.table.count and unwind.build_id is not None:
+                unwind = self._from_debug_file(unwind)
             if unwind.table.problems:
                 self._problems.report(name, CfiError(f"{unwind.table.problems} problems in its CFI, first: "
                                                      f"{unwind.table.problem}"), "its unwind table is partial")
@@ -160,6 +169,19 @@ class UnwindTableCache:
             with self._lock:
                 del self._building[identity]
             pending.set()
+
+    def _from_debug_file(self, unwind: UnwindFile) -> UnwindFile:
+        """``unwind`` with the rows of its separate debug file's .debug_frame, when there is one."""
+        path = build_id_debug_path(unwind.build_id, self.debug_roots)
+        if path is None:
+            return unwind
+        self.stats["debug_files"] += 1
+
+        def read() -> UnwindTable:
+            with open_ref(FileRef(path, path, follow_symlinks=True), ELF_POLICY) as reader:
+                return build_table(reader)
+        table = self._problems.contained(path, CONSEQUENCE, read)
+        return unwind if table is None else replace(unwind, table=table)
 
     def _store(self, identity: FileIdentity, unwind: UnwindFile) -> UnwindFile:
         if unwind.table.nbytes > self.max_bytes:

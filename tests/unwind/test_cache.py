@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from optrace.frontend.symbols.access import FileRef
+from optrace.frontend.symbols.buildid import read_build_id_file
 from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.table import EMPTY, build_table
@@ -143,3 +144,21 @@ def test_symlink_is_refused(tmp_path: Path):
     cache = UnwindTableCache(warn=lines.append)
     assert cache.of_ref(FileRef(str(link), str(link))) is EMPTY
     assert cache.stats["bad_files_refused"] == 1 and "symbolic link" in lines[0]
+
+
+def test_binary_without_cfi_gets_its_debug_files_debug_frame(debug_frame_binary: Path, tmp_path: Path):
+    """CFI stripped from the binary; its separate debug file under <root>/.build-id/xx/rest.debug has
+    the .debug_frame (as Debian's -dbg packages install them)."""
+    stripped = tmp_path / "calls-stripped"
+    subprocess.run(["objcopy", "--remove-section=.eh_frame", "--remove-section=.eh_frame_hdr",
+                    "--remove-section=.debug_frame", str(debug_frame_binary), str(stripped)], check=True)
+    build_id = read_build_id_file(str(stripped))
+    debug_file = tmp_path / "debug" / ".build-id" / build_id.hex()[:2] / (build_id.hex()[2:] + ".debug")
+    debug_file.parent.mkdir(parents=True)
+    subprocess.run(["objcopy", "--only-keep-debug", str(debug_frame_binary), str(debug_file)], check=True)
+    assert build_table(stripped.read_bytes()) is EMPTY
+    cache = UnwindTableCache(debug_roots=[str(tmp_path / "debug")])
+    unwind = cache.file_of_ref(FileRef(str(stripped), str(stripped)))
+    assert unwind.table.source == ".debug_frame" and cache.stats["debug_files"] == 1
+    assert unwind.table.rows == build_table(debug_file.read_bytes()).rows
+    assert UnwindTableCache(debug_roots=[str(tmp_path / "nowhere")]).of_ref(FileRef(str(stripped), str(stripped))) is EMPTY
