@@ -9,12 +9,17 @@ user is replaced, and the final name holds either the previous file or the compl
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TextIO
+
+from optrace.errors import OptraceError
+from optrace.fileaccess import printable
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes, *, keep_previous: bool = False) -> None:
@@ -116,3 +121,37 @@ def _unlink_quietly(name: str | os.PathLike[str]) -> None:
         os.unlink(name)
     except OSError:
         pass
+
+
+@contextmanager
+def output_stream(output: str) -> Iterator[TextIO]:
+    """``-o OUTPUT`` of report and count: ``-`` is stdout, else a file written atomically (above): a new
+    file renamed over the name, so a symlink planted there is replaced, never followed, and an output
+    that fails (a report past its output budget, a count stopped by an error) leaves the name as it was.
+    Names a terminal cannot encode are written as backslash escapes, in both. A file that cannot be
+    created or renamed is an OptraceError ("cannot write ..."); errors of the block pass unchanged."""
+    if output == "-":
+        stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="backslashreplace", newline="")
+        try:
+            yield stdout
+        finally:
+            stdout.detach()  # flushed, and sys.stdout's buffer stays open
+        return
+    opened = atomic_output(output, "w", encoding="utf-8", errors="backslashreplace")
+    with _cannot_write(output):
+        out = opened.__enter__()
+    try:
+        yield out
+    except BaseException:
+        opened.__exit__(*sys.exc_info())  # the new file is removed; the error goes on
+        raise
+    with _cannot_write(output):
+        opened.__exit__(None, None, None)
+
+
+@contextmanager
+def _cannot_write(output: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise OptraceError(f"cannot write {printable(output)}: {exc.strerror or exc}") from None

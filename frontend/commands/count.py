@@ -1,4 +1,4 @@
-"""`optrace count SPEC... [-p PID ...] [-d SECONDS] [-i INTERVAL] [--per-pid] [--format table|json] [-- CMD]`."""
+"""`optrace count SPEC... [-p PID ...] [-d SECONDS] [-i INTERVAL] [--per-pid] [--format table|json] [-o FILE] [-- CMD]`."""
 from __future__ import annotations
 
 import os
@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
+from typing import TextIO
 
 import click
 
@@ -17,9 +18,11 @@ from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import check_pids, shell_status
 from optrace.frontend.uprobes.counter import CallCounter
 from optrace.frontend.uprobes.resolve import DEFAULT_MAX_MATCHES
+from optrace.outputfile import output_stream
 from optrace.procfs import is_alive
 
 POLL_S = 0.05
+COMMAND_STDOUT = {"stdout": None, "stderr": 2, "null": subprocess.DEVNULL}  # --command-stdout -> Popen's stdout
 
 
 class _CommandAfterDoubleDash(click.Command):
@@ -36,7 +39,7 @@ class _Run:
     """One counting run: the counter, the optional command, and when to stop."""
 
     def __init__(self, specs: tuple[str, ...], pids: tuple[int, ...], command: list[str], duration: float | None,
-                 max_probes: int) -> None:
+                 max_probes: int, command_stdout: str | None = None) -> None:
         self.counter = CallCounter(specs, self._pid_filter(pids, command), max_probes)
         self.pids = pids
         self.command = command
@@ -45,6 +48,7 @@ class _Run:
         self.child: subprocess.Popen | None = None
         self.followed: set[int] = set()
         self.started = time.monotonic()
+        self.command_stdout = COMMAND_STDOUT[command_stdout or "stdout"]
 
     def _pid_filter(self, pids: tuple[int, ...], command: list[str]) -> Callable[[int], bool] | None:
         """-- CMD: the command and its descendants (kept by the kernel, exited ones too); -p: those pids."""
@@ -60,7 +64,7 @@ class _Run:
         if self.command:
             me = os.getpid()
             self.counter.manager.follow(me)  # our next fork is the command; its forks follow it
-            self.child = subprocess.Popen(self.command)
+            self.child = subprocess.Popen(self.command, stdout=self.command_stdout)
 
     def refresh_filter(self) -> None:
         if self.child is not None:
@@ -92,10 +96,9 @@ class _Run:
                 self.child.wait()
 
 
-def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = False) -> None:
-    stdout = click.get_text_stream("stdout")
-    CALL_COUNTS.writer(fmt)(stdout, report, CountOptions(per_pid, interval_mark))
-    stdout.flush()
+def _print(out: TextIO, report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = False) -> None:
+    CALL_COUNTS.writer(fmt)(out, report, CountOptions(per_pid, interval_mark))
+    out.flush()
 
 
 @click.command(cls=_CommandAfterDoubleDash, context_settings={"help_option_names": ["-h", "--help"]})
@@ -108,14 +111,23 @@ def _print(report: CountReport, fmt: str, per_pid: bool, interval_mark: bool = F
               help="With -i: print running totals instead of each interval's calls.")
 @click.option("--per-pid", is_flag=True, help="Also show counts per process.")
 @click.option("--format", "fmt", type=click.Choice(CALL_COUNTS.names), default="table", show_default=True)
+@click.option("-o", "--output", default="-", metavar="FILE",
+              help="Write the counts to FILE (complete when counting ends) instead of stdout.")
+@click.option("--command-stdout", type=click.Choice(tuple(COMMAND_STDOUT)), default=None,
+              help="Where CMD's standard output goes (default: stdout, with the counts unless -o). With"
+                   " --format json on stdout choose stderr or null (or give -o): the JSON stays whole.")
 @click.option("--max-probes", type=click.IntRange(min=1), default=DEFAULT_MAX_MATCHES, show_default=True,
               help="Most functions one glob may match.")
 @click.pass_context
 def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], duration: float | None,
-            interval: float | None, cumulative: bool, per_pid: bool, fmt: str, max_probes: int) -> None:
+            interval: float | None, cumulative: bool, per_pid: bool, fmt: str, output: str,
+            command_stdout: str | None, max_probes: int) -> None:
     """Count exact calls of functions: SPEC is BINARY:SYMBOL, LIB:SYMBOL (c:malloc), LIB:GLOB (c:str*)
     or BINARY:0xADDRESS. Counts every process unless -p or -- CMD ARGS... is given. Ctrl-C prints the
-    final counts."""
+    final counts.
+
+    What goes where: the counts to stdout (or -o FILE), messages and warnings to stderr, CMD's output
+    where it would go without optrace (or --command-stdout)."""
     command_args: list[str] = ctx.meta.get("optrace.count.command", [])
     if cumulative and not interval:
         raise OptraceError("--cumulative goes with -i INTERVAL (without -i, count prints only the totals)")
@@ -124,18 +136,27 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
     if command_args and not shutil.which(command_args[0]):
         raise OptraceError(f"command not found: {command_args[0]}")
     check_pids(pids)
-    run = _Run(specs, pids, command_args, duration, max_probes)
+    _check_outputs(fmt, output, command_args, command_stdout)
+    run = _Run(specs, pids, command_args, duration, max_probes, command_stdout)
     for warning in run.counter.resolve().warnings:
         click.echo(f"optrace: warning: {warning}", err=True)
     try:
-        _count(run, fmt, per_pid, interval, cumulative)
+        with output_stream(output) as out:
+            _count(run, out, fmt, per_pid, interval, cumulative)
     finally:
         run.counter.close()
     if run.child is not None and run.child.returncode:
         ctx.exit(shell_status(run.child.returncode))
 
 
-def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None, cumulative: bool) -> None:
+def _check_outputs(fmt: str, output: str, command: list[str], command_stdout: str | None) -> None:
+    """JSON and CMD's output never share stdout: the user says where one of them goes."""
+    if fmt == "json" and output == "-" and command and command_stdout in (None, "stdout"):
+        raise OptraceError("--format json on stdout would mix with the command's output: write the counts"
+                           " with -o FILE, or send the command's with --command-stdout stderr (or null)")
+
+
+def _count(run: _Run, out: TextIO, fmt: str, per_pid: bool, interval: float | None, cumulative: bool) -> None:
     """Count until the end (-d, the command, the -p processes) or Ctrl-C / SIGTERM, then print the
     totals; with -i, each interval's calls (or the running totals) on the way."""
     with StopSignals() as stops:
@@ -152,8 +173,8 @@ def _count(run: _Run, fmt: str, per_pid: bool, interval: float | None, cumulativ
                 if next_print is not None and time.monotonic() >= next_print:
                     next_print += interval
                     report = run.report()
-                    _print(report if cumulative else interval_report(report, previous), fmt, per_pid, True)
+                    _print(out, report if cumulative else interval_report(report, previous), fmt, per_pid, True)
                     previous = report
         finally:
             run.stop_child()
-    _print(run.report(), fmt, per_pid, interval_mark=interval is not None)
+    _print(out, run.report(), fmt, per_pid, interval_mark=interval is not None)

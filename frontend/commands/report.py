@@ -1,12 +1,6 @@
 """`optrace report`: read a record file and print it per symbol. Needs no root and never loads BCC."""
 from __future__ import annotations
 
-import io
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TextIO
-
 import click
 
 from optrace.errors import OptraceError
@@ -14,7 +8,8 @@ from optrace.escape import escape_controls
 from optrace.exporters.formats import CALL_GRAPH, PROFILE
 from optrace.frontend.cliopts import parse_call_graph, parse_percent, perf_sort_keys, pid_option
 from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
-from optrace.recordfile import printable, read_record
+from optrace.outputfile import output_stream
+from optrace.recordfile import read_record
 
 
 @click.command("report")
@@ -49,7 +44,7 @@ def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str,
     )
     write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
     profile = Profile(read_record(source), escape_controls(source))
-    with _output_stream(output) as stream:
+    with output_stream(output) as stream:
         write(stream, profile, options)
 
 
@@ -63,25 +58,3 @@ def _graph_order(text: str | None) -> str:
 
 def _split(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split(",") if part.strip())
-
-
-@contextmanager
-def _output_stream(output: str) -> Iterator[TextIO]:
-    """stdout, or a file written the way `record -o` writes (:mod:`optrace.outputfile`): a new file
-    renamed over the name, so a symlink planted there is replaced, never followed; a report that fails
-    (past its output budget) leaves the name as it was. Names a terminal cannot encode are written as
-    backslash escapes, in both."""
-    if output == "-":
-        stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="backslashreplace", newline="")
-        try:
-            yield stdout
-        finally:
-            stdout.detach()  # flushed, and sys.stdout's buffer stays open
-        return
-    from optrace.outputfile import atomic_output
-
-    try:
-        with atomic_output(output, "w", encoding="utf-8", errors="backslashreplace") as out:
-            yield out
-    except OSError as exc:
-        raise OptraceError(f"cannot write {printable(output)}: {exc.strerror or exc}") from None

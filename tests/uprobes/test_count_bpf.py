@@ -19,9 +19,9 @@ UPROBE_EVENTS = Path("/sys/kernel/tracing/uprobe_events")
 
 
 def count_json(optrace, *args: str) -> dict:
-    """The JSON document is the last line: the command's own output comes before it."""
-    proc = optrace("count", "--format", "json", *args, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """stdout is the JSON document alone: the command's own output goes to stderr."""
+    proc = optrace("count", "--format", "json", "--command-stdout", "stderr", *args, check=True)
+    return json.loads(proc.stdout)
 
 
 def probe_fds(pid: int | str = "self") -> list[str]:
@@ -203,15 +203,15 @@ def test_interval_and_duration(bpf_ready, optrace):
 
 
 @pytest.mark.parametrize("cumulative", [False, True], ids=["per_interval", "cumulative"])
-def test_intervals_count_each_burst_once(bpf_ready, optrace, workloads, cumulative):
+def test_intervals_count_each_burst_once(bpf_ready, optrace, workloads, cumulative, tmp_path):
     """Two bursts of 2000 calls 1.5 s apart, printed every 0.4 s: per interval (the default) no print
     holds both bursts and the prints add up to the total; --cumulative prints only grow up to it."""
     calls = workloads / "calls"
     script = f"{calls} 2000 >/dev/null; sleep 1.5; {calls} 2000 >/dev/null; sleep 0.6"
     args = ["--format", "json", f"{calls}:target", "-i", "0.4", *(["--cumulative"] if cumulative else []),
-            "--", "sh", "-c", script]
-    docs = [json.loads(line) for line in optrace("count", *args, check=True).stdout.splitlines()
-            if line.startswith("{")]
+            "-o", str(tmp_path / "counts.json"), "--", "sh", "-c", script]
+    optrace("count", *args, check=True)
+    docs = [json.loads(line) for line in (tmp_path / "counts.json").read_text().splitlines()]
     *intervals, total = [doc["probes"][0]["calls"] for doc in docs]
     assert total == 4000 and docs[-1]["counts"] == "total"
     assert len(intervals) >= 4
