@@ -1,49 +1,64 @@
-"""`count`'s outputs never mix: the counts on stdout or in -o FILE, the command's output where the user says.
-
-workloads/calls N prints "done N 0" on its stdout after exactly N calls of target(): the ground truth."""
+"""count's table and JSON: names from other users' binaries and processes never reach the terminal raw."""
 from __future__ import annotations
 
+import io
 import json
-from pathlib import Path
 
-import pytest
+from optrace.exporters import countjson, counttable
+from optrace.frontend.report.callcounts import CountOptions, CountReport, ProbeCalls
+from optrace.model import CallCount
 
-from support import assert_one_line_error
-
-
-def test_json_and_the_commands_stdout_need_a_choice(optrace, workloads: Path) -> None:
-    """Refused before anything is attached: one line naming both ways out."""
-    proc = optrace("count", "--format", "json", f"{workloads}/calls:target", "--", str(workloads / "calls"), "5")
-    assert_one_line_error(proc, "--format json on stdout would mix", "-o FILE", "--command-stdout stderr")
-    assert proc.stdout == "" and "Counting calls" not in proc.stderr
+EVIL = "evil\x1b]0;pwned\x07\x1b[2J"
 
 
-def test_unwritable_output_is_one_line(optrace, workloads: Path, tmp_path: Path) -> None:
-    for target in (tmp_path / "missing" / "c.json", Path("/proc/self/c.json")):
-        proc = optrace("count", "-o", str(target), f"{workloads}/calls:target", "--", str(workloads / "calls"), "5")
-        assert_one_line_error(proc, "cannot write")
-        assert "Counting calls" not in proc.stderr and "done" not in proc.stdout
+def report() -> CountReport:
+    count = CallCount(probe=f"/tmp/{EVIL}:f", binary=f"/tmp/{EVIL}", symbol=EVIL, offset=0x1139, calls=7,
+                      per_pid={42: 7}, comms={42: EVIL})
+    probe = ProbeCalls(spec=count.probe, binary=count.binary, symbol=count.symbol, offset=count.offset,
+                       aliases=(), glob=False, count=count)
+    return CountReport(probes=[probe], elapsed_s=1.0)
 
 
-@pytest.mark.usefixtures("bpf_ready")
-@pytest.mark.parametrize("where", ["stderr", "null"])
-def test_json_on_stdout_stays_whole(optrace, workloads: Path, where: str) -> None:
-    proc = optrace("count", "--format", "json", "--command-stdout", where, f"{workloads}/calls:target", "--",
-                   str(workloads / "calls"), "1234", check=True)
-    doc = json.loads(proc.stdout)  # the whole of stdout: nothing of the command in it
-    assert doc["probes"][0]["calls"] == 1234 and doc["exit_status"] == 0
-    assert ("done 1234 0\n" in proc.stderr) == (where == "stderr")
+def test_table_escapes_names_and_keeps_one_line_per_row() -> None:
+    out = io.StringIO()
+    counttable.write(out, report(), CountOptions(per_pid=True))
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    assert "evil\\x1b]0;pwned\\x07\\x1b[2J" in text
+    assert len(text.splitlines()) == 4  # header, the probe, its pid, the footer
 
 
-@pytest.mark.usefixtures("bpf_ready")
-@pytest.mark.parametrize("fmt", ["json", "table"])
-def test_output_file_keeps_the_commands_stdout(optrace, workloads: Path, tmp_path: Path, fmt: str) -> None:
-    out = tmp_path / "counts"
-    proc = optrace("count", "--format", fmt, "-o", str(out), f"{workloads}/calls:target", "--",
-                   str(workloads / "calls"), "777", check=True)
-    assert proc.stdout == "done 777 0\n"
-    text = out.read_text()
-    if fmt == "json":
-        assert json.loads(text)["probes"][0]["calls"] == 777
-    else:
-        assert "777" in text and "target" in text
+def test_json_keeps_the_names_exact() -> None:
+    out = io.StringIO()
+    countjson.write(out, report(), CountOptions(per_pid=True))
+    assert "\x1b" not in out.getvalue()
+    [probe] = json.loads(out.getvalue())["probes"]
+    assert (probe["symbol"], probe["binary"], probe["per_pid"][0]["comm"]) == (EVIL, f"/tmp/{EVIL}", EVIL)
+
+
+def _with_calls(calls: int, per_pid: dict[int, int], elapsed: float) -> CountReport:
+    base = report()
+    probe = base.probes[0]
+    count = CallCount(probe.spec, probe.binary, probe.symbol, probe.offset, calls, per_pid, {})
+    return CountReport(probes=[ProbeCalls(probe.spec, probe.binary, probe.symbol, probe.offset, (), False, count)],
+                       elapsed_s=elapsed)
+
+
+def test_an_interval_is_the_difference_of_two_reads() -> None:
+    """count -i prints each interval's calls (funccount's way); the intervals add up to the total."""
+    from optrace.frontend.report.callcounts import interval_report
+
+    first, second = _with_calls(10, {1: 10}, 1.0), _with_calls(25, {1: 12, 2: 13}, 2.0)
+    assert interval_report(first, None).probes[0].count.calls == 10
+    delta = interval_report(second, first)
+    assert delta.interval and delta.elapsed_s == 1.0
+    assert (delta.probes[0].count.calls, delta.probes[0].count.per_pid) == (15, {1: 2, 2: 13})
+    out = io.StringIO()
+    counttable.write(out, delta, CountOptions(interval_mark=True))
+    assert "calls in the last 1.0 s (per interval; --cumulative for running totals)" in out.getvalue()
+    out = io.StringIO()
+    counttable.write(out, second, CountOptions(interval_mark=True))
+    assert "calls since the start, 2.0 s (totals)" in out.getvalue()
+    out = io.StringIO()
+    countjson.write(out, delta, CountOptions())
+    assert json.loads(out.getvalue())["counts"] == "interval"
