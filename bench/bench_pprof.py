@@ -127,6 +127,18 @@ def same_workload(work: Path, rounds: int) -> dict:
             "optrace_stacks": distinct_folded(folded), "perf_stacks": distinct_folded(folded_out.read_text())}
 
 
+def targets(res: dict) -> list[dict]:
+    """Issue 12: pprof write ≤ 1 s, judged on the encoder's CPU time (wall time follows the machine's load)
+    and shown for the whole command too (which also reads the record)."""
+    encode_cpu = median([run["cpu"] for run in res["scale"]["encode_s"]])
+    command = res["scale"]["command_s"]
+    command_wall, command_cpu = median([run["wall"] for run in command]), median([run["cpu"] for run in command])
+    return [{"name": "pprof: encode 100,000 distinct stacks", "target": "≤ 1 s",
+             "measured": f"{encode_cpu:.2f} s CPU", "met": encode_cpu <= 1.0},
+            {"name": "pprof: `report -f pprof -o` of 100,000 stacks (reading the record included)", "target": "≤ 1 s",
+             "measured": f"{command_wall:.2f} s wall, {command_cpu:.2f} s CPU", "met": command_wall <= 1.0}]
+
+
 def markdown(res: dict) -> str:
     a, b = res["scale"], res["same_workload"]
     kib = lambda n: f"{n / 1024:,.0f} KiB"  # noqa: E731
@@ -158,6 +170,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="optrace-bench-pprof-") as tmp:
         work = Path(tmp)
         res = {"rounds": args.rounds, "scale": scale(work, args.rounds), "same_workload": same_workload(work, args.rounds)}
+    res["targets"] = targets(res)
     write_results("pprof", res)
     print(markdown(res))
 

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Protocol, TypeVar
 
 from optrace.exporters.httpserver import ListenAddress, MetricsServer
+from optrace.exporters.profilewindows import ProfileWindows
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
 from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S, Delta, ExporterTotals
 from optrace.exporters.webconfig import WebConfig
@@ -89,6 +90,7 @@ class ServeDaemon:
         self._warned: OrderedDict[str, None] = OrderedDict()
         self.sources = sources
         self.totals = ExporterTotals(options.max_series, options.series_idle_s)
+        self.windows = ProfileWindows(options.frequency_hz, lambda: next((s.event for s in self.sources if s.event), ""))
         self.address: ListenAddress | None = None
         self._server: MetricsServer | None = None
 
@@ -102,12 +104,13 @@ class ServeDaemon:
         with ExitStack() as stack:
             server = self._server = MetricsServer(self.options.listen, self.options.web)
             stack.callback(server.close)
+            stack.callback(self.windows.stop)  # first of the two: waiting profile requests get their 503
             for source in self.sources:
                 stack.callback(source.close)
                 source.start()
             events = [s.event for s in self.sources if s.event]
             page = MetricsPage(self.totals, ExporterInfo(self.options.frequency_hz, events[0] if events else "none"))
-            server.start(page.render)
+            server.start(page.render, self.windows.collect)
             self.address = server.address
             on_ready(server.url)
             self._loop(stop)
@@ -125,9 +128,10 @@ class ServeDaemon:
 
     def drain_once(self) -> None:
         started = time.perf_counter()
-        delta = Delta()
+        delta = Delta(want_stacks=self.windows.active())
         for source in self.sources:
             contain(delta, "drain", partial(source.collect, delta))
+        self.windows.drained(delta.stacks, time.monotonic())
         self.totals.apply(delta, drain_seconds=time.perf_counter() - started)
         for message in delta.warnings:
             self.warn(message)

@@ -25,10 +25,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from socketserver import ThreadingMixIn
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from optrace import __version__
+from optrace.exporters.profilewindows import WAIT_SLACK_S, WindowRefused, parse_seconds
 from optrace.exporters.prometheus import CONTENT_TYPE
 from optrace.exporters.webconfig import BasicAuth, TlsFiles, WebConfig, tls_context
 from optrace.fileaccess import printable
@@ -39,7 +42,9 @@ REQUEST_DEADLINE_S = 60.0  # a connection in all
 LISTEN_BACKLOG = 4096
 MAX_HANDLERS = 128
 ACCEPT_POLL_S = 0.5
+PROFILE_PATH = "/debug/pprof/profile"  # Go's net/http/pprof
 StartResponse = Callable[[str, list[tuple[str, str]]], object]
+ProfileCollector = Callable[[str, int], bytes]  # (client address, seconds) -> gzipped pprof
 
 __all__ = ["ListenAddress", "MetricsServer", "TlsFiles", "WebConfig", "metrics_app"]
 
@@ -81,6 +86,12 @@ class _Deadlines:
         with self._lock:
             self._due[sock] = time.monotonic() + REQUEST_DEADLINE_S
 
+    def extend(self, sock: socket.socket, seconds: float) -> None:
+        """A profile request holds its connection for its N seconds: its deadline moves past them."""
+        with self._lock:
+            if sock in self._due:
+                self._due[sock] = max(self._due[sock], time.monotonic() + seconds)
+
     def remove(self, sock: socket.socket) -> None:
         with self._lock:
             self._due.pop(sock, None)
@@ -102,6 +113,11 @@ class _QuietHandler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         """Scrapes are not logged: one line per scrape would flood a service's journal."""
+
+    def get_environ(self) -> dict:
+        environ = super().get_environ()
+        environ["optrace.extend_deadline"] = partial(self.server.deadlines.extend, self.connection)
+        return environ
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -159,7 +175,8 @@ def _index_page(scheme: str) -> bytes:
         "<!DOCTYPE html><html><head><title>optrace exporter</title></head><body>"
         f"<h1>optrace {html.escape(__version__)}</h1>"
         "<p>Continuous CPU profile and uprobe call counts for Prometheus.</p>"
-        f'<p><a href="/metrics">Metrics</a> ({scheme})</p></body></html>\n'
+        f'<p><a href="/metrics">Metrics</a> ({scheme})</p>'
+        f'<p><a href="{PROFILE_PATH}?seconds=30">CPU profile of the next 30 s</a> (pprof)</p></body></html>\n'
     ).encode()
 
 
@@ -178,9 +195,24 @@ class _GzipCache:
         return body
 
 
-def metrics_app(render: Callable[[], bytes], endpoint: Callable[[], _Endpoint]) -> Callable[[dict, StartResponse], Iterable[bytes]]:
-    """The WSGI app: GET (and HEAD) `/metrics` and `/`, 404 elsewhere, 405 for any other method, 401
-    without valid credentials when the web config has users."""
+def _profile_response(environ: dict, collect: ProfileCollector) -> tuple[str, list[tuple[str, str]], bytes]:
+    """`/debug/pprof/profile?seconds=N`: blocks N seconds, then the pprof (see profilewindows)."""
+    try:
+        seconds = parse_seconds(parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).get("seconds", []))
+        extend = environ.get("optrace.extend_deadline")
+        if extend is not None:
+            extend(seconds + WAIT_SLACK_S + REQUEST_DEADLINE_S)
+        body = collect(environ.get("REMOTE_ADDR", ""), seconds)
+    except WindowRefused as refused:
+        return refused.status, [("Content-Type", "text/plain; charset=utf-8")], f"{refused}\n".encode()
+    return "200 OK", [("Content-Type", "application/octet-stream"), ("X-Content-Type-Options", "nosniff"),
+                      ("Content-Disposition", 'attachment; filename="profile"')], body
+
+
+def metrics_app(render: Callable[[], bytes], endpoint: Callable[[], _Endpoint],
+                profile: ProfileCollector | None = None) -> Callable[[dict, StartResponse], Iterable[bytes]]:
+    """The WSGI app: GET (and HEAD) `/metrics`, `/` and (with ``profile``) `/debug/pprof/profile`, 404
+    elsewhere, 405 for any other method, 401 without valid credentials when the web config has users."""
     gzipped = _GzipCache()
 
     def respond(environ: dict, current: _Endpoint) -> tuple[str, list[tuple[str, str]], bytes]:
@@ -198,6 +230,8 @@ def metrics_app(render: Callable[[], bytes], endpoint: Callable[[], _Endpoint]) 
             return "200 OK", headers, body
         if path == "/":
             return "200 OK", [("Content-Type", "text/html; charset=utf-8")], _index_page(current.scheme)
+        if path == PROFILE_PATH and profile is not None:
+            return _profile_response(environ, profile)
         return "404 Not Found", [("Content-Type", "text/plain")], b"not found: try /metrics\n"
 
     def app(environ: dict, start_response: StartResponse) -> Iterable[bytes]:
@@ -241,8 +275,8 @@ class MetricsServer:
         TLS files cannot be used)."""
         self._httpd.endpoint = _endpoint(web)
 
-    def start(self, render: Callable[[], bytes]) -> None:
-        self._httpd.set_app(metrics_app(render, lambda: self._httpd.endpoint))
+    def start(self, render: Callable[[], bytes], profile: ProfileCollector | None = None) -> None:
+        self._httpd.set_app(metrics_app(render, lambda: self._httpd.endpoint, profile))
         for thread in self._threads:
             thread.start()
 

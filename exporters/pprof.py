@@ -52,13 +52,14 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     stream.buffer.write(data)  # type: ignore[attr-defined]  # report's streams are TextIOWrappers
 
 
-def encode(record: Record, options: ReportOptions = ReportOptions(), source: str = "") -> bytes:
-    """The gzipped profile of ``record`` (raises OptraceError when there is nothing to show)."""
+def encode(record: Record, options: ReportOptions = ReportOptions(), source: str = "", empty_ok: bool = False) -> bytes:
+    """The gzipped profile of ``record``. Raises OptraceError when there is nothing to show, unless
+    ``empty_ok`` (serve: a quiet machine's window is an empty profile, as Go's)."""
     if not record.meta.stacks:
         raise OptraceError("the record has no stacks (recorded with --no-stacks): pprof needs them; "
                            "record again without --no-stacks, or use --format table")
     stacks = _stacks(record, options)
-    if not stacks:
+    if not stacks and not empty_ok:
         raise OptraceError("no samples to write: the record is empty or the filters left nothing")
     message = _Builder(record).build(stacks, source)
     return gzip.compress(message.SerializeToString(), compresslevel=GZIP_LEVEL, mtime=0)  # same record, same bytes

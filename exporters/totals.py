@@ -42,6 +42,10 @@ class Delta:
     caches: dict[str, int] = field(default_factory=dict)  # symbol cache -> its size now (entries or *_bytes)
     symbolize_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)  # logged by the daemon, not kept
+    # Whole stacks, asked for by the daemon while a /debug/pprof/profile collection is open (naming whole
+    # stacks costs more than naming leaves): (frames, samples) as the symbolizer gave them.
+    want_stacks: bool = False
+    stacks: tuple[list[Frame], list[Sample]] | None = None
 
 
 def guard_for(label_names: tuple[str, ...], coarse_label: str, max_series: int) -> SeriesGuard:

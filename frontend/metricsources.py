@@ -22,8 +22,9 @@ def build_sources(options: ServeOptions) -> list[Source]:
 
 
 class ProfileSource:
-    """The continuous CPU profile: a profiling session that names leaf frames only and forgets exited
-    processes (serve runs for months), turned into per-drain rows."""
+    """The continuous CPU profile: a profiling session that names leaf frames (whole stacks while the
+    daemon asks for them: a /debug/pprof/profile collection) and forgets exited processes (serve runs
+    for months), turned into per-drain rows."""
 
     def __init__(self, frequency_hz: int, pids: list[int], comms: list[str]) -> None:
         self.session = ProfilingSession(SessionOptions(
@@ -49,7 +50,10 @@ class ProfileSource:
         delta.execs += drain.execs
         delta.exits += len(drain.exits)
         started = time.perf_counter()
-        add_leaf_rows(delta, *self.session.symbolize(drain.samples))
+        named = self.session.symbolize(drain.samples, stacks=delta.want_stacks)
+        add_leaf_rows(delta, *named)
+        if delta.want_stacks:
+            delta.stacks = named
         delta.symbolize_seconds += time.perf_counter() - started
         delta.jit_refused_files += self._new_refusals()
         delta.read_errors.update(self.session.read_errors)

@@ -220,11 +220,12 @@ class ProfilingSession:
         return False
 
     # -- naming ----------------------------------------------------------------------------------------
-    def symbolize(self, samples: list[RawSample]) -> tuple[list[Frame], list[Sample]]:
-        """Rows for ``samples`` (leaf frames only without ``stacks``). If naming raises, it is done again one
-        process at a time, so only the process whose files broke it loses its names (its samples still
-        count, as frameless rows)."""
-        if not self.options.stacks:
+    def symbolize(self, samples: list[RawSample], stacks: bool | None = None) -> tuple[list[Frame], list[Sample]]:
+        """Rows for ``samples`` (leaf frames only without ``stacks``, which defaults to the session's; serve
+        names whole stacks only while a profile is being collected). If naming raises, it is done again
+        one process at a time, so only the process whose files broke it loses its names (its samples
+        still count, as frameless rows)."""
+        if not (self.options.stacks if stacks is None else stacks):
             samples = [leaf_only(s) for s in samples]
         try:
             return self.symbolizer.symbolize(samples)
