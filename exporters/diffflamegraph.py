@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from optrace.exporters.flamegraph import encode, header_facts, page
-from optrace.frontend.report.callgraph import build_tree, require_stacks
+from optrace.frontend.report.callgraph import build_tree, gc_paused, require_stacks
 from optrace.frontend.report.diff import Comparison, base_counts
 from optrace.frontend.report.rows import ReportOptions
 
@@ -19,9 +19,10 @@ def write(stream: TextIO, comparison: Comparison, options: ReportOptions) -> Non
     for record in (base, new):
         require_stacks(record, "differential flame graph")
     order, by_comm = options.call_graph or "caller", "comm" in options.sort
-    new_tree = build_tree(new, options, order, by_comm)
-    base_tree = build_tree(base, options, order, by_comm)
-    data = encode(new_tree, base_counts(new_tree.root, base_tree.root), base_tree.total_samples)
+    with gc_paused():
+        new_tree = build_tree(new, options, order, by_comm)
+        base_tree = build_tree(base, options, order, by_comm)
+        data = encode(new_tree, base_counts(new_tree.root, base_tree.root), base_tree.total_samples)
     facts = [("Base", comparison.base.source), ("New", comparison.new.source)]
     facts += header_facts(new, comparison.new.source)[1:]  # NEW's header, after its name
     notes = " ".join((NOTE, *(f"Note: {note}." for note in comparison.notes)))

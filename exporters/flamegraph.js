@@ -5,31 +5,41 @@
 (function () {
   const D = JSON.parse(document.getElementById("data").textContent);
   const ROW = 18, FONT = "12px ui-monospace, Menlo, Consolas, monospace", MIN_PX = 0.4;
-  const raw = D.nodes, N = raw.length / 3, DIFF = Array.isArray(D.base);
-  const fr = new Int32Array(N), tot = new Float64Array(N), x0 = new Float64Array(N);
+  const N = D.nodes, DIFF = D.diff;
+  // the node arrays: base64 of gzip, unpacked synchronously (fflate, inlined above) so the page is
+  // drawn by the time it has loaded
+  const packed = atob(document.getElementById("arrays").textContent.trim());
+  const bytes = new Uint8Array(packed.length);
+  for (let k = 0; k < packed.length; k++) bytes[k] = packed.charCodeAt(k);
+  let unpacked = fflate.gunzipSync(bytes);
+  if (unpacked.byteOffset % 8) unpacked = unpacked.slice();  // Float64Array views need 8-byte alignment
+  const buf = unpacked.buffer, offset = unpacked.byteOffset;
+  const fr = new Int32Array(buf, offset, N), kids = new Int32Array(buf, offset + 4 * N, N);
+  const self = new Float64Array(buf, offset + 8 * N, N), base = DIFF ? new Float64Array(buf, offset + 16 * N, N) : null;
+  const tot = new Float64Array(N), x0 = new Float64Array(N), next = new Float64Array(N);
   const depth = new Int32Array(N), end = new Int32Array(N), parent = new Int32Array(N);
-  const self = new Float64Array(N);
   let maxDepth = 0;
   (function decode() {
-    const stack = [], left = [], next = [];
+    // preorder with each node's number of children: parents, depths and where each subtree ends
+    const stack = [], left = [];
     for (let i = 0; i < N; i++) {
-      fr[i] = raw[3 * i]; tot[i] = raw[3 * i + 1]; self[i] = tot[i];
-      const kids = raw[3 * i + 2];
       const s = stack.length - 1;
-      if (s >= 0) {
-        const p = stack[s];
-        parent[i] = p; depth[i] = depth[p] + 1; x0[i] = next[s]; next[s] += tot[i]; left[s]--;
-        self[p] -= tot[i];
-      } else { parent[i] = -1; depth[i] = 0; x0[i] = 0; }
+      if (s >= 0) { const p = stack[s]; parent[i] = p; depth[i] = depth[p] + 1; left[s]--; }
+      else { parent[i] = -1; depth[i] = 0; }
       if (depth[i] > maxDepth) maxDepth = depth[i];
-      if (kids > 0) { stack.push(i); left.push(kids); next.push(x0[i]); continue; }
+      if (kids[i] > 0) { stack.push(i); left.push(kids[i]); continue; }
       end[i] = i + 1;
-      while (stack.length && left[stack.length - 1] === 0) {
-        end[stack.pop()] = i + 1; left.pop(); next.pop();
-      }
+      while (stack.length && left[stack.length - 1] === 0) { end[stack.pop()] = i + 1; left.pop(); }
+    }
+    tot.set(self);
+    for (let i = N - 1; i > 0; i--) tot[parent[i]] += tot[i];
+    for (let i = 0; i < N; i++) {
+      const p = parent[i];
+      if (p >= 0) { x0[i] = next[p]; next[p] += tot[i]; }
+      next[i] = x0[i];
     }
   })();
-  const total = D.total || tot[0] || 1, baseTotal = D.baseTotal || 1, base = D.base;
+  const total = D.total || tot[0] || 1, baseTotal = D.baseTotal || 1;
   const frames = D.frames, kinds = D.kinds;
   const sym = (i) => frames[fr[i]][0];
   const dso = (i) => D.dsos[frames[fr[i]][1]];

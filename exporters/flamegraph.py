@@ -1,9 +1,11 @@
 """`report --format flamegraph`: one self-contained HTML file with an interactive icicle graph.
 
-No network: the script (flamegraph.js) and style (flamegraph.css) are inlined. The tree travels as one
-compact JSON document (a frame table and a flat preorder array of ``frame, total, children`` triples:
-about 12 bytes a node) inside ``<script type="application/json">``, drawn on a canvas, so 100,000
-distinct stacks stay a few MB and draw in well under a second (bench/bench_flamegraph.py).
+No network: the script (flamegraph.js) and style (flamegraph.css) are inlined. The tree travels as a
+JSON table of frames and gzipped arrays with one entry per node (:class:`Encoded`, base64 in the page,
+unpacked synchronously by fflate, vendored as exporters/fflate.js from npm's fflate 0.8.3: the browser's
+own DecompressionStream is asynchronous, and a page still unpacking when it reports "loaded" is blank
+to headless screenshots), drawn on a canvas: 100,000 distinct stacks (a
+million nodes) make a page of about 2.5 MB that is drawn in about a second (bench/bench_flamegraph.py).
 
 Every name comes from a record another user may have written: in the JSON ``<``, ``>`` and ``&`` are
 ``\\u`` escapes (no ``</script>`` can end the block), the header is HTML-escaped, and the page's script
@@ -11,15 +13,20 @@ puts names into the page only as text (``textContent``, canvas ``fillText``), ne
 """
 from __future__ import annotations
 
+import base64
+import gzip
 import html
 import json
+import sys
+from array import array
+from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, TextIO
 
 from optrace.escape import escape_controls
 from optrace.exporters.budget import OutputBudget
 from optrace.exporters.table import _when, lost_text, target_text
-from optrace.frontend.report.callgraph import CallTree, build_tree, require_stacks, walk
+from optrace.frontend.report.callgraph import CallTree, build_tree, gc_paused, require_stacks, walk
 from optrace.frontend.report.rows import Profile, ReportOptions, sample_total
 from optrace.model import Record
 
@@ -30,9 +37,10 @@ NODE_OVERHEAD = 24  # a node's three numbers and commas, at most
 def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     record = profile.record
     require_stacks(record, "flame graph")
-    tree = build_tree(record, options, options.call_graph or "caller", by_comm="comm" in options.sort)
-    title = f"optrace flame graph: {profile.source}"
-    stream.write(page(title, header_facts(record, profile.source), encode(tree)))
+    with gc_paused():
+        tree = build_tree(record, options, options.call_graph or "caller", by_comm="comm" in options.sort)
+        data = encode(tree)
+    stream.write(page(f"optrace flame graph: {profile.source}", header_facts(record, profile.source), data))
 
 
 def header_facts(record: Record, source: str) -> list[tuple[str, str]]:
@@ -63,17 +71,27 @@ def stack_quality(meta: Any) -> str:
     return ""
 
 
-def encode(tree: CallTree, base: dict[int, int] | None = None, base_total: int = 0) -> dict[str, Any]:
-    """The tree as the page reads it: ``frames`` [[symbol, dso index, kind index]], ``dsos``, and
-    ``nodes`` = frame, total, number of children, for each node in preorder. With ``base`` (node id ->
-    samples in the base profile), a differential graph: ``base`` holds those counts in the same order."""
+@dataclass
+class Encoded:
+    """The tree as the page reads it. ``meta``: ``frames`` [[symbol, dso index, kind index]], ``dsos``,
+    ``kinds``, ``nodes`` (how many), ``total`` (samples, the base of percentages), ``order``. ``arrays``:
+    gzip of four little-endian arrays, one entry per node in preorder: frame (int32), number of children
+    (int32), self samples (float64: exact to 2**53, a hostile count never overflows it) and, in a
+    differential graph, the samples of the same path in BASE (float64)."""
+
+    meta: dict[str, Any]
+    arrays: bytes
+
+
+def encode(tree: CallTree, base: dict[int, int] | None = None, base_total: int = 0) -> Encoded:
     budget = OutputBudget()
     frame_ids: dict[tuple[str, str, str], int] = {}
     dso_ids: dict[str, int] = {}
     frames: list[list[Any]] = []
-    nodes: list[int] = []
-    base_counts: list[int] = []
-    for _, node in walk(tree.root):
+    walked = walk(tree.root)
+    budget.take(NODE_OVERHEAD * len(walked))
+    node_frames = array("i", bytes(4 * len(walked)))
+    for i, (_, node) in enumerate(walked):
         key = (node.symbol, node.dso, node.kind)
         frame = frame_ids.get(key)
         if frame is None:
@@ -81,24 +99,27 @@ def encode(tree: CallTree, base: dict[int, int] | None = None, base_total: int =
             dso = dso_ids.setdefault(node.dso, len(dso_ids))
             frames.append([escape_controls(node.symbol), dso, KINDS.index(node.kind)])
             budget.take(len(node.symbol) + len(node.dso) + NODE_OVERHEAD)
-        budget.take(NODE_OVERHEAD)
-        nodes += (frame, node.total, len(node.children))
-        if base is not None:
-            base_counts.append(base.get(id(node), 0))
-    data: dict[str, Any] = {
-        "kinds": KINDS, "dsos": [escape_controls(dso) for dso in dso_ids], "frames": frames, "nodes": nodes,
-        "total": tree.total_samples, "order": tree.order,
+        node_frames[i] = frame
+    columns = [node_frames, array("i", [len(node.children) for _, node in walked]),
+               array("d", [node.self_count for _, node in walked])]
+    meta: dict[str, Any] = {
+        "kinds": KINDS, "dsos": [escape_controls(dso) for dso in dso_ids], "frames": frames,
+        "nodes": len(walked), "total": tree.total_samples, "order": tree.order, "diff": base is not None,
     }
     if base is not None:
-        data["base"] = base_counts
-        data["baseTotal"] = base_total
-    return data
+        columns.append(array("d", [base.get(id(node), 0) for _, node in walked]))
+        meta["baseTotal"] = base_total
+    if sys.byteorder == "big":
+        for column in columns:
+            column.byteswap()
+    return Encoded(meta, gzip.compress(b"".join(column.tobytes() for column in columns), compresslevel=6))
 
 
-def page(title: str, facts: list[tuple[str, str]], data: dict[str, Any], note: str = "") -> str:
+def page(title: str, facts: list[tuple[str, str]], data: Encoded, note: str = "") -> str:
     """The whole HTML document."""
     assets = files("optrace.exporters")
     script = assets.joinpath("flamegraph.js").read_text(encoding="utf-8")
+    inflate = assets.joinpath("fflate.js").read_text(encoding="utf-8")
     style = assets.joinpath("flamegraph.css").read_text(encoding="utf-8")
     header = "".join(f"<div><dt>{html.escape(label)}</dt><dd>{html.escape(value)}</dd></div>"
                      for label, value in facts)
@@ -115,7 +136,9 @@ def page(title: str, facts: list[tuple[str, str]], data: dict[str, Any], note: s
 <span id="match"></span><span id="legend"></span></div></header>
 <main><div id="graph"><canvas id="canvas"></canvas><div id="tip" hidden></div></div>
 <h2>Hottest functions</h2><table id="top"><thead></thead><tbody></tbody></table></main>
-<script type="application/json" id="data">{script_json(data)}</script>
+<script type="application/json" id="data">{script_json(data.meta)}</script>
+<script type="application/octet-stream" id="arrays">{base64.b64encode(data.arrays).decode("ascii")}</script>
+<script>/* fflate 0.8.3 (MIT, (c) Arjun Barrett): https://github.com/101arrowz/fflate */{inflate}</script>
 <script>{script}</script>
 </body></html>
 """

@@ -15,7 +15,7 @@ from typing import TextIO
 
 from optrace.exporters.budget import Names, OutputBudget
 from optrace.exporters.flamegraph import header_facts
-from optrace.frontend.report.callgraph import Node, build_tree, require_stacks, walk
+from optrace.frontend.report.callgraph import Node, build_tree, gc_paused, require_stacks, walk
 from optrace.frontend.report.rows import Profile, ReportOptions, percent
 
 WIDTH = 1200.0
@@ -30,9 +30,10 @@ COLOURS = {"user": "#f2a65a", "kernel": "#7fa7d9", "jit": "#8fd17f", "unknown": 
 def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     record = profile.record
     require_stacks(record, "flame graph")
-    tree = build_tree(record, options, options.call_graph or "caller", by_comm="comm" in options.sort)
-    facts = header_facts(record, profile.source)
-    stream.write(_svg(tree.root, tree.total_samples, facts))
+    with gc_paused():
+        tree = build_tree(record, options, options.call_graph or "caller", by_comm="comm" in options.sort)
+        text = _svg(tree.root, tree.total_samples, header_facts(record, profile.source))
+    stream.write(text)
 
 
 def _svg(root: Node, total: int, facts: list[tuple[str, str]]) -> str:

@@ -12,6 +12,9 @@ Stacks are selected as ``--format folded`` selects them: ``--pid``/``--comm`` by
 """
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from optrace.errors import OptraceError
@@ -78,9 +81,28 @@ class _Keys:
         return found
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cycle collector off while a tree of a million nodes is built or walked: none of it is cyclic
+    garbage, and the collections that its allocations trigger took half the time of a 100,000-stack
+    flame graph (8 s of CPU, 3.8 s without)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def build_tree(record: Record, options: ReportOptions, order: str = "caller", by_comm: bool = False) -> CallTree:
     """The merged tree of the selected stacks. With ``by_comm`` the first level under the root is the
     command name (as the folded format and flamegraph.pl put it)."""
+    with gc_paused():
+        return _build_tree(record, options, order, by_comm)
+
+
+def _build_tree(record: Record, options: ReportOptions, order: str, by_comm: bool) -> CallTree:
     keys = _Keys()
     frame_ids = [keys(frame.dso, frame.symbol, frame_kind(frame)) for frame in record.frames]
     selected = [dso_selected(frame, options.dsos) for frame in record.frames]
@@ -88,6 +110,7 @@ def build_tree(record: Record, options: ReportOptions, order: str = "caller", by
     unknown_selected = dso_selected(UNKNOWN_FRAME, options.dsos)
     root = Node(ROOT_NAME, "", "root")
     comms: dict[str, Node] = {}
+    values = keys.values
     for sample in selected_samples(record, options):
         frames = sample.frames
         if not (selected[frames[0]] if frames else unknown_selected):
@@ -96,15 +119,17 @@ def build_tree(record: Record, options: ReportOptions, order: str = "caller", by
         if order == "caller":
             path.reverse()
         node = _comm_node(root, comms, sample.comm) if by_comm else root
-        node.total += sample.count
+        count = sample.count
+        node.total += count
         for key_id in path:
-            child = node.children.get(key_id)
+            children = node.children
+            child = children.get(key_id)
             if child is None:
-                dso, symbol, kind = keys.values[key_id]
-                child = node.children[key_id] = Node(symbol, dso, kind)
-            child.total += sample.count
+                dso, symbol, kind = values[key_id]
+                child = children[key_id] = Node(symbol, dso, kind)
+            child.total += count
             node = child
-        node.self_count += sample.count
+        node.self_count += count
     root.total = sum(child.total for child in root.children.values())
     return CallTree(root=root, order=order, total_samples=sample_total(record), stacks=record.meta.stacks)
 
@@ -128,10 +153,20 @@ def require_stacks(record: Record, what: str) -> None:
 def walk(root: Node) -> list[tuple[int, Node]]:
     """(depth, node) in preorder, children largest first; the root is depth 0. Iterative: a hostile
     record's stacks are bounded by the kernel's 127 frames, but a comm level and kernel frames add up."""
+    with gc_paused():
+        return _walk(root)
+
+
+def _walk(root: Node) -> list[tuple[int, Node]]:
     out: list[tuple[int, Node]] = []
     pending = [(0, root)]
+    pop, push, append = pending.pop, pending.extend, out.append
     while pending:
-        depth, node = pending.pop()
-        out.append((depth, node))
-        pending.extend((depth + 1, child) for child in reversed(node.sorted_children()))
+        depth, node = pop()
+        append((depth, node))
+        children = node.children
+        if len(children) == 1:
+            pending.append((depth + 1, next(iter(children.values()))))
+        elif children:
+            push((depth + 1, child) for child in reversed(node.sorted_children()))
     return out

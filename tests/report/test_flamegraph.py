@@ -55,7 +55,7 @@ def test_hostile_names_stay_text(optrace, record: Record, tmp_path: Path) -> Non
     optrace("report", "-i", str(data), "-f", "flamegraph", "-o", str(out), check=True)
     dom = dump_dom(out)
     page = read_page(dom)
-    assert page.scripts == 2 and "pwned" not in re.search(r"<title>(.*?)</title>", dom).group(1)
+    assert page.scripts == 4 and "pwned" not in re.search(r"<title>(.*?)</title>", dom).group(1)
     assert int(page.body["data-ready-ms"]) > 0  # the page's own script ran to the end
     assert share(page, HOSTILE[0]) == share(page, HOSTILE[2]) == 19.8  # 200 of 1010 samples
     names = {row[3] for row in page.top} | {row[4] for row in page.top}
@@ -111,3 +111,16 @@ def test_a_repeated_long_name_is_stored_once(tmp_path: Path, record: Record) -> 
     user, system, peak_kb = measured.read_text().split()[-3:]
     assert 60_000_000 < out.stat().st_size < 61_000_000
     assert int(peak_kb) < 400 << 10 and float(user) + float(system) < 5
+
+
+def test_vendored_inflater_is_the_pinned_fflate() -> None:
+    """exporters/fflate.js is npm's fflate 0.8.3 umd/index.js as published (`npm pack fflate@0.8.3`), and
+    nothing in it can end the <script> element it is inlined in."""
+    import hashlib
+
+    from support import REPO
+
+    text = (REPO / "exporters" / "fflate.js").read_bytes()
+    assert hashlib.sha256(text).hexdigest() == "462ef8041fc970e3615a20a9dd2b2e3047a073b2da729ef4f02b634bba8b7b83"
+    assert b"</" not in text and b"<!--" not in text
+    assert (REPO / "exporters" / "fflate.LICENSE").read_text().startswith("MIT License")
