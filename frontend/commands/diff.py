@@ -6,7 +6,8 @@ import click
 from optrace.escape import escape_controls
 from optrace.exporters.formats import DIFF
 from optrace.frontend.cliopts import parse_percent, perf_sort_keys, pid_option
-from optrace.frontend.commands.report import _graph_order, _output_stream, _split
+from optrace.frontend.commands.report import _graph_order, _split
+from optrace.outputfile import output_stream
 from optrace.frontend.report.diff import compare
 from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
 from optrace.recordfile import read_record
@@ -43,5 +44,5 @@ def command(base: str, new: str, sort: str, fmt: str, pids: tuple[int, ...], com
     write = DIFF.writer(fmt)
     comparison = compare(Profile(read_record(base), escape_controls(base)),
                          Profile(read_record(new), escape_controls(new)))
-    with _output_stream(output) as stream:
+    with output_stream(output) as stream:
         write(stream, comparison, options)
