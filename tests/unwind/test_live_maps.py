@@ -66,7 +66,9 @@ def test_rows_found_from_live_addresses_are_readelfs(live_processes):
             unwind = cache.file_of_mapping(proc.pid, entry)
             if not unwind.table.count:
                 continue
-            expected = expected_by_file.setdefault(entry.file_path, Expected(entry.file_path))
+            if entry.file_path not in expected_by_file:
+                expected_by_file[entry.file_path] = Expected(entry.file_path)
+            expected = expected_by_file[entry.file_path]
             files.add(entry.file_path)
             for address in rng.sample(range(entry.start, entry.end), SAMPLES_PER_MAPPING):
                 vaddr = unwind.file_vaddr(entry, address)
