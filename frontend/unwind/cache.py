@@ -57,6 +57,7 @@ class UnwindFile:
     table: UnwindTable
     build_id: bytes | None = None
     loads: tuple[ProgramHeader, ...] = ()
+    identity: FileIdentity | None = None  # the cache's key (st_dev, st_ino, st_size, st_mtime_ns)
 
     def bias(self, entry: MapEntry) -> int:
         """The load bias of the mapping ``entry`` of this file: a mapped address is at the file's virtual
@@ -107,7 +108,9 @@ class UnwindTableCache:
     def of_ref(self, ref: FileRef) -> UnwindTable:
         return self.file_of_ref(ref).table
 
-    def of_open_file(self, fd: int, name: str) -> UnwindTable:
+    def of_open_file(self, fd: int, name: str, build_id: bytes | None = None) -> UnwindTable:
+        """``build_id`` is ignored (the file's own is read, see the module's docstring); it is accepted
+        because the first version of this cache took it and bpf/'s mapping tables were written against it."""
         return self.file_of_open_file(fd, name).table
 
     def file_of_mapping(self, pid: int, entry: MapEntry) -> UnwindFile:
@@ -133,13 +136,13 @@ class UnwindTableCache:
             self._problems.report(ref.name, err, CONSEQUENCE)
             return NO_FILE
         with reader:
-            return self._lookup(_identity(reader.fd), ref.name, reader)
+            return self._lookup(file_identity(reader.fd), ref.name, reader)
 
     def file_of_open_file(self, fd: int, name: str) -> UnwindFile:
         """The file open at ``fd`` (left open; ``name`` for messages), already checked against
         ELF_POLICY (open_mapped_file, open_file)."""
         with reader_for(os.dup(fd), ELF_POLICY, name) as reader:
-            return self._lookup(_identity(fd), name, reader)
+            return self._lookup(file_identity(fd), name, reader)
 
     # -- the one conversion per file ------------------------------------------------------------------
     def _lookup(self, identity: FileIdentity, name: str, reader: BinaryIO) -> UnwindFile:
@@ -156,7 +159,7 @@ class UnwindTableCache:
                     break
             pending.wait()  # another thread converts this file: use its result
         try:
-            unwind = self._problems.contained(name, CONSEQUENCE, lambda: _convert(reader)) or NO_FILE
+            unwind = self._problems.contained(name, CONSEQUENCE, lambda: _convert(reader, identity)) or NO_FILE
             if not unwind.table.count and unwind.build_id is not None:
                 unwind = self._from_debug_file(unwind)
             if unwind.table.problems:
@@ -195,12 +198,17 @@ class UnwindTableCache:
         return unwind
 
 
-def _convert(stream: BinaryIO) -> UnwindFile:
+def _convert(stream: BinaryIO, identity: FileIdentity) -> UnwindFile:
     elf = ElfFile(stream)
     loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
-    return UnwindFile(build_table(elf), read_build_id(stream), loads)
+    build_id = read_build_id(stream)  # first: the table's build may take a while, the reader has a time budget
+    return UnwindFile(build_table(elf), build_id, loads, identity)
 
 
-def _identity(fd: int) -> FileIdentity:
+def file_identity(fd: int) -> FileIdentity:
+    """The cache's key of the file open at ``fd``."""
     info = os.fstat(fd)
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+_identity = file_identity  # the name bpf/'s first mapping tables import

@@ -162,3 +162,11 @@ def test_binary_without_cfi_gets_its_debug_files_debug_frame(debug_frame_binary:
     assert unwind.table.source == ".debug_frame" and cache.stats["debug_files"] == 1
     assert unwind.table.rows == build_table(debug_file.read_bytes()).rows
     assert UnwindTableCache(debug_roots=[str(tmp_path / "nowhere")]).of_ref(FileRef(str(stripped), str(stripped))) is EMPTY
+
+
+def test_unwind_file_carries_identity_build_id_and_loads(omit_fp_binary: Path):
+    cache = UnwindTableCache()
+    unwind = cache.file_of_ref(FileRef(str(omit_fp_binary), str(omit_fp_binary)))
+    info = omit_fp_binary.stat()
+    assert unwind.identity == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    assert unwind.build_id == read_build_id_file(str(omit_fp_binary)) and any(seg.executable for seg in unwind.loads)

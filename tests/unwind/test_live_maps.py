@@ -16,8 +16,9 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from framesinterp import Expected, matches
 
-from optrace.frontend.unwind.cache import UnwindTableCache
-from optrace.frontend.unwind.table import CFA_END
+from optrace.frontend.symbols.elffile import PT_LOAD, ProgramHeader
+from optrace.frontend.unwind.cache import UnwindFile, UnwindTableCache
+from optrace.frontend.unwind.table import CFA_END, EMPTY
 from optrace.procfs import MapEntry, parse_maps, read_maps_text
 
 SAMPLES_PER_MAPPING = 400
@@ -84,3 +85,16 @@ def test_rows_found_from_live_addresses_are_readelfs(live_processes):
     assert {"/usr/bin/python3.11", os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")} <= files
     assert checked >= 5 * SAMPLES_PER_MAPPING
     assert cache.stats["conversions"] == len(files)  # libc and ld.so, mapped by both, converted once
+
+
+def test_bias_when_the_text_segment_is_not_page_aligned_in_the_file():
+    """lld's layout: the executable PT_LOAD at p_offset 0x1a40, p_vaddr 0x2a40; the kernel maps it from
+    file offset 0x1000 (page-rounded down), so the mapping's offset is below the segment's."""
+    loads = (ProgramHeader(PT_LOAD, 0, 0, 0xA40, 0xA40, 0x1000, flags=4),
+             ProgramHeader(PT_LOAD, 0x1A40, 0x2A40, 0x3000, 0x3000, 0x1000, flags=5))
+    unwind = UnwindFile(EMPTY, None, loads)
+    entry = MapEntry(0x7F0000002000, 0x7F0000005000, "r-xp", 0x1000, "08:01", 1, "/lib/liblld.so")
+    assert unwind.file_vaddr(entry, 0x7F0000002A40) == 0x2A40  # the segment's first byte
+    assert unwind.file_vaddr(entry, 0x7F0000004000) == 0x4000
+    text_only = UnwindFile(EMPTY, None, loads[1:])
+    assert text_only.bias(entry) == unwind.bias(entry)
