@@ -13,8 +13,10 @@ from cfibytes import EhFrame, elf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from optrace.frontend.symbols.access import FileRef
 from optrace.frontend.symbols.elffile import ElfFile, ElfFormatError
 from optrace.frontend.unwind import cfi
+from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.table import CFA_END, CFA_RSP, CFA_UNSUPPORTED, build_table
 
 PC = 0x1000
@@ -176,3 +178,22 @@ def built_at(section: bytes, address: int):
     table = build_table(elf({".eh_frame": section}, addresses={".eh_frame": address}))
     assert time.process_time() - started < MAX_SECONDS
     return table
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 1 << 24), st.integers(0, 255)), min_size=1, max_size=30))
+def test_fuzz_whole_files_through_the_cache(omit_fp_binary, tmp_path_factory, mutations):
+    """Mutated copies of a real binary (headers, section table, CFI alike): the cache returns a table
+    for each and raises nothing; a file it cannot use is one counted warning."""
+    data = bytearray(omit_fp_binary.read_bytes())
+    for position, value in mutations:
+        data[position % len(data)] = value
+    path = tmp_path_factory.mktemp("fuzz") / "mutated"
+    path.write_bytes(bytes(data))
+    lines = []
+    cache = UnwindTableCache(warn=lines.append)
+    started = time.process_time()
+    table = cache.of_ref(FileRef(str(path), str(path)))
+    assert time.process_time() - started < MAX_SECONDS
+    assert table.count * 16 == len(table.rows) and list(table.pcs()) == sorted(set(table.pcs()))
+    assert len(lines) == cache.stats["bad_files"] <= 2  # the file; its partial CFI
