@@ -45,10 +45,11 @@ class WindowRefused(Exception):
 
 
 def parse_seconds(values: list[str]) -> int:
-    """The ``seconds`` parameter (Go's default when absent); WindowRefused (400) unless 1..MAX_SECONDS."""
+    """The ``seconds`` parameter (the first, as Go's FormValue; Go's default when absent); WindowRefused
+    (400) unless a whole number 1..MAX_SECONDS."""
     if not values:
         return DEFAULT_SECONDS
-    text = values[-1].strip()
+    text = values[0].strip()
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_SECONDS:
         shown = text[:20].encode("ascii", "backslashreplace").decode()
         raise WindowRefused("400 Bad Request", f"bad seconds={shown!r}: a whole number from 1 to {MAX_SECONDS}")
