@@ -75,15 +75,30 @@ def test_walk_reaches_start_through_libc(chain_binary: Path):
     assert cache.stats["conversions"] >= 2  # the program and libc, each once
 
 
+CC1 = "/usr/lib/gcc/x86_64-linux-gnu/12/cc1"
+
+
+@pytest.fixture(scope="module")
+def c_source(tmp_path_factory) -> Path:
+    """1,000 small functions with loops: a few seconds of cc1 -O2."""
+    path = tmp_path_factory.mktemp("cc1") / "big.c"
+    path.write_text("\n".join(f"int f{i}(int *a, int n) {{ int s = 0; for (int j = 0; j < n; j++) "
+                              f"s += a[j] * {i} + (a[j] >> 3); return s; }}" for i in range(1000)))
+    return path
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["/usr/bin/python3.11", "-c", "while True: pass"], ["_PyEval_EvalFrameDefault", "Py_RunMain"]),
-    (["/usr/bin/xz", "-T1", "-6", "-c", "/usr/lib/gcc/x86_64-linux-gnu/12/cc1"], ["lzma_code"]),
-], ids=["python3.11", "xz"])
-def test_debian_programs_walk_to_their_root(argv: list[str], expected: list[str]):
-    """Debian's python3.11 and xz (liblzma), unmodified, no frame pointers: every stop walks to the
-    return address left undefined by _start's CFI, through the functions named."""
+    (["/usr/bin/xz", "-T1", "-6", "-c", CC1], ["lzma_code"]),
+    pytest.param([CC1, "-quiet", "-O2", "SOURCE", "-o", "/dev/null"], ["_ZN6toplev4mainEiPPc"],
+                 marks=pytest.mark.slow),  # cc1's 28,898 exported names through pyelftools
+], ids=["python3.11", "xz", "cc1"])
+def test_debian_programs_walk_to_their_root(argv: list[str], expected: list[str], c_source: Path):
+    """Debian's python3.11, xz (liblzma) and gcc's cc1, unmodified, no frame pointers: every stop walks
+    to the return address left undefined by _start's CFI, through the functions named."""
     if not all(Path(arg).exists() for arg in argv if arg.startswith("/")):
         pytest.skip("not installed")
+    argv = [str(c_source) if arg == "SOURCE" else arg for arg in argv]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     cache = UnwindTableCache()
     symbols: dict[str, list] = {}
