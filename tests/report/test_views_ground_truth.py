@@ -95,14 +95,20 @@ def test_diff_shows_the_known_change(tmp_path: Path, workloads: Path) -> None:
     assert share(read_page(dump_dom(out)), "share_a", 2) == pytest.approx(40, abs=3)
 
 
-def test_screenshots(demo_record: Path, tmp_path: Path, workloads: Path) -> None:
-    """The README's pictures, from real runs: the demo's flame graph (searching for hot_) and the
-    differential graph of shares 30 -> 70."""
-    fg, diff = tmp_path / "flamegraph.html", tmp_path / "diff.html"
-    run_optrace("report", "-i", str(demo_record), "-f", "flamegraph", "-o", str(fg), check=True)
-    base, new = record_shares(tmp_path, workloads, 30), record_shares(tmp_path, workloads, 70)
-    run_optrace("diff", str(base), str(new), "-f", "flamegraph", "-o", str(diff), check=True)
-    shots = [(fg, tmp_path / "flamegraph.png", "#search=hot_"), (diff, tmp_path / "diff-flamegraph.png", "")]
+def test_screenshots(tmp_path: Path, workloads: Path) -> None:
+    """The README's pictures, from real runs of the README's commands (in a scratch folder, so the pages
+    name the files as the README does): the demo's flame graph searching for hot_, and the differential
+    graph of shares 30 -> 70."""
+    def optrace(*args: str) -> None:
+        run_optrace(*args, check=True, timeout=300, cwd=tmp_path)
+
+    optrace("record", "-F", "999", "-o", "demo.data", "--", str(workloads / "demo"), "3")
+    optrace("report", "-i", "demo.data", "-f", "flamegraph", "-o", "flamegraph.html")
+    optrace("record", "-F", "999", "-o", "base.data", "--", str(workloads / "shares"), "30", "2")
+    optrace("record", "-F", "999", "-o", "new.data", "--", str(workloads / "shares"), "70", "2")
+    optrace("diff", "base.data", "new.data", "-f", "flamegraph", "-o", "diff.html")
+    shots = [(tmp_path / "flamegraph.html", tmp_path / "flamegraph.png", "#search=hot_"),
+             (tmp_path / "diff.html", tmp_path / "diff-flamegraph.png", "")]
     for page, png, fragment in shots:
         screenshot(page, png, 1200, 560, fragment)
         assert png.stat().st_size > 20_000
