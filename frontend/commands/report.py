@@ -1,6 +1,8 @@
 """`optrace report`: read a record file and print it per symbol. Needs no root and never loads BCC."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from optrace.errors import OptraceError
@@ -12,15 +14,26 @@ from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
 
 
+ROW_OPTIONS = (  # the rows' keys and filters, the same in report and diff
+    click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
+                 help="Comma-separated row keys: comm, pid, dso, symbol (perf's sym, overhead... too)."),
+    pid_option("--pid", help="Only these processes (repeat, or comma list)."),
+    click.option("--comm", "comms", default="", help="Only these command names (comma-separated)."),
+    click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated)."),
+)
+
+
+def row_options(function: Callable[..., None]) -> Callable[..., None]:
+    for option in reversed(ROW_OPTIONS):
+        function = option(function)
+    return function
+
+
 @click.command("report")
 @click.option("-i", "--input", "source", default="optrace.data", show_default=True, help="Record file to read.")
-@click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
-              help="Comma-separated row keys: comm, pid, dso, symbol (perf's sym, overhead... too).")
 @click.option("-f", "--format", "fmt", default="table", show_default=True,
               help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
-@pid_option("--pid", help="Only these processes (repeat, or comma list).")
-@click.option("--comm", "comms", default="", help="Only these command names (comma-separated).")
-@click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated).")
+@row_options
 @click.option("--percent-limit", default="0", help="Hide rows below this percentage of all samples (1 or 1%).")
 @click.option("--children/--no-children", default=False, help="Add inclusive (children) counts from the stacks.")
 @click.option("--stdio", is_flag=True, expose_value=False, help="perf's spelling of the default text table.")
@@ -33,7 +46,17 @@ from optrace.recordfile import read_record
 def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str,
             children: bool, call_graph: str | None, output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
-    options = ReportOptions(
+    options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph)
+    write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
+    profile = Profile(read_record(source), escape_controls(source))
+    with output_stream(output) as stream:
+        write(stream, profile, options)
+
+
+def report_options(sort: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str, children: bool,
+                   call_graph: str | None) -> ReportOptions:
+    """The options as report's model takes them (also diff's)."""
+    return ReportOptions(
         sort=parse_sort_keys(perf_sort_keys(sort, SORT_KEYS)),
         pids=frozenset(pids),
         comms=_split(comms),
@@ -42,10 +65,6 @@ def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str,
         children=children,
         call_graph=_graph_order(call_graph),
     )
-    write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
-    profile = Profile(read_record(source), escape_controls(source))
-    with output_stream(output) as stream:
-        write(stream, profile, options)
 
 
 def _graph_order(text: str | None) -> str:
