@@ -61,11 +61,16 @@ def header_facts(record: Record, source: str) -> list[tuple[str, str]]:
 
 
 def stack_quality(meta: Any) -> str:
-    """How complete the stacks are, from whichever counts the record has (``stack_quality`` when the
-    recorder writes it, else how user stacks were taken)."""
+    """How complete the user stacks are: the record's ``stack_quality`` counts (complete, or why a stack
+    stopped) where the recorder wrote them, else how the user stacks were taken."""
     counts = getattr(meta, "stack_quality", None) or {}
     if isinstance(counts, dict) and counts:
-        return ", ".join(f"{kind} {value}" for kind, value in sorted(counts.items()))
+        total = sum(counts.values())
+        complete = counts.get("complete", 0)
+        others = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()) if kind != "complete" and n)
+        text = f"{100 * complete / total:.1f}% of {total} user stacks complete" if total else "no user stacks"
+        mode = getattr(meta, "call_graph", "")
+        return text + (f" (stopped: {others})" if others else "") + (f", unwound by {mode}" if mode else "")
     if meta.user_stacks:
         return "user stacks: " + ", ".join(f"{kind} {n}" for kind, n in sorted(meta.user_stacks.items()))
     return ""

@@ -124,3 +124,24 @@ def test_vendored_inflater_is_the_pinned_fflate() -> None:
     assert hashlib.sha256(text).hexdigest() == "462ef8041fc970e3615a20a9dd2b2e3047a073b2da729ef4f02b634bba8b7b83"
     assert b"</" not in text and b"<!--" not in text
     assert (REPO / "exporters" / "fflate.LICENSE").read_text().startswith("MIT License")
+
+
+def test_header_shows_stack_quality_when_the_record_has_it(record: Record, tmp_path: Path) -> None:
+    """Records of recorders that count complete user stacks (RecordMeta.stack_quality, issue 10) show it;
+    older records show how user stacks were taken, and no line when they have neither."""
+    import io
+
+    from optrace.exporters.flamegraph import header_facts
+    from optrace.exporters.formats import PROFILE
+    from optrace.frontend.report.rows import Profile, ReportOptions
+
+    assert "Stacks" not in dict(header_facts(record, "r"))
+    record.meta.user_stacks = {"raw": 90, "build_id": 10}
+    assert dict(header_facts(record, "r"))["Stacks"] == "user stacks: build_id 10, raw 90"
+    record.meta.stack_quality = {"complete": 970, "no_cfi": 20, "read_fault": 10}
+    record.meta.call_graph = "dwarf"
+    expected = "97.0% of 1000 user stacks complete (stopped: no_cfi 20, read_fault 10), unwound by dwarf"
+    assert dict(header_facts(record, "r"))["Stacks"] == expected
+    out = io.StringIO()
+    PROFILE.writer("flamegraph")(out, Profile(record, "r"), ReportOptions())
+    assert f"<dt>Stacks</dt><dd>{expected}</dd>" in out.getvalue()
