@@ -15,10 +15,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from optrace import __version__
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import GatedChild
-from optrace.model import RawSample, Record, RecordMeta
+from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
 
 POLL_SECONDS = 0.05  # how quickly the end of the profiled command is noticed
@@ -37,6 +37,8 @@ class RecordOptions:
     drain_interval_s: float = 1.0
     stack_storage_size: int | None = None
     jit_max_file_size: int = 256 << 20
+    off_cpu: OffCpuOptions | None = None
+    wall: bool = False  # off-CPU time and CPU samples, to be shown together as time
 
 
 class SampleStore:
@@ -47,17 +49,19 @@ class SampleStore:
         self._counts: Counter[tuple] = Counter()
 
     def add(self, sample: RawSample, timed: bool) -> None:
-        key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0)
+        key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0, sample.tid)
         self._counts[key] += sample.count
 
     def samples(self) -> list[RawSample]:
-        return [RawSample(pid, comm, user, kernel, n, t) for (pid, comm, user, kernel, t), n in self._counts.items()]
+        return [RawSample(pid, comm, user, kernel, n, t, tid=tid)
+                for (pid, comm, user, kernel, t, tid), n in self._counts.items()]
 
 
 class Recorder:
     def __init__(self, options: RecordOptions) -> None:
         self.options = options
         self.store = SampleStore()
+        self.off_cpu_store = SampleStore()
         self.lost: Counter[str] = Counter()
         self.child: GatedChild | None = None
         self.exit_status: int | None = None
@@ -69,7 +73,7 @@ class Recorder:
             frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
             programs_at_exec=True, learn_at_exec=not opts.system_wide, forget_exited=False,
             stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
-            jitdumps=opts.jitdumps))
+            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu))
 
     def run(self) -> Record:
         started = time.time()
@@ -151,10 +155,13 @@ class Recorder:
         self.lost.update(result.lost)
         for sample, timed in zip(result.samples, result.maybe_jit):
             self.store.add(sample, timed)
+        for sample, timed in zip(result.off_cpu, result.off_cpu_maybe_jit):
+            self.off_cpu_store.add(sample, timed)
         return result
 
     def _build_record(self, started: float, duration: float, calls) -> Record:
         frames, samples = self.session.symbolize(self.store.samples())
+        frames, off_cpu = merged_frames(frames, *self.session.symbolize(self.off_cpu_store.samples()))
         session = self.session
         lost = dict(self.lost)
         idle = lost.pop("idle", 0)
@@ -179,8 +186,34 @@ class Recorder:
             user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id")},
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
+            off_cpu=self._off_cpu_meta(off_cpu),
         )
-        return Record(meta=meta, frames=frames, samples=samples, calls=calls)
+        return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu)
+
+    def _off_cpu_meta(self, off_cpu: list[Sample]) -> OffCpuMeta | None:
+        opts = self.options.off_cpu
+        if opts is None:
+            return None
+        from optrace.bpf.offcpu import ATTACHMENT
+
+        return OffCpuMeta(source=ATTACHMENT, min_block_us=opts.min_block_us, states=sorted(opts.states),
+                          total_ns=sum(s.count for s in off_cpu), wall=self.options.wall)
+
+
+def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:
+    """One frame table for two symbolized sets: ``more``'s indices moved into ``frames`` (extended)."""
+    merged = list(frames)
+    index: dict[Frame, int] = {}
+    for i, frame in enumerate(frames):
+        index.setdefault(frame, i)
+    moved = []
+    for frame in more_frames:
+        if frame not in index:
+            index[frame] = len(merged)
+            merged.append(frame)
+        moved.append(index[frame])
+    rows = [Sample(s.pid, s.comm, tuple(moved[i] for i in s.frames), s.count, s.tid) for s in more]
+    return merged, rows
 
 
 STACKLESS_WARN_SHARE = 0.01

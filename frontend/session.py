@@ -18,7 +18,7 @@ import dataclasses
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from optrace.escape import escape_controls
@@ -57,6 +57,13 @@ class SessionOptions:
     stack_storage_size: int | None = None  # None: sized from CPUs x Hz (bpf.profiler.default_stack_storage)
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
+    off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
+
+
+@dataclass(frozen=True)
+class OffCpuOptions:
+    min_block_us: int = 1  # shorter waits are left out, like BCC's offcputime
+    states: frozenset[str] = frozenset()  # of optrace.bpf.offcpu.STATES; empty: every wait
 
 
 @dataclass
@@ -70,6 +77,8 @@ class Drain:
     execs: int
     exits: list[int]
     time: float
+    off_cpu: list[RawSample] = field(default_factory=list)  # count: nanoseconds; user frames translated
+    off_cpu_maybe_jit: list[bool] = field(default_factory=list)
 
 
 class ProcessTracker:
@@ -122,6 +131,7 @@ class ProfilingSession:
         self.stats: Counter[str] = Counter()
         self.warnings: list[str] = []
         self.profiler = None
+        self.off_cpu = None  # optrace.bpf.offcpu.OffCpuTracer with options.off_cpu
         self.symbolizer = None
         self._jit_pids: set[int] = set()  # processes whose JIT files are read
         self._exited: list[int] = []  # exits since the last drain: their address spaces go at its end
@@ -138,10 +148,13 @@ class ProfilingSession:
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks)
         self.profiler.load()  # first: the compile's peak memory does not stack on kallsyms' tables
+        self._load_off_cpu()
         for pid in opts.pids or ():
-            self.profiler.add_pid(pid)
+            self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
         self.profiler.attach()
+        if self.off_cpu is not None:
+            self.off_cpu.attach()
         self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup, build_ids=self.build_ids)
         for pid in opts.pids or ():
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
@@ -149,6 +162,8 @@ class ProfilingSession:
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
         works until :meth:`close` (a recording names its samples after the profiler is gone)."""
+        if self.off_cpu is not None:
+            self.off_cpu.close()
         if self.profiler is not None:
             self.profiler.close()
 
@@ -172,6 +187,8 @@ class ProfilingSession:
     def add_pid(self, pid: int) -> None:
         """Profile one more process (and its children), e.g. a command started after the session."""
         self.profiler.add_pid(pid)
+        if self.off_cpu is not None:
+            self.off_cpu.add_pid(pid)
 
     def target_pids(self) -> set[int]:
         """With pids: the given processes and their children; empty for the whole machine."""
@@ -194,8 +211,42 @@ class ProfilingSession:
         maybe_jit = self._learn_processes(samples, result.time)
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
             self.learn(pid)
+        drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time)
+        if self.off_cpu is not None:
+            self._drain_off_cpu(drain)
         self._end_processes(result.exits, result.time)
-        return Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time)
+        return drain
+
+    # -- off-CPU time ----------------------------------------------------------------------------------
+    def _load_off_cpu(self) -> None:
+        if self.options.off_cpu is None:
+            return
+        from optrace.bpf.offcpu import OffCpuTracer
+
+        opts = self.options
+        self.off_cpu = OffCpuTracer(None if opts.pids is None else [], min_block_us=opts.off_cpu.min_block_us,
+                                    states=opts.off_cpu.states, stack_storage_size=opts.stack_storage_size)
+        self.off_cpu.load()
+
+    def _drain_off_cpu(self, drain: Drain) -> None:
+        """The off-CPU sums since the last drain, their raw user IPs named from each process's newest
+        mappings (a process never sampled on CPU has its mappings read now)."""
+        result = self.off_cpu.drain()
+        drain.lost.update({f"off_cpu_{reason}": n for reason, n in result.lost.items()})
+        samples = [s for s in result.samples if not self.options.comms or s.comm in self.options.comms]
+        for pid in {s.pid for s in samples if s.user and self.spaces.newest(s.pid) is None}:
+            if self.profiler.raw_stacks:
+                self.learn(pid)
+            else:
+                self.spaces.learn(pid, 0)
+        drain.off_cpu = [self._named_from_newest(s) for s in samples]
+        drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
+
+    def _named_from_newest(self, sample: RawSample) -> RawSample:
+        space = self.spaces.newest(sample.pid)
+        if space is None or not sample.user:
+            return sample
+        return dataclasses.replace(sample, user=tuple(space.frame(f.offset) for f in sample.user))
 
     def finish(self, time: float) -> None:
         """The recording is over: JIT files are read a last time."""
@@ -238,8 +289,9 @@ class ProfilingSession:
         rows: list[Sample] = []
         for group in by_pid.values():
             named = self._contain("symbolize", self.symbolizer.symbolize, group)
-            group_frames, group_rows = named or ([], [Sample(s.pid, s.comm, (), s.count) for s in group])
-            rows += [Sample(r.pid, r.comm, tuple(i + len(frames) for i in r.frames), r.count) for r in group_rows]
+            group_frames, group_rows = named or ([], [Sample(s.pid, s.comm, (), s.count, s.tid) for s in group])
+            rows += [Sample(r.pid, r.comm, tuple(i + len(frames) for i in r.frames), r.count, r.tid)
+                     for r in group_rows]
             frames += group_frames
         return frames, rows
 

@@ -11,6 +11,8 @@ from typing import Annotated
 
 KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
+# The events a record can hold, each its own sample type: what Sample.count counts for it.
+EVENT_UNITS = {"cpu": "samples", "off-cpu": "nanoseconds", "wall": "nanoseconds"}
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class RawSample:
     # 0: ``user`` is as the kernel's build-id stack map gave it. Else ``user`` holds raw IPs (build_id None)
     # to be translated against the process's mappings of this epoch (see frontend/session.py).
     epoch: int = 0
+    tid: int = 0  # the thread, where the event knows it (off-CPU time); 0: not recorded
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class Sample:
     comm: str
     frames: tuple[int, ...]
     count: int
+    tid: Pid = 0  # 0: the event did not record the thread
 
 
 @dataclass
@@ -94,6 +98,18 @@ class CallCount:
     # `calls`, in no per_pid entry. A counter of its own, never `calls` minus the rows: the kernel
     # maps are read one after the other, so that difference drifts while calls happen.
     unattributed: int = 0
+
+
+@dataclass
+class OffCpuMeta:
+    """How the off-CPU time (Record.off_cpu, nanoseconds) was measured."""
+
+    source: str  # the kernel hook, e.g. "raw tracepoint sched_switch"
+    min_block_us: int  # shorter waits were left out
+    states: list[str] = field(default_factory=list)  # kept task states; empty: all
+    total_ns: int = 0
+    # True (record --wall): the CPU samples were taken of the same threads, to be shown as time with it
+    wall: bool = False
 
 
 @dataclass
@@ -121,6 +137,7 @@ class RecordMeta:
     # "elf_unreadable", "elf_malformed" (binaries, libraries, debug files), "jit_<reason>" (perf maps,
     # jitdumps: refused, corrupt, too many...), "jit_symbols_dropped" (entries over the symbol budget).
     file_problems: dict[str, int] = field(default_factory=dict)
+    off_cpu: OffCpuMeta | None = None  # set when the record holds off-CPU time
 
 
 @dataclass
@@ -129,3 +146,4 @@ class Record:
     frames: list[Frame] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     calls: list[CallCount] = field(default_factory=list)
+    off_cpu: list[Sample] = field(default_factory=list)  # count: nanoseconds off CPU (record --off-cpu)

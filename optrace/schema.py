@@ -233,6 +233,7 @@ def _expect(data: Any, kind: type) -> None:
 
 def _check_frame_indices(record: Record) -> None:
     count = len(record.frames)
-    for i, sample in enumerate(record.samples):
-        if any(not 0 <= index < count for index in sample.frames):
-            raise SchemaError("frame index out of range", (".samples", f"[{i}]"))
+    for name in (".samples", ".off_cpu"):
+        for i, sample in enumerate(record.samples if name == ".samples" else record.off_cpu):
+            if any(not 0 <= index < count for index in sample.frames):
+                raise SchemaError("frame index out of range", (name, f"[{i}]"))

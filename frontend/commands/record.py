@@ -8,9 +8,13 @@ import click
 from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.frontend.cliopts import pid_option
+from optrace.frontend.session import OffCpuOptions
 from optrace.frontend.target import check_command, check_pids, describe_exit, shell_status
 from optrace.escape import escape_controls
 from optrace.kernel import max_sample_rate
+
+MAX_MIN_BLOCK_US = 3_600_000_000  # an hour
+
 
 def check_frequency(hz: int) -> None:
     """perf's rule: a frequency above kernel.perf_event_max_sample_rate is refused, not clamped (the
@@ -37,14 +41,21 @@ def check_frequency(hz: int) -> None:
 @click.option("--stack-storage-size", type=click.IntRange(1, 1 << 20), default=None,
               help="Distinct stacks the kernel holds per drain period (more: fewer collisions, more memory). "
                    "Default: 4 x CPUs x Hz, 8192 to 131072.")
+@click.option("--off-cpu", "off_cpu", is_flag=True, help="Also record where threads wait off CPU (nanoseconds).")
+@click.option("--wall", is_flag=True, help="--off-cpu with the CPU samples: where wall-clock time goes.")
+@click.option("--min-block", "min_block", type=int, default=1, show_default=True, metavar="US",
+              help="With --off-cpu: leave out waits shorter than this many microseconds.")
+@click.option("--state", "states", multiple=True, type=click.Choice(["running", "sleeping", "disk"]),
+              help="With --off-cpu: only waits that began in this state (repeat; default: all).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx: click.Context, output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
-            stack_storage_size, command) -> None:
+            stack_storage_size, off_cpu, wall, min_block, states, command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
 
     With a command, exits with the command's status (128+N when signal N ended it), like perf; when the
     recording ends first (-d) and stops the command, exits 0."""
+    off_cpu_options = off_cpu_settings(off_cpu or wall, min_block, states, stacks)
     options = RecordOptions(
         frequency_hz=frequency,
         stacks=stacks,
@@ -56,6 +67,8 @@ def command(ctx: click.Context, output, frequency, stacks, pids, system_wide, du
         jitdumps=list(jitdumps),
         stack_storage_size=stack_storage_size,
         jit_max_file_size=jit_max_file_size << 20,
+        off_cpu=off_cpu_options,
+        wall=wall,
     )
     validate(options)
     from optrace.frontend.doctor import require_recording
@@ -69,6 +82,20 @@ def command(ctx: click.Context, output, frequency, stacks, pids, system_wide, du
     status = record.meta.exit_status
     if status and not recorder.stopped_command:
         ctx.exit(shell_status(status))
+
+
+def off_cpu_settings(enabled: bool, min_block_us: int, states: tuple[str, ...], stacks: bool) -> OffCpuOptions | None:
+    """--off-cpu's settings, refused when they make no sense: an off-CPU leaf frame is the scheduler,
+    so without stacks every wait would be one row (`--off-cpu --no-stacks` is an error)."""
+    if not enabled:
+        if min_block_us != 1 or states:
+            raise OptraceError("--min-block and --state need --off-cpu or --wall")
+        return None
+    if not stacks:
+        raise OptraceError("--off-cpu needs stacks (its leaf is always the scheduler): drop --no-stacks")
+    if not 0 <= min_block_us <= MAX_MIN_BLOCK_US:
+        raise OptraceError(f"--min-block takes 0..{MAX_MIN_BLOCK_US} microseconds, not {min_block_us}")
+    return OffCpuOptions(min_block_us=min_block_us, states=frozenset(states))
 
 
 def validate(options: RecordOptions) -> None:
@@ -93,6 +120,8 @@ def summarize(record, output: str) -> None:
     stackless = sum(n for reason, n in meta.lost.items() if "stack" in reason)
     lost_text = (f", {lost} lost" if lost else "") + (f", {stackless} without stack" if stackless else "")
     size_kb = os.path.getsize(output) / 1024
+    if meta.off_cpu is not None:
+        lost_text += f", {meta.off_cpu.total_ns / 1e9:.3f} s off CPU in {len(record.off_cpu)} stacks"
     click.echo(
         f"[ optrace record: {meta.total_samples} samples{lost_text}, {len(record.frames)} frames, "
         f"wrote {escape_controls(output)} ({size_kb:.1f} KB) ]",

@@ -65,6 +65,14 @@ class AddressSpaces:
     def get(self, pid: int, epoch: int) -> AddressSpace | None:
         return self._spaces.get((pid, epoch))
 
+    def newest(self, pid: int) -> AddressSpace | None:
+        """The process's latest snapshot, also after its exit while it is kept (off-CPU stacks, which
+        carry no epoch, are named with it)."""
+        epoch = self._current.get(pid)
+        if epoch is None:
+            epoch = max((e for p, e in self._spaces if p == pid), default=None)
+        return None if epoch is None else self._spaces.get((pid, epoch))
+
     def has(self, pid: int, epoch: int) -> bool:
         return self._current.get(pid) == epoch
 

@@ -100,7 +100,8 @@ class Symbolizer:
             frames += [self._user_frame(raw, frame) for frame in raw.user]
             total += len(frames)
             named += sum(frame.resolved for frame in frames)
-            rows.append(Sample(raw.pid, raw.comm, tuple(index.setdefault(f, len(index)) for f in frames), raw.count))
+            rows.append(Sample(raw.pid, raw.comm, tuple(index.setdefault(f, len(index)) for f in frames), raw.count,
+                               raw.tid))
         self.stats["frames_resolved"] += named
         self.stats["frames_unresolved"] += total - named
         self._trim()

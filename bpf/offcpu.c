@@ -1,0 +1,165 @@
+// Off-CPU time: how long each thread waits between leaving a CPU and getting one again, summed in the
+// kernel per (process, thread, comm, user stack, kernel stack) as taken when the thread left.
+//
+// One raw tracepoint, sched_switch(preempt, prev, next, prev_state): it runs on the CPU switching, in
+// the context of `prev`, so prev's ids, comm and stacks come from the helpers. The start of a wait is
+// keyed by the task_struct pointer (the tracepoint's prev, then next): nothing is read from the
+// task_struct itself, whose layout BCC only knows from headers that need not match the running kernel.
+// A dead task (TASK_DEAD in prev_state) leaves no entry, so a pointer reused by a new task never
+// finds a stale start time.
+//
+// Stacks come in two sets, like profile.c: `active[0]` is the set switch-outs write. The frontend
+// flips it, waits a grace period, then clears the old set's stacks except those a waiting thread's
+// entry still names (it reads `start` for them). Counts are keyed by the set their stacks are in and
+// read with lookup-and-delete, from both sets.
+#include <uapi/linux/ptrace.h>
+#include <linux/sched.h>
+
+// Kernel stacks start at __schedule: the program's own frame and bpf_trace_run4 are skipped.
+#define KERNEL_SKIP (2 & BPF_F_SKIP_FIELD_MASK)
+
+#define STATE_INTERRUPTIBLE 0x1
+#define STATE_UNINTERRUPTIBLE 0x2
+#define STATE_DEAD 0x80
+#define STATE_NOLOAD 0x400
+
+// Which waits are kept (keep in sync with STATES in offcpu.py).
+#define KEEP_RUNNING 0x1   // preempted or yielded: waiting for a CPU
+#define KEEP_SLEEPING 0x2  // S (and I: idle kernel waits)
+#define KEEP_DISK 0x4      // D
+#define KEEP_OTHER 0x8     // stopped, traced
+
+struct key_t {
+    u32 set;
+    u32 pid;
+    u32 tid;
+    s32 user_stack_id;
+    s32 kernel_stack_id;
+    u32 pad;
+    char comm[TASK_COMM_LEN];
+};
+
+struct start_t {
+    u64 ts;
+    struct key_t key;
+};
+
+// Indices into `lost` (keep in sync with LOST_REASONS in offcpu.py).
+enum lost_reason {
+    USER_STACK_COLLISION = 0,
+    KERNEL_STACK_COLLISION,
+    COUNTS_MAP_FULL,
+    SHORT_WAITS,
+    NR_LOST,
+};
+
+BPF_HASH(counts, struct key_t, u64, COUNTS_SIZE);
+BPF_TABLE("lru_hash", u64, struct start_t, start, START_SIZE);
+BPF_STACK_TRACE(ustacks0, STACK_SIZE);
+BPF_STACK_TRACE(ustacks1, STACK_SIZE);
+BPF_STACK_TRACE(kstacks0, STACK_SIZE);
+BPF_STACK_TRACE(kstacks1, STACK_SIZE);
+BPF_ARRAY(active, u32, 1);
+BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
+BPF_HASH(targets, u32, u8, TARGETS_SIZE);
+
+static inline void count_lost(u32 reason)
+{
+    u64 *slot = lost.lookup(&reason);
+    if (slot)
+        (*slot)++;
+}
+
+static inline int kept_state(u64 preempt, u32 state)
+{
+    u32 kind;
+    if (preempt || state == 0)
+        kind = KEEP_RUNNING;
+    else if ((state & STATE_UNINTERRUPTIBLE) && !(state & STATE_NOLOAD))
+        kind = KEEP_DISK;
+    else if (state & (STATE_INTERRUPTIBLE | STATE_UNINTERRUPTIBLE))
+        kind = KEEP_SLEEPING;
+    else
+        kind = KEEP_OTHER;
+    return (KEEP_STATES & kind) != 0;
+}
+
+static inline void switch_out(struct bpf_raw_tracepoint_args *ctx, u64 task)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    u32 state = ctx->args[3];
+    if ((u32)id == 0 || (state & STATE_DEAD) || !kept_state(ctx->args[0], state))
+        return;
+#ifdef FILTER_PIDS
+    if (!targets.lookup(&tgid))
+        return;
+#endif
+    u32 zero = 0;
+    u32 *set = active.lookup(&zero);
+    struct start_t entry = {.ts = bpf_ktime_get_ns()};
+    entry.key.set = set ? *set : 0;
+    entry.key.pid = tgid;
+    entry.key.tid = id;
+    bpf_get_current_comm(&entry.key.comm, sizeof(entry.key.comm));
+    // BCC accepts map calls only literally, so each set is written out.
+    if (entry.key.set == 1) {
+        entry.key.user_stack_id = ustacks1.get_stackid(ctx, BPF_F_USER_STACK);
+        entry.key.kernel_stack_id = kstacks1.get_stackid(ctx, KERNEL_SKIP);
+    } else {
+        entry.key.user_stack_id = ustacks0.get_stackid(ctx, BPF_F_USER_STACK);
+        entry.key.kernel_stack_id = kstacks0.get_stackid(ctx, KERNEL_SKIP);
+    }
+    if (entry.key.user_stack_id == -EEXIST)
+        count_lost(USER_STACK_COLLISION);
+    if (entry.key.kernel_stack_id == -EEXIST)
+        count_lost(KERNEL_STACK_COLLISION);
+    start.update(&task, &entry);
+}
+
+static inline void switch_in(u64 task)
+{
+    struct start_t *entry = start.lookup(&task);
+    if (!entry)
+        return;
+    u64 delta = bpf_ktime_get_ns() - entry->ts;
+    struct key_t key = entry->key;
+    start.delete(&task);
+    if (delta < MIN_BLOCK_NS) {
+        count_lost(SHORT_WAITS);
+        return;
+    }
+    u64 *value = counts.lookup(&key);
+    if (!value) {
+        u64 zero = 0;
+        counts.insert(&key, &zero);  // fails harmlessly when another CPU created it first
+        value = counts.lookup(&key);
+    }
+    if (value)
+        __sync_fetch_and_add(value, delta);
+    else
+        count_lost(COUNTS_MAP_FULL);
+}
+
+// args: bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state
+// Attached by offcpu.py (a RAW_TRACEPOINT_PROBE would be attached at load, before the targets are set).
+int on_switch(struct bpf_raw_tracepoint_args *ctx)
+{
+    switch_out(ctx, ctx->args[1]);
+    switch_in(ctx->args[2]);
+    return 0;
+}
+
+// Threads of profiled processes' children are profiled too.
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+#ifdef FILTER_PIDS
+    u32 parent = bpf_get_current_pid_tgid() >> 32;
+    if (targets.lookup(&parent)) {
+        u32 child = args->child_pid;
+        u8 one = 1;
+        targets.update(&child, &one);
+    }
+#endif
+    return 0;
+}

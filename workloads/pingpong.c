@@ -1,0 +1,43 @@
+/* Context-switch-heavy benchmark target: two threads pass a byte back and forth over two pipes, so
+ * each round trip is two blocking reads and (on a busy or single CPU) two context switches. Prints
+ * the round trips per second on stdout. Usage: pingpong ROUND_TRIPS */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static int ping[2], pong[2];
+static long trips = 100000;
+
+static void *responder(void *arg)
+{
+    char byte;
+    (void)arg;
+    for (long i = 0; i < trips; i++)
+        if (read(ping[0], &byte, 1) != 1 || write(pong[1], &byte, 1) != 1)
+            exit(2);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        trips = atol(argv[1]);
+    if (pipe(ping) != 0 || pipe(pong) != 0)
+        return 2;
+    pthread_t thread;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (pthread_create(&thread, NULL, responder, NULL) != 0)
+        return 2;
+    char byte = 'x';
+    for (long i = 0; i < trips; i++)
+        if (write(ping[1], &byte, 1) != 1 || read(pong[0], &byte, 1) != 1)
+            return 2;
+    pthread_join(thread, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double seconds = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    printf("%.6f %.0f\n", seconds, trips / seconds);
+    return 0;
+}
