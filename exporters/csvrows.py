@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from optrace.exporters.budget import Names, OutputBudget
-from optrace.exporters.jsonrows import row_object
+from optrace.exporters.jsonrows import row_fields, row_object
 from optrace.frontend.report.rows import Profile, ReportOptions, build_rows
 
 
@@ -19,13 +19,10 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
 
 
 def _text(profile: Profile, options: ReportOptions) -> str:
-    fields = ["comm", "pid", "dso", "symbol", "kernel", "samples", "percent"]
-    if options.children:
-        fields += ["children", "children_percent"]
-    lines = [_line(fields)]
+    lines = [_line(row_fields(options, profile.unit))]
     names, budget = Names(), OutputBudget()
     for row in build_rows(profile.record, options):
-        cells = [_cell(value, names) for value in row_object(row, options).values()]
+        cells = [_cell(value, names) for value in row_object(row, options, profile.unit).values()]
         budget.take(sum(len(cell) + 3 for cell in cells))  # quotes and a comma, at most
         lines.append(_line(cells))
     return "".join(lines)

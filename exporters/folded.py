@@ -20,6 +20,10 @@ from optrace.model import Frame, Record
 
 
 def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
+    """Counts are in the event's unit; for an event other than CPU samples a first ``#`` line says which
+    (flamegraph.pl skips it as a line it cannot read; give it ``--countname=ns``)."""
+    if profile.event != "cpu":
+        stream.write(f"# optrace folded stacks: event {profile.event}, unit {profile.unit}\n")
     stream.write(_text(profile.record, options))
 
 

@@ -1,8 +1,12 @@
 """`--format json`: the stable machine interface of `optrace report`.
 
 One object: ``{"meta": {...}, "report": {...}, "rows": [...], "calls": [...]}``. Row keys ``comm``, ``pid``,
-``dso``, ``symbol``, ``samples``, ``percent`` are always present (a key not in the sort order is null);
+``tid``, ``dso``, ``symbol``, ``samples``, ``percent`` are always present (a key not in the sort order is null);
 ``children``/``children_percent`` are added with --children. Later versions add fields, never rename these.
+
+``report.event`` and ``report.unit`` say what the rows count: CPU samples (``samples``), or with
+``--event off-cpu``/``wall`` nanoseconds, in a ``nanoseconds`` key (``samples`` is then null), ``children``
+in nanoseconds too; ``report.total`` is the event's total in its unit.
 """
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ from typing import Any, TextIO
 
 from optrace.exporters.budget import OutputBudget
 from optrace.frontend.report.rows import Profile, ReportOptions, Row, RowTable, build_table, sample_total
-from optrace.model import Record
 
 ROW_OVERHEAD = 260  # one row's keys, numbers and indentation, at most
 
@@ -24,8 +27,8 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     check_size(rows)
     document = {
         "meta": dataclasses.asdict(record.meta),
-        "report": report_settings(record, options, profile.source, table),
-        "rows": [row_object(row, options) for row in rows],
+        "report": report_settings(profile, options, table),
+        "rows": [row_object(row, options, profile.unit) for row in rows],
         "calls": [dataclasses.asdict(call) for call in record.calls],
     }
     stream.write(json.dumps(document, indent=2) + "\n")
@@ -48,13 +51,19 @@ def _json_length(name: str, lengths: dict[str, int]) -> int:
     return length
 
 
-def report_settings(record: Record, options: ReportOptions, source: str, table: RowTable) -> dict[str, Any]:
+def report_settings(profile: Profile, options: ReportOptions, table: RowTable) -> dict[str, Any]:
+    record = profile.record
+    timed = profile.unit == "nanoseconds"
     return {
-        "input": source,
+        "input": profile.source,
+        "event": profile.event,
+        "unit": profile.unit,
+        "total": sample_total(record),
+        "parts": profile.parts,
         "sort": list(options.sort),
         "children": options.children,
-        "total_samples": sample_total(record),
-        "matched_samples": table.matched,  # kept by the pid/comm/dso filters (self samples)
+        "total_samples": None if timed else sample_total(record),
+        "matched_samples": table.matched,  # kept by the pid/comm/dso filters (self samples, in the event's unit)
         "hidden_rows": table.hidden_rows,  # under percent_limit
         "hidden_samples": table.hidden,
         "filters": {
@@ -66,17 +75,31 @@ def report_settings(record: Record, options: ReportOptions, source: str, table: 
     }
 
 
-def row_object(row: Row, options: ReportOptions) -> dict[str, Any]:
-    """One row as a flat dict; also the shape of a CSV line."""
+def row_fields(options: ReportOptions, unit: str = "samples") -> list[str]:
+    """The keys of :func:`row_object`, in order."""
+    fields = ["comm", "pid", "tid", "dso", "symbol", "kernel", "samples", "percent"]
+    if unit == "nanoseconds":
+        fields.append("nanoseconds")
+    if options.children:
+        fields += ["children", "children_percent"]
+    return fields
+
+
+def row_object(row: Row, options: ReportOptions, unit: str = "samples") -> dict[str, Any]:
+    """One row as a flat dict; also the shape of a CSV line (:func:`row_fields` are its keys)."""
+    timed = unit == "nanoseconds"
     obj: dict[str, Any] = {
         "comm": row.key.comm,
         "pid": row.key.pid,
+        "tid": row.key.tid,
         "dso": row.key.dso,
         "symbol": row.key.symbol,
         "kernel": row.key.kernel,
-        "samples": row.samples,
+        "samples": None if timed else row.samples,
         "percent": row.percent,
     }
+    if timed:
+        obj["nanoseconds"] = row.samples
     if options.children:
         obj["children"] = row.children
         obj["children_percent"] = row.children_percent

@@ -10,6 +10,7 @@ from typing import TextIO
 
 from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
+from optrace.frontend.report.events import human_time
 from optrace.frontend.report.rows import Profile, ReportOptions, Row, RowTable, build_table, percent, sample_total
 from optrace.model import CallCount, Record, RecordMeta
 
@@ -25,6 +26,7 @@ class Column:
 KEY_COLUMNS = {
     "comm": Column("Command"),
     "pid": Column("Pid", right=True),
+    "tid": Column("Tid", right=True),
     "dso": Column("Shared Object"),
     "symbol": Column("Symbol"),
 }
@@ -50,26 +52,29 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
 
 def _text(profile: Profile, options: ReportOptions) -> str:
     record, shown = profile.record, Shown()
-    lines = header_lines(record, profile.source) + ["#"]
+    lines = header_lines(record, profile.source, profile.event) + event_lines(profile) + ["#"]
     table = build_table(record, options)
-    lines += profile_lines(table.rows, options, shown) + selection_lines(table, sample_total(record), options)
+    timed = profile.unit == "nanoseconds"
+    lines += profile_lines(table.rows, options, shown, timed) + selection_lines(table, sample_total(record), options)
     if record.calls:
         lines += ["", "# Uprobe call counts", "#"] + calls_lines(record.calls, shown)
     return "\n".join(lines) + "\n"
 
 
-def header_lines(record: Record, source: str) -> list[str]:
-    """The ``#`` lines above the profile; every name in them is escaped (:mod:`.escape`)."""
-    return [escape_controls(line) for line in _header_text(record, source)]
+def header_lines(record: Record, source: str, event: str = "cpu") -> list[str]:
+    """The ``#`` lines above the profile; every name in them is escaped (:mod:`.escape`). For an event
+    other than the CPU samples (``record.samples`` then hold its time), :func:`event_lines` says more."""
+    return [escape_controls(line) for line in _header_text(record, source, event)]
 
 
-def _header_text(record: Record, source: str) -> list[str]:
+def _header_text(record: Record, source: str, event: str) -> list[str]:
     meta = record.meta
+    counted = (f"Samples: {sample_total(record)} of event '{meta.event}', {meta.frequency_hz} Hz" if event == "cpu"
+               else f"Time: {human_time(sample_total(record))} of event '{event}'")
     lines = [
         f"# optrace report of {source}",
         "#",
-        f"# Samples: {sample_total(record)} of event '{meta.event}', {meta.frequency_hz} Hz,"
-        f" {meta.duration_s:.2f} s",
+        f"# {counted}, {meta.duration_s:.2f} s",
         f"# Target: {target_text(meta)}",
         f"# Recorded: {_when(meta.started)} on {meta.hostname} (kernel {meta.kernel}),"
         f" optrace {meta.optrace_version}",
@@ -83,6 +88,21 @@ def _header_text(record: Record, source: str) -> list[str]:
         counted = ", ".join(f"{kind} {n}" for kind, n in sorted(meta.file_problems.items()))
         lines.append(f"# Files that cost their own names: {counted} (the warnings say which)")
     return lines + [f"# Warning: {warning}" for warning in meta.warnings]
+
+
+def event_lines(profile: Profile) -> list[str]:
+    """What the rows count when it is time (off-cpu, wall): the total, how it was measured, its parts."""
+    off_cpu = profile.record.meta.off_cpu
+    if profile.event == "cpu" or off_cpu is None:
+        return []
+    states = ", ".join(off_cpu.states) or "all"
+    lines = [f"# Off CPU measured on the {off_cpu.source}: waits of {off_cpu.min_block_us} us or more,"
+             f" states: {states}; percentages are of all the event's time"]
+    if profile.parts:
+        total = sum(profile.parts.values())
+        lines.append("# " + ", ".join(f"{part} {human_time(ns)} ({percent(ns, total):.2f}%)"
+                                      for part, ns in profile.parts.items()))
+    return [escape_controls(line) for line in lines]
 
 
 def target_text(meta: RecordMeta) -> str:
@@ -112,9 +132,11 @@ def _counted(reasons: dict[str, int]) -> str:
     return f"{total} (" + ", ".join(f"{reason}: {n}" for reason, n in sorted(reasons.items())) + ")"
 
 
-def profile_lines(rows: list[Row], options: ReportOptions, shown: Shown) -> list[str]:
-    columns = _profile_columns(options)
-    return format_columns(columns, lambda: (_profile_cells(row, options, shown) for row in rows), shown.budget)
+def profile_lines(rows: list[Row], options: ReportOptions, shown: Shown, timed: bool = False) -> list[str]:
+    """``timed``: the rows count nanoseconds, shown as a Time column in ms, s..."""
+    columns = _profile_columns(options, timed)
+    return format_columns(columns, lambda: (_profile_cells(row, options, shown, timed) for row in rows),
+                          shown.budget)
 
 
 def selection_lines(table: RowTable, total: int, options: ReportOptions) -> list[str]:
@@ -171,16 +193,19 @@ def _line(cells: list[str], columns: list[Column], widths: list[int]) -> str:
     return ("  " + "  ".join(aligned)).rstrip()
 
 
-def _profile_columns(options: ReportOptions) -> list[Column]:
+def _profile_columns(options: ReportOptions, timed: bool) -> list[Column]:
     counts = [Column("Children", True), Column("Self", True)] if options.children else [Column("Overhead", True)]
-    return counts + [Column("Samples", True)] + [KEY_COLUMNS[key] for key in options.sort]
+    time = "Total Time" if options.children else "Time"  # with --children: the inclusive time
+    return counts + [Column(time if timed else "Samples", True)] + [KEY_COLUMNS[key] for key in options.sort]
 
 
-def _profile_cells(row: Row, options: ReportOptions, shown: Shown) -> list[str]:
+def _profile_cells(row: Row, options: ReportOptions, shown: Shown, timed: bool) -> list[str]:
     counts = [f"{row.percent:.2f}%"]
     if options.children:
         counts.insert(0, f"{row.children_percent:.2f}%")
-    return counts + [str(row.samples)] + [_key_cell(row, key, shown) for key in options.sort]
+    value = row.children if timed and options.children else row.samples
+    shown_value = human_time(value or 0) if timed else str(row.samples)
+    return counts + [shown_value] + [_key_cell(row, key, shown) for key in options.sort]
 
 
 def _key_cell(row: Row, key: str, shown: Shown) -> str:
@@ -190,6 +215,8 @@ def _key_cell(row: Row, key: str, shown: Shown) -> str:
         return f"{'[k]' if row.key.kernel else '[.]'} {shown.names(row.key.symbol or '')}"
     if key == "comm":
         return shown.names(row.key.comm or "")
+    if key == "tid":
+        return str(row.key.tid) if row.key.tid else "-"
     return str(row.key.pid)
 
 

@@ -62,6 +62,7 @@ class Recorder:
         self.options = options
         self.store = SampleStore()
         self.off_cpu_store = SampleStore()
+        self.short_waits = 0
         self.lost: Counter[str] = Counter()
         self.child: GatedChild | None = None
         self.exit_status: int | None = None
@@ -155,6 +156,7 @@ class Recorder:
         self.lost.update(result.lost)
         for sample, timed in zip(result.samples, result.maybe_jit):
             self.store.add(sample, timed)
+        self.short_waits += result.off_cpu_short_waits
         for sample, timed in zip(result.off_cpu, result.off_cpu_maybe_jit):
             self.off_cpu_store.add(sample, timed)
         return result
@@ -197,7 +199,8 @@ class Recorder:
         from optrace.bpf.offcpu import ATTACHMENT
 
         return OffCpuMeta(source=ATTACHMENT, min_block_us=opts.min_block_us, states=sorted(opts.states),
-                          total_ns=sum(s.count for s in off_cpu), wall=self.options.wall)
+                          total_ns=sum(s.count for s in off_cpu), short_waits=self.short_waits,
+                          wall=self.options.wall)
 
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:

@@ -79,6 +79,7 @@ class Drain:
     time: float
     off_cpu: list[RawSample] = field(default_factory=list)  # count: nanoseconds; user frames translated
     off_cpu_maybe_jit: list[bool] = field(default_factory=list)
+    off_cpu_short_waits: int = 0  # waits under the minimum block time, left out
 
 
 class ProcessTracker:
@@ -232,6 +233,7 @@ class ProfilingSession:
         """The off-CPU sums since the last drain, their raw user IPs named from each process's newest
         mappings (a process never sampled on CPU has its mappings read now)."""
         result = self.off_cpu.drain()
+        drain.off_cpu_short_waits = result.lost.pop("short_waits", 0)
         drain.lost.update({f"off_cpu_{reason}": n for reason, n in result.lost.items()})
         samples = [s for s in result.samples if not self.options.comms or s.comm in self.options.comms]
         for pid in {s.pid for s in samples if s.user and self.spaces.newest(s.pid) is None}:

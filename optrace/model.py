@@ -108,6 +108,7 @@ class OffCpuMeta:
     min_block_us: int  # shorter waits were left out
     states: list[str] = field(default_factory=list)  # kept task states; empty: all
     total_ns: int = 0
+    short_waits: int = 0  # waits shorter than min_block_us, left out
     # True (record --wall): the CPU samples were taken of the same threads, to be shown as time with it
     wall: bool = False
 

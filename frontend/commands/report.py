@@ -9,6 +9,7 @@ from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.exporters.formats import CALL_GRAPH, PROFILE
 from optrace.frontend.cliopts import parse_call_graph, parse_percent, perf_sort_keys, pid_option
+from optrace.frontend.report.events import EVENTS, event_record
 from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
 from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
@@ -16,7 +17,7 @@ from optrace.recordfile import read_record
 
 ROW_OPTIONS = (  # the rows' keys and filters, the same in report and diff
     click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
-                 help="Comma-separated row keys: comm, pid, dso, symbol (perf's sym, overhead... too)."),
+                 help="Comma-separated row keys: comm, pid, tid, dso, symbol (perf's sym, overhead... too)."),
     pid_option("--pid", help="Only these processes (repeat, or comma list)."),
     click.option("--comm", "comms", default="", help="Only these command names (comma-separated)."),
     click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated)."),
@@ -31,6 +32,8 @@ def row_options(function: Callable[..., None]) -> Callable[..., None]:
 
 @click.command("report")
 @click.option("-i", "--input", "source", default="optrace.data", show_default=True, help="Record file to read.")
+@click.option("-e", "--event", default="cpu", show_default=True, type=click.Choice(EVENTS),
+              help=f"Which of the record's events: {', '.join(EVENTS)} (off-cpu and wall in nanoseconds).")
 @click.option("-f", "--format", "fmt", default="table", show_default=True,
               help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
 @row_options
@@ -43,12 +46,13 @@ def row_options(function: Callable[..., None]) -> Callable[..., None]:
               help="Show the call graph: caller (from main down) or callee (from the hot function up);"
                    " perf's forms (graph,0.5,caller...) too.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
-def command(source: str, sort: str, fmt: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str,
+def command(source: str, sort: str, event: str, fmt: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str,
             children: bool, call_graph: str | None, output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
     options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph)
     write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
-    profile = Profile(read_record(source), escape_controls(source))
+    record, parts = event_record(read_record(source), event)
+    profile = Profile(record, escape_controls(source), event, parts)
     with output_stream(output) as stream:
         write(stream, profile, options)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from optrace.errors import OptraceError
-from optrace.model import UNKNOWN, Frame, Record, Sample
+from optrace.model import EVENT_UNITS, UNKNOWN, Frame, Record, Sample
 
-SORT_KEYS = ("comm", "pid", "dso", "symbol")
+SORT_KEYS = ("comm", "pid", "tid", "dso", "symbol")
 DEFAULT_SORT = ("comm", "dso", "symbol")
 UNKNOWN_FRAME = Frame(symbol=UNKNOWN, dso=UNKNOWN, resolved=False)
 
@@ -37,8 +37,15 @@ class ReportOptions:
 class Profile:
     """What a report prints: a record and its input's name as shown (escaped: it reaches terminals)."""
 
-    record: Record
+    record: Record  # its samples are the event's (see frontend/report/events.py)
     source: str
+    event: str = "cpu"
+    parts: dict[str, int] = field(default_factory=dict)  # wall: nanoseconds "on-cpu" and "off-cpu"
+
+    @property
+    def unit(self) -> str:
+        """What a sample's count counts: "samples" or "nanoseconds"."""
+        return EVENT_UNITS[self.event]
 
 
 class RowKey(NamedTuple):
@@ -49,6 +56,7 @@ class RowKey(NamedTuple):
     dso: str | None = None
     symbol: str | None = None
     kernel: bool | None = None  # set with the symbol key: drives the [k]/[.] marker
+    tid: int | None = None  # 0: the event did not record threads
 
 
 @dataclass(slots=True)
@@ -132,13 +140,14 @@ def _count(record: Record, options: ReportOptions) -> tuple[Counter[RowKey], Cou
     for sample in selected_samples(record, options):
         comm = sample.comm if "comm" in options.sort else None
         pid = sample.pid if "pid" in options.sort else None
+        tid = sample.tid if "tid" in options.sort else None
         leaf = parts[sample.frames[0]] if sample.frames else unknown
         if leaf is not None:
-            self_counts[RowKey(comm, pid, *leaf)] += sample.count
+            self_counts[RowKey(comm, pid, *leaf, tid)] += sample.count
         if options.children:
             for part in {parts[i] for i in sample.frames} if sample.frames else {unknown}:
                 if part is not None:
-                    child_counts[RowKey(comm, pid, *part)] += sample.count
+                    child_counts[RowKey(comm, pid, *part, tid)] += sample.count
     return self_counts, child_counts
 
 
@@ -170,5 +179,5 @@ def _main_percent(row: Row) -> float:
     return row.children_percent if row.children_percent is not None else row.percent
 
 
-def _key_order(key: RowKey) -> tuple[str, int, str, str]:
-    return (key.comm or "", key.pid or 0, key.dso or "", key.symbol or "")
+def _key_order(key: RowKey) -> tuple[str, int, int, str, str]:
+    return (key.comm or "", key.pid or 0, key.tid or 0, key.dso or "", key.symbol or "")

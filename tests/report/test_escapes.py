@@ -76,7 +76,7 @@ def test_csv_rows_are_lines(optrace, hostile_file: Path) -> None:
     assert_terminal_safe(proc.stdout)
     lines = proc.stdout.splitlines()
     parsed = list(csv.reader(io.StringIO(proc.stdout)))
-    assert len(parsed) == len(lines) and all(len(row) == 7 for row in parsed)
+    assert len(parsed) == len(lines) and all(len(row) == 8 for row in parsed)
     assert f"comm{escape_controls(HOSTILE)}" in {row[0] for row in parsed}
 
 

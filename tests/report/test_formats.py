@@ -61,7 +61,7 @@ def test_json_rows_meta_and_nulls(record: Record) -> None:
     assert doc["calls"] == []
     assert doc["report"]["total_samples"] == 1000
     first = doc["rows"][0]
-    assert first == {"comm": "demo", "pid": None, "dso": "/work/main/workloads/build/demo", "symbol": "hot_a",
+    assert first == {"comm": "demo", "pid": None, "tid": None, "dso": "/work/main/workloads/build/demo", "symbol": "hot_a",
                      "kernel": False, "samples": 400, "percent": 40.0}
     samples = [row["samples"] for row in doc["rows"]]
     assert samples == sorted(samples, reverse=True) and sum(samples) == 1000
@@ -73,9 +73,9 @@ def test_json_children_and_calls(record: Record) -> None:
     record.calls = [CallCount("c:write", "/lib/libc.so.6", "write", 0x10, 7, {100: 7})]
     doc = json.loads(render_report(record, ReportOptions(sort=("pid",), children=True), "json", "f"))
     assert doc["rows"] == [
-        {"comm": None, "pid": 100, "dso": None, "symbol": None, "kernel": None, "samples": 900,
+        {"comm": None, "pid": 100, "tid": None, "dso": None, "symbol": None, "kernel": None, "samples": 900,
          "percent": 90.0, "children": 900, "children_percent": 90.0},
-        {"comm": None, "pid": 200, "dso": None, "symbol": None, "kernel": None, "samples": 100,
+        {"comm": None, "pid": 200, "tid": None, "dso": None, "symbol": None, "kernel": None, "samples": 100,
          "percent": 10.0, "children": 100, "children_percent": 10.0},
     ]
     expected = {"probe": "c:write", "binary": "/lib/libc.so.6", "symbol": "write", "offset": 16, "calls": 7,
@@ -87,7 +87,7 @@ def test_json_children_and_calls(record: Record) -> None:
 def test_csv_parses_back(record: Record) -> None:
     text = render_report(record, ReportOptions(children=True), "csv", "f")
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert list(rows[0]) == ["comm", "pid", "dso", "symbol", "kernel", "samples", "percent", "children",
+    assert list(rows[0]) == ["comm", "pid", "tid", "dso", "symbol", "kernel", "samples", "percent", "children",
                              "children_percent"]
     main = rows[0]
     assert (main["symbol"], main["pid"], main["samples"], main["children"], main["children_percent"]) == (

@@ -50,7 +50,7 @@ def test_replaces_an_existing_report_and_follows_the_umask(optrace, record_file:
         optrace("report", "-i", str(record_file), "--format", "csv", "-o", str(out), check=True)
     finally:
         os.umask(old_umask)
-    assert out.read_text().startswith("comm,pid,dso,symbol,")
+    assert out.read_text().startswith("comm,pid,tid,dso,symbol,")
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
 
 

@@ -34,7 +34,7 @@ def test_default_table(optrace, record_file: Path) -> None:
 
 def test_default_input_is_optrace_data_in_cwd(optrace, record_file: Path) -> None:
     proc = optrace("report", "--format", "csv", cwd=record_file.parent, check=True)
-    assert proc.stdout.splitlines()[1] == "demo,,/work/main/workloads/build/demo,hot_a,false,400,40.0"
+    assert proc.stdout.splitlines()[1] == "demo,,,/work/main/workloads/build/demo,hot_a,false,400,40.0"
 
 
 def test_json_with_filters_and_children(optrace, record_file: Path) -> None:
@@ -92,9 +92,14 @@ def test_real_perf_data_is_recognised(optrace, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args,message", [
+<<<<<<< HEAD
     (["--sort", "comm,bogus"], "unknown sort key 'bogus': valid keys are comm, pid, dso, symbol"),
     (["--sort", "comm,cpu"], "perf's sort key 'cpu' is not in optrace's records: valid keys are comm, pid"),
     (["--sort", ""], "valid keys are comm, pid, dso, symbol"),
+=======
+    (["--sort", "comm,cpu"], "unknown sort key 'cpu': valid keys are comm, pid, tid, dso, symbol"),
+    (["--sort", ""], "valid keys are comm, pid, tid, dso, symbol"),
+>>>>>>> 363898a (report --event cpu|off-cpu|wall (nanoseconds: Time column in ms/s, JSON unit/total/parts and a nanoseconds key, folded's unit line), --sort tid and tid in JSON/CSV rows; off-CPU tests on the ground-truth workload)
     (["--format", "xml"], "unknown format 'xml': valid formats are table, json, csv, folded"),
     (["--pid", "abc"], "not a process id: 'abc'"),
     (["--pid", "-3"], "not a process id: '-3'"),

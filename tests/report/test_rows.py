@@ -100,5 +100,5 @@ def test_parse_sort_keys(text: str, keys: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize("text", ["sym", "comm,cpu", "", ","])
 def test_bad_sort_keys_list_the_valid_ones(text: str) -> None:
-    with pytest.raises(OptraceError, match="valid keys are comm, pid, dso, symbol"):
+    with pytest.raises(OptraceError, match="valid keys are comm, pid, tid, dso, symbol"):
         parse_sort_keys(text)

@@ -1,0 +1,168 @@
+"""record --off-cpu / --wall end to end on workloads/offcpu.c, whose threads sleep, block on a pipe, wait on
+a mutex and burn CPU, and print their own blocked, CPU and wall times (real BPF, needs root).
+
+The machine is shared, so the designed shares are computed from the workload's own timings of this run
+(a thread's off-CPU time is its lifetime minus its CPU time): a burner preempted by other work waits in
+the run queue, and the mutex waiter waits as long as the lock holder takes to burn its CPU time."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from support import OPTRACE, assert_no_programs_of, assert_one_line_error, run_optrace
+
+pytestmark = pytest.mark.usefixtures("bpf_ready")
+ROLES = ("sleeper", "pipe_reader", "pipe_writer", "mutex_waiter")  # the blocking functions
+NS = 1e9
+
+
+def record(tmp_path: Path, *args: str) -> tuple[Path, dict]:
+    """Record the workload; returns the record and the workload's own timings (its last stderr line)."""
+    out = tmp_path / "off.data"
+    proc = run_optrace("record", "-o", str(out), *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    timings = next(json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{"))
+    return out, timings
+
+
+def report(path: Path, *args: str) -> dict:
+    proc = run_optrace("report", "-i", str(path), "--format", "json", *args, check=True)
+    return json.loads(proc.stdout)
+
+
+def designed_off_cpu(timings: dict) -> float:
+    """Seconds the workload's threads spent off CPU, by their own clocks."""
+    return sum(t["lifetime"] - t["cpu"] for t in timings.values())
+
+
+def test_blocking_functions_share_of_off_cpu_time(tmp_path, workloads):
+    data, timings = record(tmp_path, "--off-cpu", "--", str(workloads / "offcpu"), "0.5")
+    doc = report(data, "--event", "off-cpu", "--children", "--sort", "symbol")
+    assert (doc["report"]["event"], doc["report"]["unit"]) == ("off-cpu", "nanoseconds")
+    total = doc["report"]["total"]
+    assert total / NS == pytest.approx(designed_off_cpu(timings), rel=0.1)
+    by_symbol = {row["symbol"]: row for row in doc["rows"]}
+    for role in ROLES:
+        designed = 100 * timings[role]["blocked"] / designed_off_cpu(timings)
+        assert by_symbol[role]["children_percent"] == pytest.approx(designed, abs=5), role
+        assert by_symbol[role]["children"] / NS == pytest.approx(timings[role]["blocked"], rel=0.05, abs=0.02), role
+    threads = {row["comm"]: row for row in report(data, "--event", "off-cpu", "--sort", "comm,tid")["rows"]}
+    for role in ("sleeper", "pipe_reader", "pipe_writer", "mutex_waiter", "lock_holder", "burner"):
+        own = timings[role]["lifetime"] - timings[role]["cpu"]
+        assert threads[role]["nanoseconds"] / NS == pytest.approx(own, rel=0.05, abs=0.03), role
+        assert threads[role]["tid"] > 0
+
+
+def test_state_filter_keeps_only_that_state(tmp_path, workloads):
+    """Sleeping keeps the blocked roles and drops the burner's run-queue waits; running the reverse."""
+    data, timings = record(tmp_path, "--off-cpu", "--state", "sleeping", "--", str(workloads / "offcpu"), "0.3")
+    threads = {row["comm"]: row["nanoseconds"] / NS for row in report(data, "--event", "off-cpu")["rows"]}
+    assert threads["mutex_waiter"] == pytest.approx(timings["mutex_waiter"]["blocked"], rel=0.05, abs=0.02)
+    assert threads.get("burner", 0) < 0.02
+    data, timings = record(tmp_path, "--off-cpu", "--state", "running", "--", str(workloads / "offcpu"), "0.3")
+    threads = {row["comm"]: row["nanoseconds"] / NS for row in report(data, "--event", "off-cpu")["rows"]}
+    assert threads.get("mutex_waiter", 0) < 0.02
+    assert threads.get("sleeper", 0) < 0.02
+    burner_waits = timings["burner"]["lifetime"] - timings["burner"]["cpu"]
+    assert threads.get("burner", 0) == pytest.approx(burner_waits, rel=0.1, abs=0.03)
+
+
+def test_min_block_drops_shorter_waits(tmp_path, workloads):
+    """At scale 0.3 the sleeper's waits are 15 ms each, the mutex wait far longer: --min-block 50000 (50 ms).
+    (A wait lasts until the thread runs again: on a loaded machine a 15 ms sleep can last 50 ms.)"""
+    data, timings = record(tmp_path, "--off-cpu", "--min-block", "50000", "--", str(workloads / "offcpu"), "0.3")
+    doc = report(data, "--event", "off-cpu")
+    threads = {row["comm"]: row["nanoseconds"] / NS for row in doc["rows"]}
+    assert threads.get("sleeper", 0) < 0.5 * timings["sleeper"]["blocked"]
+    assert threads["mutex_waiter"] == pytest.approx(timings["mutex_waiter"]["blocked"], rel=0.05, abs=0.02)
+    assert doc["meta"]["off_cpu"]["min_block_us"] == 50000
+    assert doc["meta"]["off_cpu"]["short_waits"] >= 5
+
+
+def test_wall_splits_on_and_off_cpu_as_designed(tmp_path, workloads):
+    data, timings = record(tmp_path, "--wall", "-F", "999", "--", str(workloads / "offcpu"), "0.5")
+    doc = report(data, "--event", "wall", "--children", "--sort", "symbol")
+    parts = doc["report"]["parts"]
+    on_share = 100 * parts["on-cpu"] / (parts["on-cpu"] + parts["off-cpu"])
+    designed = 100 * sum(t["cpu"] for t in timings.values()) / sum(t["lifetime"] for t in timings.values())
+    assert on_share == pytest.approx(designed, abs=5)
+    by_symbol = {row["symbol"]: row for row in doc["rows"]}
+    burner_life = timings["burner"]["lifetime"]  # on CPU and waiting for it: the thread's whole life
+    assert by_symbol["burner"]["children"] / NS == pytest.approx(burner_life, rel=0.1)
+
+
+def test_text_report_prints_human_times(tmp_path, workloads):
+    data, _ = record(tmp_path, "--off-cpu", "--", str(workloads / "offcpu"), "0.2")
+    text = run_optrace("report", "-i", str(data), "--event", "off-cpu", "--sort", "comm", check=True).stdout
+    assert "# Time: " in text and "of event 'off-cpu'" in text
+    line = next(line for line in text.splitlines() if line.rstrip().endswith("mutex_waiter"))
+    percent, value, unit = line.split()[:3]
+    assert percent.endswith("%") and unit in ("ms", "s"), line
+    folded = run_optrace("report", "-i", str(data), "--event", "off-cpu", "--format", "folded", check=True).stdout
+    assert folded.splitlines()[0] == "# optrace folded stacks: event off-cpu, unit nanoseconds"
+    assert any(line.startswith("mutex_waiter;") and ";mutex_waiter;" in line for line in folded.splitlines())
+
+
+def test_pid_and_system_wide(tmp_path):
+    """-p measures a running process (cat, blocked on its stdin between our writes); -a sees it among the rest."""
+    child = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.wait(0.1):
+            child.stdin.write(b"x\n")
+            child.stdin.flush()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        out = tmp_path / "p.data"
+        run_optrace("record", "--off-cpu", "-d", "2", "-o", str(out), "-p", str(child.pid), check=True)
+        doc = report(out, "--event", "off-cpu", "--children", "--sort", "pid,comm,symbol")
+        assert {row["pid"] for row in doc["rows"]} == {child.pid}
+        reads = [row for row in doc["rows"] if row["symbol"] == "anon_pipe_read"]
+        assert reads and reads[0]["children_percent"] > 90
+        out = tmp_path / "a.data"
+        run_optrace("record", "--off-cpu", "-d", "2", "-o", str(out), "-a", check=True)
+        pids = {row["pid"] for row in report(out, "--event", "off-cpu", "--sort", "pid")["rows"]}
+        assert child.pid in pids and len(pids) > 3
+    finally:
+        stop.set()
+        feeder.join()
+        child.stdin.close()
+        child.wait()
+
+
+def test_signal_mid_record_detaches(tmp_path, workloads):
+    out = tmp_path / "sig.data"
+    proc = subprocess.Popen([str(OPTRACE), "record", "--off-cpu", "-o", str(out), "--", str(workloads / "offcpu"),
+                             "20"], stderr=subprocess.PIPE, text=True)
+    time.sleep(5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert report(out, "--event", "off-cpu")["report"]["total"] > 0
+    assert_no_programs_of(proc.pid, "on_switch")
+    assert_no_programs_of(proc.pid, "on_sample")
+
+
+def test_bad_flags(tmp_path):
+    out = str(tmp_path / "x.data")
+    assert_one_line_error(run_optrace("record", "-o", out, "--off-cpu", "--no-stacks", "-a"), "needs stacks")
+    assert_one_line_error(run_optrace("record", "-o", out, "--off-cpu", "--min-block", "-1", "-a"), "--min-block")
+    assert_one_line_error(run_optrace("record", "-o", out, "--min-block", "5", "-a"), "need --off-cpu")
+    assert_one_line_error(run_optrace("record", "-o", out, "--off-cpu", "--state", "zombie", "-a"), "--state")
+    assert not Path(out).exists()
+
+
+def test_report_of_a_cpu_only_record_refuses_off_cpu(tmp_path, workloads):
+    out = tmp_path / "cpu.data"
+    run_optrace("record", "-o", str(out), "--", "true", check=True)
+    assert_one_line_error(run_optrace("report", "-i", str(out), "--event", "off-cpu"), "--off-cpu")
+    assert_one_line_error(run_optrace("report", "-i", str(out), "--event", "cycles"), "--event")
