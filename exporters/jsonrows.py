@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from optrace.exporters.budget import OutputBudget
 from optrace.frontend.report.rows import Profile, ReportOptions, Row, RowTable, build_table, sample_total
+from optrace.model import EVENT_UNITS, Record
 
 ROW_OVERHEAD = 260  # one row's keys, numbers and indentation, at most
 
@@ -27,7 +28,7 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     check_size(rows)
     document = {
         "meta": dataclasses.asdict(record.meta),
-        "report": report_settings(profile, options, table),
+        "report": report_settings(record, options, profile.source, table, profile.event, profile.parts),
         "rows": [row_object(row, options, profile.unit) for row in rows],
         "calls": [dataclasses.asdict(call) for call in record.calls],
     }
@@ -51,15 +52,17 @@ def _json_length(name: str, lengths: dict[str, int]) -> int:
     return length
 
 
-def report_settings(profile: Profile, options: ReportOptions, table: RowTable) -> dict[str, Any]:
-    record = profile.record
-    timed = profile.unit == "nanoseconds"
+def report_settings(record: Record, options: ReportOptions, source: str, table: RowTable,
+                    event: str = "cpu", parts: dict[str, int] | None = None) -> dict[str, Any]:
+    """``event``: what ``record.samples`` count (frontend/report/events.py), ``parts`` its wall split."""
+    unit = EVENT_UNITS[event]
+    timed = unit == "nanoseconds"
     return {
-        "input": profile.source,
-        "event": profile.event,
-        "unit": profile.unit,
+        "input": source,
+        "event": event,
+        "unit": unit,
         "total": sample_total(record),
-        "parts": profile.parts,
+        "parts": parts or {},
         "sort": list(options.sort),
         "children": options.children,
         "total_samples": None if timed else sample_total(record),

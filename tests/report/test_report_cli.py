@@ -92,14 +92,9 @@ def test_real_perf_data_is_recognised(optrace, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-<<<<<<< HEAD
-    (["--sort", "comm,bogus"], "unknown sort key 'bogus': valid keys are comm, pid, dso, symbol"),
+    (["--sort", "comm,bogus"], "unknown sort key 'bogus': valid keys are comm, pid, tid, dso, symbol"),
     (["--sort", "comm,cpu"], "perf's sort key 'cpu' is not in optrace's records: valid keys are comm, pid"),
-    (["--sort", ""], "valid keys are comm, pid, dso, symbol"),
-=======
-    (["--sort", "comm,cpu"], "unknown sort key 'cpu': valid keys are comm, pid, tid, dso, symbol"),
     (["--sort", ""], "valid keys are comm, pid, tid, dso, symbol"),
->>>>>>> 363898a (report --event cpu|off-cpu|wall (nanoseconds: Time column in ms/s, JSON unit/total/parts and a nanoseconds key, folded's unit line), --sort tid and tid in JSON/CSV rows; off-CPU tests on the ground-truth workload)
     (["--format", "xml"], "unknown format 'xml': valid formats are table, json, csv, folded"),
     (["--pid", "abc"], "not a process id: 'abc'"),
     (["--pid", "-3"], "not a process id: '-3'"),
