@@ -14,11 +14,12 @@ from pathlib import Path
 from optrace.bpf.loader import load_bcc
 from optrace.bpf.profiler import GRACE_SECONDS, _raw_ips
 from optrace.errors import OptraceError
+from optrace.kernel import OFF_CPU_HOOK
 from optrace.model import RawSample, UserFrame
 
 PROGRAM = Path(__file__).with_name("offcpu.c")
 TRACEPOINT = "sched_switch"
-ATTACHMENT = f"raw tracepoint {TRACEPOINT}"  # what doctor and the record's header say is used
+ATTACHMENT = OFF_CPU_HOOK  # what doctor and the record's header say is used
 LOST_REASONS = ("user_stack_collision", "kernel_stack_collision", "counts_map_full", "short_waits")
 # --state names -> the KEEP_* bits of offcpu.c
 STATES = {"running": 0x1, "sleeping": 0x2, "disk": 0x4}

@@ -4,6 +4,7 @@
 // into the page only as text (textContent, fillText), never as markup.
 (function () {
   const D = JSON.parse(document.getElementById("data").textContent);
+  const UNIT = D.unit || "samples";  // "nanoseconds" for off-CPU and wall time
   const ROW = 18, FONT = "12px ui-monospace, Menlo, Consolas, monospace", MIN_PX = 0.4;
   const N = D.nodes, DIFF = D.diff;
   // the node arrays: base64 of gzip, unpacked synchronously (fflate, inlined above) so the page is
@@ -104,7 +105,7 @@
       ctx.fillText(text.length > fit ? text.slice(0, Math.max(fit - 1, 1)) + "\u2026" : text, x + 3, y + ROW / 2);
     }
   }
-  function label(i) { return kind(i) === "root" ? `all (${tot[i]} samples)` : sym(i); }
+  function label(i) { return kind(i) === "root" ? `all (${tot[i]} ${UNIT})` : sym(i); }
 
   function at(ev) {
     const r = canvas.getBoundingClientRect(), x = ev.clientX - r.left, row = Math.floor((ev.clientY - r.top) / ROW);
@@ -115,7 +116,7 @@
   function describe(i) {
     const lines = [label(i)];
     if (dso(i)) lines.push(dso(i));
-    lines.push(`${kind(i)} frame, ${tot[i]} samples, ${pct(tot[i])} of all; self ${self[i]} (${pct(self[i])})`);
+    lines.push(`${kind(i)} frame, ${tot[i]} ${UNIT}, ${pct(tot[i])} of all; self ${self[i]} (${pct(self[i])})`);
     if (DIFF) lines.push(`base ${pct(base[i], baseTotal)} \u2192 new ${pct(tot[i])}: ${delta(i) >= 0 ? "+" : ""}${delta(i).toFixed(2)} points`);
     return lines.join("\n");
   }
@@ -147,7 +148,7 @@
       matches = frames.map((f) => kinds[f[2]] !== "root" && test(f[0]));
       let hit = 0;
       for (let i = 0; i < N;) { if (matches[fr[i]]) { hit += tot[i]; i = end[i]; } else i++; }
-      matchOut.textContent = `Matched: ${hit} samples, ${pct(hit)} of all`;
+      matchOut.textContent = `Matched: ${hit} ${UNIT}, ${pct(hit)} of all`;
       matchOut.dataset.percent = (100 * hit / total).toFixed(2);
     } else if (text) matchOut.textContent = "not a valid /regex/";
     draw();

@@ -27,6 +27,7 @@ from optrace.escape import escape_controls
 from optrace.exporters.budget import OutputBudget
 from optrace.exporters.table import _when, lost_text, target_text
 from optrace.frontend.report.callgraph import CallTree, build_tree, gc_paused, require_stacks, walk
+from optrace.frontend.report.events import human_time
 from optrace.frontend.report.rows import Profile, ReportOptions, sample_total
 from optrace.model import Record
 
@@ -39,17 +40,21 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     require_stacks(record, "flame graph")
     with gc_paused():
         tree = build_tree(record, options, options.call_graph or "caller", by_comm="comm" in options.sort)
-        data = encode(tree)
-    stream.write(page(f"optrace flame graph: {profile.source}", header_facts(record, profile.source), data))
+        data = encode(tree) | {"unit": profile.unit}
+    stream.write(page(f"optrace flame graph: {profile.source}", header_facts(record, profile.source, profile.event),
+                      data))
 
 
-def header_facts(record: Record, source: str) -> list[tuple[str, str]]:
-    """The record's header as (label, value) pairs, shown above the graph (plain text, escaped later)."""
+def header_facts(record: Record, source: str, event: str = "cpu") -> list[tuple[str, str]]:
+    """The record's header as (label, value) pairs, shown above the graph (plain text, escaped later).
+    For an event in nanoseconds (off-cpu, wall) the counts are nanoseconds, and the header says so."""
     meta = record.meta
+    counted = (("Samples", f"{sample_total(record)} of {meta.event} at {meta.frequency_hz} Hz") if event == "cpu"
+               else ("Time", f"{human_time(sample_total(record))} of {event} (counts in nanoseconds)"))
     facts = [
         ("Profile", source),
         ("Target", target_text(meta)),
-        ("Samples", f"{sample_total(record)} of {meta.event} at {meta.frequency_hz} Hz"),
+        counted,
         ("Duration", f"{meta.duration_s:.2f} s"),
         ("Lost", lost_text(meta.lost).removeprefix("Total Lost Samples: ")),
         ("Recorded", f"{_when(meta.started)} on {meta.hostname} (kernel {meta.kernel})"),

@@ -32,11 +32,11 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     require_stacks(record, "flame graph")
     with gc_paused():
         tree = build_tree(record, options, options.call_graph or "caller", by_comm="comm" in options.sort)
-        text = _svg(tree.root, tree.total_samples, header_facts(record, profile.source))
+        text = _svg(tree.root, tree.total_samples, header_facts(record, profile.source, profile.event), profile.unit)
     stream.write(text)
 
 
-def _svg(root: Node, total: int, facts: list[tuple[str, str]]) -> str:
+def _svg(root: Node, total: int, facts: list[tuple[str, str]], unit: str = "samples") -> str:
     budget, names = OutputBudget(), Names()
     scale = WIDTH / root.total if root.total else 0.0
     body: list[str] = []
@@ -51,7 +51,7 @@ def _svg(root: Node, total: int, facts: list[tuple[str, str]]) -> str:
         if width < MIN_WIDTH:
             continue
         max_depth = max(max_depth, depth)
-        line = _frame(node, x, depth, width, total, names)
+        line = _frame(node, x, depth, width, total, names, unit)
         budget.take(len(line))
         body.append(line)
     height = TOP + (max_depth + 1) * ROW + 8
@@ -64,10 +64,10 @@ def _svg(root: Node, total: int, facts: list[tuple[str, str]]) -> str:
             + "\n".join(body) + "\n</svg>\n")
 
 
-def _frame(node: Node, x: float, depth: int, width: float, total: int, names: Names) -> str:
-    name = names(node.symbol) if node.kind != "root" else f"all ({node.total} samples)"
+def _frame(node: Node, x: float, depth: int, width: float, total: int, names: Names, unit: str = "samples") -> str:
+    name = names(node.symbol) if node.kind != "root" else f"all ({node.total} {unit})"
     where = f" in {names(node.dso)}" if node.dso else ""
-    title = f"{name}{where}: {node.total} samples, {percent(node.total, total):.2f}%"
+    title = f"{name}{where}: {node.total} {unit}, {percent(node.total, total):.2f}%"
     y = TOP + depth * ROW
     fit = int((width - 6) / CHAR_WIDTH)
     text = ""

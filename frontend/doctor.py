@@ -85,6 +85,16 @@ def check_syscall_tracepoints() -> CheckResult:
                        "a kernel with CONFIG_FTRACE_SYSCALLS=y, tracefs mounted", required=False)
 
 
+def check_off_cpu() -> CheckResult:
+    """record --off-cpu's hook; informational (CPU profiles do not need it)."""
+    version = kernel.kernel_version()
+    needed = kernel.OFF_CPU_MIN_KERNEL
+    if version >= needed:
+        return CheckResult("off-CPU", True, f"{kernel.OFF_CPU_HOOK} (kprobes are not needed)", required=False)
+    return CheckResult("off-CPU", False, f"kernel {version[0]}.{version[1]}: the {kernel.OFF_CPU_HOOK} has no "
+                       f"prev_state before {needed[0]}.{needed[1]}", "a newer kernel for --off-cpu", required=False)
+
+
 def check_bcc() -> CheckResult:
     """Looks BCC up without importing it (an import compiles nothing but loads libbcc and LLVM)."""
     spec = importlib.util.find_spec("bcc")
@@ -122,6 +132,7 @@ CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_perf_event_paranoid,
     check_btf,
     check_syscall_tracepoints,
+    check_off_cpu,
 )
 
 

@@ -15,6 +15,10 @@ BPF_MAP_CREATE = 0
 BPF_MAP_TYPE_ARRAY = 2
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # how the sampler tells new executable mappings
+# Off-CPU time (bpf/offcpu.c): the sched_switch raw tracepoint, whose prev_state argument came in 5.18. Not
+# tp_btf (BCC 0.26 cannot attach it), not a kprobe on finish_task_switch as BCC's offcputime (no kprobes here).
+OFF_CPU_HOOK = "raw tracepoint sched_switch"
+OFF_CPU_MIN_KERNEL = (5, 18)
 MAX_RATE_FILE = "/proc/sys/kernel/perf_event_max_sample_rate"
 DEFAULT_MAX_RATE = 100000
 
@@ -55,6 +59,15 @@ def tracefs_mount_points() -> list[str]:
         return []
     points = [fields[1] for fields in (line.split() for line in lines) if len(fields) > 2 and fields[2] == "tracefs"]
     return [point for point in points if point in TRACEFS_DIRS]
+
+
+def kernel_version(release: str | None = None) -> tuple[int, int]:
+    """(major, minor) of the running kernel, (0, 0) when the release does not start with them."""
+    parts = (release or os.uname().release).split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return 0, 0
 
 
 def max_sample_rate() -> int:

@@ -25,7 +25,7 @@ def test_doctor_ok_as_root(bpf_ready, optrace) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     names = ["privileges", "bpf syscall", "kernel headers", "BCC", "tracefs", "perf_event_paranoid", "BTF",
-             "syscall tracepoints"]
+             "syscall tracepoints", "off-CPU"]
     assert [line.split("  ")[0].strip() for line in lines[:-1]] == ["ok"] * len(names)
     assert [line[6:28].strip() for line in lines[:-1]] == names
     assert "running as root" in lines[0]

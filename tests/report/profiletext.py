@@ -12,14 +12,16 @@ BINARY_FORMATS = ("pprof",)  # bytes (to a file), names interned once: no text t
 TEXT_FORMATS = tuple(name for name in FORMATS if name not in BINARY_FORMATS)
 
 
-def render_report(record: Record, options: ReportOptions, fmt: str, source: str) -> str:
+def render_report(record: Record, options: ReportOptions, fmt: str, source: str, event: str = "cpu",
+                  parts: dict[str, int] | None = None) -> str:
     """The text a format writes; a binary format's bytes as latin-1 characters."""
+    profile = Profile(record, source, event, parts or {})
     if fmt in BINARY_FORMATS:
         buffer = io.BytesIO()
         stream = io.TextIOWrapper(buffer, encoding="utf-8", newline="")
-        PROFILE.writer(fmt)(stream, Profile(record, source), options)
+        PROFILE.writer(fmt)(stream, profile, options)
         stream.flush()
         return buffer.getvalue().decode("latin-1")
     stream = io.StringIO()
-    PROFILE.writer(fmt)(stream, Profile(record, source), options)
+    PROFILE.writer(fmt)(stream, profile, options)
     return stream.getvalue()

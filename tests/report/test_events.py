@@ -1,0 +1,82 @@
+"""report --event on synthetic records: the off-CPU and wall views, their units and errors (no BPF)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from optrace.errors import OptraceError
+from optrace.frontend.recorder import merged_frames
+from optrace.frontend.report.events import event_record, human_time
+from optrace.frontend.report.rows import Profile, ReportOptions
+from optrace.kernel import kernel_version
+from optrace.model import Frame, OffCpuMeta, Record, RecordMeta, Sample
+from optrace.recordfile import read_record, write_record
+from profiletext import render_report
+
+MS = 1_000_000
+
+
+def make_record(wall: bool = True) -> Record:
+    meta = RecordMeta(optrace_version="t", hostname="h", kernel="k", started=0.0, duration_s=1.0, frequency_hz=100,
+                      event="cpu-clock", off_cpu=OffCpuMeta("raw tracepoint sched_switch", 1, [], 900 * MS, wall=wall))
+    frames = [Frame("burn", "/bin/w"), Frame("wait_pipe", "/bin/w"), Frame("__schedule", "[kernel.kallsyms]", True)]
+    cpu = [Sample(1, "w", (0,), 10, 0)]  # 10 samples at 100 Hz: 100 ms on CPU
+    off = [Sample(1, "w", (2, 1), 600 * MS, 2), Sample(1, "w", (2, 0), 300 * MS, 3)]
+    return Record(meta=meta, frames=frames, samples=cpu, off_cpu=off)
+
+
+def test_off_cpu_view_counts_nanoseconds_per_thread() -> None:
+    record, parts = event_record(make_record(), "off-cpu")
+    doc = json.loads(render_report(record, ReportOptions(sort=("tid",), children=True), "json", "f", event="off-cpu"))
+    assert (doc["report"]["unit"], doc["report"]["total"], parts) == ("nanoseconds", 900 * MS, {})
+    assert [(row["tid"], row["nanoseconds"], row["samples"]) for row in doc["rows"]] == [
+        (2, 600 * MS, None), (3, 300 * MS, None)]
+
+
+def test_wall_view_adds_cpu_samples_as_periods() -> None:
+    record, parts = event_record(make_record(), "wall")
+    assert parts == {"on-cpu": 100 * MS, "off-cpu": 900 * MS}
+    text = render_report(record, ReportOptions(sort=("symbol",), children=True), "table", "f", event="wall",
+                         parts=parts)
+    assert "# on-cpu 100 ms (10.00%), off-cpu 900 ms (90.00%)" in text
+    line = next(line for line in text.splitlines() if line.endswith("[.] burn"))
+    assert line.split()[:4] == ["40.00%", "10.00%", "400", "ms"]
+
+
+def test_views_a_record_cannot_give_are_refused() -> None:
+    with pytest.raises(OptraceError, match="record with --wall"):
+        event_record(make_record(wall=False), "wall")
+    cpu_only = dataclasses.replace(make_record(), off_cpu=[], meta=dataclasses.replace(make_record().meta, off_cpu=None))
+    with pytest.raises(OptraceError, match="--off-cpu"):
+        event_record(cpu_only, "off-cpu")
+
+
+def test_off_cpu_round_trips_and_bad_indices_are_refused(tmp_path) -> None:
+    path = tmp_path / "r.data"
+    write_record(make_record(), path)
+    assert read_record(path) == make_record()
+    bad = make_record()
+    bad.off_cpu[0].frames = (7,)
+    write_record(bad, path)
+    with pytest.raises(OptraceError, match=r"off_cpu\[0\]: frame index out of range"):
+        read_record(path)
+
+
+def test_merged_frames_share_one_table() -> None:
+    frames, rows = merged_frames([Frame("a", "x")], [Frame("b", "x"), Frame("a", "x")], [Sample(1, "c", (0, 1), 5, 9)])
+    assert frames == [Frame("a", "x"), Frame("b", "x")]
+    assert rows == [Sample(1, "c", (1, 0), 5, 9)]
+
+
+@pytest.mark.parametrize("ns,shown", [(0, "0 ns"), (999, "999 ns"), (1500, "1.50 us"), (45_600_000, "45.6 ms"),
+                                      (1_234_000_000, "1.23 s"), (250 * 10**9, "250 s")])
+def test_human_time(ns: int, shown: str) -> None:
+    assert human_time(ns) == shown
+
+
+def test_kernel_version() -> None:
+    assert kernel_version("6.18.44-fc-v509") == (6, 18)
+    assert kernel_version("5.4.0-rc1") == (5, 4)
+    assert kernel_version("weird") == (0, 0)
