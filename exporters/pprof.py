@@ -4,7 +4,11 @@ Built like Go's own CPU profiles: two sample types, ``samples/count`` and ``cpu/
 default, as in Go), a period of one sampling interval, the record's start and duration. Each distinct
 frame of the record is a Location with one Line whose Function is (symbol, dso); each dso is a Mapping
 with its build-id, marked as already symbolized so pprof never looks for the binaries. Every sample
-keeps its ``comm`` (string) and ``pid`` (number) as labels (``-tagfocus``, ``-tags``).
+keeps its ``comm`` (string) and ``pid`` (number) as labels (``-tagfocus``, ``-tags``), and ``tid`` where
+the event recorded threads.
+
+``report --event off-cpu`` (or ``wall``) writes one sample type, ``off_cpu/nanoseconds`` (``wall/nanoseconds``),
+with a period of one nanosecond: each sample's value is the time its stack waited (or ran and waited).
 
 The message is built with the official ``protobuf`` runtime from the ``profile.proto`` of
 google/pprof (see :mod:`optrace.exporters.pprofproto`). Names come from hostile records: controls are
@@ -45,23 +49,25 @@ GZIP_LEVEL = 6  # what Go's runtime/pprof writes with (gzip.DefaultCompression)
 
 def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     """The profile is binary: it goes to the stream's byte buffer, never to a terminal."""
-    data = encode(profile.record, options, profile.source)
+    data = encode(profile.record, options, profile.source, profile.event)
     if stream.isatty():
         raise OptraceError("pprof output is binary: write it to a file with -o FILE.pb.gz")
     stream.flush()
     stream.buffer.write(data)  # type: ignore[attr-defined]  # report's streams are TextIOWrappers
 
 
-def encode(record: Record, options: ReportOptions = ReportOptions(), source: str = "", empty_ok: bool = False) -> bytes:
+def encode(record: Record, options: ReportOptions = ReportOptions(), source: str = "", empty_ok: bool = False,
+           event: str = "cpu") -> bytes:
     """The gzipped profile of ``record``. Raises OptraceError when there is nothing to show, unless
-    ``empty_ok`` (serve: a quiet machine's window is an empty profile, as Go's)."""
+    ``empty_ok`` (serve: a quiet machine's window is an empty profile, as Go's). ``event``: what the
+    record's samples count (frontend/report/events.py)."""
     if not record.meta.stacks:
         raise OptraceError("the record has no stacks (recorded with --no-stacks): pprof needs them; "
                            "record again without --no-stacks, or use --format table")
     stacks = _stacks(record, options)
     if not stacks and not empty_ok:
         raise OptraceError("no samples to write: the record is empty or the filters left nothing")
-    message = _Builder(record).build(stacks, source)
+    message = _Builder(record, event).build(stacks, source)
     return gzip.compress(message.SerializeToString(), compresslevel=GZIP_LEVEL, mtime=0)  # same record, same bytes
 
 
@@ -89,6 +95,7 @@ class _Builder:
     """Interns strings, functions and mappings as the samples need them (ids from 1)."""
 
     record: Record
+    event: str = "cpu"  # else the samples count nanoseconds (frontend/report/events.py)
     message: profile_pb2.Profile = field(default_factory=profile_pb2.Profile)
     strings: dict[str, int] = field(default_factory=dict)
     functions: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -99,14 +106,19 @@ class _Builder:
         meta = self.record.meta
         message = self.message
         self.string("")  # string_table[0] must be ""
-        period = 1_000_000_000 // max(meta.frequency_hz, 1)
-        message.sample_type.add(type=self.string("samples"), unit=self.string("count"))
-        message.sample_type.add(type=self.string("cpu"), unit=self.string("nanoseconds"))
-        message.period_type.type, message.period_type.unit = self.string("cpu"), self.string("nanoseconds")
-        message.period = period
+        if self.event == "cpu":
+            period = 1_000_000_000 // max(meta.frequency_hz, 1)
+            message.sample_type.add(type=self.string("samples"), unit=self.string("count"))
+            kind = "cpu"
+        else:
+            period = 0  # the counts are nanoseconds already: one value per sample
+            kind = self.event.replace("-", "_")
+        message.sample_type.add(type=self.string(kind), unit=self.string("nanoseconds"))
+        message.period_type.type, message.period_type.unit = self.string(kind), self.string("nanoseconds")
+        message.period = period or 1
         message.time_nanos = clamp(meta.started * 1e9)
         message.duration_nanos = clamp(meta.duration_s * 1e9)
-        message.default_sample_type = self.string("cpu")
+        message.default_sample_type = self.string(kind)
         message.comment.extend(self.string(clean(text)) for text in self._comments(source))
         self.build_ids = {frame.dso: frame.build_id for frame in self.record.frames if frame.build_id}
         self.mapping(self._main_object(stacks))
@@ -116,9 +128,10 @@ class _Builder:
         return message
 
     def _add_samples(self, stacks: list[Sample], period: int) -> None:
-        """The hot loop: per sample, three calls into the protobuf runtime and no Python per frame."""
+        """The hot loop: per sample, three calls into the protobuf runtime and no Python per frame.
+        ``period`` 0: the counts are nanoseconds, the sample's one value."""
         message = self.message
-        comm_key, pid_key = self.string("comm"), self.string("pid")
+        comm_key, pid_key, tid_key = self.string("comm"), self.string("pid"), self.string("tid")
         location_id = (1).__add__  # a frame's location id is its index + 1 (see _add_locations)
         lost_stack = (len(self.record.frames) + 1,)
         comms: dict[str, int] = {}
@@ -129,9 +142,11 @@ class _Builder:
             count = min(sample.count, INT64_MAX)
             added = message.sample.add()
             added.location_id.extend(map(location_id, sample.frames) if sample.frames else lost_stack)
-            added.value.extend((count, min(count * period, INT64_MAX)))
+            added.value.extend((count, min(count * period, INT64_MAX)) if period else (count,))
             added.label.add(key=comm_key, str=comm)
             added.label.add(key=pid_key, num=sample.pid)
+            if sample.tid:
+                added.label.add(key=tid_key, num=sample.tid)
 
     def _main_object(self, stacks: list[Sample]) -> Frame:
         """pprof takes mapping[0] as the main binary: the recorded command's, else the outermost user
@@ -151,7 +166,8 @@ class _Builder:
 
     def _comments(self, source: str) -> list[str]:
         meta = self.record.meta
-        comments = [f"optrace {__version__}: {meta.event} at {meta.frequency_hz} Hz on {meta.hostname} ({meta.kernel})"]
+        what = f"{meta.event} at {meta.frequency_hz} Hz" if self.event == "cpu" else f"{self.event} in nanoseconds"
+        comments = [f"optrace {__version__}: {what} on {meta.hostname} ({meta.kernel})"]
         if meta.command:
             comments.append("command: " + " ".join(meta.command))
         if source:

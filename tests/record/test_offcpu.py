@@ -7,6 +7,7 @@ the run queue, and the mutex waiter waits as long as the lock holder takes to bu
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import threading
@@ -107,6 +108,12 @@ def test_text_report_prints_human_times(tmp_path, workloads):
     folded = run_optrace("report", "-i", str(data), "--event", "off-cpu", "--format", "folded", check=True).stdout
     assert folded.splitlines()[0] == "# optrace folded stacks: event off-cpu, unit nanoseconds"
     assert any(line.startswith("mutex_waiter;") and ";mutex_waiter;" in line for line in folded.splitlines())
+    pprof = tmp_path / "off.pb.gz"
+    run_optrace("report", "-i", str(data), "--event", "off-cpu", "--format", "pprof", "-o", str(pprof), check=True)
+    if shutil.which("go"):  # as people read it: go tool pprof
+        raw = subprocess.run(["go", "tool", "pprof", "-raw", str(pprof)], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        assert "PeriodType: off_cpu nanoseconds" in raw and "off_cpu/nanoseconds[dflt]" in raw
 
 
 def test_pid_and_system_wide(tmp_path):

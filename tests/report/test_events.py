@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 
 import pytest
@@ -62,6 +63,22 @@ def test_off_cpu_round_trips_and_bad_indices_are_refused(tmp_path) -> None:
     write_record(bad, path)
     with pytest.raises(OptraceError, match=r"off_cpu\[0\]: frame index out of range"):
         read_record(path)
+
+
+@pytest.mark.parametrize("event,kind", [("off-cpu", "off_cpu"), ("wall", "wall")])
+def test_pprof_carries_the_unit(event: str, kind: str) -> None:
+    from optrace.exporters.pprof import encode
+    from optrace.exporters.pprofproto import profile_pb2
+
+    record, _ = event_record(make_record(), event)
+    message = profile_pb2.Profile.FromString(gzip.decompress(encode(record, ReportOptions(), "f", event)))
+    strings = message.string_table
+    assert [(strings[t.type], strings[t.unit]) for t in message.sample_type] == [(kind, "nanoseconds")]
+    assert strings[message.default_sample_type] == kind
+    values = sorted(sample.value[0] for sample in message.sample)
+    assert values[-2:] == [300 * MS, 600 * MS]
+    tids = {label.num for sample in message.sample for label in sample.label if strings[label.key] == "tid"}
+    assert tids == {2, 3}
 
 
 def test_merged_frames_share_one_table() -> None:
