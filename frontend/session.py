@@ -226,7 +226,7 @@ class ProfilingSession:
 
         opts = self.options
         self.off_cpu = OffCpuTracer(None if opts.pids is None else [], min_block_us=opts.off_cpu.min_block_us,
-                                    states=opts.off_cpu.states, stack_storage_size=opts.stack_storage_size)
+                                    states=opts.off_cpu.states, stack_storage_size=self.profiler.stack_storage_size)
         self.off_cpu.load()
 
     def _drain_off_cpu(self, drain: Drain) -> None:
