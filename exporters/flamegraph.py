@@ -40,7 +40,8 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     require_stacks(record, "flame graph")
     with gc_paused():
         tree = build_tree(record, options, options.call_graph or "caller", by_comm="comm" in options.sort)
-        data = encode(tree) | {"unit": profile.unit}
+        data = encode(tree)
+        data.meta["unit"] = profile.unit  # the page's label of the counts (samples, nanoseconds)
     stream.write(page(f"optrace flame graph: {profile.source}", header_facts(record, profile.source, profile.event),
                       data))
 

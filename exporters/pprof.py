@@ -49,7 +49,7 @@ GZIP_LEVEL = 6  # what Go's runtime/pprof writes with (gzip.DefaultCompression)
 
 def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     """The profile is binary: it goes to the stream's byte buffer, never to a terminal."""
-    data = encode(profile.record, options, profile.source, profile.event)
+    data = encode(profile.record, options, profile.source, event=profile.event)
     if stream.isatty():
         raise OptraceError("pprof output is binary: write it to a file with -o FILE.pb.gz")
     stream.flush()

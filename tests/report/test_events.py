@@ -71,7 +71,7 @@ def test_pprof_carries_the_unit(event: str, kind: str) -> None:
     from optrace.exporters.pprofproto import profile_pb2
 
     record, _ = event_record(make_record(), event)
-    message = profile_pb2.Profile.FromString(gzip.decompress(encode(record, ReportOptions(), "f", event)))
+    message = profile_pb2.Profile.FromString(gzip.decompress(encode(record, ReportOptions(), "f", event=event)))
     strings = message.string_table
     assert [(strings[t.type], strings[t.unit]) for t in message.sample_type] == [(kind, "nanoseconds")]
     assert strings[message.default_sample_type] == kind
