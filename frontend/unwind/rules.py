@@ -72,7 +72,10 @@ def to_rule(state: State) -> Rule:
 
 def _run(cie: Cie, code: bytes, state: State, initial: State | None) -> tuple[list[tuple[int, State]], State]:
     """Interpret ``code`` from ``state``: (rows as (location, state) at each advance and at the end, final
-    state). ``initial`` is the CIE's state, for DW_CFA_restore (None while running the CIE itself)."""
+    state). ``initial`` is the CIE's state, for DW_CFA_restore (None while running the CIE itself).
+
+    One loop with the frequent instructions inline (advance_loc, offset, restore, def_cfa_offset...) and
+    the rest in :func:`_rare`: this loop is most of a table's build time."""
     cfa, rbp, ra = state
     ra_col = cie.ra_register
     code_align, data_align = cie.code_align, cie.data_align

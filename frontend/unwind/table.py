@@ -16,7 +16,9 @@ The contract with ``bpf/`` (do not change one side alone):
   10) are written out as explicit CFA_RSP rows per 16-byte entry, so the walker needs one PLT type only.
 
 Additions to the first contract (compatible): ``UnwindTable.problems``/``problem`` (malformed CFI, counted),
-``find(pc)``, ``rule(i)``, ``pcs()`` and ``nbytes``.
+``find(pc)``, ``rule(i)``, ``pcs()`` and ``nbytes``; ``source`` is ".eh_frame+.debug_frame" when both
+sections gave FDEs (a binary built with -g -fno-asynchronous-unwind-tables: its own code in .debug_frame,
+the C runtime's start files in .eh_frame).
 """
 from __future__ import annotations
 
