@@ -28,6 +28,7 @@ and one counted problem through :class:`~optrace.frontend.symbols.access.FilePro
 """
 from __future__ import annotations
 
+import io
 import os
 import threading
 from collections import Counter
@@ -41,6 +42,7 @@ from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
 from optrace.frontend.symbols.debuginfo import build_id_debug_path
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
 from optrace.frontend.symbols.lru import LruCache
+from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 from optrace.frontend.unwind.cfi import CfiError
 from optrace.frontend.unwind.table import EMPTY, UnwindTable, build_table
 from optrace.procfs import MapEntry
@@ -93,6 +95,7 @@ class UnwindTableCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self._building: dict[FileIdentity, threading.Event] = {}
+        self._vdso: UnwindFile | None = None
 
     @property
     def held_bytes(self) -> int:
@@ -143,6 +146,20 @@ class UnwindTableCache:
         ELF_POLICY (open_mapped_file, open_file)."""
         with reader_for(os.dup(fd), ELF_POLICY, name) as reader:
             return self._lookup(file_identity(fd), name, reader)
+
+    def vdso_file(self) -> UnwindFile:
+        """The [vdso]'s table, load segments and build-id: the kernel maps the same image into every
+        process, so our own copy is read once (its mapping's bias works as a file's: offset 0)."""
+        with self._lock:
+            if self._vdso is not None:
+                return self._vdso
+        image = read_own_vdso()
+        unwind = None
+        if image is not None:
+            unwind = self._problems.contained(VDSO, CONSEQUENCE, lambda: _convert(io.BytesIO(image), None))
+        with self._lock:
+            self._vdso = unwind or NO_FILE
+            return self._vdso
 
     # -- the one conversion per file ------------------------------------------------------------------
     def _lookup(self, identity: FileIdentity, name: str, reader: BinaryIO) -> UnwindFile:
@@ -198,7 +215,7 @@ class UnwindTableCache:
         return unwind
 
 
-def _convert(stream: BinaryIO, identity: FileIdentity) -> UnwindFile:
+def _convert(stream: BinaryIO, identity: FileIdentity | None) -> UnwindFile:
     elf = ElfFile(stream)
     loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
     build_id = read_build_id(stream)  # first: the table's build may take a while, the reader has a time budget

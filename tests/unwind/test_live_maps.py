@@ -19,6 +19,7 @@ from framesinterp import Expected, matches
 from optrace.frontend.symbols.elffile import PT_LOAD, ProgramHeader
 from optrace.frontend.unwind.cache import UnwindFile, UnwindTableCache
 from optrace.frontend.unwind.table import CFA_END, EMPTY
+from optrace.frontend.symbols.vdso import read_own_vdso
 from optrace.procfs import MapEntry, parse_maps, read_maps_text
 
 SAMPLES_PER_MAPPING = 400
@@ -98,3 +99,23 @@ def test_bias_when_the_text_segment_is_not_page_aligned_in_the_file():
     assert unwind.file_vaddr(entry, 0x7F0000004000) == 0x4000
     text_only = UnwindFile(EMPTY, None, loads[1:])
     assert text_only.bias(entry) == unwind.bias(entry)
+
+
+def test_vdso_table_and_bias(tmp_path: Path):
+    """The [vdso] has its own .eh_frame: its rows are readelf's (on the image dumped from this process),
+    and the bias of this process's [vdso] mapping gives __vdso_clock_gettime's st_value."""
+    cache = UnwindTableCache()
+    unwind = cache.vdso_file()
+    assert unwind.table.count > 5 and unwind.table.source == ".eh_frame" and cache.vdso_file() is unwind
+    image = tmp_path / "vdso.so"
+    image.write_bytes(read_own_vdso())
+    expected = Expected(str(image))
+    for first, last, rule in expected.ranges:
+        for pc in (first, last):
+            assert matches(unwind.table.find(pc), rule, pc, expected.plts), hex(pc)
+    vdso = ctypes.CDLL("linux-vdso.so.1")
+    address = ctypes.cast(vdso.__vdso_clock_gettime, ctypes.c_void_p).value
+    entry = _mapping_of(os.getpid(), address)
+    with open(image, "rb") as stream:
+        symbol = ELFFile(stream).get_section_by_name(".dynsym").get_symbol_by_name("__vdso_clock_gettime")[0]
+    assert entry.path == "[vdso]" and unwind.file_vaddr(entry, address) == symbol["st_value"]
