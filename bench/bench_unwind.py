@@ -24,6 +24,7 @@ BENCH_BUDGET_S = 300
 RUNS = 5
 PYELFTOOLS_RUNS = 3
 FILES = {"libpython3.11": "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+         "python3.11": "/usr/bin/python3.11",  # Debian links the interpreter in: the code a python3.11 runs
          "libc.so.6": os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6"),
          "cc1": "/usr/lib/gcc/x86_64-linux-gnu/12/cc1"}
 PYELFTOOLS_FILES = ("libpython3.11", "libc.so.6")

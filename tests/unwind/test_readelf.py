@@ -72,6 +72,12 @@ def test_libpython():
     check_against_readelf(_existing(LIBPYTHON))
 
 
+def test_python_executable():
+    """Debian links the interpreter into /usr/bin/python3.11 itself (a non-PIE executable): its code,
+    not libpython's, is what a python3.11 process runs."""
+    check_against_readelf(_existing("/usr/bin/python3.11"))
+
+
 @pytest.mark.slow
 def test_cc1_sampled():
     check_against_readelf(_existing(CC1))
