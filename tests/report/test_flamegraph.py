@@ -145,3 +145,44 @@ def test_header_shows_stack_quality_when_the_record_has_it(record: Record, tmp_p
     out = io.StringIO()
     PROFILE.writer("flamegraph")(out, Profile(record, "r"), ReportOptions())
     assert f"<dt>Stacks</dt><dd>{expected}</dd>" in out.getvalue()
+
+
+INTERACT = """<script>
+// test driver, appended to a copy of the page: hover, click, reset, and write what the page showed
+(function () {
+  const canvas = document.getElementById("canvas"), tip = document.getElementById("tip");
+  const r = canvas.getBoundingClientRect(), row = (depth) => r.top + depth * 18 + 9;
+  function hover(x, depth) {
+    canvas.dispatchEvent(new MouseEvent("mousemove", {clientX: r.left + x, clientY: row(depth), bubbles: true}));
+    return tip.hidden ? "" : tip.textContent.split("\\n")[0] + " | " + tip.textContent.split("\\n").slice(-1)[0];
+  }
+  const out = {};
+  out.before = hover(r.width / 2, 3);
+  out.hotA = hover(5, 3);
+  canvas.dispatchEvent(new MouseEvent("click", {clientX: r.left + 5, clientY: row(3), bubbles: true}));
+  out.zoomed = hover(r.width / 2, 3);
+  out.above = hover(r.width * 0.95, 2);
+  document.getElementById("reset").click();
+  out.reset = hover(r.width / 2, 3);
+  document.body.dataset.result = JSON.stringify(out);
+})();
+</script></body>"""
+
+
+def test_hover_click_to_zoom_and_reset(optrace, record_file: Path, tmp_path: Path) -> None:
+    """The page's tooltip, zoom and reset, driven by mouse events in Chromium: in the synthetic record
+    row 3 holds demo's callees of main, hot_a (40%) at the left and hot_b (20%) in the middle."""
+    import html
+    import json
+
+    out = tmp_path / "flame.html"
+    optrace("report", "-i", str(record_file), "-f", "flamegraph", "-o", str(out), check=True)
+    driven = tmp_path / "driven.html"
+    driven.write_text(out.read_text().replace("</body>", INTERACT))
+    body = read_page(dump_dom(driven)).body
+    result = json.loads(html.unescape(body["data-result"]))
+    assert result["before"] == "hot_b | user frame, 200 samples, 20.00% of all; self 200 (20.00%)"
+    assert result["hotA"] == "hot_a | user frame, 400 samples, 40.00% of all; self 400 (40.00%)"
+    assert result["zoomed"].startswith("hot_a | ")  # hot_a now spans the width
+    assert result["above"].startswith("main | ")  # its callers stay drawn above it, full width
+    assert result["reset"].startswith("hot_b | ")
