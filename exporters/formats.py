@@ -20,6 +20,7 @@ from optrace.errors import OptraceError
 if TYPE_CHECKING:
     from optrace.exporters.jitlisting import Listing
     from optrace.frontend.report.rows import Profile, ReportOptions
+    from optrace.frontend.report.annotation import AnnotateView
     from optrace.frontend.report.callcounts import CountOptions, CountReport
     from optrace.frontend.report.diff import Comparison
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     CountWriter = Callable[[TextIO, CountReport, CountOptions], None]
     ListingWriter = Callable[[TextIO, Listing], None]
     DiffWriter = Callable[[TextIO, Comparison, ReportOptions], None]
+    AnnotateWriter = Callable[[TextIO, AnnotateView], None]
 
 Writer = TypeVar("Writer")
 
@@ -76,4 +78,8 @@ DIFF: Formats[DiffWriter] = Formats({  # optrace diff --format
 })
 JIT_LISTING: Formats[ListingWriter] = Formats({  # optrace jit show
     "listing": "optrace.exporters.jitlisting",
+})
+ANNOTATE: Formats[AnnotateWriter] = Formats({  # optrace annotate --format
+    "stdio": "optrace.exporters.annotatetext",
+    "json": "optrace.exporters.annotatejson",
 })

@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("record", "Record a CPU profile of a command, processes or the whole machine."),
     "report": ("report", "Show a recorded profile per symbol, like perf report."),
     "diff": ("diff", "Compare two recorded profiles per symbol, like perf diff."),
+    "annotate": ("annotate", "Show a recorded function's instructions with their share of its samples."),
+    "top": ("top", "Show the hottest functions now, refreshed live, like perf top."),
     "doctor": ("doctor", "Check that this machine can record, and say how to fix what is missing."),
     "count": ("count", "Count exact calls of user functions with uprobes."),
     "serve": ("serve", "Serve a continuous profile and call counts to Prometheus."),

@@ -15,6 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from optrace import __version__
+from optrace.frontend.codecapture import capture_session
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import GatedChild
@@ -74,7 +75,7 @@ class Recorder:
             frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
             programs_at_exec=True, learn_at_exec=not opts.system_wide, forget_exited=False,
             stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
-            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu))
+            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu, keep_jit_code=True))
 
     def run(self) -> Record:
         started = time.time()
@@ -190,7 +191,9 @@ class Recorder:
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
             off_cpu=self._off_cpu_meta(off_cpu),
         )
-        return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu)
+        functions = capture_session(session, frames, samples)
+        return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu,
+                      functions=functions)
 
     def _off_cpu_meta(self, off_cpu: list[Sample]) -> OffCpuMeta | None:
         opts = self.options.off_cpu

@@ -58,6 +58,8 @@ class SessionOptions:
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
+    # True: JIT functions' code bytes are kept as they are loaded or sampled (record, for annotate)
+    keep_jit_code: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,10 @@ class ProfilingSession:
         from optrace.jitmaps.jitsymbols import JitSymbols
 
         self.options = options
-        self.jit = JitSymbols(max_file_size=options.jit_max_file_size, jitdumps=options.jitdumps)
+        from optrace.jitmaps.jitcode import JitCodeStore
+
+        self.jit = JitSymbols(max_file_size=options.jit_max_file_size, jitdumps=options.jitdumps,
+                              code=JitCodeStore() if options.keep_jit_code else None)
         self.build_ids = BuildIdCache()  # one read of each mapped file's build-id, for spaces and symbolizer
         self.spaces = AddressSpaces(self.build_ids)
         self.tracker = ProcessTracker()
@@ -349,6 +354,10 @@ class ProfilingSession:
         for pid in {s.pid for s, jit in zip(samples, maybe_jit) if jit}:
             self._jit_pids.add(pid)
             self._contain("jit_symbols", self.jit.poll, pid, time)
+        if self.options.keep_jit_code:
+            for sample in (s for s, jit in zip(samples, maybe_jit) if jit and s.user and not s.kernel
+                           and s.user[0].build_id is None):
+                self._contain("jit_code", self.jit.keep_code, sample.pid, sample.user[0].offset, time)
         return maybe_jit
 
     def _note_exits(self, exits: list[int], now: float) -> None:

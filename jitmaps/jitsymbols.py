@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from optrace.fileaccess import printable
 from optrace.errors import OptraceError
 from optrace.jitmaps import jitdump as jd
+from optrace.jitmaps.jitcode import JitCodeStore
 from optrace.jitmaps.perfmap import PerfMapReader
 from optrace.jitmaps.procinfo import ProcessIdentity, read_identity
 from optrace.procfs import mapped_jitdumps
@@ -57,8 +58,10 @@ class _Process:
 
 class JitSymbols:
     def __init__(self, max_file_size: int = DEFAULT_MAX_SIZE, jitdumps: Sequence[str] = (),
-                 budget: SymbolBudget | None = None) -> None:
+                 budget: SymbolBudget | None = None, code: JitCodeStore | None = None) -> None:
+        """``code``: where JIT functions' bytes are kept for annotate (None: not kept)."""
         self.max_file_size = max_file_size
+        self.code = code
         self.budget = budget or SymbolBudget()
         self.warnings: list[str] = []
         self.stats: Counter[str] = Counter()
@@ -105,12 +108,28 @@ class JitSymbols:
 
     def forget_process(self, pid: int) -> None:
         """Drop an exited process's symbols (for long-running consumers; the recorder keeps them)."""
+        if self.code is not None:
+            self.code.forget_process(pid)
         for proc in self._procs.pop(pid, ()):
             proc.table.release()
             self._warned = {key for key in self._warned if key[0] not in proc.sources}
             if proc.root_fd is not None:
                 os.close(proc.root_fd)
                 proc.root_fd = None
+
+    def keep_code(self, pid: int, address: int, time: float) -> None:
+        """Keep the bytes of the JIT function at ``address`` (a sampled leaf), read from the live process
+        when no jitdump gave them; only while ``pid`` is still the process whose files named it."""
+        generations = self._procs.get(pid)
+        if self.code is None or not generations or generations[-1].exited or generations[-1].identity is None:
+            return
+        proc = generations[-1]
+        found = proc.table.lookup(address, time)
+        if found is None or self.code.has(pid, found.start, found.name):
+            return
+        now = read_identity(pid)
+        if now is not None and now.start_ticks == proc.identity.start_ticks:
+            self.code.read_live(pid, found.start, found.size, found.name)
 
     def lookup(self, pid: int, address: int, time: float) -> tuple[str, str] | None:
         generations = self._procs.get(pid)
@@ -248,6 +267,8 @@ class JitSymbols:
                 if len(proc.code_names) < self.budget.table_entries or record.code_index in proc.code_names:
                     proc.code_names[record.code_index] = record.name
                 proc.table.add(record.code_addr, record.code_size, record.name, source.display, stamp)
+                if self.code is not None and record.code:
+                    self.code.add(proc.pid, record.code_addr, record.code_size, record.name, record.code)
             elif isinstance(record, jd.CodeMove) and record.code_size:
                 name = proc.code_names.get(record.code_index, f"jit-code-{record.code_index}")
                 proc.table.add(record.new_code_addr, record.code_size, name, source.display, stamp)

@@ -142,9 +142,32 @@ class RecordMeta:
 
 
 @dataclass
+class FunctionCode:
+    """One hot function's machine code and where its own samples landed, kept by `record` so that
+    `optrace annotate` needs neither root nor the binary (which may be rebuilt, deleted, or JIT code).
+
+    ``start`` is the address ``code[0]`` is shown at: the link-time virtual address for ELF objects (as
+    perf annotate shows it), the process's address for JIT code. ``hits`` maps an offset into ``code`` to
+    the samples whose leaf IP was there; a reader checks every offset against ``len(code)``."""
+
+    symbol: str
+    dso: str
+    start: int
+    code: bytes
+    hits: dict[int, int] = field(default_factory=dict)
+    build_id: str | None = None
+    pid: Pid = 0  # the process whose samples ``hits`` counts (one entry per process and function)
+    arch: str = "x86_64"
+    truncated: bool = False  # the function is longer than the bytes kept (hits past them are not in ``hits``)
+
+
+@dataclass
 class Record:
     meta: RecordMeta
     frames: list[Frame] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     calls: list[CallCount] = field(default_factory=list)
     off_cpu: list[Sample] = field(default_factory=list)  # count: nanoseconds off CPU (record --off-cpu)
+    # None: recorded before optrace kept code (annotate then says to record again); else the hottest
+    # functions' code, bounded (frontend/codecapture.py)
+    functions: list[FunctionCode] | None = None

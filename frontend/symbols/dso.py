@@ -27,6 +27,17 @@ class LoadSegment:
     vaddr: int
 
 
+@dataclass(frozen=True)
+class FunctionBytes:
+    """A function's code as read from its object: ``vaddr`` as linked, ``offset`` in the file."""
+
+    name: str
+    vaddr: int
+    offset: int
+    code: bytes
+    size: int  # the function's whole size (``code`` may be cut short)
+
+
 @dataclass
 class DsoContext:
     """What every Dso shares: where debug files live, where problems and counts go."""
@@ -87,6 +98,38 @@ class Dso:
                 name = self._symbols.find(segment.vaddr + file_offset - segment.offset)
                 return demangle(name) if name else None
         return None
+
+    def function_code(self, file_offset: int, max_bytes: int) -> FunctionBytes | None:
+        """The machine code of the function at ``file_offset`` (at most ``max_bytes`` of it), read from
+        the object itself; None for a debug file (no code in it), an image-less object or a function
+        outside the file's loaded bytes."""
+        if self._segments is None:
+            self._load()
+        if self._debug_only:
+            return None
+        for segment in self._segments:
+            if segment.offset <= file_offset < segment.offset + segment.size:
+                span = self._symbols.span(segment.vaddr + file_offset - segment.offset)
+                if span is None:
+                    return None
+                name, start, end = span
+                start_offset = segment.offset + start - segment.vaddr
+                size = min(end - start, segment.offset + segment.size - start_offset)
+                if start_offset < segment.offset or size <= 0:
+                    return None
+                code = self._read_code(start_offset, min(size, max_bytes))
+                return None if code is None else FunctionBytes(demangle(name), start, start_offset, code, size)
+        return None
+
+    def _read_code(self, offset: int, size: int) -> bytes | None:
+        def read() -> bytes:
+            with self._open() as stream:
+                if not self._build_id_matches(stream):
+                    return b""
+                stream.seek(offset)
+                return stream.read(size)
+        code = self._context.problems.contained(self.shown, "its code is not kept for annotate", read)
+        return code if code and len(code) == size else None
 
     def _load(self) -> None:
         self._segments = []

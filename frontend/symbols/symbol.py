@@ -158,16 +158,30 @@ class SymbolTable:
     def find(self, address: int) -> str | None:
         """The symbol covering ``address``: a sized symbol that contains it, else the nearest symbol
         below it when that one has no size (perf extends zero-size symbols to the next symbol)."""
+        index = self._covering(address)
+        return None if index is None else self._name(index)
+
+    def span(self, address: int) -> tuple[str, int, int] | None:
+        """(name, start, end) of the symbol :meth:`find` names; a zero-size symbol ends at the next one."""
+        index = self._covering(address)
+        if index is None:
+            return None
+        end = self._ends[index]
+        if end == self._starts[index]:
+            end = self._starts[index + 1] if index + 1 < len(self._starts) else end
+        return self._name(index), self._starts[index], end
+
+    def _covering(self, address: int) -> int | None:
         nearest = bisect.bisect_right(self._starts, address) - 1
         if nearest < 0:
             return None
         if self._ends[nearest] > address:
-            return self._name(nearest)
+            return nearest
         for index in range(nearest - 1, max(nearest - MAX_NESTING, -1), -1):
             if self._ends[index] > address:
-                return self._name(index)
+                return index
         if self._ends[nearest] == self._starts[nearest]:
-            return self._name(nearest)
+            return nearest
         return None
 
     def _name(self, index: int) -> str:

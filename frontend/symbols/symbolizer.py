@@ -26,7 +26,7 @@ from optrace.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample, UserFra
 from optrace.frontend.symbols import debuginfo
 from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
 from optrace.frontend.symbols.demangle import demangle
-from optrace.frontend.symbols.dso import Dso, DsoContext
+from optrace.frontend.symbols.dso import Dso, DsoContext, FunctionBytes
 from optrace.frontend.symbols.kallsyms import Kallsyms
 from optrace.heap import release_free_memory
 from optrace.frontend.symbols.lru import LruCache
@@ -106,6 +106,14 @@ class Symbolizer:
         self.stats["frames_unresolved"] += total - named
         self._trim()
         return list(index), rows
+
+    def function_code(self, frame: Frame, max_bytes: int) -> FunctionBytes | None:
+        """The code of the function a named user frame is in, read from the object with the frame's
+        build-id (for `optrace annotate`); None when that object or function cannot be read."""
+        if frame.kernel or not frame.resolved or frame.build_id is None:
+            return None
+        dso = self._dso_for_build_id(bytes.fromhex(frame.build_id))
+        return None if dso is None else dso.function_code(frame.address, max_bytes)
 
     def cache_sizes(self) -> dict[str, int]:
         return {"dsos": len(self._dsos), "table_bytes": sum(dso.table_bytes for dso in self._dsos.values()),

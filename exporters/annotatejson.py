@@ -1,0 +1,19 @@
+"""`optrace annotate --format json`: ``{"function": {...}, "instructions": [...]}`` for one function, or
+``{"functions": [...]}`` without a symbol. Names are the record's own (JSON escapes them itself)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import TextIO
+
+from optrace.frontend.report.annotation import AnnotateView
+
+
+def write(stream: TextIO, view: AnnotateView) -> None:
+    if view.annotation is None:
+        document = {"source": view.source, "functions": [dataclasses.asdict(row) for row in view.listing or []]}
+    else:
+        annotation = dataclasses.asdict(view.annotation)
+        instructions = annotation.pop("instructions")
+        document = {"source": view.source, "function": annotation, "instructions": instructions}
+    stream.write(json.dumps(document, indent=1) + "\n")

@@ -1,0 +1,57 @@
+"""`optrace annotate`'s text, laid out like `perf annotate --stdio`: ``  percent :   address:   instruction``
+lines under a header; on a terminal the hottest lines are coloured (rich), perf's way (red over 5 %,
+green over 0.5 %). Names come from the record, possibly another user's: escaped before they are printed."""
+from __future__ import annotations
+
+import os
+from typing import TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+from optrace.escape import escape_controls
+from optrace.frontend.report.annotation import AnnotateView, Annotation, Listed, heat
+
+STYLES = {"hot": "bold red", "warm": "green", "": ""}
+MAX_NAME = 300  # characters of a symbol or path shown in a header
+
+
+def write(stream: TextIO, view: AnnotateView) -> None:
+    lines = listing_lines(view.listing or []) if view.annotation is None else annotation_lines(view.annotation)
+    if not view.color:
+        stream.write("".join(text + "\n" for text, _ in lines))
+        return
+    console = Console(file=stream, force_terminal=True, highlight=False, soft_wrap=True)
+    for text, kind in lines:
+        console.print(Text(text, style=STYLES[kind]))
+
+
+def _name(text: str) -> str:
+    shown = escape_controls(text)
+    return shown if len(shown) <= MAX_NAME else shown[:MAX_NAME] + "..."
+
+
+def annotation_lines(annotation: Annotation) -> list[tuple[str, str]]:
+    where = os.path.basename(annotation.dso) if "/" in annotation.dso and not annotation.dso.startswith("[") \
+        else annotation.dso
+    syntax = "Intel" if annotation.syntax == "intel" else "AT&T"
+    lines = [(f" Percent |  Disassembly of {_name(where)} ({annotation.samples} samples, {syntax} syntax)", ""),
+             ("-" * 72, ""),
+             (f"         :   {annotation.start:016x} <{_name(annotation.symbol)}>:", "")]
+    for ins in annotation.instructions:
+        shown = f"{ins.percent:8.2f}" if ins.samples else " " * 8
+        lines.append((f"{shown} :   {ins.address:8x}:   {escape_controls(ins.text)}", heat(ins.percent)))
+    if annotation.truncated:
+        lines.append(("         :   ... (the function is longer: record kept its first bytes only)", ""))
+    return lines
+
+
+def listing_lines(listing: list[Listed]) -> list[tuple[str, str]]:
+    lines = [("# Annotatable functions (optrace annotate SYMBOL): own samples, % of all samples", ""),
+             (f"# {'Samples':>9}  {'Overhead':>8}  Shared Object / Symbol", "")]
+    for row in listing:
+        where = os.path.basename(row.dso) if "/" in row.dso and not row.dso.startswith("[") else row.dso
+        lines.append((f"  {row.samples:>9}  {row.percent:>7.2f}%  {_name(where)}  {_name(row.symbol)}", ""))
+    if not listing:
+        lines.append(("# (none: the record kept no function's code)", ""))
+    return lines

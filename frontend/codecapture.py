@@ -1,0 +1,118 @@
+"""What `record` keeps for `optrace annotate`: the hottest functions' machine code and their samples' leaf
+offsets, so annotate needs neither root nor the binary (rebuilt, deleted, or JIT code long freed).
+
+Bounded (stated in the README): the :attr:`CodeBudget.functions` functions with the most own samples,
+at most :attr:`CodeBudget.function_bytes` of each one's code and :attr:`CodeBudget.total_bytes` in all.
+A function whose code cannot be had (kernel code, an object not found, a JIT function without jitdump
+bytes whose process was gone) is left out; annotate lists what was kept.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from optrace.frontend.session import ProfilingSession
+from optrace.model import Frame, FunctionCode, Sample
+
+JIT_PREFIX = "[jit] "
+
+
+@dataclass(frozen=True)
+class CodeBudget:
+    functions: int = 100
+    function_bytes: int = 64 << 10
+    total_bytes: int = 2 << 20
+
+
+@dataclass(frozen=True)
+class Code:
+    """Where a function's code starts (as shown, and as the frame's addresses count) and its bytes."""
+
+    shown_start: int  # link-time address (ELF) or the process's address (JIT)
+    frame_start: int  # the same point in the frame's address space (file offset for ELF frames)
+    code: bytes
+    size: int  # the whole function's size
+
+
+NativeReader = Callable[[Frame, int], "Code | None"]
+JitReader = Callable[[int, int, str], "Code | None"]  # pid, address, name
+
+
+def is_jit(frame: Frame) -> bool:
+    return frame.dso.startswith(JIT_PREFIX)
+
+
+def capture(frames: list[Frame], samples: list[Sample], native: NativeReader, jit: JitReader,
+            budget: CodeBudget = CodeBudget()) -> list[FunctionCode]:
+    """The hottest functions' code with their leaf-IP hits, hottest first."""
+    leaves: Counter[tuple[int, int]] = Counter()  # (frame index, pid) -> samples
+    for sample in samples:
+        if sample.frames:
+            frame = frames[sample.frames[0]]
+            if frame.resolved and not frame.kernel:
+                leaves[sample.frames[0], sample.pid] += sample.count
+    by_function: dict[tuple, list[tuple[int, int, int]]] = {}
+    totals: Counter[tuple] = Counter()
+    for (index, pid), count in leaves.items():
+        frame = frames[index]
+        key = (frame.symbol, frame.dso, frame.build_id, pid)
+        by_function.setdefault(key, []).append((index, pid, count))
+        totals[key] += count
+    kept: dict[tuple, FunctionCode] = {}
+    read = _ReadOnce(native, jit, budget.function_bytes)
+    spent = 0
+    for key, _ in totals.most_common(budget.functions):
+        for index, pid, count in by_function[key]:
+            frame = frames[index]
+            code = read(frame, pid)
+            if code is None:
+                continue
+            entry = kept.get((key, code.shown_start))
+            if entry is None:
+                if spent + len(code.code) > budget.total_bytes or len(kept) >= budget.functions:
+                    continue
+                spent += len(code.code)
+                entry = kept[key, code.shown_start] = FunctionCode(
+                    frame.symbol, frame.dso, code.shown_start, code.code, build_id=frame.build_id, pid=pid,
+                    truncated=len(code.code) < code.size)
+            offset = frame.address - code.frame_start
+            if 0 <= offset < len(entry.code):
+                entry.hits[offset] = entry.hits.get(offset, 0) + count
+    functions = [entry for entry in kept.values() if entry.hits]
+    functions.sort(key=lambda entry: -sum(entry.hits.values()))
+    return functions
+
+
+class _ReadOnce:
+    """Each function's code read once, whatever number of its addresses and processes were sampled."""
+
+    def __init__(self, native: NativeReader, jit: JitReader, max_bytes: int) -> None:
+        self._native, self._jit, self._max_bytes = native, jit, max_bytes
+        self._read: dict[tuple, list[Code]] = {}
+
+    def __call__(self, frame: Frame, pid: int) -> Code | None:
+        key = (frame.symbol, frame.dso, frame.build_id, pid if is_jit(frame) else 0)
+        known = self._read.setdefault(key, [])
+        for code in known:
+            if code.frame_start <= frame.address < code.frame_start + code.size:
+                return code
+        found = (self._jit(pid, frame.address, frame.symbol) if is_jit(frame)
+                 else self._native(frame, self._max_bytes))
+        if found is not None:
+            known.append(found)
+        return found
+
+
+def capture_session(session: ProfilingSession, frames: list[Frame], samples: list[Sample],
+                    budget: CodeBudget = CodeBudget()) -> list[FunctionCode]:
+    """:func:`capture` with the session's objects (ELF code) and JIT code store as the sources."""
+    def native(frame: Frame, max_bytes: int) -> Code | None:
+        found = session.symbolizer.function_code(frame, max_bytes)
+        return None if found is None else Code(found.vaddr, found.offset, found.code, found.size)
+
+    def jit(pid: int, address: int, name: str) -> Code | None:
+        found = session.jit.code.find(pid, address, name) if session.jit.code is not None else None
+        return None if found is None else Code(found.start, found.start, found.code, found.size)
+
+    return capture(frames, samples, native, jit, budget)

@@ -1,0 +1,53 @@
+"""`optrace annotate`: a recorded function's instructions with their share of its samples, from the record
+alone (no root, no binary). Without a SYMBOL, lists the functions the record kept code for."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from optrace.errors import OptraceError
+from optrace.escape import escape_controls
+from optrace.exporters.formats import ANNOTATE
+from optrace.frontend.cliopts import pid_option
+from optrace.frontend.report.annotation import (SYNTAXES, AnnotateOptions, AnnotateView, annotate, find,
+                                                functions_of, listing, selected)
+from optrace.outputfile import output_stream
+from optrace.recordfile import read_record
+
+
+@click.command("annotate")
+@click.argument("symbol", required=False)
+@click.option("-i", "--input", "source", default="optrace.data", show_default=True, help="Record file to read.")
+@click.option("--dso", "dsos", default="", help="Only functions of these objects (basename or path, comma-separated).")
+@pid_option("--pid", help="Only samples of these processes (repeat, or comma list).")
+@click.option("-M", "--disassembler-style", "syntax", default="att", show_default=True,
+              help="Assembly syntax: att or intel.")
+@click.option("--stdio", is_flag=True, help="Plain text, no colours (the default when not on a terminal).")
+@click.option("-f", "--format", "fmt", default="stdio", show_default=True, help=" or ".join(ANNOTATE.names) + ".")
+@click.option("-o", "--output", default="-", help="Write here instead of stdout.")
+def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], syntax: str, stdio: bool, fmt: str,
+            output: str) -> None:
+    """Show where in a recorded function its samples fell, instruction by instruction (like perf annotate)."""
+    if syntax not in SYNTAXES:
+        raise OptraceError(f"-M takes {' or '.join(SYNTAXES)}, not {escape_controls(syntax)!r}")
+    write = ANNOTATE.writer(fmt)
+    options = AnnotateOptions(symbol, _split(dsos), frozenset(pids), syntax)
+    record = read_record(source)
+    warnings: list[str] = []
+    functions = selected(functions_of(record, warnings), options)
+    for warning in warnings:
+        click.echo(f"optrace: warning: {warning}", err=True)
+    shown = escape_controls(source)
+    if symbol is None:
+        view = AnnotateView(shown, listing=listing(record, functions))
+    else:
+        view = AnnotateView(shown, annotation=annotate(find(functions, symbol), syntax),
+                            color=not stdio and output == "-" and sys.stdout.isatty())
+    with output_stream(output) as stream:
+        write(stream, view)
+
+
+def _split(text: str) -> frozenset[str]:
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
