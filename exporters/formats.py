@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     from optrace.frontend.report.annotation import AnnotateView
     from optrace.frontend.report.callcounts import CountOptions, CountReport
     from optrace.frontend.report.diff import Comparison
+    from optrace.frontend.report.toprows import TopSnapshot
 
     ProfileWriter = Callable[[TextIO, Profile, ReportOptions], None]
     CountWriter = Callable[[TextIO, CountReport, CountOptions], None]
     ListingWriter = Callable[[TextIO, Listing], None]
     DiffWriter = Callable[[TextIO, Comparison, ReportOptions], None]
     AnnotateWriter = Callable[[TextIO, AnnotateView], None]
+    TopWriter = Callable[[TextIO, TopSnapshot], None]
 
 Writer = TypeVar("Writer")
 
@@ -82,4 +84,7 @@ JIT_LISTING: Formats[ListingWriter] = Formats({  # optrace jit show
 ANNOTATE: Formats[AnnotateWriter] = Formats({  # optrace annotate --format
     "stdio": "optrace.exporters.annotatetext",
     "json": "optrace.exporters.annotatejson",
+})
+TOP: Formats[TopWriter] = Formats({  # optrace top --stdio (the full-screen view is frontend/top/screen.py)
+    "stdio": "optrace.exporters.toptext",
 })

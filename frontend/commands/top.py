@@ -1,0 +1,55 @@
+"""`optrace top`: the hottest functions now, refreshed live (like perf top), from the same profiling
+session as record and serve. Full screen on a terminal; a plain table per refresh otherwise."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from optrace.errors import OptraceError
+from optrace.frontend.commands.record import check_frequency, parse_pids
+from optrace.frontend.report.rows import parse_sort_keys
+
+
+@click.command("top")
+@click.option("-p", "--pid", "pids", multiple=True, help="Only these processes and their children (repeat, or comma list).")
+@click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="The whole machine (the default without -p).")
+@click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
+@click.option("-d", "--delay", "interval", type=float, default=1.0, show_default=True, metavar="SECONDS",
+              help="Refresh every SECONDS.")
+@click.option("-s", "--sort", "sort", default="dso,symbol", show_default=True,
+              help="Row keys: comm, pid, dso, symbol (symbol always included).")
+@click.option("-z", "--zero", is_flag=True, help="Show each interval alone instead of decayed totals.")
+@click.option("--children", is_flag=True, help="Start with the inclusive (children) column on.")
+@click.option("--stdio", is_flag=True, help="Print a plain table every interval (the default when not on a terminal).")
+@click.option("--rows", type=click.IntRange(1), default=50, show_default=True, help="Rows per plain table.")
+@click.option("-n", "--iterations", type=click.IntRange(1), help="Stop after this many refreshes.")
+def command(pids, system_wide, frequency, interval, sort, zero, children, stdio, rows, iterations) -> None:
+    """Show the hottest functions now, refreshed live, like perf top (q, Ctrl-C or SIGTERM to stop)."""
+    from optrace.frontend.doctor import require_recording
+    from optrace.frontend.stopsignals import StopSignals
+    from optrace.frontend.top.engine import TopEngine, TopOptions
+
+    check_frequency(frequency)
+    if not 0.1 <= interval <= 3600:
+        raise OptraceError(f"-d takes seconds from 0.1 to 3600, not {interval}")
+    keys = parse_sort_keys(sort)
+    if "symbol" not in keys:
+        keys = (*keys, "symbol")
+    targets = parse_pids(pids)
+    options = TopOptions(frequency_hz=frequency, pids=None if system_wide or not targets else targets,
+                         interval_s=interval, sort=keys, zero=zero, children=children, iterations=iterations)
+    screen = not stdio and sys.stdin.isatty() and sys.stdout.isatty()
+    require_recording()
+    engine = TopEngine(options)
+    with StopSignals() as stop:
+        try:
+            engine.start()
+            if screen:
+                from optrace.frontend.top.screen import run_screen
+                run_screen(engine, stop)
+            else:
+                from optrace.frontend.top.screen import PlainUi, run
+                run(engine, PlainUi(sys.stdout, stop, rows), stop)
+        finally:
+            engine.close()

@@ -1,0 +1,1 @@
+"""`optrace top`: the live loop (engine), the terminal's keys and the full-screen view."""

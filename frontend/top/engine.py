@@ -1,0 +1,74 @@
+"""`optrace top`'s engine: the profiling session `record` and `serve` use, drained once per refresh, its
+samples named at once and added to :class:`~optrace.frontend.report.toprows.LiveTotals`.
+
+Settings are serve's (a live view of a busy machine): a program is indexed once it is sampled, not at
+exec, and what is kept about an exited process goes one drain after its exit.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from optrace.frontend.report.toprows import (Header, LiveTotals, TopSnapshot, ViewState, deep_stack_share)
+from optrace.frontend.session import ProfilingSession, SessionOptions
+
+
+@dataclass
+class TopOptions:
+    frequency_hz: int = 99
+    pids: list[int] | None = None  # None: the whole machine
+    interval_s: float = 1.0
+    sort: tuple[str, ...] = ("dso", "symbol")
+    zero: bool = False
+    children: bool = False
+    iterations: int | None = None  # stop after this many refreshes (None: until q, Ctrl-C or SIGTERM)
+    first_refresh_s: float = 0.5  # rows appear this soon after the program attaches
+    view: ViewState = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.view = ViewState(sort=self.sort, children=self.children)
+
+
+class TopEngine:
+    def __init__(self, options: TopOptions) -> None:
+        self.options = options
+        self.totals = LiveTotals(zero=options.zero)
+        self.header = Header(cpus=os.cpu_count() or 0, frequency_hz=options.frequency_hz,
+                             interval_s=options.interval_s, zero=options.zero)
+        self.session = ProfilingSession(SessionOptions(
+            frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, programs_at_exec=False,
+            learn_at_exec=False, forget_exited=True))
+        self.refreshes = 0
+        self._last = 0.0
+
+    def start(self) -> None:
+        self.session.start()
+        self.header.event = self.session.event
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        self.session.close()
+
+    def poll(self) -> None:
+        self.session.poll(time.monotonic())
+
+    def refresh(self) -> None:
+        """Drain the kernel's maps and add what they held (kept aside while paused: the totals freeze)."""
+        drained = self.session.drain()
+        frames, samples = self.session.symbolize(drained.samples)
+        now = time.monotonic()
+        elapsed, self._last = max(now - self._last, 1e-3), now
+        count = sum(sample.count for sample in samples)
+        self.refreshes += 1
+        self.header.lost += sum(n for reason, n in drained.lost.items() if reason != "idle")
+        self.header.warnings += len(self.session.take_warnings())
+        if self.options.view.paused:
+            return
+        self.header.samples_per_s = count / elapsed
+        self.header.deep_stacks = deep_stack_share(samples, frames)
+        self.totals.add(frames, samples)
+
+    def snapshot(self, limit: int | None = None) -> TopSnapshot:
+        view = self.options.view
+        return TopSnapshot(self.header, view, self.totals.rows(view, limit), time.strftime("%H:%M:%S"))

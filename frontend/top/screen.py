@@ -1,0 +1,114 @@
+"""`optrace top`'s full-screen view, drawn with rich (alternate screen, redrawn each refresh and on each
+key), and the plain-table mode for pipes and ``--stdio``. The loop is the same for both: refresh every
+interval, poll the session's exec/exit events in between, stop on q, Ctrl-C or SIGTERM."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Protocol, TextIO
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from optrace.exporters import toptext
+from optrace.frontend.report.toprows import TopSnapshot
+from optrace.frontend.stopsignals import StopSignals
+from optrace.frontend.top.controls import HELP, Controls
+from optrace.frontend.top.engine import TopEngine
+from optrace.frontend.top.keys import Keys
+
+POLL_S = 0.1  # keys and exec events are looked at this often
+MIN_WIDTH, MIN_HEIGHT = 40, 6
+CHROME_LINES = 5  # header, state, table title, help, prompt
+
+
+class Ui(Protocol):
+    def show(self, engine: TopEngine) -> None: ...
+    def wait(self, seconds: float) -> bool: ...  # True: quit
+
+
+def run(engine: TopEngine, ui: Ui, stop: StopSignals) -> None:
+    """Rows appear ``first_refresh_s`` after the program attaches, then once per interval."""
+    options = engine.options
+    ui.show(engine)
+    next_refresh = time.monotonic() + min(options.first_refresh_s, options.interval_s)
+    while not stop.stopped.is_set():
+        now = time.monotonic()
+        if now >= next_refresh:
+            engine.refresh()
+            ui.show(engine)
+            next_refresh = max(next_refresh + options.interval_s, now + options.interval_s / 2)
+            if options.iterations is not None and engine.refreshes >= options.iterations:
+                return
+            continue
+        engine.poll()
+        if ui.wait(min(POLL_S, next_refresh - now)):
+            return
+
+
+class PlainUi:
+    """A plain table per refresh (toptext), for logs."""
+
+    def __init__(self, stream: TextIO, stop: StopSignals, rows: int) -> None:
+        self.stream, self.stop, self.rows = stream, stop, rows
+
+    def show(self, engine: TopEngine) -> None:
+        if engine.refreshes:
+            toptext.write(self.stream, engine.snapshot(self.rows))
+
+    def wait(self, seconds: float) -> bool:
+        return self.stop.wait(seconds)
+
+
+class ScreenUi:
+    def __init__(self, live: Live, console: Console, keys: Keys, controls: Controls) -> None:
+        self.live, self.console, self.keys, self.controls = live, console, keys, controls
+        self._engine: TopEngine | None = None
+
+    def show(self, engine: TopEngine) -> None:
+        self._engine = engine
+        width, height = self.console.size
+        if width < MIN_WIDTH or height < MIN_HEIGHT:
+            body = Text(f"terminal too small ({width}x{height}): enlarge it to {MIN_WIDTH}x{MIN_HEIGHT}, or q")
+        else:
+            body = render(engine.snapshot(max(height - CHROME_LINES, 1)), self.controls.prompt, engine.refreshes)
+        self.live.update(body, refresh=True)
+
+    def wait(self, seconds: float) -> bool:
+        keys = self.keys.read(seconds)
+        if not keys:
+            return False
+        if self.controls.feed(keys):
+            return True
+        if self._engine is not None:
+            self.show(self._engine)
+        return False
+
+
+def render(snapshot: TopSnapshot, prompt: str, refreshes: int) -> Group:
+    view = snapshot.view
+    titles = toptext.titles(view)
+    numeric = len(titles) - len(view.sort)
+    table = Table(box=None, pad_edge=False, expand=False, show_edge=False, header_style="bold")
+    for i, title in enumerate(titles):
+        table.add_column(title, justify="right" if i < numeric else "left", no_wrap=True,
+                         overflow="ellipsis" if i == len(titles) - 1 else "fold")
+    for row in snapshot.rows:
+        style = "bold red" if row.percent >= 5.0 else "green" if row.percent >= 0.5 else ""
+        table.add_row(*(Text(cell) for cell in toptext.cells(row, view)), style=style)
+    waiting = Text("collecting samples..." if not refreshes else "(no samples match)", style="dim")
+    parts = [Text(f"optrace top {snapshot.time}  " + toptext.header_line(snapshot.header, view), style="bold"),
+             Text(toptext.state_line(view)), table if snapshot.rows else waiting,
+             Text(prompt or HELP, style="reverse" if prompt else "dim")]
+    return Group(*parts)
+
+
+def run_screen(engine: TopEngine, stop: StopSignals) -> None:
+    """Full screen on the terminal; the terminal's modes and screen are restored however this ends."""
+    console = Console(highlight=False)
+    controls = Controls(engine.options.view)
+    with Keys(sys.stdin.fileno()) as keys, Live(console=console, screen=True, auto_refresh=False,
+                                                 redirect_stdout=False, redirect_stderr=False) as live:
+        run(engine, ScreenUi(live, console, keys, controls), stop)
