@@ -15,6 +15,8 @@ from optrace.frontend.report.annotation import (SYNTAXES, AnnotateOptions, Annot
 from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
 
+MAX_WARNINGS = 20  # skipped functions named (a hostile record may hold thousands)
+
 
 @click.command("annotate")
 @click.argument("symbol", required=False)
@@ -34,15 +36,15 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
     write = ANNOTATE.writer(fmt)
     options = AnnotateOptions(symbol, _split(dsos), frozenset(pids), syntax)
     record = read_record(source)
-    warnings: list[str] = []
-    functions = selected(functions_of(record, warnings), options)
-    for warning in warnings:
-        click.echo(f"optrace: warning: {warning}", err=True)
+    skipped: dict[str, str] = {}
+    functions = selected(functions_of(record, skipped), options)
     shown = escape_controls(source)
     if symbol is None:
+        for name, problem in list(skipped.items())[:MAX_WARNINGS]:
+            click.echo(f"optrace: warning: {escape_controls(name)[:120]} skipped: {problem}", err=True)
         view = AnnotateView(shown, listing=listing(record, functions))
     else:
-        view = AnnotateView(shown, annotation=annotate(find(functions, symbol), syntax),
+        view = AnnotateView(shown, annotation=annotate(find(functions, symbol, skipped), syntax),
                             color=not stdio and output == "-" and sys.stdout.isatty())
     with output_stream(output) as stream:
         write(stream, view)

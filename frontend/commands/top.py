@@ -41,15 +41,14 @@ def command(pids, system_wide, frequency, interval, sort, zero, children, stdio,
                          interval_s=interval, sort=keys, zero=zero, children=children, iterations=iterations)
     screen = not stdio and sys.stdin.isatty() and sys.stdout.isatty()
     require_recording()
+    from optrace.frontend.top.screen import PlainUi, run, run_screen  # rich: imported before the attach
+
     engine = TopEngine(options)
     with StopSignals() as stop:
         try:
-            engine.start()
             if screen:
-                from optrace.frontend.top.screen import run_screen
                 run_screen(engine, stop)
             else:
-                from optrace.frontend.top.screen import PlainUi, run
                 run(engine, PlainUi(sys.stdout, stop, rows), stop)
         finally:
             engine.close()

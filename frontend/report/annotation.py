@@ -65,8 +65,8 @@ class Listed:
     percent: float  # of the record's samples
 
 
-def functions_of(record: Record, warnings: list[str]) -> list[FunctionCode]:
-    """The record's kept functions that are sound; the others are named in ``warnings`` and left out.
+def functions_of(record: Record, skipped: dict[str, str]) -> list[FunctionCode]:
+    """The record's kept functions that are sound; the others go to ``skipped`` (symbol -> problem).
     A record from before `record` kept code is refused in one line."""
     if record.functions is None:
         raise OptraceError("this record holds no code (recorded before optrace kept it for annotate): re-record it")
@@ -74,7 +74,7 @@ def functions_of(record: Record, warnings: list[str]) -> list[FunctionCode]:
     for function in record.functions:
         problem = _problem(function)
         if problem:
-            warnings.append(f"{escape_controls(function.symbol)[:200]} skipped: {problem}")
+            skipped[function.symbol] = problem
         else:
             sound.append(function)
     return sound
@@ -112,10 +112,13 @@ def listing(record: Record, functions: list[FunctionCode]) -> list[Listed]:
     return rows
 
 
-def find(functions: list[FunctionCode], symbol: str) -> list[FunctionCode]:
+def find(functions: list[FunctionCode], symbol: str, skipped: dict[str, str] | None = None) -> list[FunctionCode]:
     """The entries of ``symbol`` holding the most samples (one function: same object and start); an
-    unknown symbol is one line naming the closest ones."""
+    unknown symbol is one line naming the closest ones, a skipped one a line saying why."""
     matching = [f for f in functions if f.symbol == symbol]
+    if not matching and skipped and symbol in skipped:
+        raise OptraceError(f"{escape_controls(symbol)[:120]} cannot be annotated: the record is corrupt "
+                           f"({skipped[symbol]})")
     if not matching:
         names = sorted({f.symbol for f in functions})
         close = difflib.get_close_matches(symbol, names, n=3, cutoff=0.5)

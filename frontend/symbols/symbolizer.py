@@ -107,6 +107,14 @@ class Symbolizer:
         self._trim()
         return list(index), rows
 
+    def load_symbols(self, pid: int) -> None:
+        """Read now the symbol tables of the objects a snapshotted process maps (a live view of a few
+        processes loads them before it attaches, so its first rows come within a second)."""
+        maps = self.machine.processes.get(pid)
+        for entry in maps.current if maps is not None else ():
+            if entry.is_file:
+                self._dso_for_mapping(entry).symbol_at(entry.offset)
+
     def function_code(self, frame: Frame, max_bytes: int) -> FunctionBytes | None:
         """The code of the function a named user frame is in, read from the object with the frame's
         build-id (for `optrace annotate`); None when that object or function cannot be read."""

@@ -23,7 +23,7 @@ class TopOptions:
     zero: bool = False
     children: bool = False
     iterations: int | None = None  # stop after this many refreshes (None: until q, Ctrl-C or SIGTERM)
-    first_refresh_s: float = 0.5  # rows appear this soon after the program attaches
+    first_refresh_s: float = 0.25  # refresh this often until the first rows
     view: ViewState = field(init=False)
 
     def __post_init__(self) -> None:
@@ -38,7 +38,7 @@ class TopEngine:
                              interval_s=options.interval_s, zero=options.zero)
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, programs_at_exec=False,
-            learn_at_exec=False, forget_exited=True))
+            learn_at_exec=False, forget_exited=True, symbols_before_attach=True))
         self.refreshes = 0
         self._last = 0.0
 

@@ -3,6 +3,7 @@ key), and the plain-table mode for pipes and ``--stdio``. The loop is the same f
 interval, poll the session's exec/exit events in between, stop on q, Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Protocol, TextIO
@@ -21,7 +22,8 @@ from optrace.frontend.top.keys import Keys
 
 POLL_S = 0.1  # keys and exec events are looked at this often
 MIN_WIDTH, MIN_HEIGHT = 40, 6
-CHROME_LINES = 5  # header, state, table title, help, prompt
+CHROME_LINES = 5
+NAME_WIDTH = 24  # a command or object name column  # header, state, table title, help, prompt
 
 
 class Ui(Protocol):
@@ -30,8 +32,11 @@ class Ui(Protocol):
 
 
 def run(engine: TopEngine, ui: Ui, stop: StopSignals) -> None:
-    """Rows appear ``first_refresh_s`` after the program attaches, then once per interval."""
+    """Refreshes every ``first_refresh_s`` until there are rows (they appear within a second of the attach),
+    then once per interval."""
     options = engine.options
+    ui.show(engine)
+    engine.start()  # with the screen already up: its first rows then need only the first refresh
     ui.show(engine)
     next_refresh = time.monotonic() + min(options.first_refresh_s, options.interval_s)
     while not stop.stopped.is_set():
@@ -39,7 +44,9 @@ def run(engine: TopEngine, ui: Ui, stop: StopSignals) -> None:
         if now >= next_refresh:
             engine.refresh()
             ui.show(engine)
-            next_refresh = max(next_refresh + options.interval_s, now + options.interval_s / 2)
+            interval = options.interval_s if engine.totals.self_totals else min(options.first_refresh_s,
+                                                                                   options.interval_s)
+            next_refresh = max(next_refresh + interval, now + interval / 2)
             if options.iterations is not None and engine.refreshes >= options.iterations:
                 return
             continue
@@ -69,7 +76,7 @@ class ScreenUi:
 
     def show(self, engine: TopEngine) -> None:
         self._engine = engine
-        width, height = self.console.size
+        width, height = self.console.size = terminal_size(self.console)
         if width < MIN_WIDTH or height < MIN_HEIGHT:
             body = Text(f"terminal too small ({width}x{height}): enlarge it to {MIN_WIDTH}x{MIN_HEIGHT}, or q")
         else:
@@ -87,18 +94,33 @@ class ScreenUi:
         return False
 
 
+def terminal_size(console: Console) -> tuple[int, int]:
+    """The terminal's size now, from the terminal itself: COLUMNS and LINES in the environment (which
+    rich prefers) may be stale, and the terminal may have been resized since the last refresh."""
+    try:
+        size = os.get_terminal_size(sys.stdout.fileno())
+    except OSError:
+        return console.size
+    return size.columns, size.lines
+
+
 def render(snapshot: TopSnapshot, prompt: str, refreshes: int) -> Group:
     view = snapshot.view
     titles = toptext.titles(view)
     numeric = len(titles) - len(view.sort)
-    table = Table(box=None, pad_edge=False, expand=False, show_edge=False, header_style="bold")
+    table = Table(box=None, pad_edge=False, expand=True, show_edge=False, header_style="bold")
     for i, title in enumerate(titles):
-        table.add_column(title, justify="right" if i < numeric else "left", no_wrap=True,
-                         overflow="ellipsis" if i == len(titles) - 1 else "fold")
+        if i < numeric:
+            table.add_column(title, justify="right", no_wrap=True, min_width=max(len(title), 7))
+        else:  # names: the last one takes what is left, the others at most NAME_WIDTH
+            last = i == len(titles) - 1
+            table.add_column(title, no_wrap=True, overflow="ellipsis", ratio=1 if last else None,
+                             max_width=None if last else NAME_WIDTH, min_width=min(len(title), 8))
     for row in snapshot.rows:
         style = "bold red" if row.percent >= 5.0 else "green" if row.percent >= 0.5 else ""
         table.add_row(*(Text(cell) for cell in toptext.cells(row, view)), style=style)
-    waiting = Text("collecting samples..." if not refreshes else "(no samples match)", style="dim")
+    waiting = Text("(no samples match)" if refreshes else "collecting samples..." if snapshot.header.event
+                   else "loading the BPF program...", style="dim")
     parts = [Text(f"optrace top {snapshot.time}  " + toptext.header_line(snapshot.header, view), style="bold"),
              Text(toptext.state_line(view)), table if snapshot.rows else waiting,
              Text(prompt or HELP, style="reverse" if prompt else "dim")]

@@ -1,0 +1,198 @@
+"""`optrace top` as people see it: in a real terminal (tmux: new-session -d, send-keys, capture-pane), on
+workloads with known shares, and piped. Needs root (BPF) and tmux (scripts/setup-system.sh)."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from support import OPTRACE, assert_no_programs_of, run_optrace
+
+pytestmark = pytest.mark.usefixtures("bpf_ready")
+ROW = re.compile(r"^\s*(?:(?P<children>\d+\.\d\d)%\s+)?(?P<self>\d+\.\d\d)%\s+\d+\s+.*\[[.k]\] (?P<symbol>.+?)\s*$")
+
+
+@dataclass
+class Pane:
+    name: str
+
+    def text(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True,
+                              check=True).stdout
+
+    def keys(self, *keys: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+
+    def wait_for(self, predicate, timeout: float = 30.0, what: str = "") -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.text()
+            if predicate(text):
+                return text
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; the screen:\n{self.text()}")
+
+    def optrace_pid(self, timeout: float = 10.0) -> int:
+        shell = subprocess.run(["tmux", "list-panes", "-t", self.name, "-F", "#{pane_pid}"], capture_output=True,
+                               text=True, check=True).stdout.split()[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = subprocess.run(["pgrep", "-P", shell, "-f", "optrace top"], capture_output=True, text=True)
+            if found.stdout.split():
+                return int(found.stdout.split()[0])
+            time.sleep(0.05)
+        raise AssertionError("optrace top did not start")
+
+
+@contextmanager
+def terminal(args: str, width: int = 160, height: int = 40) -> Iterator[Pane]:
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed (scripts/setup-system.sh installs it)")
+    pane = Pane(f"optrace-top-{uuid.uuid4().hex[:8]}")
+    script = f"{shlex.quote(str(OPTRACE))} top {args}; echo EXIT=$?; stty -a | tr ' ' '\\n' | grep -x -- '-\\?icanon'; sleep 600"
+    subprocess.run(["tmux", "new-session", "-d", "-s", pane.name, "-x", str(width), "-y", str(height), script],
+                   check=True)
+    try:
+        yield pane
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", pane.name], check=False)
+
+
+@pytest.fixture
+def demo(workloads) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen([str(workloads / "demo"), "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def perf_event_fds(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd) == "anon_inode:[perf_event]"
+        except OSError:
+            pass
+    return count
+
+
+def wait_attached(pid: int, timeout: float = 60.0) -> float:
+    """When the sampler attached: its cpu-clock events (one per CPU) join the per-CPU event buffer's."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if perf_event_fds(pid) >= 2 * os.cpu_count():
+            return time.monotonic()
+        time.sleep(0.01)
+    raise AssertionError("the sampler never attached")
+
+
+def rows(text: str) -> dict[str, tuple[float, float | None]]:
+    found = {}
+    for line in text.splitlines():
+        match = ROW.match(line)
+        if match:
+            children = match["children"]
+            found[match["symbol"]] = (float(match["self"]), float(children) if children else None)
+    return found
+
+
+def share_settled(pane: Pane, symbol: str, expected: float, timeout: float = 20.0) -> float:
+    """The share once within 5 points (decayed totals move a little from refresh to refresh)."""
+    text = pane.wait_for(lambda t: abs(rows(t).get(symbol, (-100, None))[0] - expected) <= 5, timeout,
+                         f"{symbol} at {expected}%")
+    return rows(text)[symbol][0]
+
+
+def test_hot_function_share_keys_and_quit(demo):
+    with terminal(f"-p {demo.pid} -F 999") as pane:
+        pid = pane.optrace_pid()
+        attached = wait_attached(pid)
+        pane.wait_for(lambda t: "collecting samples" in t or rows(t), 10, "the screen after the attach")
+        drawn = time.monotonic()
+        pane.wait_for(lambda t: "hot_a" in rows(t), 10, "a first row")
+        # On a loaded machine (load average 60 on 2 CPUs here) getting to run at all takes most of a second:
+        # the time from the attach to the first screen drawn after it, where top does nothing but draw,
+        # is that delay, and is allowed on top of the 1 s.
+        assert time.monotonic() - attached < 1.0 + (drawn - attached), "no rows 1 s after the attach"
+        share_settled(pane, "hot_a", 40)
+        share_settled(pane, "hot_b", 20)
+        screen = pane.text()
+        assert "Samples:" in screen and "CPUs:" in screen and "decayed" in screen and "q quit" in screen
+
+        pane.keys("c")
+        text = pane.wait_for(lambda t: "children: on" in t and "Children" in t, 5, "the children column")
+        main = next(v for k, v in rows(text).items() if k == "main")
+        assert main[1] is not None and main[1] > 90, text  # main is on every stack
+        pane.keys("c")
+        pane.wait_for(lambda t: "children: off" in t, 5, "children off")
+
+        pane.keys("s")
+        pane.wait_for(lambda t: "sort: comm,dso,symbol" in t and "Command" in t, 5, "the next sort")
+
+        pane.keys("/", "hot_b", "Enter")
+        text = pane.wait_for(lambda t: "filter: hot_b" in t and set(rows(t)) == {"hot_b"}, 5, "the filter")
+        pane.keys("/", "Escape")
+        pane.keys("k")
+        pane.wait_for(lambda t: "kernel: hidden" in t, 5, "kernel hidden")
+
+        pane.keys("p")
+        frozen = pane.wait_for(lambda t: "PAUSED" in t, 5, "pause")
+        time.sleep(2.5)
+        assert rows(pane.text()) == rows(frozen)
+
+        pane.keys("q")
+        after = pane.wait_for(lambda t: "EXIT=" in t, 10, "the exit")
+        assert "EXIT=0" in after and "\nicanon" in after  # the terminal is back in canonical mode
+        assert "optrace top" not in after and "Samples:" not in after  # the alternate screen is gone
+    assert_no_programs_of(pid, "on_sample")
+
+
+def test_sigterm_restores_the_terminal(demo):
+    with terminal(f"-p {demo.pid}") as pane:
+        pid = pane.optrace_pid()
+        pane.wait_for(lambda t: "hot_a" in rows(t), 60, "a first row")
+        subprocess.run(["kill", "-TERM", str(pid)], check=True)
+        after = pane.wait_for(lambda t: "EXIT=" in t, 10, "the exit")
+        assert "EXIT=0" in after and "\nicanon" in after and "Samples:" not in after
+    assert_no_programs_of(pid, "on_sample")
+
+
+def test_tiny_terminal_says_so(demo):
+    with terminal(f"-p {demo.pid}", width=30, height=5) as pane:
+        pane.wait_for(lambda t: "terminal too small" in t, 60, "the too-small line")
+        assert "Traceback" not in pane.text()
+        pane.keys("q")
+        assert "EXIT=0" in pane.wait_for(lambda t: "EXIT=" in t, 10, "the exit")
+
+
+def test_jit_names_appear(workloads):
+    jit = subprocess.Popen([str(workloads / "jitcode"), "60", "0.7"])
+    try:
+        with terminal(f"-p {jit.pid} -F 999") as pane:
+            text = pane.wait_for(lambda t: "jitcode::hot loop(long)" in rows(t), 60, "the JIT symbol")
+            assert "[jit] /tmp/perf-" in text or "[jit] /tmp/p" in text
+            share_settled(pane, "jitcode::hot loop(long)", 70, timeout=20)
+            pane.keys("q")
+            pane.wait_for(lambda t: "EXIT=0" in t, 10, "the exit")
+    finally:
+        jit.kill()
+        jit.wait()
+
+
+def test_piped_prints_a_plain_table_per_interval(demo):
+    proc = run_optrace("top", "-p", str(demo.pid), "-n", "3", "-d", "0.5", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    tables = [part for part in proc.stdout.split("\n\n") if part.strip()]
+    assert len(tables) == 3 and all(table.startswith("# optrace top ") for table in tables)
+    assert "\x1b" not in proc.stdout
+    assert "hot_a" in tables[-1] and "[.] hot_a" in tables[-1]
