@@ -7,12 +7,13 @@ import sys
 import click
 
 from optrace.errors import OptraceError
-from optrace.frontend.commands.record import check_frequency, parse_pids
+from optrace.frontend.cliopts import pid_option
+from optrace.frontend.commands.record import check_frequency
 from optrace.frontend.report.rows import parse_sort_keys
 
 
 @click.command("top")
-@click.option("-p", "--pid", "pids", multiple=True, help="Only these processes and their children (repeat, or comma list).")
+@pid_option("-p", "--pid", help="Only these processes and their children (repeat, or comma list).")
 @click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="The whole machine (the default without -p).")
 @click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
 @click.option("-d", "--delay", "interval", type=float, default=1.0, show_default=True, metavar="SECONDS",
@@ -36,7 +37,7 @@ def command(pids, system_wide, frequency, interval, sort, zero, children, stdio,
     keys = parse_sort_keys(sort)
     if "symbol" not in keys:
         keys = (*keys, "symbol")
-    targets = parse_pids(pids)
+    targets = list(pids)
     options = TopOptions(frequency_hz=frequency, pids=None if system_wide or not targets else targets,
                          interval_s=interval, sort=keys, zero=zero, children=children, iterations=iterations)
     screen = not stdio and sys.stdin.isatty() and sys.stdout.isatty()

@@ -117,4 +117,4 @@ def test_bad_options(tmp_path):
     path = written(tmp_path, [spin()])
     assert_one_line_error(run_optrace("annotate", "-i", path, "spin", "-M", "arm"), "-M takes att or intel")
     assert_one_line_error(run_optrace("annotate", "-i", path, "spin", "-f", "html"), "unknown format")
-    assert_one_line_error(run_optrace("annotate", "-i", path, "spin", "--pid", "x"), "--pid")
+    assert_one_line_error(run_optrace("annotate", "-i", path, "spin", "--pid", "x"), "not a process id")
