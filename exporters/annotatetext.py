@@ -31,9 +31,12 @@ def _name(text: str) -> str:
     return shown if len(shown) <= MAX_NAME else shown[:MAX_NAME] + "..."
 
 
+def _shown_dso(dso: str) -> str:
+    return os.path.basename(dso) if "/" in dso and not dso.startswith("[") else dso
+
+
 def annotation_lines(annotation: Annotation) -> list[tuple[str, str]]:
-    where = os.path.basename(annotation.dso) if "/" in annotation.dso and not annotation.dso.startswith("[") \
-        else annotation.dso
+    where = _shown_dso(annotation.dso)
     syntax = "Intel" if annotation.syntax == "intel" else "AT&T"
     lines = [(f" Percent |  Disassembly of {_name(where)} ({annotation.samples} samples, {syntax} syntax)", ""),
              ("-" * 72, ""),
@@ -47,11 +50,12 @@ def annotation_lines(annotation: Annotation) -> list[tuple[str, str]]:
 
 
 def listing_lines(listing: list[Listed]) -> list[tuple[str, str]]:
+    dsos = [_name(_shown_dso(row.dso)) for row in listing]
+    width = min(max([len("Shared Object"), *map(len, dsos)]), MAX_NAME)
     lines = [("# Annotatable functions (optrace annotate SYMBOL): own samples, % of all samples", ""),
-             (f"# {'Samples':>9}  {'Overhead':>8}  Shared Object / Symbol", "")]
-    for row in listing:
-        where = os.path.basename(row.dso) if "/" in row.dso and not row.dso.startswith("[") else row.dso
-        lines.append((f"  {row.samples:>9}  {row.percent:>7.2f}%  {_name(where)}  {_name(row.symbol)}", ""))
+             (f"# {'Samples':>9}  {'Overhead':>8}  {'Shared Object':<{width}}  Symbol", "")]
+    for row, dso in zip(listing, dsos):
+        lines.append((f"  {row.samples:>9}  {row.percent:>7.2f}%  {dso:<{width}}  {_name(row.symbol)}", ""))
     if not listing:
         lines.append(("# (none: the record kept no function's code)", ""))
     return lines
