@@ -14,6 +14,7 @@ from optrace.frontend.report.annotation import AnnotateView, Annotation, Listed,
 
 STYLES = {"hot": "bold red", "warm": "green", "": ""}
 MAX_NAME = 300  # characters of a symbol or path shown in a header
+SUMMARY_LINES = 20
 
 
 def write(stream: TextIO, view: AnnotateView) -> None:
@@ -38,15 +39,29 @@ def _shown_dso(dso: str) -> str:
 def annotation_lines(annotation: Annotation) -> list[tuple[str, str]]:
     where = _shown_dso(annotation.dso)
     syntax = "Intel" if annotation.syntax == "intel" else "AT&T"
-    lines = [(f" Percent |  Disassembly of {_name(where)} ({annotation.samples} samples, {syntax} syntax)", ""),
+    lines = summary_lines(annotation)
+    lines += [(f" Percent |  Disassembly of {_name(where)} ({annotation.samples} samples, {syntax} syntax)", ""),
              ("-" * 72, ""),
              (f"         :   {annotation.start:016x} <{_name(annotation.symbol)}>:", "")]
     for ins in annotation.instructions:
+        if ins.source is not None:
+            lines.append((f"         :   {_name(ins.source)}", ""))
         shown = f"{ins.percent:8.2f}" if ins.samples else " " * 8
         lines.append((f"{shown} :   {ins.address:8x}:   {escape_controls(ins.text)}", heat(ins.percent)))
     if annotation.truncated:
         lines.append(("         :   ... (the function is longer: record kept its first bytes only)", ""))
     return lines
+
+
+def summary_lines(annotation: Annotation) -> list[tuple[str, str]]:
+    """With -l: the source lines by share, like perf annotate --print-line's sorted summary."""
+    if annotation.lines is None:
+        return []
+    if not annotation.lines:
+        return [("Sorted summary: no source lines in the record (the object had no .debug_line)", ""), ("", "")]
+    shown = [line for line in annotation.lines if line.samples][:SUMMARY_LINES]
+    return ([("Sorted summary of source lines (% of the function's samples)", ""), ("-" * 60, "")]
+            + [(f"{line.percent:8.2f}   {_name(line.source)}", heat(line.percent)) for line in shown] + [("", "")])
 
 
 def listing_lines(listing: list[Listed]) -> list[tuple[str, str]]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from optrace.frontend.session import ProfilingSession
-from optrace.model import Frame, FunctionCode, Sample
+from optrace.model import Frame, FunctionCode, Sample, SourceLine
 
 JIT_PREFIX = "[jit] "
 
@@ -33,6 +33,7 @@ class Code:
     frame_start: int  # the same point in the frame's address space (file offset for ELF frames)
     code: bytes
     size: int  # the whole function's size
+    lines: list[SourceLine] = field(default_factory=list)
 
 
 NativeReader = Callable[[Frame, int], "Code | None"]
@@ -75,7 +76,7 @@ def capture(frames: list[Frame], samples: list[Sample], native: NativeReader, ji
                 spent += len(code.code)
                 entry = kept[key, code.shown_start] = FunctionCode(
                     frame.symbol, frame.dso, code.shown_start, code.code, build_id=frame.build_id, pid=pid,
-                    truncated=len(code.code) < code.size)
+                    truncated=len(code.code) < code.size, lines=code.lines)
             offset = frame.address - code.frame_start
             if 0 <= offset < len(entry.code):
                 entry.hits[offset] = entry.hits.get(offset, 0) + count
@@ -104,12 +105,26 @@ class _ReadOnce:
         return found
 
 
+def source_lines(rows: list, start: int, limit: int = 4096) -> list[SourceLine]:
+    """The rows where the source line changes, as offsets from ``start`` (one per address: the last)."""
+    by_address = {row.address - start: (row.file, row.line) for row in rows}
+    lines, last = [], None
+    for offset in sorted(by_address):
+        if by_address[offset] != last and len(lines) < limit:
+            lines.append(SourceLine(offset, *by_address[offset]))
+            last = by_address[offset]
+    return lines
+
+
 def capture_session(session: ProfilingSession, frames: list[Frame], samples: list[Sample],
                     budget: CodeBudget = CodeBudget()) -> list[FunctionCode]:
     """:func:`capture` with the session's objects (ELF code) and JIT code store as the sources."""
     def native(frame: Frame, max_bytes: int) -> Code | None:
         found = session.symbolizer.function_code(frame, max_bytes)
-        return None if found is None else Code(found.vaddr, found.offset, found.code, found.size)
+        if found is None:
+            return None
+        lines = source_lines(found.lines, found.vaddr)
+        return Code(found.vaddr, found.offset, found.code, found.size, lines)
 
     def jit(pid: int, address: int, name: str) -> Code | None:
         found = session.jit.code.find(pid, address, name) if session.jit.code is not None else None

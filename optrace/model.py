@@ -141,6 +141,15 @@ class RecordMeta:
     off_cpu: OffCpuMeta | None = None  # set when the record holds off-CPU time
 
 
+@dataclass(frozen=True)
+class SourceLine:
+    """From ``offset`` in a function's code on, the code is of this source line (``.debug_line``)."""
+
+    offset: int
+    file: str
+    line: int
+
+
 @dataclass
 class FunctionCode:
     """One hot function's machine code and where its own samples landed, kept by `record` so that
@@ -159,6 +168,7 @@ class FunctionCode:
     pid: Pid = 0  # the process whose samples ``hits`` counts (one entry per process and function)
     arch: str = "x86_64"
     truncated: bool = False  # the function is longer than the bytes kept (hits past them are not in ``hits``)
+    lines: list[SourceLine] = field(default_factory=list)  # by offset, where `record` found .debug_line
 
 
 @dataclass

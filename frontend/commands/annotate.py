@@ -25,10 +25,13 @@ MAX_WARNINGS = 20  # skipped functions named (a hostile record may hold thousand
 @pid_option("--pid", help="Only samples of these processes (repeat, or comma list).")
 @click.option("-M", "--disassembler-style", "syntax", default="att", show_default=True,
               help="Assembly syntax: att or intel.")
+@click.option("-l", "--print-line", "source_lines", is_flag=True,
+              help="Interleave source lines (from .debug_line, kept by record) and sum the samples per line.")
 @click.option("--stdio", is_flag=True, help="Plain text, no colours (the default when not on a terminal).")
 @click.option("-f", "--format", "fmt", default="stdio", show_default=True, help=" or ".join(ANNOTATE.names) + ".")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
-def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], syntax: str, stdio: bool, fmt: str,
+def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], syntax: str, source_lines: bool,
+            stdio: bool, fmt: str,
             output: str) -> None:
     """Show where in a recorded function its samples fell, instruction by instruction (like perf annotate)."""
     if syntax not in SYNTAXES:
@@ -44,7 +47,7 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
             click.echo(f"optrace: warning: {escape_controls(name)[:120]} skipped: {problem}", err=True)
         view = AnnotateView(shown, listing=listing(record, functions))
     else:
-        view = AnnotateView(shown, annotation=annotate(find(functions, symbol, skipped), syntax),
+        view = AnnotateView(shown, annotation=annotate(find(functions, symbol, skipped), syntax, source_lines),
                             color=not stdio and output == "-" and sys.stdout.isatty())
     with output_stream(output) as stream:
         write(stream, view)

@@ -21,6 +21,7 @@ from optrace.model import FunctionCode, Record
 
 MAX_CODE_BYTES = 1 << 20  # one function's bytes read from a record (record keeps at most 64 KiB)
 MAX_HITS = 1 << 20  # distinct offsets of one function
+MAX_LINES = 1 << 16  # source-line rows of one function (record keeps at most 4096)
 SYNTAXES = ("att", "intel")
 
 
@@ -30,6 +31,7 @@ class AnnotateOptions:
     dsos: frozenset[str] = frozenset()
     pids: frozenset[int] = frozenset()
     syntax: str = "att"
+    source_lines: bool = False  # -l
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,16 @@ class Instruction:
     text: str  # mnemonic and operands
     samples: int
     percent: float  # of the function's samples
+    source: str | None = None  # "file:line" where this instruction starts a new source line (-l)
+
+
+@dataclass(frozen=True)
+class LineShare:
+    """A source line's share of the function's samples (-l's summary)."""
+
+    source: str
+    samples: int
+    percent: float
 
 
 @dataclass
@@ -53,6 +65,7 @@ class Annotation:
     instructions: list[Instruction] = field(default_factory=list)
     truncated: bool = False
     pids: tuple[int, ...] = ()
+    lines: list[LineShare] | None = None  # with -l: the source lines, hottest first ([]: none recorded)
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,8 @@ def _problem(function: FunctionCode) -> str | None:
         return f"{len(function.code)} bytes of code (expected 1 to {MAX_CODE_BYTES})"
     if len(function.hits) > MAX_HITS or any(not 0 <= offset < len(function.code) for offset in function.hits):
         return "sample offsets outside its code"
+    if len(function.lines) > MAX_LINES or any(not 0 <= line.offset < len(function.code) for line in function.lines):
+        return "source lines outside its code"
     if function.start + len(function.code) > 1 << 64:
         return "its code ends past the address space"
     return None
@@ -132,7 +147,7 @@ def find(functions: list[FunctionCode], symbol: str, skipped: dict[str, str] | N
     return max(groups.values(), key=lambda group: sum(sum(f.hits.values()) for f in group))
 
 
-def annotate(entries: list[FunctionCode], syntax: str = "att") -> Annotation:
+def annotate(entries: list[FunctionCode], syntax: str = "att", source_lines: bool = False) -> Annotation:
     """Disassemble the code (bytes capstone cannot decode are shown as data) and put the hits on the
     instruction holding each sampled offset."""
     first = entries[0]
@@ -144,15 +159,32 @@ def annotate(entries: list[FunctionCode], syntax: str = "att") -> Annotation:
     result = Annotation(first.symbol, first.dso, first.start, total, syntax,
                         truncated=any(e.truncated for e in entries), pids=tuple(sorted({e.pid for e in entries})))
     offsets = sorted(hits)
-    cursor = 0
+    lines = sorted(first.lines, key=lambda line: line.offset) if source_lines else []
+    cursor = line_cursor = 0
+    current: str | None = None
+    per_line: dict[str, int] = {}
     for address, size, mnemonic, operands in _decoder(syntax).disasm_lite(first.code, first.start):
         begin = address - first.start
         count = 0
         while cursor < len(offsets) and offsets[cursor] < begin + size:
             count += hits[offsets[cursor]]
             cursor += 1
+        started = None
+        while line_cursor < len(lines) and lines[line_cursor].offset < begin + size:
+            line = lines[line_cursor]
+            started = f"{line.file}:{line.line}"
+            line_cursor += 1
+        if started is not None and started != current:
+            current = started
+        else:
+            started = None
+        if current is not None:
+            per_line[current] = per_line.get(current, 0) + count
         text = f"{mnemonic:<6} {operands}".rstrip()
-        result.instructions.append(Instruction(address, size, text, count, _percent(count, total)))
+        result.instructions.append(Instruction(address, size, text, count, _percent(count, total), started))
+    if source_lines:
+        result.lines = sorted((LineShare(source, n, _percent(n, total)) for source, n in per_line.items()),
+                              key=lambda line: (-line.samples, line.source))
     return result
 
 

@@ -13,6 +13,7 @@ from optrace.frontend.symbols.access import FileProblems, FileRef, open_ref
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.demangle import demangle
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
+from optrace.frontend.symbols.srcline import LineRow, line_rows
 from optrace.frontend.symbols.symbol import Symbol, SymbolTable, read_function_symbols
 
 MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per object (linkers write 2-5)
@@ -36,6 +37,7 @@ class FunctionBytes:
     offset: int
     code: bytes
     size: int  # the function's whole size (``code`` may be cut short)
+    lines: list[LineRow] = field(default_factory=list)  # source lines of the code's addresses, if known
 
 
 @dataclass
@@ -117,19 +119,26 @@ class Dso:
                 size = min(end - start, segment.offset + segment.size - start_offset)
                 if start_offset < segment.offset or size <= 0:
                     return None
-                code = self._read_code(start_offset, min(size, max_bytes))
-                return None if code is None else FunctionBytes(demangle(name), start, start_offset, code, size)
+                kept = min(size, max_bytes)
+                read = self._context.problems.contained(self.shown, "its code is not kept for annotate",
+                                                        lambda: self._read_code(start_offset, kept, start))
+                if read is None or len(read[0]) != kept:
+                    return None
+                return FunctionBytes(demangle(name), start, start_offset, read[0], size, read[1])
         return None
 
-    def _read_code(self, offset: int, size: int) -> bytes | None:
-        def read() -> bytes:
-            with self._open() as stream:
-                if not self._build_id_matches(stream):
-                    return b""
-                stream.seek(offset)
-                return stream.read(size)
-        code = self._context.problems.contained(self.shown, "its code is not kept for annotate", read)
-        return code if code and len(code) == size else None
+    def _read_code(self, offset: int, size: int, vaddr: int) -> tuple[bytes, list[LineRow]]:
+        """The bytes, and the source lines of their addresses when the object has a small enough
+        ``.debug_line`` (a bad one costs the lines only)."""
+        with self._open() as stream:
+            if not self._build_id_matches(stream):
+                return b"", []
+            stream.seek(offset)
+            code = stream.read(size)
+            stream.seek(0)
+            lines = self._context.problems.contained(self.shown, "its source lines are not kept for annotate",
+                                                     lambda: line_rows(ElfFile(stream), [(vaddr, vaddr + size)]))
+            return code, lines or []
 
     def _load(self) -> None:
         self._segments = []

@@ -65,6 +65,9 @@ def test_native_hot_loop_after_the_binary_is_deleted(tmp_path, workloads):
         shutil.rmtree(shared)
     assert text.returncode == 0, text.stderr
     assert re.search(r"^\s+\d+\.\d\d :\s+[0-9a-f]+:\s+\w+", text.stdout, re.M) and "<hot_a>:" in text.stdout
+    lines = annotation(data, "hot_a", "-l")["function"]["lines"]  # .debug_line of the deleted binary
+    assert sum(line["percent"] for line in lines) == pytest.approx(100, abs=0.5)
+    assert lines[0]["source"].endswith("/demo.c:10") and lines[0]["percent"] >= 90  # BURN_FUNCTION(hot_a)
     listing = run_optrace("annotate", "-i", str(data), check=True).stdout
     assert all(name in listing for name in ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix(double)"))
 

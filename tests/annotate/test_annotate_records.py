@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from optrace.model import Frame, FunctionCode, Record, RecordMeta, Sample
+from optrace.model import Frame, FunctionCode, Record, RecordMeta, Sample, SourceLine
 from optrace.recordfile import write_record
 from support import assert_one_line_error, run_optrace
 
@@ -112,6 +112,25 @@ def test_undecodable_bytes_still_sum_to_100(tmp_path):
     path = written(tmp_path, [spin(code=junk, hits={2: 10, 3: 10, 8: 80})])
     doc = json.loads(run_optrace("annotate", "-i", path, "spin", "-f", "json", check=True).stdout)
     assert sum(i["percent"] for i in doc["instructions"]) == pytest.approx(100, abs=0.01)
+
+
+def test_source_lines_interleaved_and_summed(tmp_path):
+    lines = [SourceLine(0, "/src/spin.c", 3), SourceLine(3, "/src/spin.c", 4), SourceLine(6, "/src/spin.c", 4)]
+    path = written(tmp_path, [spin(lines=lines)])
+    out = run_optrace("annotate", "-i", path, "spin", "-l", check=True).stdout
+    assert "  94.44   /src/spin.c:4" in out and "   5.56   /src/spin.c:3" in out
+    body = out[out.index("<spin>:"):].splitlines()[1:]
+    assert [line.split(":   ", 1)[1] for line in body if "/src/" in line] == ["/src/spin.c:3", "/src/spin.c:4"]
+    doc = json.loads(run_optrace("annotate", "-i", path, "spin", "-l", "-f", "json", check=True).stdout)
+    assert [(line["source"], line["percent"]) for line in doc["function"]["lines"]] == [
+        ("/src/spin.c:4", 94.4444), ("/src/spin.c:3", 5.5556)]
+    bare = run_optrace("annotate", "-i", written(tmp_path, [spin()], "bare.data"), "spin", "-l", check=True).stdout
+    assert "no source lines in the record" in bare
+
+
+def test_source_lines_outside_the_code_are_refused(tmp_path):
+    path = written(tmp_path, [spin(lines=[SourceLine(99, "/x.c", 1)])])
+    assert_one_line_error(run_optrace("annotate", "-i", path, "spin", "-l"), "source lines outside its code")
 
 
 def test_bad_options(tmp_path):
