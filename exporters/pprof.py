@@ -21,6 +21,7 @@ Filters are those of `--format folded`: --pid/--comm select stacks, --dso matche
 from __future__ import annotations
 
 import gzip
+import heapq
 import math
 import os
 from itertools import chain
@@ -44,6 +45,7 @@ from optrace.model import Frame, Record, Sample
 
 INT64_MAX = (1 << 63) - 1
 UINT64_MAX = (1 << 64) - 1
+MAIN_SAMPLES = 1000  # the heaviest samples that decide the main binary
 GZIP_LEVEL = 6  # what Go's runtime/pprof writes with (gzip.DefaultCompression)
 
 
@@ -149,8 +151,9 @@ class _Builder:
                 added.label.add(key=tid_key, num=sample.tid)
 
     def _main_object(self, stacks: list[Sample]) -> Frame:
-        """pprof takes mapping[0] as the main binary: the recorded command's, else the outermost user
-        frame with the most samples."""
+        """pprof takes mapping[0] as the main binary: the recorded command's, else the program of the most
+        samples among the MAIN_SAMPLES heaviest (the outermost frame, from the root in, that is not in a
+        shared library: stacks often start in libc's start-up code)."""
         frames = self.record.frames
         command = self.record.meta.command
         program = os.path.basename(command[0]) if command else None
@@ -158,10 +161,13 @@ class _Builder:
             for frame in frames:
                 if os.path.basename(frame.dso) == program:
                     return frame
+        programs = [not (frame.kernel or ".so" in os.path.basename(frame.dso) or frame.dso.startswith("["))
+                    for frame in frames]
         roots: Counter[int] = Counter()
-        for sample in stacks:
-            if sample.frames and not frames[sample.frames[-1]].kernel:
-                roots[sample.frames[-1]] += sample.count
+        for sample in heapq.nlargest(MAIN_SAMPLES, stacks, key=lambda sample: sample.count):
+            outer = [index for index in reversed(sample.frames) if not frames[index].kernel]
+            if outer:
+                roots[next((index for index in outer if programs[index]), outer[0])] += sample.count
         return frames[roots.most_common(1)[0][0]] if roots else UNKNOWN_FRAME
 
     def _comments(self, source: str) -> list[str]:

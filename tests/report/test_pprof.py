@@ -120,3 +120,17 @@ def test_a_30_mb_name_in_every_stack_is_written_once(optrace, tmp_path: Path) ->
     assert int(measured.read_text().split()[-1]) < 400 << 10  # peak RSS in KB
     profile = profile_pb2.Profile.FromString(gzip.decompress(out.read_bytes()))
     assert len(profile.sample) == 200 and len(profile.function) == 1
+
+
+def test_main_binary_is_the_program_not_libc(optrace, tmp_path: Path) -> None:
+    """Without a command (serve, -p, -a), mapping[0] (pprof's "File:") is the program of the heaviest
+    stacks, not the libc start-up code their roots are in."""
+    record = synthetic_record()
+    record.meta.command = None
+    start = len(record.frames)
+    record.frames.append(Frame("__libc_start_call_main", "/usr/lib/x86_64-linux-gnu/libc.so.6"))
+    record.samples = [Sample(s.pid, s.comm, s.frames + (start,), s.count) for s in record.samples if s.frames]
+    path = tmp_path / "r.data"
+    write_record(record, path)
+    profile = profile_pb2.Profile.FromString(gzip.decompress(pprof_of(optrace, path, tmp_path / "p.pb.gz").read_bytes()))
+    assert profile.string_table[profile.mapping[0].filename] == "/work/main/workloads/build/demo"
