@@ -20,6 +20,7 @@ enum user_map {
     USER_BUILD_ID = 0,  // the set's build-id map
     USER_SPARE,         // the set's spare build-id map
     USER_RAW,           // the set's raw-IP map, mappings as of `epoch`
+    USER_CFI,           // the set's cfistacks map, under `cfi_stack` (unwind.c)
 };
 
 struct key_t {
@@ -29,6 +30,7 @@ struct key_t {
     s32 user_stack_id;
     s32 kernel_stack_id;
     u64 epoch;     // USER_RAW only
+    u64 cfi_stack; // USER_CFI only
     char comm[TASK_COMM_LEN];
 };
 
@@ -116,6 +118,10 @@ static inline void new_epoch(u32 tgid)
     epochs.update(&tgid, &now);
 }
 
+#ifdef CFI_UNWIND
+static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key);  // unwind.c
+#endif
+
 // The epoch under which this process's raw IPs can be read, or 0: build-id stacks then.
 static inline u64 raw_epoch(u32 tgid)
 {
@@ -129,6 +135,16 @@ static inline u64 raw_epoch(u32 tgid)
     }
     u64 *read_at = known.lookup(&tgid);
     return read_at && *read_at == *epoch ? *epoch : 0;
+}
+
+// One loss per sample at most: the user stack's, else the kernel stack's.
+static inline void count_stack_loss(struct key_t *key, int in_kernel)
+{
+    u32 loss = stack_loss(key->user_stack_id, USER_STACK_COLLISION, USER_STACK_MISSING, !in_kernel);
+    if (loss == NR_LOST)
+        loss = stack_loss(key->kernel_stack_id, KERNEL_STACK_COLLISION, KERNEL_STACK_MISSING, in_kernel);
+    if (loss != NR_LOST)
+        count_lost(loss);
 }
 
 int on_sample(struct bpf_perf_event_data *ctx)
@@ -147,6 +163,14 @@ int on_sample(struct bpf_perf_event_data *ctx)
     u32 *set = active.lookup(&zero);
     struct key_t key = {.set = set ? *set : 0, .pid = tgid};
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
+
+    if (key.set == 1)
+        key.kernel_stack_id = in_kernel ? kstacks1.get_stackid(&ctx->regs, 0) : -EFAULT;
+    else
+        key.kernel_stack_id = in_kernel ? kstacks0.get_stackid(&ctx->regs, 0) : -EFAULT;
+#ifdef CFI_UNWIND
+    unwind_user_stack(ctx, &key);  // processes with unwind tables: counted there, no return
+#endif
 
     // Raw IPs when the process's mappings are known, else (or when that bucket holds another stack)
     // build-ids, then the spare build-id map. Written out per set: BCC accepts map calls only
@@ -168,7 +192,6 @@ int on_sample(struct bpf_perf_event_data *ctx)
             key.user_map = USER_SPARE;
             key.user_stack_id = ustacks1_alt.get_stackid(&ctx->regs, BPF_F_USER_STACK);
         }
-        key.kernel_stack_id = in_kernel ? kstacks1.get_stackid(&ctx->regs, 0) : -EFAULT;
     } else {
         if (epoch) {
             key.user_map = USER_RAW;
@@ -184,13 +207,8 @@ int on_sample(struct bpf_perf_event_data *ctx)
             key.user_map = USER_SPARE;
             key.user_stack_id = ustacks0_alt.get_stackid(&ctx->regs, BPF_F_USER_STACK);
         }
-        key.kernel_stack_id = in_kernel ? kstacks0.get_stackid(&ctx->regs, 0) : -EFAULT;
     }
-    u32 loss = stack_loss(key.user_stack_id, USER_STACK_COLLISION, USER_STACK_MISSING, !in_kernel);
-    if (loss == NR_LOST)
-        loss = stack_loss(key.kernel_stack_id, KERNEL_STACK_COLLISION, KERNEL_STACK_MISSING, in_kernel);
-    if (loss != NR_LOST)
-        count_lost(loss);
+    count_stack_loss(&key, in_kernel);
 
     add_count(&key);
     return 0;

@@ -20,6 +20,8 @@ from optrace.model import RawSample, UserFrame
 from optrace.kernel import syscall_events_available
 
 PROGRAM = Path(__file__).with_name("profile.c")
+UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
+MAX_CFI_STACKS = 16384  # distinct CFI-unwound stacks per drain period: 1 KiB each, preallocated, two sets
 LOST_REASONS = (
     "user_stack_collision",
     "kernel_stack_collision",
@@ -28,7 +30,7 @@ LOST_REASONS = (
     "counts_map_full",
     "idle",
 )
-USER_BUILD_ID, USER_SPARE, USER_RAW = 0, 1, 2  # enum user_map in profile.c
+USER_BUILD_ID, USER_SPARE, USER_RAW, USER_CFI = 0, 1, 2, 3  # enum user_map in profile.c
 BUILD_ID_VALID = 1
 BUILD_ID_IP = 2
 BPF_NOEXIST = 1
@@ -68,9 +70,13 @@ class Profiler:
         counts_size: int = 40960,
         targets_size: int = 65536,
         raw_stacks: bool = True,
+        cfi_unwind: bool = False,
+        unwind_rows: int = 1 << 20,
     ) -> None:
         """``raw_stacks=False`` keeps every user stack as build-ids (what the sampler does anyway
-        where the kernel has no syscall tracepoints to tell new executable mappings)."""
+        where the kernel has no syscall tracepoints to tell new executable mappings). ``cfi_unwind``:
+        processes given to :attr:`unwind` are unwound from their files' CFI (unwind.c), up to
+        ``unwind_rows`` rows of all files together."""
         self.frequency_hz = frequency_hz
         self._initial_pids = None if pids is None else list(pids)
         self._follow = follow_children
@@ -89,7 +95,12 @@ class Profiler:
         self.raw_stacks = raw_stacks and syscall_events_available()
         if self.raw_stacks:
             self._cflags.append("-DRAW_STACKS")
-        self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id"
+        self.cfi_unwind = cfi_unwind
+        if cfi_unwind:
+            self._cflags += ["-DCFI_UNWIND", f"-DUNWIND_ROWS={unwind_rows}", f"-DCFI_STACKS={min(size, MAX_CFI_STACKS)}"]
+        self._unwind_rows = unwind_rows
+        self.unwind = None  # UnwindMaps once loaded, with cfi_unwind
+        self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
         self.event = ""
         self._bpf = None
         self._set = 0
@@ -111,7 +122,13 @@ class Profiler:
     def load(self) -> None:
         """Compile and load the programs and add the initial pids; nothing is sampled until :meth:`attach`
         (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
-        self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=self._cflags)
+        if self.cfi_unwind:
+            from optrace.bpf.unwindmaps import UnwindMaps
+
+            self._bpf = load_bcc(text=PROGRAM.read_text() + UNWINDER.read_text(), cflags=self._cflags)
+            self.unwind = UnwindMaps(self._bpf, self._unwind_rows)
+        else:
+            self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=self._cflags)
         for pid in self._initial_pids or ():
             self.add_pid(pid)
         if not self._follow:
@@ -192,12 +209,19 @@ class Profiler:
         items = [(k, v) for k, v in counts.items() if k.set == index]
         on_build_ids = set()  # processes whose maps the sampler still waits for
         ucache: dict[tuple, tuple[UserFrame, ...]] = {}
+        cfi = self.unwind.read_stacks(index) if self.unwind else {}
         kcache: dict[int, tuple[int, ...]] = {}
         samples = []
         for key, value in items:
-            user = self._user_stack(tables, key, ucache)
             kernel = self._kernel_stack(kstacks, key.kernel_stack_id, kcache)
             comm = key.comm.decode("utf-8", "replace")
+            if key.user_map == USER_CFI:
+                unwound = cfi.get(key.cfi_stack)
+                user, stop = (unwound.frames, unwound.status) if unwound else ((), "")
+                samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, stop=stop))
+                self.stats["cfi"] += value.value
+                continue
+            user = self._user_stack(tables, key, ucache)
             raw = bool(user) and key.user_map == USER_RAW
             samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, key.epoch if raw else 0))
             if raw:
@@ -259,6 +283,8 @@ class Profiler:
         -9 releases them; this makes the normal paths prompt."""
         if self._bpf is not None:
             bpf, self._bpf = self._bpf, None
+            if self.unwind is not None:
+                self.unwind.close()
             bpf.cleanup()
 
 

@@ -55,6 +55,9 @@ class SessionOptions:
     # False: keep it to name the process's samples when the recording ends (record).
     forget_exited: bool = False
     stack_storage_size: int | None = None  # None: sized from CPUs x Hz (bpf.profiler.default_stack_storage)
+    # "dwarf": user stacks of processes whose files have CFI are unwound from it in BPF (frame pointers
+    # where there is none, as in JIT code); "fp": the kernel's frame-pointer walk only (perf's names).
+    call_graph: str = "dwarf"
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
@@ -146,6 +149,8 @@ class ProfilingSession:
         self._exited: list[int] = []  # exits since the last drain: their address spaces go at its end
         self._forgettable: list[int] = []  # exited before the last drain: forgotten at the next one
         self._drains = 0
+        self.unwinding = None  # ProcessUnwinding with call_graph "dwarf"
+        self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
 
     # -- life ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -154,10 +159,17 @@ class ProfilingSession:
         from optrace.frontend.symbols.symbolizer import Symbolizer
 
         opts = self.options
+        cfi = opts.stacks and opts.call_graph == "dwarf"
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
-                                 stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks)
+                                 stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
+                                 cfi_unwind=cfi)
         self.profiler.load()  # first: the compile's peak memory does not stack on kallsyms' tables
         self._load_off_cpu()
+
+        if cfi:
+            from optrace.frontend.unwind.processmaps import ProcessUnwinding
+
+            self.unwinding = ProcessUnwinding()
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
@@ -226,6 +238,8 @@ class ProfilingSession:
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time)
         if self.off_cpu is not None:
             self._drain_off_cpu(drain)
+
+        self._unwind_processes(samples)
         self._end_processes(result.exits, result.time)
         return drain
 
@@ -272,6 +286,27 @@ class ProfilingSession:
         epoch = self.profiler.epoch(pid)
         if epoch and not self.spaces.has(pid, epoch) and self.spaces.learn(pid, epoch):
             self.profiler.mark_known(pid, epoch)
+
+    def unwind(self, pid: int) -> None:
+        """Give the BPF unwinder the process's executable mappings and their unwind tables (the epoch
+        first, as in :meth:`learn`: a mapping made meanwhile makes the sampler ignore this table)."""
+        if self.unwinding is None:
+            return
+        epoch = self.profiler.epoch(pid)
+        mappings = self.unwinding.mappings(pid)
+        if epoch and mappings is not None:
+            self.profiler.unwind.load_process(pid, epoch, mappings)
+            self._unwound[pid] = epoch
+
+    def _unwind_processes(self, samples: list[RawSample]) -> None:
+        """Processes sampled with frame-pointer stacks, and those whose mappings changed since their
+        table was loaded (exec, dlopen), get their tables now."""
+        if self.unwinding is None:
+            return
+        pending = {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}
+        pending |= {pid for pid, epoch in self._unwound.items() if self.profiler.epoch(pid) != epoch}
+        for pid in pending:
+            self._contain("unwind_tables", self.unwind, pid)
 
     def maybe_jit(self, sample: RawSample) -> bool:
         """A raw address outside every file mapping (and [vdso]) may be JIT code (its name depends on when
@@ -345,8 +380,10 @@ class ProfilingSession:
             if path:
                 self._contain("executable", self.symbolizer.add_executable, path)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+            self._unwound.pop(pid, None)
             if self.options.learn_at_exec:
                 self.learn(pid)
+                self._contain("unwind_tables", self.unwind, pid)
 
     def _learn_processes(self, samples: list[RawSample], time: float) -> list[bool]:
         """What the symbolizer and JIT symbols must know before this drain's samples are named; returns
@@ -377,6 +414,9 @@ class ProfilingSession:
         drain are forgotten (samples taken just before an exit may reach the next drain), and every
         PRUNE_EVERY drains, those whose exit event was lost (the kernel's event buffer overflowed)."""
         self._note_exits(exits, now)
+        for pid in exits:
+            if self._unwound.pop(pid, None) is not None:
+                self.profiler.unwind.forget_process(pid)
         retired, self._exited = self._exited, []
         self.spaces.end_drain(retired)
         if not self.options.forget_exited:

@@ -57,6 +57,9 @@ class RawSample:
     # to be translated against the process's mappings of this epoch (see frontend/session.py).
     epoch: int = 0
     tid: int = 0  # the thread, where the event knows it (off-CPU time); 0: not recorded
+    # How a user stack unwound from CFI ended (bpf/unwindmaps.py UNWIND_STATUSES); "" for the kernel's
+    # frame-pointer stacks.
+    stop: str = ""
 
 
 @dataclass(frozen=True)

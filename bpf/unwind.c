@@ -1,0 +1,331 @@
+// User stacks unwound from call-frame information (.eh_frame), for code built without frame pointers.
+//
+// Appended to profile.c by profiler.py (compiled with -DCFI_UNWIND): profile.c's on_sample calls
+// unwind_user_stack() for processes whose mapping table user space has loaded (bpf/unwindmaps.py);
+// the walk itself runs in the tail-called program unwind_step, UNWIND_FRAMES_PER_PROG frames per
+// call, tail-calling itself until the stack ends or UNWIND_MAX_FRAMES frames are taken, then stores
+// the stack in cfistacks<set> under a 64-bit hash of its frames and counts the sample there, so stacks
+// stay aggregated in the kernel.
+//
+// Per frame: find the mapping that holds the PC (binary search of the process's sorted mappings),
+// then the file's row that holds the PC's ELF address (binary search of its rows in unwind_rows),
+// compute the CFA, read the return address at CFA-8 and the caller's rbp if saved. A PC with no CFI
+// (JIT code, a file whose table is not loaded) is walked by frame pointers. Frames in a known file are
+// stored as (file id, file offset), named in user space even after the process exited; others as raw IPs.
+//
+// Verifier budget: bpf_loop needs a BPF_PSEUDO_FUNC relocation that BCC 0.26 does not make, so depth
+// comes from tail calls: at most 33 per sample (MAX_TAIL_CALL_CNT), 8 frames per program, 128 frames
+// in 17 programs. One frame is at most 9 + 24 bounded search steps.
+
+#ifndef UNWIND_MAX_FRAMES
+#define UNWIND_MAX_FRAMES 128  // a power of two
+#endif
+#define UNWIND_FRAMES_PER_PROG 8
+#define UNWIND_MAX_MAPPINGS 256  // executable file mappings per process, a power of two
+#define MAPPING_SEARCH_STEPS 9   // log2(UNWIND_MAX_MAPPINGS) + 1
+#define ROW_SEARCH_STEPS 24      // rows per file < 2^24
+#ifndef UNWIND_ROWS
+#define UNWIND_ROWS (1 << 20)
+#endif
+#ifndef UNWIND_PROCS
+#define UNWIND_PROCS 8192
+#endif
+
+// Row kinds (keep in sync with optrace.frontend.unwind.table)
+#define CFA_RSP 0
+#define CFA_RBP 1
+#define CFA_PLT 2
+#define CFA_END 3
+#define CFA_UNSUPPORTED 4
+#define CFA_OUTERMOST 5
+#define RBP_SAME 0
+#define RBP_AT_CFA 1
+#define RBP_UNSUPPORTED 2
+
+// Why a walk ended (keep in sync with UNWIND_STATUSES in unwindmaps.py)
+enum unwind_status {
+    UNWIND_OUTERMOST = 0,  // CFI says the return address is undefined: the thread's first frame
+    UNWIND_END,            // a zero return address or frame pointer: the end of a chain
+    UNWIND_NO_CFI,         // frame pointers could not go on where there is no CFI
+    UNWIND_EXPRESSION,     // a rule that needs a DWARF expression
+    UNWIND_READ_FAULT,     // the stack could not be read, or did not grow towards its base
+    UNWIND_DEPTH,          // UNWIND_MAX_FRAMES frames taken
+};
+
+// Indices into unwind_counters (keep in sync with UNWIND_COUNTERS in unwindmaps.py)
+enum unwind_counter {
+    UNWIND_STACKS_FULL = 0,  // cfistacks full: the sample went to the frame-pointer stack maps
+    UNWIND_NO_USER_REGS,     // a kernel thread, or no user registers saved
+    UNWIND_NR_COUNTERS,
+};
+
+#define FILE_FRAME (1ULL << 63)  // a frame (file id << 40 | file offset), else a raw IP
+#define FILE_OFFSET_BITS 40
+
+struct unwind_row {
+    u64 pc;  // ELF virtual address where the row starts; it holds until the next row's pc
+    s32 cfa_offset;
+    s16 rbp_offset;
+    u8 cfa_type;
+    u8 rbp_type;
+};
+
+struct unwind_mapping {
+    u64 start;
+    u64 end;
+    u64 bias;        // ELF virtual address = pc - bias
+    u64 offset_adj;  // file offset = pc + offset_adj
+    u32 row_start;   // the file's rows in unwind_rows
+    u32 row_count;   // 0: no CFI loaded, frame pointers
+    u32 file_id;     // 0: frames stay raw IPs
+    u32 pad;
+};
+
+struct unwind_proc {
+    u32 count;
+    u32 pad;
+    u64 epoch;  // the process's epoch (profile.c) when its mappings were read
+    struct unwind_mapping maps[UNWIND_MAX_MAPPINGS];  // sorted by start, not overlapping
+};
+
+struct unwind_stack {
+    u32 len;
+    u32 status;  // enum unwind_status
+    u64 frames[UNWIND_MAX_FRAMES];
+};
+
+struct unwind_state {
+    struct unwind_stack stack;  // stored as is
+    struct key_t key;           // the sample's count key, completed and counted at the end
+    u64 ip;
+    u64 sp;
+    u64 bp;
+    u64 hash;
+    u32 in_kernel;  // the sample hit kernel mode
+};
+
+BPF_F_TABLE("array", u32, struct unwind_row, unwind_rows, UNWIND_ROWS, BPF_F_MMAPABLE);
+BPF_F_TABLE("hash", u32, struct unwind_proc, unwind_procs, UNWIND_PROCS, BPF_F_NO_PREALLOC);
+BPF_HASH(cfistacks0, u64, struct unwind_stack, CFI_STACKS);
+BPF_HASH(cfistacks1, u64, struct unwind_stack, CFI_STACKS);
+BPF_PERCPU_ARRAY(unwind_states, struct unwind_state, 1);
+BPF_PERCPU_ARRAY(unwind_counters, u64, UNWIND_NR_COUNTERS);
+BPF_PROG_ARRAY(unwind_progs, 1);
+
+static inline void unwind_count(u32 counter)
+{
+    u64 *slot = unwind_counters.lookup(&counter);
+    if (slot)
+        (*slot)++;
+}
+
+// The user registers: the sample's when it hit user mode, else those the task saved on kernel entry.
+static inline int user_registers(struct bpf_perf_event_data *ctx, struct unwind_state *st)
+{
+    if ((ctx->regs.cs & 3) == 3) {
+        st->ip = ctx->regs.ip;
+        st->sp = ctx->regs.sp;
+        st->bp = ctx->regs.bp;
+        return 1;
+    }
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+    u64 cs = 0;
+    if (!regs || bpf_probe_read_kernel(&cs, sizeof(cs), &regs->cs) || (cs & 3) != 3)
+        return 0;
+    bpf_probe_read_kernel(&st->ip, sizeof(st->ip), &regs->ip);
+    bpf_probe_read_kernel(&st->sp, sizeof(st->sp), &regs->sp);
+    bpf_probe_read_kernel(&st->bp, sizeof(st->bp), &regs->bp);
+    return st->ip != 0;
+}
+
+// Called by on_sample; returns only when the sample is not unwound here (the process has no mapping
+// table, or one older than its last exec or new executable mapping, or the tail call failed): the
+// caller then takes the frame-pointer stack as before.
+static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key)
+{
+    u32 pid = key->pid;
+    struct unwind_proc *proc = unwind_procs.lookup(&pid);
+    u64 *epoch = epochs.lookup(&pid);
+    if (!proc || !epoch || *epoch != proc->epoch)
+        return;
+    u32 zero = 0;
+    struct unwind_state *st = unwind_states.lookup(&zero);
+    if (!st)
+        return;
+    if (!user_registers(ctx, st)) {
+        unwind_count(UNWIND_NO_USER_REGS);
+        return;
+    }
+    st->key = *key;
+    st->in_kernel = (ctx->regs.cs & 3) == 0;
+    st->stack.len = 0;
+    st->stack.status = UNWIND_DEPTH;
+    st->hash = 0xcbf29ce484222325ULL;
+    unwind_progs.call(ctx, 0);
+}
+
+static inline struct unwind_mapping *find_mapping(struct unwind_proc *proc, u64 pc)
+{
+    u32 lo = 0, hi = proc->count;
+    if (hi > UNWIND_MAX_MAPPINGS)
+        hi = UNWIND_MAX_MAPPINGS;
+    for (int i = 0; i < MAPPING_SEARCH_STEPS; i++) {
+        if (lo >= hi)
+            break;
+        u32 mid = (lo + hi) / 2;
+        struct unwind_mapping *m = &proc->maps[mid & (UNWIND_MAX_MAPPINGS - 1)];
+        if (pc < m->start)
+            hi = mid;
+        else if (pc >= m->end)
+            lo = mid + 1;
+        else
+            return m;
+    }
+    return 0;
+}
+
+// The row that holds ELF address `vaddr`: the last of the file's rows whose pc <= vaddr.
+static inline struct unwind_row *find_row(struct unwind_mapping *m, u64 vaddr)
+{
+    u32 first = m->row_start, lo = m->row_start, hi = m->row_start + m->row_count;
+    for (int i = 0; i < ROW_SEARCH_STEPS; i++) {
+        if (lo >= hi)
+            break;
+        u32 mid = lo + (hi - lo) / 2;
+        struct unwind_row *row = unwind_rows.lookup(&mid);
+        if (!row)
+            return 0;
+        if (row->pc <= vaddr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == first)
+        return 0;
+    u32 found = lo - 1;
+    return unwind_rows.lookup(&found);
+}
+
+static inline int read_user(u64 *value, u64 address)
+{
+    return bpf_probe_read_user(value, sizeof(*value), (void *)address);
+}
+
+// One frame: record the PC, then find the caller's registers. Returns 0 to go on, 1 when done.
+static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc)
+{
+    u32 n = st->stack.len;
+    if (n >= UNWIND_MAX_FRAMES) {
+        st->stack.status = UNWIND_DEPTH;
+        return 1;
+    }
+    u64 pc = st->ip;
+    struct unwind_mapping *m = find_mapping(proc, pc);
+    u64 frame = pc;
+    if (m && m->file_id)
+        frame = FILE_FRAME | ((u64)m->file_id << FILE_OFFSET_BITS) | ((pc + m->offset_adj) & ((1ULL << FILE_OFFSET_BITS) - 1));
+    st->stack.frames[n & (UNWIND_MAX_FRAMES - 1)] = frame;
+    st->stack.len = n + 1;
+    st->hash = (st->hash ^ frame) * 0x100000001b3ULL;
+
+    struct unwind_row *row = 0;
+    if (m && m->row_count)  // a return address is looked up at the call: pc - 1
+        row = find_row(m, (n ? pc - 1 : pc) - m->bias);
+    u8 cfa_type = row ? row->cfa_type : CFA_END;
+    u64 cfa, bp = st->bp, ra = 0;
+    switch (cfa_type) {
+    case CFA_RSP:
+        cfa = st->sp + row->cfa_offset;
+        break;
+    case CFA_RBP:
+        cfa = st->bp + row->cfa_offset;
+        break;
+    case CFA_PLT:
+        cfa = st->sp + row->cfa_offset + ((pc & 15) >= 11 ? 8 : 0);
+        break;
+    case CFA_OUTERMOST:
+        st->stack.status = UNWIND_OUTERMOST;
+        return 1;
+    case CFA_END:  // frame pointers: the caller's rbp at rbp, the return address above it
+        if (!st->bp || st->bp <= st->sp || read_user(&bp, st->bp) || read_user(&ra, st->bp + 8)) {
+            st->stack.status = st->bp ? UNWIND_NO_CFI : UNWIND_END;
+            return 1;
+        }
+        if (!ra) {
+            st->stack.status = UNWIND_END;
+            return 1;
+        }
+        st->ip = ra;
+        st->sp = st->bp + 16;
+        st->bp = bp;
+        return 0;
+    default:
+        st->stack.status = UNWIND_EXPRESSION;
+        return 1;
+    }
+    if (cfa <= st->sp || read_user(&ra, cfa - 8)) {
+        st->stack.status = UNWIND_READ_FAULT;
+        return 1;
+    }
+    if (row->rbp_type == RBP_AT_CFA) {
+        if (read_user(&bp, cfa + row->rbp_offset)) {
+            st->stack.status = UNWIND_READ_FAULT;
+            return 1;
+        }
+    } else if (row->rbp_type != RBP_SAME) {
+        st->stack.status = UNWIND_EXPRESSION;
+        return 1;
+    }
+    if (!ra) {
+        st->stack.status = UNWIND_END;
+        return 1;
+    }
+    st->ip = ra;
+    st->sp = cfa;
+    st->bp = bp;
+    return 0;
+}
+
+// The walk is over: store the stack (once per distinct stack) and count the sample under it.
+static inline void unwind_done(struct unwind_state *st)
+{
+    u64 hash = (st->hash ^ st->stack.len) * 0x100000001b3ULL;
+    hash = (hash ^ st->stack.status) * 0x100000001b3ULL;
+    int err = st->key.set ? cfistacks1.insert(&hash, &st->stack) : cfistacks0.insert(&hash, &st->stack);
+    if (err && err != -EEXIST) {
+        unwind_count(UNWIND_STACKS_FULL);
+        st->key.user_stack_id = -ENOMEM;  // counted without a user stack
+    } else {
+        st->key.user_map = USER_CFI;
+        st->key.user_stack_id = 0;
+        st->key.cfi_stack = hash;
+    }
+    count_stack_loss(&st->key, st->in_kernel);
+    add_count(&st->key);
+}
+
+int unwind_step(struct bpf_perf_event_data *ctx)
+{
+    u32 zero = 0;
+    struct unwind_state *st = unwind_states.lookup(&zero);
+    if (!st)
+        return 0;
+    u32 pid = st->key.pid;
+    struct unwind_proc *proc = unwind_procs.lookup(&pid);
+    if (!proc) {  // user space dropped the table meanwhile
+        st->stack.status = UNWIND_NO_CFI;
+        unwind_done(st);
+        return 0;
+    }
+    for (int i = 0; i < UNWIND_FRAMES_PER_PROG; i++) {
+        if (unwind_frame(st, proc)) {
+            unwind_done(st);
+            return 0;
+        }
+    }
+    unwind_progs.call(ctx, 0);
+    st->stack.status = UNWIND_DEPTH;  // out of tail calls
+    unwind_done(st);
+    return 0;
+}
