@@ -12,7 +12,7 @@ from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.frontend.report.events import human_time
 from optrace.frontend.report.rows import Profile, ReportOptions, Row, RowTable, build_table, percent, sample_total
-from optrace.model import CallCount, Record, RecordMeta
+from optrace.model import STACK_COMPLETE, CallCount, Record, RecordMeta
 
 Cells = Callable[[], Iterable[list[str]]]  # called twice: once for the widths, once for the lines
 
@@ -84,6 +84,8 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
         lines.append(f"# Idle samples (pid 0, not in the profile): {meta.idle_samples}")
     if not meta.stacks:
         lines.append("# Recorded without stacks (--no-stacks): leaf frames only")
+    elif meta.stack_quality:
+        lines.append(f"# {quality_line(meta.stack_quality)} (call graph: {meta.call_graph})")
     if meta.file_problems:
         counted = ", ".join(f"{kind} {n}" for kind, n in sorted(meta.file_problems.items()))
         lines.append(f"# Files that cost their own names: {counted} (the warnings say which)")
@@ -112,6 +114,17 @@ def target_text(meta: RecordMeta) -> str:
     if meta.system_wide:
         return "whole machine"
     return "pids " + ", ".join(str(pid) for pid in meta.pids) if meta.pids else "unknown"
+
+
+def quality_line(quality: dict[str, int]) -> str:
+    """``Stacks: N of M complete (P%); stopped: reason n, ...`` (RecordMeta.stack_quality)."""
+    total = sum(quality.values())
+    complete = quality.get(STACK_COMPLETE, 0)
+    text = f"Stacks: {complete} of {total} complete ({100.0 * complete / total if total else 0.0:.1f}%)"
+    stopped = sorted(((n, reason) for reason, n in quality.items() if reason != STACK_COMPLETE and n), reverse=True)
+    if stopped:
+        text += "; stopped: " + ", ".join(f"{reason} {n}" for n, reason in stopped)
+    return text
 
 
 def lost_text(lost: dict[str, int]) -> str:

@@ -19,6 +19,7 @@ from optrace.frontend.codecapture import capture_session
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import GatedChild
+from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
 
@@ -40,6 +41,7 @@ class RecordOptions:
     jit_max_file_size: int = 256 << 20
     off_cpu: OffCpuOptions | None = None
     wall: bool = False  # off-CPU time and CPU samples, to be shown together as time
+    call_graph: str = "dwarf"  # or "fp" (see SessionOptions.call_graph)
 
 
 class SampleStore:
@@ -50,12 +52,13 @@ class SampleStore:
         self._counts: Counter[tuple] = Counter()
 
     def add(self, sample: RawSample, timed: bool) -> None:
-        key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0, sample.tid)
+        key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0, sample.tid,
+               sample.stop)
         self._counts[key] += sample.count
 
     def samples(self) -> list[RawSample]:
-        return [RawSample(pid, comm, user, kernel, n, t, tid=tid)
-                for (pid, comm, user, kernel, t, tid), n in self._counts.items()]
+        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop)
+                for (pid, comm, user, kernel, t, tid, stop), n in self._counts.items()]
 
 
 class Recorder:
@@ -75,7 +78,7 @@ class Recorder:
             frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
             programs_at_exec=True, learn_at_exec=not opts.system_wide, forget_exited=False,
             stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
-            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu, keep_jit_code=True))
+            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu, keep_jit_code=True, call_graph=opts.call_graph))
 
     def run(self) -> Record:
         started = time.time()
@@ -163,7 +166,9 @@ class Recorder:
         return result
 
     def _build_record(self, started: float, duration: float, calls) -> Record:
-        frames, samples = self.session.symbolize(self.store.samples())
+        raw = self.store.samples()
+        frames, samples = self.session.symbolize(raw)
+        quality = stack_quality(raw, frames, samples) if self.options.stacks else {}
         frames, off_cpu = merged_frames(frames, *self.session.symbolize(self.off_cpu_store.samples()))
         session = self.session
         lost = dict(self.lost)
@@ -186,7 +191,9 @@ class Recorder:
             lost=lost,
             idle_samples=idle if self.options.system_wide else 0,
             stacks=self.options.stacks,
-            user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id")},
+            call_graph=self.options.call_graph if self.options.stacks else "fp",
+            stack_quality=quality,
+            user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id", "cfi")},
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
             off_cpu=self._off_cpu_meta(off_cpu),

@@ -320,26 +320,27 @@ class ProfilingSession:
 
     # -- naming ----------------------------------------------------------------------------------------
     def symbolize(self, samples: list[RawSample], stacks: bool | None = None) -> tuple[list[Frame], list[Sample]]:
-        """Rows for ``samples`` (leaf frames only without ``stacks``, which defaults to the session's; serve
-        names whole stacks only while a profile is being collected). If naming raises, it is done again
-        one process at a time, so only the process whose files broke it loses its names (its samples
-        still count, as frameless rows)."""
+        """Rows for ``samples``, in their order (leaf frames only without ``stacks``, which defaults to the
+        session's; serve names whole stacks only while a profile is being collected). If naming raises, it
+        is done again one process at a time, so only the process whose files broke it loses its names (its
+        samples still count, as frameless rows)."""
         if not (self.options.stacks if stacks is None else stacks):
             samples = [leaf_only(s) for s in samples]
         try:
             return self.symbolizer.symbolize(samples)
         except Exception:  # found again, counted and warned below, per process
             pass
-        by_pid: dict[int, list[RawSample]] = defaultdict(list)
-        for sample in samples:
-            by_pid[sample.pid].append(sample)
+        by_pid: dict[int, list[int]] = defaultdict(list)  # pid -> indices of its samples
+        for i, sample in enumerate(samples):
+            by_pid[sample.pid].append(i)
         frames: list[Frame] = []
-        rows: list[Sample] = []
-        for group in by_pid.values():
+        rows: list[Sample | None] = [None] * len(samples)  # in the order of ``samples``
+        for indices in by_pid.values():
+            group = [samples[i] for i in indices]
             named = self._contain("symbolize", self.symbolizer.symbolize, group)
             group_frames, group_rows = named or ([], [Sample(s.pid, s.comm, (), s.count, s.tid) for s in group])
-            rows += [Sample(r.pid, r.comm, tuple(i + len(frames) for i in r.frames), r.count, r.tid)
-                     for r in group_rows]
+            for i, r in zip(indices, group_rows):
+                rows[i] = Sample(r.pid, r.comm, tuple(f + len(frames) for f in r.frames), r.count, r.tid)
             frames += group_frames
         return frames, rows
 

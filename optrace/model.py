@@ -13,6 +13,7 @@ KERNEL_DSO = "[kernel.kallsyms]"
 UNKNOWN = "[unknown]"
 # The events a record can hold, each its own sample type: what Sample.count counts for it.
 EVENT_UNITS = {"cpu": "samples", "off-cpu": "nanoseconds", "wall": "nanoseconds"}
+STACK_COMPLETE = "complete"  # RecordMeta.stack_quality: the outermost frame is a thread's root
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,12 @@ class RecordMeta:
     lost: dict[str, int] = field(default_factory=dict)  # reason -> count, never silently dropped
     idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile like BCC's profile
     stacks: bool = True  # False with --no-stacks: each sample keeps only its leaf frame
+    # "dwarf": user stacks unwound in BPF from the files' CFI where they have it, else frame pointers;
+    # "fp": frame pointers only (records from before the choice existed are "fp")
+    call_graph: str = "fp"
+    # Samples with a user stack by outcome: "complete" (outermost frame a thread's root), else why the
+    # stack stopped (frontend/unwind/quality.py: no_cfi, expression, read_fault, depth_limit, fp_walk...)
+    stack_quality: dict[str, int] = field(default_factory=dict)
     # Samples with a user stack, by how the kernel gave it: "build_id" (processes whose mappings were
     # not read yet) or "raw" (IPs, turned into build-id frames from the process's mappings).
     user_stacks: dict[str, int] = field(default_factory=dict)

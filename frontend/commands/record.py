@@ -31,6 +31,9 @@ def check_frequency(hz: int) -> None:
 @click.option("-o", "--output", default="optrace.data", show_default=True, help="Record file to write.")
 @click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
 @click.option("-g/--no-stacks", "stacks", default=True, help="Keep whole stacks (default) or only the sampled frame.")
+@click.option("--call-graph", type=click.Choice(["dwarf", "fp"]), default="dwarf", show_default=True,
+              help="How user stacks are walked: from the files' CFI in BPF (frame pointers where there is none), "
+                   "or frame pointers only.")
 @pid_option("-p", "--pid", help="Profile running processes (repeat, or comma list).")
 @click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="Profile the whole machine.")
 @click.option("-d", "--duration", type=float, help="Stop after this many seconds.")
@@ -49,7 +52,7 @@ def check_frequency(hz: int) -> None:
               help="With --off-cpu: only waits that began in this state (repeat; default: all).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx: click.Context, output, frequency, stacks, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
+def command(ctx: click.Context, output, frequency, stacks, call_graph, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
             stack_storage_size, off_cpu, wall, min_block, states, command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
 
@@ -59,6 +62,7 @@ def command(ctx: click.Context, output, frequency, stacks, pids, system_wide, du
     options = RecordOptions(
         frequency_hz=frequency,
         stacks=stacks,
+        call_graph=call_graph,
         pids=list(pids),
         system_wide=system_wide,
         duration_s=duration,

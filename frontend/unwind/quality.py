@@ -1,0 +1,33 @@
+"""Stack quality: how many sampled user stacks were complete, and why the others stopped.
+
+A stack is complete when its outermost frame is a thread's root (``_start`` or
+``__libc_start_call_main`` for a main thread, ``clone3``/``start_thread`` for the others), or when the
+CFI unwinder reached a frame whose return address the CFI declares undefined (the ABI's mark of a
+thread's first frame). Otherwise the reason is the unwinder's (see bpf/unwindmaps.py UNWIND_STATUSES),
+or ``fp_walk`` for a stack the kernel walked by frame pointers.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from optrace.model import STACK_COMPLETE, Frame, RawSample, Sample
+
+THREAD_ROOTS = frozenset({"_start", "__libc_start_call_main", "__libc_start_main", "__libc_start_main_impl",
+                          "clone3", "__clone3", "clone", "__clone", "start_thread"})
+FP_WALK = "fp_walk"
+
+
+def stack_quality(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample]) -> dict[str, int]:
+    """Samples with a user stack, by outcome; ``rows`` are ``raw`` symbolized, in the same order."""
+    outcomes: Counter[str] = Counter()
+    for sample, row in zip(raw, rows, strict=True):
+        if not sample.user:
+            continue
+        outermost = frames[row.frames[-1]] if row.frames else None
+        if sample.stop == "outermost" or (outermost is not None and not outermost.kernel
+                                          and outermost.symbol in THREAD_ROOTS):
+            outcomes[STACK_COMPLETE] += sample.count
+        else:
+            outcomes[sample.stop or FP_WALK] += sample.count
+    return dict(outcomes)
