@@ -7,6 +7,7 @@ resolved while the recording still has root and the processes' files, so `optrac
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 from collections import Counter
@@ -113,6 +114,9 @@ class Recorder:
 
     def _start_targets(self) -> None:
         if self.options.command:
+            program = shutil.which(self.options.command[0])
+            if program:
+                self.session.prepare_unwind(program)
             self.child = GatedChild(self.options.command)
             self.session.add_pid(self.child.pid)
             self.child.release()

@@ -298,6 +298,11 @@ class ProfilingSession:
             self.profiler.unwind.load_process(pid, epoch, mappings)
             self._unwound[pid] = epoch
 
+    def prepare_unwind(self, executable: str) -> None:
+        """Build the unwind tables of a program about to be started (and its libraries) now."""
+        if self.unwinding is not None:
+            self._contain("unwind_tables", self.unwinding.warm, executable)
+
     def _unwind_processes(self, samples: list[RawSample]) -> None:
         """Processes sampled with frame-pointer stacks, and those whose mappings changed since their
         table was loaded (exec, dlopen), get their tables now."""
@@ -378,13 +383,13 @@ class ProfilingSession:
                 if path:
                     self.tracker.exec(pid, path)
                 continue
+            self._unwound.pop(pid, None)
+            if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
+                self._contain("unwind_tables", self.unwind, pid)
+                self.learn(pid)
             if path:
                 self._contain("executable", self.symbolizer.add_executable, path)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
-            self._unwound.pop(pid, None)
-            if self.options.learn_at_exec:
-                self.learn(pid)
-                self._contain("unwind_tables", self.unwind, pid)
 
     def _learn_processes(self, samples: list[RawSample], time: float) -> list[bool]:
         """What the symbolizer and JIT symbols must know before this drain's samples are named; returns
