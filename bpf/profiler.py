@@ -125,7 +125,7 @@ class Profiler:
         if self.cfi_unwind:
             from optrace.bpf.unwindmaps import UnwindMaps
 
-            self._bpf = load_bcc(text=PROGRAM.read_text() + UNWINDER.read_text(), cflags=self._cflags)
+            self._bpf = load_bcc(text=(PROGRAM.read_text() + UNWINDER.read_text()).encode(), cflags=self._cflags)
             self.unwind = UnwindMaps(self._bpf, self._unwind_rows)
         else:
             self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=self._cflags)

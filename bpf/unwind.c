@@ -248,7 +248,7 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
         st->stack.status = UNWIND_OUTERMOST;
         return 1;
     case CFA_END:  // frame pointers: the caller's rbp at rbp, the return address above it
-        if (!st->bp || st->bp <= st->sp || read_user(&bp, st->bp) || read_user(&ra, st->bp + 8)) {
+        if (!st->bp || st->bp < st->sp || read_user(&bp, st->bp) || read_user(&ra, st->bp + 8)) {
             st->stack.status = st->bp ? UNWIND_NO_CFI : UNWIND_END;
             return 1;
         }
@@ -287,15 +287,20 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
     return 0;
 }
 
-// The walk is over: store the stack (once per distinct stack) and count the sample under it.
-static inline void unwind_done(struct unwind_state *st)
+// The walk is over: store the stack (once per distinct stack) and count the sample under it; when
+// cfistacks is full, under the kernel's frame-pointer stack as profile.c would have.
+static inline void unwind_done(struct bpf_perf_event_data *ctx, struct unwind_state *st)
 {
     u64 hash = (st->hash ^ st->stack.len) * 0x100000001b3ULL;
     hash = (hash ^ st->stack.status) * 0x100000001b3ULL;
     int err = st->key.set ? cfistacks1.insert(&hash, &st->stack) : cfistacks0.insert(&hash, &st->stack);
     if (err && err != -EEXIST) {
         unwind_count(UNWIND_STACKS_FULL);
-        st->key.user_stack_id = -ENOMEM;  // counted without a user stack
+        st->key.user_map = USER_BUILD_ID;
+        if (st->key.set)
+            st->key.user_stack_id = ustacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        else
+            st->key.user_stack_id = ustacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
     } else {
         st->key.user_map = USER_CFI;
         st->key.user_stack_id = 0;
@@ -315,17 +320,17 @@ int unwind_step(struct bpf_perf_event_data *ctx)
     struct unwind_proc *proc = unwind_procs.lookup(&pid);
     if (!proc) {  // user space dropped the table meanwhile
         st->stack.status = UNWIND_NO_CFI;
-        unwind_done(st);
+        unwind_done(ctx, st);
         return 0;
     }
     for (int i = 0; i < UNWIND_FRAMES_PER_PROG; i++) {
         if (unwind_frame(st, proc)) {
-            unwind_done(st);
+            unwind_done(ctx, st);
             return 0;
         }
     }
     unwind_progs.call(ctx, 0);
     st->stack.status = UNWIND_DEPTH;  // out of tail calls
-    unwind_done(st);
+    unwind_done(ctx, st);
     return 0;
 }

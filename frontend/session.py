@@ -151,6 +151,9 @@ class ProfilingSession:
         self._drains = 0
         self.unwinding = None  # ProcessUnwinding with call_graph "dwarf"
         self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
+        # Processes whose table was loaded since the last drain: the dynamic loader may still be mapping
+        # their libraries (a new epoch makes the sampler ignore the table), so polls look at them too.
+        self._young: set[int] = set()
 
     # -- life ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -225,6 +228,7 @@ class ProfilingSession:
         execs, exits = self.profiler.poll_events()
         self._note_execs(execs)
         self._note_exits(exits, now)
+        self._reload_changed(set(self._young))
 
     def drain(self) -> Drain:
         result = self.profiler.drain()
@@ -297,6 +301,7 @@ class ProfilingSession:
         if epoch and mappings is not None:
             self.profiler.unwind.load_process(pid, epoch, mappings)
             self._unwound[pid] = epoch
+            self._young.add(pid)
 
     def prepare_unwind(self, executable: str) -> None:
         """Build the unwind tables of a program about to be started (and its libraries) now."""
@@ -308,10 +313,16 @@ class ProfilingSession:
         table was loaded (exec, dlopen), get their tables now."""
         if self.unwinding is None:
             return
-        pending = {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}
-        pending |= {pid for pid, epoch in self._unwound.items() if self.profiler.epoch(pid) != epoch}
-        for pid in pending:
+        self._young.clear()
+        for pid in {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}:
             self._contain("unwind_tables", self.unwind, pid)
+        self._reload_changed(set(self._unwound))
+
+    def _reload_changed(self, pids: set[int]) -> None:
+        """Load again the tables of processes whose mappings changed since (exec, dlopen)."""
+        for pid in pids:
+            if pid in self._unwound and self.profiler.epoch(pid) != self._unwound[pid]:
+                self._contain("unwind_tables", self.unwind, pid)
 
     def maybe_jit(self, sample: RawSample) -> bool:
         """A raw address outside every file mapping (and [vdso]) may be JIT code (its name depends on when
@@ -421,6 +432,7 @@ class ProfilingSession:
         PRUNE_EVERY drains, those whose exit event was lost (the kernel's event buffer overflowed)."""
         self._note_exits(exits, now)
         for pid in exits:
+            self._young.discard(pid)
             if self._unwound.pop(pid, None) is not None:
                 self.profiler.unwind.forget_process(pid)
         retired, self._exited = self._exited, []

@@ -22,6 +22,7 @@ from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.cache import _identity as file_identity  # the cache's own key of a file
+from optrace.frontend.unwind.trampolines import trampoline_rows
 from optrace.procfs import MapEntry, parse_maps, read_maps_text
 
 
@@ -61,8 +62,12 @@ class ProcessUnwinding:
         for entry in entries:
             if entry.is_file and entry.executable:
                 mapping = self._mapping(pid, entry)
-                if mapping is not None:
-                    found.append(mapping)
+            elif entry.executable and not entry.path:
+                mapping = self._anonymous(pid, entry)
+            else:
+                continue
+            if mapping is not None:
+                found.append(mapping)
         return found
 
     def warm(self, executable: str) -> None:
@@ -94,6 +99,16 @@ class ProcessUnwinding:
             os.close(fd)
         return ProcessMapping(entry.start, entry.end, entry.offset, layout.bias(entry), identity, table.rows,
                               layout.build_id)
+
+    def _anonymous(self, pid: int, entry: MapEntry) -> ProcessMapping | None:
+        """Code without a file: only CPython's perf trampolines have rows (see trampolines.py); the rest
+        (other JITs) is walked by frame pointers without an entry."""
+        rows = trampoline_rows(pid, entry.start, entry.end)
+        if rows is None:
+            return None
+        self.stats["trampoline_arenas"] += 1
+        return ProcessMapping(entry.start, entry.end, 0, entry.start, ("trampolines", entry.end - entry.start),
+                              rows, None)
 
     def _layout(self, fd: int, name: str) -> FileLayout:
         identity = file_identity(fd)

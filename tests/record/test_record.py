@@ -45,19 +45,22 @@ def test_demo_shares_match_design(tmp_path, workloads):
     lib_rows = [r for r in rows if r["symbol"] == "lib_burn"]
     assert {os.path.basename(r["dso"]) for r in lib_rows} == {"libburn.so"}
     kinds = report_json(data)["meta"]["user_stacks"]  # build-ids only until the exec is seen (50 ms)
-    assert kinds["raw"] > 0.9 * (kinds["raw"] + kinds.get("build_id", 0)), kinds
+    walked = kinds.get("raw", 0) + kinds.get("cfi", 0)  # raw IPs (--call-graph fp) or unwound from CFI
+    assert walked > 0.9 * (walked + kinds.get("build_id", 0)), kinds
 
 
-def test_library_loaded_mid_run_is_named(tmp_path, workloads):
-    """The sampler takes raw IPs once it has read a process's mappings; a dlopen after that must be
-    seen (the mmap changes the process's epoch), or lib_burn's samples would be unnamed addresses."""
-    data = record(tmp_path, "-F", "499", "--", str(workloads / "dlopen-late"), str(workloads / "libburn.so"),
-                  "1.5", "1.5")
+@pytest.mark.parametrize("call_graph,kind", [("fp", "raw"), ("dwarf", "cfi")])
+def test_library_loaded_mid_run_is_named(tmp_path, workloads, call_graph, kind):
+    """The sampler takes raw IPs (fp) or unwinds from CFI (dwarf) once it has read a process's mappings;
+    a dlopen after that must be seen (the mmap changes the process's epoch), or lib_burn's samples would
+    be unnamed addresses."""
+    data = record(tmp_path, "-F", "499", "--call-graph", call_graph, "--", str(workloads / "dlopen-late"),
+                  str(workloads / "libburn.so"), "1.5", "1.5")
     report = report_json(data, "--comm", "dlopen-late")
     rows = report["rows"]
     assert share(rows, "before_dlopen") == pytest.approx(50, abs=8)
     assert share(rows, "lib_burn") == pytest.approx(50, abs=8)
-    assert report["meta"]["user_stacks"]["raw"] > 0
+    assert report["meta"]["user_stacks"][kind] > 0
 
 
 def test_non_pie_binary(tmp_path, workloads):
@@ -144,8 +147,8 @@ def test_attach_to_running_process(tmp_path, workloads):
     report = report_json(data)
     assert {r["pid"] for r in report_json(data, "--sort", "pid")["rows"]} == {proc.pid}
     assert share(report["rows"], "hot_a") == pytest.approx(40, abs=8)
-    kinds = report["meta"]["user_stacks"]  # the process's maps are read at start: raw IPs throughout
-    assert kinds.get("build_id", 0) <= 0.02 * kinds["raw"], kinds
+    kinds = report["meta"]["user_stacks"]  # the process's maps are read at start: walked throughout
+    assert kinds.get("build_id", 0) <= 0.02 * (kinds.get("raw", 0) + kinds.get("cfi", 0)), kinds
 
 
 def test_system_wide(tmp_path, workloads):

@@ -1,0 +1,134 @@
+"""Debian's own binaries, unmodified and built without frame pointers (xz with liblzma, python3.11, gcc's
+cc1): the CFI unwinder gives >= 95 % complete stacks, and the top inclusive rows match perf record
+--call-graph dwarf (perf copies 8 KiB of stack per sample and unwinds with libdw afterwards) on the same
+command within 3 points."""
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import run_optrace
+
+pytestmark = pytest.mark.usefixtures("bpf_ready")
+
+HZ = "499"
+PERF_ROW = re.compile(r"^\s+([0-9.]+)%\s+([0-9.]+)%\s+\[[.k]\]\s+(.+?)\s*$")
+TOP_SHARE = 10.0  # perf rows with at least this inclusive share are compared
+PYTHON_LOOP = """
+import sys
+def hot(n):
+    s = 0
+    for i in range(n):
+        s += i * i % 7
+    return s
+def caller(rounds):
+    t = 0
+    for _ in range(rounds):
+        t += hot(200000)
+    return t
+caller(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def perf() -> str:
+    found = shutil.which("perf")
+    assert found, "perf (linux-perf) is installed by make setup"
+    return found
+
+
+def optrace_children(tmp_path: Path, command: list[str]) -> tuple[dict[str, float], dict]:
+    out = tmp_path / "optrace.data"
+    proc = run_optrace("record", "-F", HZ, "-o", str(out), "--", *command, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(run_optrace("report", "-i", str(out), "--format", "json", "--children", check=True).stdout)
+    children: dict[str, float] = {}
+    for row in report["rows"]:
+        if not row["kernel"]:
+            children[row["symbol"]] = children.get(row["symbol"], 0.0) + row["children_percent"]
+    return children, report["meta"]
+
+
+def perf_children(tmp_path: Path, perf: str, command: list[str]) -> dict[str, float]:
+    data = tmp_path / "perf.data"
+    subprocess.run([perf, "record", "-q", "--call-graph", "dwarf", "-F", HZ, "-o", str(data), "--", *command],
+                   check=True, capture_output=True, timeout=600)
+    text = subprocess.run([perf, "report", "-i", str(data), "--children", "--stdio", "-g", "none", "--sort", "sym",
+                           "--percent-limit", "1"], check=True, capture_output=True, text=True, timeout=600).stdout
+    children: dict[str, float] = {}
+    for line in text.splitlines():
+        match = PERF_ROW.match(line)
+        if match and "[k]" not in line:
+            children[match.group(3)] = children.get(match.group(3), 0.0) + float(match.group(1))
+    return children
+
+
+def compare_with_perf(tmp_path: Path, perf: str, command: list[str], named: int = 3) -> None:
+    """Rows perf shows at >= TOP_SHARE inclusive, by symbol name: at least ``named`` of them are named by
+    both tools (stripped code is an address in both, written differently), each within 3 points."""
+    ours, meta = optrace_children(tmp_path, command)
+    theirs = perf_children(tmp_path, perf, command)
+    quality = meta["stack_quality"]
+    assert quality.get("complete", 0) >= 0.95 * sum(quality.values()), quality
+    top = {name: share for name, share in theirs.items() if share >= TOP_SHARE and name in ours}
+    assert len(top) >= named, (theirs, sorted(ours.items(), key=lambda item: -item[1])[:20])
+    far = {name: (ours[name], share) for name, share in top.items() if abs(ours[name] - share) > 3}
+    assert not far, far
+
+
+def test_xz(tmp_path, perf):
+    """xz -6 of 6 MB of text (liblzma's match finder and encoder: deep, frame-pointer-less stacks). xz and
+    liblzma are stripped: the rows both tools name are lzma_code and __libc_start_call_main."""
+    words = [f"w{i:x}" for i in range(4000)]
+    rng = random.Random(1)
+    text = " ".join(rng.choice(words) for _ in range(1_200_000)).encode()
+    source = tmp_path / "input.txt"
+    source.write_bytes(text)
+    compare_with_perf(tmp_path, perf, ["xz", "-T1", "-6", "-k", "-f", str(source)], named=2)
+
+
+def test_python311(tmp_path, perf):
+    script = tmp_path / "loop.py"
+    script.write_text(PYTHON_LOOP)
+    compare_with_perf(tmp_path, perf, ["/usr/bin/python3.11", str(script), "200"])
+
+
+def test_cc1(tmp_path, perf):
+    """gcc -O2 on 1,000 generated functions. A small file is compiled first: the first cc1 of a session
+    is walked by frame pointers while its table (478,579 rows) is built; the second uses the cached one."""
+    small = tmp_path / "small.c"
+    small.write_text("int one(void) { return 1; }\n")
+    big = tmp_path / "big.c"
+    big.write_text(generated_c(1000))
+    script = f"gcc -c {small} -o {tmp_path}/small.o && gcc -O2 -c {big} -o {tmp_path}/big.o"
+    compare_with_perf(tmp_path, perf, ["sh", "-c", script])
+
+
+def generated_c(functions: int) -> str:
+    lines = []
+    for i in range(functions):
+        lines.append(f"int f{i}(int *a, int n) {{ int s = {i}; for (int j = 0; j < n; j++) {{ if (a[j] % {i % 7 + 2}) "
+                     f"s += a[j] * {i % 13 + 1}; else s ^= a[(j + {i}) % n]; }} switch (s & 7) {{ case 0: "
+                     f"s += f{max(i - 1, 0)}(a, n / 2); break; case 1: s -= {i}; break; default: s *= 3; }} return s; }}")
+    return "\n".join(lines) + "\n"
+
+
+def test_python312_perf_trampolines(tmp_path):
+    """pyenv's Python 3.12 with -X perf: the py:: trampolines (anonymous memory, no CFI, no frame pointer)
+    join the interpreter's frames, so the Python caller of the hot function holds >= 80 % inclusive."""
+    pythons = sorted(Path("/root/.pyenv/versions").glob("3.12.*/bin/python3"))
+    assert pythons, "pyenv's Python 3.12 is on this image"
+    script = tmp_path / "loop.py"
+    script.write_text(PYTHON_LOOP)
+    ours, meta = optrace_children(tmp_path, [str(pythons[-1]), "-X", "perf", str(script), "150"])
+    caller = f"py::caller:{script}"
+    assert ours.get(caller, 0) >= 80, sorted(ours.items(), key=lambda item: -item[1])[:10]
+    assert ours.get(f"py::hot:{script}", 0) >= 80
+    quality = meta["stack_quality"]
+    assert quality.get("complete", 0) >= 0.95 * sum(quality.values()), quality
