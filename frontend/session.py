@@ -18,6 +18,7 @@ import dataclasses
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -154,6 +155,10 @@ class ProfilingSession:
         # Processes whose table was loaded since the last drain: the dynamic loader may still be mapping
         # their libraries (a new epoch makes the sampler ignore the table), so polls look at them too.
         self._young: set[int] = set()
+        # Tables are built off the drain loop (a JVM's libraries take seconds): one worker thread, at most
+        # one queued job per process.
+        self._unwind_worker: ThreadPoolExecutor | None = None
+        self._unwind_queued: set[int] = set()
 
     # -- life ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -173,9 +178,11 @@ class ProfilingSession:
             from optrace.frontend.unwind.processmaps import ProcessUnwinding
 
             self.unwinding = ProcessUnwinding()
+            self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
+            self._unwind_later(pid)
         # before the attach: loading kallsyms takes 0.3-2 s, and a live view shows rows within 1 s of it
         self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup, build_ids=self.build_ids)
         for pid in opts.pids or ():
@@ -189,6 +196,8 @@ class ProfilingSession:
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
         works until :meth:`close` (a recording names its samples after the profiler is gone)."""
+        if self._unwind_worker is not None:
+            self._unwind_worker.shutdown(wait=True, cancel_futures=True)
         if self.off_cpu is not None:
             self.off_cpu.close()
         if self.profiler is not None:
@@ -303,6 +312,22 @@ class ProfilingSession:
             self._unwound[pid] = epoch
             self._young.add(pid)
 
+    def _unwind_later(self, pid: int) -> None:
+        """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then)."""
+        if self._unwind_worker is None or pid in self._unwind_queued:
+            return
+        self._unwind_queued.add(pid)
+        try:
+            self._unwind_worker.submit(self._unwind_job, pid)
+        except RuntimeError:  # shut down: the session is ending
+            self._unwind_queued.discard(pid)
+
+    def _unwind_job(self, pid: int) -> None:
+        try:
+            self._contain("unwind_tables", self.unwind, pid)
+        finally:
+            self._unwind_queued.discard(pid)
+
     def prepare_unwind(self, executable: str) -> None:
         """Build the unwind tables of a program about to be started (and its libraries) now."""
         if self.unwinding is not None:
@@ -315,14 +340,14 @@ class ProfilingSession:
             return
         self._young.clear()
         for pid in {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}:
-            self._contain("unwind_tables", self.unwind, pid)
+            self._unwind_later(pid)
         self._reload_changed(set(self._unwound))
 
     def _reload_changed(self, pids: set[int]) -> None:
         """Load again the tables of processes whose mappings changed since (exec, dlopen)."""
         for pid in pids:
             if pid in self._unwound and self.profiler.epoch(pid) != self._unwound[pid]:
-                self._contain("unwind_tables", self.unwind, pid)
+                self._unwind_later(pid)
 
     def maybe_jit(self, sample: RawSample) -> bool:
         """A raw address outside every file mapping (and [vdso]) may be JIT code (its name depends on when
@@ -396,7 +421,7 @@ class ProfilingSession:
                 continue
             self._unwound.pop(pid, None)
             if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
-                self._contain("unwind_tables", self.unwind, pid)
+                self._unwind_later(pid)
                 self.learn(pid)
             if path:
                 self._contain("executable", self.symbolizer.add_executable, path)
