@@ -47,6 +47,7 @@ class ServeOptions:
     series_idle_s: float = DEFAULT_SERIES_IDLE_S  # 0: series never expire
     web: WebConfig = field(default_factory=WebConfig)
     drain_interval_s: float = 1.0
+    off_cpu: bool = False  # also export optrace_offcpu_seconds_total
 
 
 class StopRequest(Protocol):

@@ -22,12 +22,15 @@ from prometheus_client.registry import Collector
 
 from optrace import __version__
 from optrace.exporters.cardinality import Labels
-from optrace.exporters.totals import (CALL_LABELS, CALLS_METRIC, CPU_LABELS, CPU_METRIC, ExporterTotals,
-                                      TotalsSnapshot)
+from optrace.exporters.totals import (CALL_LABELS, CALLS_METRIC, CPU_LABELS, CPU_METRIC, OFFCPU_METRIC,
+                                      ExporterTotals, TotalsSnapshot)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 CPU_HELP = "CPU samples whose leaf frame (self time) is this symbol, JIT symbols included."
 CALLS_HELP = "Exact calls of a uprobe-probed function, counted in the kernel."
+OFFCPU_HELP = ("Time threads waited off CPU (serve --off-cpu), by where they waited: the innermost user "
+               "frame, or for kernel threads the caller of schedule().")
+NS_PER_S = 1e9
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,10 @@ def escape_label_value(value: str) -> str:
 class CounterFamilyText:
     """Renders one large counter family, caching each series' `name{labels} ` prefix."""
 
-    def __init__(self, name: str, help_text: str, label_names: tuple[str, ...]) -> None:
+    def __init__(self, name: str, help_text: str, label_names: tuple[str, ...], divisor: float = 0.0) -> None:
+        """``divisor``: values are shown divided by it (nanoseconds as seconds); 0 shows them as they are."""
         self._name = name
+        self._divisor = divisor
         self._label_names = label_names
         self._header = f"# HELP {name} {help_text}\n# TYPE {name} counter\n"
         self._prefixes: dict[Labels, str] = {}
@@ -67,7 +72,8 @@ class CounterFamilyText:
         for labels, value in values.items():
             cached = lines.get(labels)
             if cached is None or cached[0] != value:
-                cached = lines[labels] = (value, f"{self._prefix(labels)}{value}\n")
+                shown = value / self._divisor if self._divisor else value
+                cached = lines[labels] = (value, f"{self._prefix(labels)}{shown}\n")
             out.append(cached[1])
         if len(lines) > len(values):  # series expired since the last page
             self._forget_missing(values)
@@ -109,6 +115,7 @@ def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[M
         expired.add_metric([metric], count)
     series.add_metric([CPU_METRIC], len(snap.cpu_samples))
     series.add_metric([CALLS_METRIC], len(snap.uprobe_calls))
+    series.add_metric([OFFCPU_METRIC], len(snap.off_cpu_ns))
     yield overflow
     yield expired
     yield series
@@ -165,6 +172,7 @@ class MetricsPage:
         self._registry.register(self._collector)
         self._cpu = CounterFamilyText(CPU_METRIC, CPU_HELP, CPU_LABELS)
         self._calls = CounterFamilyText(CALLS_METRIC, CALLS_HELP, CALL_LABELS)
+        self._off_cpu = CounterFamilyText(OFFCPU_METRIC, OFFCPU_HELP, CPU_LABELS, divisor=NS_PER_S)
         self._lock = threading.Lock()
         self._page: tuple[int, bytes] | None = None  # (generation, page)
 
@@ -175,6 +183,8 @@ class MetricsPage:
             snap = self._totals.snapshot()
             self._collector.snapshot = snap
             text = self._cpu.render(snap.cpu_samples) + self._calls.render(snap.uprobe_calls)
+            if snap.off_cpu_ns:
+                text += self._off_cpu.render(snap.off_cpu_ns)
             page = text.encode("utf-8") + generate_latest(self._registry)
             self._page = (snap.generation, page)
             return page

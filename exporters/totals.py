@@ -21,6 +21,7 @@ from optrace.model import UNKNOWN, Frame, Sample
 CPU_LABELS = ("comm", "dso", "symbol")
 CALL_LABELS = ("binary", "symbol", "comm")
 CPU_METRIC = "optrace_cpu_samples_total"
+OFFCPU_METRIC = "optrace_offcpu_seconds_total"  # serve --off-cpu; kept in nanoseconds, shown in seconds
 CALLS_METRIC = "optrace_uprobe_calls_total"
 DEFAULT_SERIES_IDLE_S = 600.0
 MAX_EXPIRY_CHECK_S = 60.0  # idle series are looked for at most this long after they became idle
@@ -32,6 +33,7 @@ class Delta:
 
     cpu_samples: Counter[Labels] = field(default_factory=Counter)  # (comm, dso, symbol) -> samples
     uprobe_calls: Counter[Labels] = field(default_factory=Counter)  # (binary, symbol, comm) -> calls
+    off_cpu_ns: Counter[Labels] = field(default_factory=Counter)  # (comm, dso, symbol) -> nanoseconds off CPU
     lost: Counter[str] = field(default_factory=Counter)  # reason -> lost samples or stacks
     idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile
     execs: int = 0  # processes exec'd (what drives the symbolizer's work on a busy machine)
@@ -95,6 +97,7 @@ class TotalsSnapshot:
     generation: int
     cpu_samples: dict[Labels, int]
     uprobe_calls: dict[Labels, int]
+    off_cpu_ns: dict[Labels, int]
     overflow: dict[str, int]  # metric -> samples or calls sent to [other] series
     expired: dict[str, int]  # metric -> series dropped after being idle
     read_errors: dict[str, int]  # kind -> failures contained in a drain
@@ -117,6 +120,7 @@ class ExporterTotals:
         self.lock = threading.Lock()
         self.cpu_samples = CounterTotals(CPU_LABELS, guard_for(CPU_LABELS, "symbol", max_series))
         self.uprobe_calls = CounterTotals(CALL_LABELS, guard_for(CALL_LABELS, "comm", max_series))
+        self.off_cpu_ns = CounterTotals(CPU_LABELS, guard_for(CPU_LABELS, "symbol", max_series))
         self.series_idle_s = series_idle_s
         self._clock = clock
         self._next_expiry = clock() + self._expiry_period()
@@ -148,6 +152,8 @@ class ExporterTotals:
                 self.cpu_samples.add(labels, count, now)
             for labels, calls in delta.uprobe_calls.items():
                 self.uprobe_calls.add(labels, calls, now)
+            for labels, nanoseconds in delta.off_cpu_ns.items():
+                self.off_cpu_ns.add(labels, nanoseconds, now)
             self.lost.update(delta.lost)
             self.idle_samples += delta.idle_samples
             self.process_events.update(exec=delta.execs, exit=delta.exits)
@@ -165,7 +171,7 @@ class ExporterTotals:
         """Every tenth of the idle time (at most every minute): drop the series idle that long."""
         if self.series_idle_s <= 0 or now < self._next_expiry:
             return
-        for metric in (self.cpu_samples, self.uprobe_calls):
+        for metric in (self.cpu_samples, self.uprobe_calls, self.off_cpu_ns):
             metric.expire(now - self.series_idle_s)
         self._next_expiry = now + self._expiry_period()
 
@@ -175,8 +181,11 @@ class ExporterTotals:
                 generation=self.generation,
                 cpu_samples=self.cpu_samples.values(),
                 uprobe_calls=self.uprobe_calls.values(),
-                overflow={CPU_METRIC: self.cpu_samples.overflow, CALLS_METRIC: self.uprobe_calls.overflow},
-                expired={CPU_METRIC: self.cpu_samples.expired, CALLS_METRIC: self.uprobe_calls.expired},
+                off_cpu_ns=self.off_cpu_ns.values(),
+                overflow={CPU_METRIC: self.cpu_samples.overflow, CALLS_METRIC: self.uprobe_calls.overflow,
+                          OFFCPU_METRIC: self.off_cpu_ns.overflow},
+                expired={CPU_METRIC: self.cpu_samples.expired, CALLS_METRIC: self.uprobe_calls.expired,
+                         OFFCPU_METRIC: self.off_cpu_ns.expired},
                 read_errors=dict(self.read_errors),
                 caches=dict(self.caches),
                 lost=dict(self.lost),
@@ -205,6 +214,12 @@ def leaf_labels(comm: str, frame: Frame | None) -> tuple[str, str, str]:
     if frame is None:
         return (comm, UNKNOWN, UNKNOWN)
     return (comm, dso_label(frame.dso), frame.symbol if frame.resolved else UNKNOWN)
+
+
+def add_off_cpu_rows(delta: Delta, frames: list[Frame], samples: Iterable[Sample]) -> None:
+    """Off-CPU nanoseconds by the frame each wait is named after (see ProfilingSession.off_cpu_leaves)."""
+    for sample in samples:
+        delta.off_cpu_ns[leaf_labels(sample.comm, frames[sample.frames[0]] if sample.frames else None)] += sample.count
 
 
 def add_leaf_rows(delta: Delta, frames: list[Frame], samples: Iterable[Sample]) -> None:

@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable
 
 from optrace.exporters.daemon import ServeOptions, Source
-from optrace.exporters.totals import Delta, add_leaf_rows
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.exporters.totals import Delta, add_leaf_rows, add_off_cpu_rows
+from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.model import UNKNOWN
 
 
 def build_sources(options: ServeOptions) -> list[Source]:
-    profile = ProfileSource(options.frequency_hz, options.pids, options.comms)
+    profile = ProfileSource(options.frequency_hz, options.pids, options.comms, options.off_cpu)
     sources: list[Source] = [profile]
     if options.uprobes:
         targets = profile.target_pids if options.pids else None
@@ -26,11 +26,12 @@ class ProfileSource:
     daemon asks for them: a /debug/pprof/profile collection) and forgets exited processes (serve runs
     for months), turned into per-drain rows."""
 
-    def __init__(self, frequency_hz: int, pids: list[int], comms: list[str]) -> None:
+    def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: bool = False) -> None:
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
             raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks
-            programs_at_exec=False, learn_at_exec=False, forget_exited=True))
+            programs_at_exec=False, learn_at_exec=False, forget_exited=True,
+            off_cpu=OffCpuOptions() if off_cpu else None))
         self._refused_seen = 0
         self.event: str | None = None
 
@@ -52,6 +53,8 @@ class ProfileSource:
         started = time.perf_counter()
         named = self.session.symbolize(drain.samples, stacks=delta.want_stacks)
         add_leaf_rows(delta, *named)
+        if drain.off_cpu:
+            add_off_cpu_rows(delta, *self.session.symbolize(self.session.off_cpu_leaves(drain.off_cpu)))
         if delta.want_stacks:
             delta.stacks = named
         delta.symbolize_seconds += time.perf_counter() - started

@@ -46,9 +46,10 @@ SETTING_TYPES: dict[str, type] = {
     "web_config": str,
     "tls_cert": str,
     "tls_key": str,
+    "off_cpu": bool,
 }
 
-TYPE_NAMES = {str: "a string", int: "an integer", list: "a list"}
+TYPE_NAMES = {str: "a string", int: "an integer", list: "a list", bool: "true or false"}
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def check_setting_types(settings: object, path: str) -> dict[str, Any]:
         expected = SETTING_TYPES.get(key)
         if expected is None:
             raise OptraceError(f"config {path}: unknown setting {key!r} (known: {', '.join(SETTING_TYPES)})")
-        if not isinstance(value, expected) or isinstance(value, bool):
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise OptraceError(f"config {path}: {key} must be {TYPE_NAMES[expected]}, not {value!r}")
     return settings
 
@@ -126,6 +127,7 @@ def build_options(settings: dict[str, Any], reloading: bool = False) -> ServeOpt
     options.series_idle_s = settings.get("series_idle_expiry", options.series_idle_s)
     if options.series_idle_s < 0:
         raise OptraceError("--series-idle-expiry must be 0 (never) or a number of seconds")
+    options.off_cpu = settings.get("off_cpu", False)
     options.web = web_settings(settings.get("web_config"), settings.get("tls_cert"), settings.get("tls_key"))
     if options.web.tls is not None:
         tls_context(options.web.tls)  # unusable files fail here, not after the BPF compile

@@ -282,6 +282,14 @@ class ProfilingSession:
         drain.off_cpu = [self._named_from_newest(s) for s in samples]
         drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
 
+    @staticmethod
+    def off_cpu_leaves(samples: list[RawSample]) -> list[RawSample]:
+        """Each wait with only the frame it is named after: the innermost user frame (the call that
+        blocked, as the program sees it), or for a kernel thread the caller of schedule() (its kernel
+        stack starts __schedule, schedule)."""
+        return [dataclasses.replace(s, user=s.user[:1], kernel=()) if s.user else
+                dataclasses.replace(s, kernel=s.kernel[2:3] or s.kernel[-1:]) for s in samples]
+
     def _named_from_newest(self, sample: RawSample) -> RawSample:
         space = self.spaces.newest(sample.pid)
         if space is None or not sample.user:

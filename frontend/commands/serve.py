@@ -44,6 +44,8 @@ def say(message: str) -> None:
 @click.option("--series-idle-expiry", type=int, default=int(DEFAULT_SERIES_IDLE_S), show_default=True,
               metavar="SECONDS", help="Drop a series that has not moved for this long (0: never); "
                                       "if it comes back it starts again from 0 (a counter reset).")
+@click.option("--off-cpu", "off_cpu", is_flag=True,
+              help="Also export optrace_offcpu_seconds_total: where threads wait off CPU.")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML or TOML file with the same settings.")
 @click.option("--web-config", type=click.Path(dir_okay=False),
               help="TLS and basic auth (bcrypt) for /metrics: a Prometheus exporter-toolkit web config file.")

@@ -1,0 +1,58 @@
+"""`optrace serve --off-cpu`: optrace_offcpu_seconds_total on a workload copied under a name of its own
+(the whole machine is measured), by the frame each thread waits in; the cardinality guard holds it too."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from support import bpf_prog_ids
+from serve.test_serve_bpf import start_serve, wait_for
+
+OFFCPU = "optrace_offcpu_seconds_total"
+pytestmark = [pytest.mark.bpf, pytest.mark.slow, pytest.mark.usefixtures("bpf_ready")]
+
+
+def test_off_cpu_seconds_by_where_threads_wait(tmp_path, workloads, expo):
+    program = tmp_path / "offcpu_srv"
+    shutil.copy(workloads / "offcpu", program)
+    served = start_serve(["--off-cpu", "--comm", "sleeper", "--comm", "pipe_reader", "--comm", "offcpu_srv"], tmp_path)
+    try:
+        run = subprocess.run([str(program), "1"], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0
+        timings = json.loads(run.stderr.splitlines()[-1])  # the workload's own clocks
+
+        def waited() -> dict:
+            series = expo.samples(expo.scrape(served.url), OFFCPU)
+            by_comm = {dict(labels)["comm"]: dict(labels) | {"value": v} for labels, v in series.items()}
+            return by_comm if {"sleeper", "pipe_reader"} <= set(by_comm) else {}
+
+        by_comm = wait_for(waited, 30, "off-CPU series of the workload")
+        assert by_comm["sleeper"]["symbol"] == "clock_nanosleep"
+        assert by_comm["sleeper"]["value"] == pytest.approx(timings["sleeper"]["blocked"], rel=0.05, abs=0.02)
+        assert by_comm["pipe_reader"]["symbol"] == "read"
+        reader = timings["pipe_reader"]
+        assert reader["blocked"] - 0.02 <= by_comm["pipe_reader"]["value"] <= reader["lifetime"] - reader["cpu"] + 0.02
+        page = expo.scrape(served.url)
+        assert f"# TYPE {OFFCPU} counter" in page
+        assert f'optrace_series{{metric="{OFFCPU}"}}' in page
+        assert bpf_prog_ids(served.process.pid)
+    finally:
+        assert served.stop() == 0
+
+
+def test_off_cpu_series_are_bounded(tmp_path, expo):
+    """--max-series 3 over the whole machine: one series, the coarse [other] and the catch-all at most."""
+    served = start_serve(["--off-cpu", "--max-series", "3"], tmp_path)
+    try:
+        def many() -> dict:
+            series = expo.samples(expo.scrape(served.url), OFFCPU)
+            return series if any(dict(labels)["symbol"] == "[other]" for labels in series) else {}
+
+        series = wait_for(many, 30, "[other] off-CPU series")
+        assert len(series) <= 3
+        assert 'optrace_cardinality_overflow_total{metric="optrace_offcpu_seconds_total"}' in expo.scrape(served.url)
+    finally:
+        assert served.stop() == 0
