@@ -34,7 +34,9 @@ from benchlib import OPTRACE, WORKLOADS, Launched, md_table, median, quartiles, 
 BENCH_BUDGET_S = 420  # read by bench/run.py
 PINGPONG = WORKLOADS / "pingpong"
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-MODES = ("baseline", "optrace_cpu", "optrace_offcpu")
+MODES = ("baseline", "optrace_cpu", "optrace_offcpu", "optrace_offcpu_user")
+NAMES = {"baseline": "workload alone", "optrace_cpu": "optrace record (CPU, 99 Hz)",
+         "optrace_offcpu": "optrace record --off-cpu", "optrace_offcpu_user": "... --off-cpu --off-cpu-user-stacks"}
 
 
 def log(message: str) -> None:
@@ -45,7 +47,7 @@ def argv_for(mode: str, trips: int, out: Path) -> list[str]:
     workload = [str(PINGPONG), str(trips)]
     if mode == "baseline":
         return workload
-    extra = ["--off-cpu"] if mode == "optrace_offcpu" else []
+    extra = {"optrace_offcpu": ["--off-cpu"], "optrace_offcpu_user": ["--off-cpu", "--off-cpu-user-stacks"]}.get(mode, [])
     return [str(OPTRACE), "record", *extra, "-o", str(out), "--", *workload]
 
 
@@ -77,7 +79,7 @@ def run_once(mode: str, trips: int, workdir: Path) -> dict:
             seen.update(prog_stats(launched.pid))
 
     poller = threading.Thread(target=poll, daemon=True)
-    if mode == "optrace_offcpu":
+    if mode.startswith("optrace_offcpu"):
         poller.start()
     stdout = launched.popen.stdout.read()
     run = launched.finish(300)
@@ -86,8 +88,8 @@ def run_once(mode: str, trips: int, workdir: Path) -> dict:
         poller.join()
     if run.returncode != 0:
         raise RuntimeError(f"{mode} exited with status {run.returncode}")
-    elapsed, rate = stdout.split()[:2]
-    result = {"elapsed_s": float(elapsed), "trips_per_s": float(rate)}
+    elapsed, rate, cpu = stdout.split()[:3]
+    result = {"elapsed_s": float(elapsed), "trips_per_s": float(rate), "cpu_s": float(cpu)}
     if seen:
         run_time, run_cnt = max(seen.values(), key=lambda pair: pair[1])  # the switch program runs most
         result.update(bpf_run_time_ns=run_time, bpf_run_cnt=run_cnt)
@@ -134,11 +136,14 @@ def measure(rounds: int, trips: int, budget_s: float) -> dict:
 
 def summarize(runs: dict[str, list[dict]], trips: int) -> dict:
     base = median([r["elapsed_s"] for r in runs["baseline"]])
+    base_cpu = median([r["cpu_s"] for r in runs["baseline"]])
     res: dict = {"trips": trips, "rounds": len(runs["baseline"]), "modes": {}}
     for mode in MODES:
         elapsed = [r["elapsed_s"] for r in runs[mode]]
-        entry = {"elapsed_s": elapsed, "median_s": median(elapsed),
+        cpu = [r["cpu_s"] for r in runs[mode]]
+        entry = {"elapsed_s": elapsed, "median_s": median(elapsed), "cpu_s": cpu,
                  "slowdown_pct": 100 * (median(elapsed) / base - 1),
+                 "cpu_slowdown_pct": 100 * (median(cpu) / base_cpu - 1),
                  "switches_per_s": 2 * trips / median(elapsed)}
         per_event = [r["bpf_run_time_ns"] / r["bpf_run_cnt"] for r in runs[mode] if r.get("bpf_run_cnt")]
         if per_event:
@@ -150,22 +155,25 @@ def summarize(runs: dict[str, list[dict]], trips: int) -> dict:
 
 
 def targets(res: dict) -> list[dict]:
-    added = res["modes"]["optrace_offcpu"]["slowdown_pct"] - res["modes"]["optrace_cpu"]["slowdown_pct"]
-    total = res["modes"]["optrace_offcpu"]["slowdown_pct"]
+    """Verdicts on the workload's elapsed time (its round trips: what a user waits for), CPU time shown too."""
     rate = res["modes"]["baseline"]["switches_per_s"]
-    return [{"name": f"offcpu: slowdown of record --off-cpu at {rate / 1000:.0f}k switches/s", "target": "<= 5%",
-             "measured": f"{total:+.1f}% (of which the off-CPU program {added:+.1f} points)", "met": total <= 5.0}]
+    out = []
+    for mode in ("optrace_offcpu", "optrace_offcpu_user"):
+        entry = res["modes"][mode]
+        out.append({"name": f"offcpu: slowdown of {NAMES[mode]} at {rate / 1000:.0f}k switches/s", "target": "<= 5%",
+                    "measured": f"elapsed {entry['slowdown_pct']:+.1f}%, CPU {entry['cpu_slowdown_pct']:+.1f}%",
+                    "met": entry["slowdown_pct"] <= 5.0})
+    return out
 
 
 def markdown(res: dict) -> str:
     modes = res["modes"]
     rows = []
-    names = {"baseline": "workload alone", "optrace_cpu": "optrace record (CPU, 99 Hz)",
-             "optrace_offcpu": "optrace record --off-cpu"}
     for mode in MODES:
         entry = modes[mode]
         bpf = spread(entry["bpf_ns_per_call"], "ns", 0) if "bpf_ns_per_call" in entry else ""
-        rows.append([names[mode], spread(entry["elapsed_s"]), f"{entry['slowdown_pct']:+.1f}%",
+        rows.append([NAMES[mode], spread(entry["elapsed_s"]), f"{entry['slowdown_pct']:+.1f}%",
+                     spread(entry["cpu_s"]), f"{entry['cpu_slowdown_pct']:+.1f}%",
                      f"{entry['switches_per_s'] / 1000:.0f}k", bpf])
     lines = [
         "## Off-CPU time: cost on a context-switch-heavy workload (issue 15)",
@@ -177,7 +185,12 @@ def markdown(res: dict) -> str:
         " on the machine (those it filters out too). Measured while other engineers' tests and benchmarks ran"
         " on this 2-vCPU machine.",
         "",
-        md_table(["mode", "elapsed", "slowdown", "switches/s", "BPF ns per call"], rows),
+        md_table(["mode", "elapsed", "slowdown", "CPU", "CPU slowdown", "switches/s", "BPF ns per call"], rows),
+        "",
+        "CPU is the workload's user + system time (getrusage), where the switch-out half of the BPF program"
+        " runs. The BPF time splits (measured separately, same workload): kernel stack about 1.9 us a switch"
+        " (the ORC unwinder from the tracepoint), user stack (frame pointers) 0.6 us, maps and filters 0.6 us:"
+        " hence --off-cpu-user-stacks. The figures swing with the machine's load (elapsed more than CPU).",
         "",
         f"- `perf record --off-cpu`: {res['perf']}",
         f"- `offcputime-bpfcc`: {res['offcputime']}",

@@ -103,12 +103,19 @@ static inline void switch_out(struct bpf_raw_tracepoint_args *ctx, u64 task)
     entry.key.tid = id;
     bpf_get_current_comm(&entry.key.comm, sizeof(entry.key.comm));
     // BCC accepts map calls only literally, so each set is written out.
+    // The kernel stack is most of the cost (about 1.9 of 3.2 us a switch here: the ORC unwinder from the
+    // tracepoint), so it can be left out (USER_STACKS_ONLY, as perf's --off-cpu does).
+    entry.key.kernel_stack_id = -EFAULT;
     if (entry.key.set == 1) {
         entry.key.user_stack_id = ustacks1.get_stackid(ctx, BPF_F_USER_STACK);
+#ifndef USER_STACKS_ONLY
         entry.key.kernel_stack_id = kstacks1.get_stackid(ctx, KERNEL_SKIP);
+#endif
     } else {
         entry.key.user_stack_id = ustacks0.get_stackid(ctx, BPF_F_USER_STACK);
+#ifndef USER_STACKS_ONLY
         entry.key.kernel_stack_id = kstacks0.get_stackid(ctx, KERNEL_SKIP);
+#endif
     }
     if (entry.key.user_stack_id == -EEXIST)
         count_lost(USER_STACK_COLLISION);

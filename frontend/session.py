@@ -73,6 +73,7 @@ class SessionOptions:
 class OffCpuOptions:
     min_block_us: int = 1  # shorter waits are left out, like BCC's offcputime
     states: frozenset[str] = frozenset()  # of optrace.bpf.offcpu.STATES; empty: every wait
+    kernel_stacks: bool = True  # False: user stacks only (the kernel stack is most of the cost)
 
 
 @dataclass
@@ -264,7 +265,8 @@ class ProfilingSession:
 
         opts = self.options
         self.off_cpu = OffCpuTracer(None if opts.pids is None else [], min_block_us=opts.off_cpu.min_block_us,
-                                    states=opts.off_cpu.states, stack_storage_size=self.profiler.stack_storage_size)
+                                    states=opts.off_cpu.states, stack_storage_size=self.profiler.stack_storage_size,
+                                    kernel_stacks=opts.off_cpu.kernel_stacks)
         self.off_cpu.load()
 
     def _drain_off_cpu(self, drain: Drain) -> None:

@@ -113,6 +113,7 @@ class OffCpuMeta:
     states: list[str] = field(default_factory=list)  # kept task states; empty: all
     total_ns: int = 0
     short_waits: int = 0  # waits shorter than min_block_us, left out
+    kernel_stacks: bool = True  # False: recorded with user stacks only
     # True (record --wall): the CPU samples were taken of the same threads, to be shown as time with it
     wall: bool = False
 

@@ -50,15 +50,18 @@ def check_frequency(hz: int) -> None:
               help="With --off-cpu: leave out waits shorter than this many microseconds.")
 @click.option("--state", "states", multiple=True, type=click.Choice(["running", "sleeping", "disk"]),
               help="With --off-cpu: only waits that began in this state (repeat; default: all).")
+@click.option("--off-cpu-user-stacks", "user_stacks_only", is_flag=True,
+              help="With --off-cpu: user stacks only, like perf's --off-cpu (the kernel stack is most of the cost).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx: click.Context, output, frequency, stacks, call_graph, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
-            stack_storage_size, off_cpu, wall, min_block, states, command) -> None:
+            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only,
+            command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
 
     With a command, exits with the command's status (128+N when signal N ended it), like perf; when the
     recording ends first (-d) and stops the command, exits 0."""
-    off_cpu_options = off_cpu_settings(off_cpu or wall, min_block, states, stacks)
+    off_cpu_options = off_cpu_settings(off_cpu or wall, min_block, states, stacks, not user_stacks_only)
     options = RecordOptions(
         frequency_hz=frequency,
         stacks=stacks,
@@ -88,18 +91,19 @@ def command(ctx: click.Context, output, frequency, stacks, call_graph, pids, sys
         ctx.exit(shell_status(status))
 
 
-def off_cpu_settings(enabled: bool, min_block_us: int, states: tuple[str, ...], stacks: bool) -> OffCpuOptions | None:
+def off_cpu_settings(enabled: bool, min_block_us: int, states: tuple[str, ...], stacks: bool,
+                     kernel_stacks: bool = True) -> OffCpuOptions | None:
     """--off-cpu's settings, refused when they make no sense: an off-CPU leaf frame is the scheduler,
     so without stacks every wait would be one row (`--off-cpu --no-stacks` is an error)."""
     if not enabled:
-        if min_block_us != 1 or states:
-            raise OptraceError("--min-block and --state need --off-cpu or --wall")
+        if min_block_us != 1 or states or not kernel_stacks:
+            raise OptraceError("--min-block, --state and --off-cpu-user-stacks need --off-cpu or --wall")
         return None
     if not stacks:
         raise OptraceError("--off-cpu needs stacks (its leaf is always the scheduler): drop --no-stacks")
     if not 0 <= min_block_us <= MAX_MIN_BLOCK_US:
         raise OptraceError(f"--min-block takes 0..{MAX_MIN_BLOCK_US} microseconds, not {min_block_us}")
-    return OffCpuOptions(min_block_us=min_block_us, states=frozenset(states))
+    return OffCpuOptions(min_block_us=min_block_us, states=frozenset(states), kernel_stacks=kernel_stacks)
 
 
 def validate(options: RecordOptions) -> None:

@@ -89,6 +89,16 @@ def test_min_block_drops_shorter_waits(tmp_path, workloads):
     assert doc["meta"]["off_cpu"]["short_waits"] >= 5
 
 
+def test_user_stacks_only(tmp_path, workloads):
+    """--off-cpu-user-stacks: no kernel frame in any off-CPU stack, the same time per thread."""
+    data, timings = record(tmp_path, "--off-cpu", "--off-cpu-user-stacks", "--", str(workloads / "offcpu"), "0.3")
+    folded = run_optrace("report", "-i", str(data), "--event", "off-cpu", "--format", "folded", check=True).stdout
+    assert folded.count("\n") > 3 and "_[k]" not in folded
+    threads = {row["comm"]: row["nanoseconds"] / NS for row in report(data, "--event", "off-cpu")["rows"]}
+    assert threads["mutex_waiter"] == pytest.approx(timings["mutex_waiter"]["blocked"], rel=0.05, abs=0.02)
+    assert report(data, "--event", "off-cpu")["meta"]["off_cpu"]["kernel_stacks"] is False
+
+
 def test_wall_splits_on_and_off_cpu_as_designed(tmp_path, workloads):
     data, timings = record(tmp_path, "--wall", "-F", "999", "--", str(workloads / "offcpu"), "0.5")
     doc = report(data, "--event", "wall", "--children", "--sort", "symbol")
@@ -167,6 +177,7 @@ def test_bad_flags(tmp_path):
     assert_one_line_error(run_optrace("record", "-o", out, "--off-cpu", "--no-stacks", "-a"), "needs stacks")
     assert_one_line_error(run_optrace("record", "-o", out, "--off-cpu", "--min-block", "-1", "-a"), "--min-block")
     assert_one_line_error(run_optrace("record", "-o", out, "--min-block", "5", "-a"), "need --off-cpu")
+    assert_one_line_error(run_optrace("record", "-o", out, "--off-cpu-user-stacks", "-a"), "need --off-cpu")
     assert_one_line_error(run_optrace("record", "-o", out, "--off-cpu", "--state", "zombie", "-a"), "--state")
     assert not Path(out).exists()
 
