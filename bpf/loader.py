@@ -13,6 +13,18 @@ def import_bcc():
     return bcc
 
 
+def counter_increments(table, reasons: tuple[str, ...], seen: list[int]) -> dict[str, int]:
+    """What a per-CPU array of counters (index i counts ``reasons[i]``) added since the last call, whose
+    totals ``seen`` holds (updated here): the counters themselves only grow."""
+    delta = {}
+    for i, reason in enumerate(reasons):
+        total = sum(table[table.Key(i)])
+        if total > seen[i]:
+            delta[reason] = total - seen[i]
+        seen[i] = total
+    return delta
+
+
 def load_bcc(**kwargs):
     """``bcc.BPF(**kwargs)``, with BCC's absence or a failed compile as an OptraceError.
 

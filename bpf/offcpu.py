@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optrace.bpf.loader import load_bcc
+from optrace.bpf.loader import counter_increments, load_bcc
 from optrace.bpf.profiler import GRACE_SECONDS, _raw_ips
 from optrace.errors import OptraceError
 from optrace.kernel import OFF_CPU_HOOK
@@ -135,14 +135,7 @@ class OffCpuTracer:
                         pass
 
     def _read_lost(self) -> dict[str, int]:
-        lost = self._bpf[b"lost"]
-        delta = {}
-        for i, reason in enumerate(LOST_REASONS):
-            total = sum(lost[lost.Key(i)])
-            if total > self._lost_seen[i]:
-                delta[reason] = total - self._lost_seen[i]
-            self._lost_seen[i] = total
-        return delta
+        return counter_increments(self._bpf[b"lost"], LOST_REASONS, self._lost_seen)
 
     def close(self) -> None:
         """Detach everything; safe to call twice (the tracepoint link is an fd: even kill -9 releases it)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from optrace.bpf.loader import import_bcc, load_bcc
+from optrace.bpf.loader import counter_increments, import_bcc, load_bcc
 from optrace.errors import OptraceError
 from optrace.model import RawSample, UserFrame
 from optrace.kernel import syscall_events_available
@@ -258,13 +258,7 @@ class Profiler:
 
     def _read_lost(self) -> dict[str, int]:
         """Increments since the previous drain (the per-CPU counters themselves only grow)."""
-        lost = self._bpf[b"lost"]
-        delta = {}
-        for i, reason in enumerate(LOST_REASONS):
-            total = sum(lost[lost.Key(i)])
-            if total > self._lost_seen[i]:
-                delta[reason] = total - self._lost_seen[i]
-            self._lost_seen[i] = total
+        delta = counter_increments(self._bpf[b"lost"], LOST_REASONS, self._lost_seen)
         if self.events_lost:
             delta["proc_events_lost"] = self.events_lost
             self.events_lost = 0

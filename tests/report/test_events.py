@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import re
 
 import pytest
 
@@ -97,3 +98,16 @@ def test_kernel_version() -> None:
     assert kernel_version("6.18.44-fc-v509") == (6, 18)
     assert kernel_version("5.4.0-rc1") == (5, 4)
     assert kernel_version("weird") == (0, 0)
+
+
+def test_flame_graph_of_off_cpu_time_says_nanoseconds(optrace, tmp_path) -> None:
+    """In headless Chromium, as people see it: the header's Time, the match line in nanoseconds, the shares."""
+    from browser import dump_dom, read_page, share
+
+    data, out = tmp_path / "off.data", tmp_path / "off.html"
+    write_record(make_record(), data)
+    optrace("report", "-i", str(data), "--event", "off-cpu", "-f", "flamegraph", "-o", str(out), check=True)
+    page = read_page(dump_dom(out, "#search=wait_pipe"))
+    assert page.match == "Matched: 600000000 nanoseconds, 66.67% of all"
+    assert share(page, "wait_pipe") == 66.67 and share(page, "burn") == 33.33
+    assert "Time900 ms of off-cpu (counts in nanoseconds)" in re.sub(r"<[^>]+>", "", dump_dom(out))
