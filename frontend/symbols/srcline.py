@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from optrace.frontend.symbols.elffile import ElfFile, ElfFormatError
+from optrace.frontend.unwind.cfi import CfiError, sleb128, uleb128
 
 MAX_SECTION_BYTES = 4 << 20  # larger line tables (big libraries' debug files) take seconds here: no lines
 MAX_ROWS = 100_000
@@ -45,26 +46,17 @@ class _Reader:
         return int.from_bytes(self.take(size), "little" if self.endian == "<" else "big")
 
     def uleb(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self.unsigned(1)
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                return value
-            if shift > 70:
-                raise ElfFormatError(".debug_line: a LEB128 number too long")
+        return self._leb128(uleb128)
 
     def sleb(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self.unsigned(1)
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                return value - (1 << shift) if byte & 0x40 else value
-            if shift > 70:
-                raise ElfFormatError(".debug_line: a LEB128 number too long")
+        return self._leb128(sleb128)
+
+    def _leb128(self, decode) -> int:
+        try:
+            value, self.pos = decode(self.data, self.pos, self.end)
+        except CfiError as err:
+            raise ElfFormatError(f".debug_line: {err}") from None
+        return value
 
     def cstring(self) -> str:
         end = self.data.find(b"\0", self.pos, self.end)

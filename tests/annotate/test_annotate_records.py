@@ -138,3 +138,27 @@ def test_bad_options(tmp_path):
     assert_one_line_error(run_optrace("annotate", "-i", path, "spin", "-M", "arm"), "-M takes att or intel")
     assert_one_line_error(run_optrace("annotate", "-i", path, "spin", "-f", "html"), "unknown format")
     assert_one_line_error(run_optrace("annotate", "-i", path, "spin", "--pid", "x"), "not a process id")
+
+
+def test_hot_lines_coloured_on_a_terminal(tmp_path):
+    """On a terminal (tmux pane, captured with its escapes) the hot line is red, like perf's."""
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed (scripts/setup-system.sh installs it)")
+    path = written(tmp_path, [spin(hits={3: 990, 0: 10})])
+    name = f"optrace-annotate-{os.getpid()}"
+    command = f"{shlex.quote(str(OPTRACE))} annotate -i {shlex.quote(path)} spin; sleep 60"
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "20", command], check=True)
+    try:
+        deadline = time.monotonic() + 60
+        screen = ""
+        while "retq" not in screen and time.monotonic() < deadline:
+            time.sleep(0.2)
+            screen = subprocess.run(["tmux", "capture-pane", "-e", "-p", "-t", name], capture_output=True,
+                                    text=True, check=True).stdout
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], check=False)
+    hot = next(line for line in screen.splitlines() if "decq" in line)
+    cold = next(line for line in screen.splitlines() if "movq" in line)
+    assert "\x1b[1;31m" in hot or "\x1b[31;1m" in hot or ("\x1b[1m" in hot and "31m" in hot), repr(hot)
+    assert "31m" not in cold, repr(cold)
+    assert "99.00" in hot
