@@ -3,14 +3,19 @@ an unknown symbol, hostile code blobs and offsets). No BPF, no root."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from optrace.model import Frame, FunctionCode, Record, RecordMeta, Sample, SourceLine
 from optrace.recordfile import write_record
-from support import assert_one_line_error, run_optrace
+from support import OPTRACE, assert_one_line_error, run_optrace
 
 # mov %rdi,%rax; 1: dec %rax; jne 1b; ret   (jitcode's loop)
 LOOP = bytes([0x48, 0x89, 0xF8, 0x48, 0xFF, 0xC8, 0x75, 0xFB, 0xC3])

@@ -151,18 +151,22 @@ def test_hot_function_share_keys_and_quit(demo):
         assert rows(pane.text()) == rows(frozen)
 
         pane.keys("q")
-        after = pane.wait_for(lambda t: "EXIT=" in t, 10, "the exit")
+        after = pane.wait_for(lambda t: "EXIT=" in t, 30, "the exit")
         assert "EXIT=0" in after and "\nicanon" in after  # the terminal is back in canonical mode
         assert "optrace top" not in after and "Samples:" not in after  # the alternate screen is gone
     assert_no_programs_of(pid, "on_sample")
 
 
-def test_sigterm_restores_the_terminal(demo):
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_sigterm_and_ctrl_c_restore_the_terminal(demo, how):
     with terminal(f"-p {demo.pid}") as pane:
         pid = pane.optrace_pid()
         pane.wait_for(lambda t: "hot_a" in rows(t), 60, "a first row")
-        subprocess.run(["kill", "-TERM", str(pid)], check=True)
-        after = pane.wait_for(lambda t: "EXIT=" in t, 10, "the exit")
+        if how == "SIGTERM":
+            subprocess.run(["kill", "-TERM", str(pid)], check=True)
+        else:
+            pane.keys("C-c")
+        after = pane.wait_for(lambda t: "EXIT=" in t, 30, "the exit")
         assert "EXIT=0" in after and "\nicanon" in after and "Samples:" not in after
     assert_no_programs_of(pid, "on_sample")
 
@@ -172,7 +176,7 @@ def test_tiny_terminal_says_so(demo):
         pane.wait_for(lambda t: "terminal too small" in t, 60, "the too-small line")
         assert "Traceback" not in pane.text()
         pane.keys("q")
-        assert "EXIT=0" in pane.wait_for(lambda t: "EXIT=" in t, 10, "the exit")
+        assert "EXIT=0" in pane.wait_for(lambda t: "EXIT=" in t, 30, "the exit")
 
 
 def test_jit_names_appear(workloads):
@@ -183,7 +187,7 @@ def test_jit_names_appear(workloads):
             assert "[jit] /tmp/perf-" in text or "[jit] /tmp/p" in text
             share_settled(pane, "jitcode::hot loop(long)", 70, timeout=20)
             pane.keys("q")
-            pane.wait_for(lambda t: "EXIT=0" in t, 10, "the exit")
+            pane.wait_for(lambda t: "EXIT=0" in t, 30, "the exit")
     finally:
         jit.kill()
         jit.wait()
