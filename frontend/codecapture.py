@@ -1,8 +1,8 @@
 """What `record` keeps for `optrace annotate`: the hottest functions' machine code and their samples' leaf
 offsets, so annotate needs neither root nor the binary (rebuilt, deleted, or JIT code long freed).
 
-Bounded (stated in the README): the :attr:`CodeBudget.functions` functions with the most own samples,
-at most :attr:`CodeBudget.function_bytes` of each one's code and :attr:`CodeBudget.total_bytes` in all.
+Bounded (stated in the README): the :attr:`CodeBudget.functions` functions with the most own samples
+(each with at least :attr:`CodeBudget.min_share` of the recording's samples), at most :attr:`CodeBudget.function_bytes` of each one's code and :attr:`CodeBudget.total_bytes` in all.
 A function whose code cannot be had (kernel code, an object not found, a JIT function without jitdump
 bytes whose process was gone) is left out; annotate lists what was kept.
 """
@@ -23,6 +23,9 @@ class CodeBudget:
     functions: int = 100
     function_bytes: int = 64 << 10
     total_bytes: int = 2 << 20
+    # and only functions with at least this share of the recording's samples: annotating a function
+    # sampled once says nothing, and its code would cost more than the rest of a small record
+    min_share: float = 0.005
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,10 @@ def capture(frames: list[Frame], samples: list[Sample], native: NativeReader, ji
     kept: dict[tuple, FunctionCode] = {}
     read = _ReadOnce(native, jit, budget.function_bytes)
     spent = 0
-    for key, _ in totals.most_common(budget.functions):
+    least = budget.min_share * sum(sample.count for sample in samples)
+    for key, function_samples in totals.most_common(budget.functions):
+        if function_samples < least:
+            break
         for index, pid, count in by_function[key]:
             frame = frames[index]
             code = read(frame, pid)

@@ -5,6 +5,8 @@ before the interval's samples are added, so a function that stopped running fade
 refreshes (perf's ``hists__decay_entries``); with ``zero`` (perf top's ``-z``) each refresh shows that
 interval's samples alone (a **window** of one interval). Percentages are of the shown totals of all rows.
 
+Children totals grow only while the children column is on (the engine names whole stacks only then);
+their percentages are of the samples they were counted from, decayed alike.
 Totals are kept per (comm, pid, dso, symbol, kernel), the finest keys, and summed into the keys shown, so
 the sort can change without losing history. Children (inclusive) totals sum exactly over comm and pid
 (one sample has one process); with keys leaving out dso or symbol a stack with two frames of the shown
@@ -16,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from optrace.frontend.report.rows import ReportOptions, RowKey, build_rows
-from optrace.model import Frame, Record, RecordMeta, Sample
+from optrace.model import Frame, RawSample, Record, RecordMeta, Sample
 
 DECAY = 7 / 8
 FORGET_BELOW = 0.05  # a decayed total under this is dropped (bounded memory on a busy machine)
@@ -66,21 +68,29 @@ class LiveTotals:
     zero: bool = False
     self_totals: dict[RowKey, float] = field(default_factory=dict)
     child_totals: dict[RowKey, float] = field(default_factory=dict)
+    # the samples the children totals were counted from (decayed alike): children percentages are of it,
+    # so they are right from the first refresh with stacks, not after the older totals decay
+    child_samples: float = 0.0
 
-    def add(self, frames: list[Frame], samples: list[Sample]) -> None:
-        """One interval's symbolized samples: the old totals decay (or go), these are added."""
+    def add(self, frames: list[Frame], samples: list[Sample], stacks: bool = True) -> None:
+        """One interval's symbolized samples: the old totals decay (or go), these are added. Children
+        totals only from whole stacks (``stacks``; leaf-only samples count as self only)."""
         record = Record(meta=_META, frames=frames, samples=samples)
-        rows = build_rows(record, ReportOptions(sort=FINE_KEYS, children=True))
+        rows = build_rows(record, ReportOptions(sort=FINE_KEYS, children=stacks))
         factor = 0.0 if self.zero else DECAY
         for totals in (self.self_totals, self.child_totals):
             for key in list(totals):
                 totals[key] *= factor
                 if totals[key] < FORGET_BELOW:
                     del totals[key]
+        self.child_samples *= factor
         for row in rows:
             if row.samples:
                 self.self_totals[row.key] = self.self_totals.get(row.key, 0.0) + row.samples
-            self.child_totals[row.key] = self.child_totals.get(row.key, 0.0) + (row.children or 0)
+            if stacks:
+                self.child_totals[row.key] = self.child_totals.get(row.key, 0.0) + (row.children or 0)
+        if stacks:
+            self.child_samples += sum(sample.count for sample in samples)
 
     def rows(self, view: ViewState, limit: int | None = None) -> list[TopRow]:
         """Rows under the view's keys, filter and kernel setting, largest first."""
@@ -96,7 +106,7 @@ class LiveTotals:
                 target[_project(key, wanted)] += value
         keys = set(self_sum) | (set(child_sum) if view.children else set())
         rows = [TopRow(key, self_sum[key], _percent(self_sum[key], total), child_sum[key],
-                       _percent(child_sum[key], total)) for key in keys]
+                       _percent(child_sum[key], self.child_samples)) for key in keys]
         rows.sort(key=lambda row: (-(row.children if view.children else row.samples), row.key.symbol or ""))
         return rows[:limit] if limit is not None else rows
 
@@ -113,14 +123,10 @@ def _percent(value: float, total: float) -> float:
 _META = RecordMeta(optrace_version="", hostname="", kernel="", started=0.0, duration_s=0.0, frequency_hz=0, event="")
 
 
-def deep_stack_share(samples: list[Sample], frames: list[Frame]) -> float | None:
+def deep_stack_share(samples: list[RawSample]) -> float | None:
     """Stack quality: the share of samples in user code whose user stack has more than one frame."""
-    user = deep = 0
-    for sample in samples:
-        user_frames = [i for i in sample.frames if not frames[i].kernel]
-        if user_frames:
-            user += sample.count
-            deep += sample.count if len(user_frames) > 1 else 0
+    user = sum(sample.count for sample in samples if sample.user)
+    deep = sum(sample.count for sample in samples if len(sample.user) > 1)
     return 100.0 * deep / user if user else None
 
 

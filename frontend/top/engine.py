@@ -2,7 +2,9 @@
 samples named at once and added to :class:`~optrace.frontend.report.toprows.LiveTotals`.
 
 Settings are serve's (a live view of a busy machine): a program is indexed once it is sampled, not at
-exec, and what is kept about an exited process goes one drain after its exit.
+exec, and what is kept about an exited process goes one drain after its exit. Stacks are named only while
+the children column is on (like perf top without -g): naming every frame of every stack each second is
+most of top's CPU time, and the self column needs only the leaves.
 """
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from optrace.frontend.report.toprows import (Header, LiveTotals, TopSnapshot, ViewState, deep_stack_share)
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.report.toprows import Header, LiveTotals, TopSnapshot, ViewState, deep_stack_share
+from optrace.frontend.session import ProfilingSession, SessionOptions, leaf_only
 
 
 @dataclass
@@ -56,18 +58,20 @@ class TopEngine:
     def refresh(self) -> None:
         """Drain the kernel's maps and add what they held (kept aside while paused: the totals freeze)."""
         drained = self.session.drain()
-        frames, samples = self.session.symbolize(drained.samples)
+        view = self.options.view
+        raw = drained.samples if view.children else [leaf_only(sample) for sample in drained.samples]
+        frames, samples = self.session.symbolize(raw)
         now = time.monotonic()
         elapsed, self._last = max(now - self._last, 1e-3), now
         count = sum(sample.count for sample in samples)
         self.refreshes += 1
         self.header.lost += sum(n for reason, n in drained.lost.items() if reason != "idle")
         self.header.warnings += len(self.session.take_warnings())
-        if self.options.view.paused:
+        if view.paused:
             return
         self.header.samples_per_s = count / elapsed
-        self.header.deep_stacks = deep_stack_share(samples, frames)
-        self.totals.add(frames, samples)
+        self.header.deep_stacks = deep_stack_share(drained.samples)
+        self.totals.add(frames, samples, stacks=view.children)
 
     def snapshot(self, limit: int | None = None) -> TopSnapshot:
         view = self.options.view
