@@ -152,7 +152,7 @@ def test_hot_function_share_keys_and_quit(demo):
         assert rows(pane.text()) == rows(frozen)
 
         pane.keys("q")
-        after = pane.wait_for(lambda t: "EXIT=" in t, 30, "the exit")
+        after = pane.wait_for(lambda t: "EXIT=" in t and "icanon" in t, 30, "the exit")
         assert "EXIT=0" in after and "\nicanon" in after  # the terminal is back in canonical mode
         assert "optrace top" not in after and "Samples:" not in after  # the alternate screen is gone
     assert_no_programs_of(pid, "on_sample")
@@ -167,7 +167,7 @@ def test_sigterm_and_ctrl_c_restore_the_terminal(demo, how):
             subprocess.run(["kill", "-TERM", str(pid)], check=True)
         else:
             pane.keys("C-c")
-        after = pane.wait_for(lambda t: "EXIT=" in t, 30, "the exit")
+        after = pane.wait_for(lambda t: "EXIT=" in t and "icanon" in t, 30, "the exit")
         assert "EXIT=0" in after and "\nicanon" in after and "Samples:" not in after
     assert_no_programs_of(pid, "on_sample")
 
@@ -177,7 +177,7 @@ def test_tiny_terminal_says_so(demo):
         pane.wait_for(lambda t: "terminal too small" in t, 60, "the too-small line")
         assert "Traceback" not in pane.text()
         pane.keys("q")
-        assert "EXIT=0" in pane.wait_for(lambda t: "EXIT=" in t, 30, "the exit")
+        assert "EXIT=0" in pane.wait_for(lambda t: "EXIT=" in t and "icanon" in t, 30, "the exit")
 
 
 def test_jit_names_appear(workloads):
@@ -188,7 +188,7 @@ def test_jit_names_appear(workloads):
             assert "[jit] /tmp/perf-" in text or "[jit] /tmp/p" in text
             share_settled(pane, "jitcode::hot loop(long)", 70, timeout=20)
             pane.keys("q")
-            pane.wait_for(lambda t: "EXIT=0" in t, 30, "the exit")
+            pane.wait_for(lambda t: "EXIT=0" in t and "icanon" in t, 30, "the exit")
     finally:
         jit.kill()
         jit.wait()
