@@ -29,6 +29,8 @@ struct key_t {
     u32 pid;
     s32 user_stack_id;
     s32 kernel_stack_id;
+    u32 tid;       // the thread (the kernel's pid): report's tid key
+    u32 unused;    // explicit, so the hash key has no uninitialised padding before epoch
     u64 epoch;     // USER_RAW only
     u64 cfi_stack; // USER_CFI only
     char comm[TASK_COMM_LEN];
@@ -161,7 +163,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
     int in_kernel = (ctx->regs.cs & 3) == 0;
     u32 zero = 0;
     u32 *set = active.lookup(&zero);
-    struct key_t key = {.set = set ? *set : 0, .pid = tgid};
+    struct key_t key = {.set = set ? *set : 0, .pid = tgid, .tid = (u32)id};
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
 
     if (key.set == 1)

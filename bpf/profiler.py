@@ -223,7 +223,7 @@ class Profiler:
                 continue
             user = self._user_stack(tables, key, ucache)
             raw = bool(user) and key.user_map == USER_RAW
-            samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, key.epoch if raw else 0))
+            samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, key.epoch if raw else 0, key.tid))
             if raw:
                 self.stats["raw"] += value.value
             elif user:

@@ -71,6 +71,7 @@ def report_settings(record: Record, options: ReportOptions, source: str, table: 
         "hidden_samples": table.hidden,
         "filters": {
             "pid": sorted(options.pids),
+            "tid": sorted(options.tids),
             "comm": sorted(options.comms),
             "dso": sorted(options.dsos),
             "percent_limit": options.percent_limit,

@@ -82,6 +82,8 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
     ]
     if meta.idle_samples:
         lines.append(f"# Idle samples (pid 0, not in the profile): {meta.idle_samples}")
+    if meta.launcher_samples:
+        lines.append(f"# optrace's launcher before exec (optrace-exec, not in the profile): {meta.launcher_samples}")
     if not meta.stacks:
         lines.append("# Recorded without stacks (--no-stacks): leaf frames only")
     elif meta.stack_quality:
@@ -110,7 +112,8 @@ def event_lines(profile: Profile) -> list[str]:
 def target_text(meta: RecordMeta) -> str:
     if meta.command:
         status = "still running" if meta.exit_status is None else f"exit status {meta.exit_status}"
-        return f"command {shlex.join(meta.command)} ({status})"
+        command = f"command {shlex.join(meta.command)} ({status})"
+        return f"whole machine, while running {command}" if meta.system_wide else command
     if meta.system_wide:
         return "whole machine"
     return "pids " + ", ".join(str(pid) for pid in meta.pids) if meta.pids else "unknown"
@@ -156,7 +159,8 @@ def selection_lines(table: RowTable, total: int, options: ReportOptions) -> list
     """What the filters matched and what --percent-limit hid, under the rows: a limit that hides every
     row must not read as "no samples match"."""
     filters = " ".join(f"--{name} {','.join(str(v) for v in sorted(values))}" for name, values in
-                       (("pid", options.pids), ("comm", options.comms), ("dso", options.dsos)) if values)
+                       (("pid", options.pids), ("tid", options.tids), ("comm", options.comms),
+                        ("dso", options.dsos)) if values)
     lines = []
     if not table.matched:
         return [f"# (no samples match{' ' + escape_controls(filters) if filters else ''})"]

@@ -21,14 +21,14 @@ def _pid_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     return tuple(parse_pids(values))
 
 
-def pid_option(*names: str, help: str) -> Callable[[Any], Any]:
+def pid_option(*names: str, help: str, dest: str = "pids") -> Callable[[Any], Any]:
     """A repeatable pid option that also takes comma lists; the command gets a tuple of ints."""
-    return click.option(*names, "pids", multiple=True, metavar="PID[,PID...]", callback=_pid_values, help=help)
+    return click.option(*names, dest, multiple=True, metavar="PID[,PID...]", callback=_pid_values, help=help)
 
 
 # perf report's sort keys that name an optrace key, and its column keys (optrace always orders rows by
 # samples, which is what they ask for); perf's other keys are not in optrace's records.
-PERF_SORT_ALIASES = {"sym": "symbol", "tgid": "pid", "thread": "tid"}
+PERF_SORT_ALIASES = {"sym": "symbol", "tgid": "pid"}
 PERF_COLUMN_KEYS = frozenset({"overhead", "overhead_children", "sample", "samples", "period"})
 PERF_ONLY_SORT_KEYS = frozenset({
     "cpu", "socket", "parent", "srcline", "srcfile", "local_weight", "weight", "transaction", "trace",

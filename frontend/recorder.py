@@ -19,7 +19,7 @@ from optrace import __version__
 from optrace.frontend.codecapture import capture_session
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
-from optrace.frontend.target import GatedChild
+from optrace.frontend.target import LAUNCHER_COMM, GatedChild
 from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
@@ -69,6 +69,7 @@ class Recorder:
         self.off_cpu_store = SampleStore()
         self.short_waits = 0
         self.lost: Counter[str] = Counter()
+        self.launcher_samples = 0
         self.child: GatedChild | None = None
         self.exit_status: int | None = None
         self.stopped_command = False  # the recording ended first (-d, a signal) and stopped the command
@@ -163,7 +164,10 @@ class Recorder:
         result = self.session.drain()
         self.lost.update(result.lost)
         for sample, timed in zip(result.samples, result.maybe_jit):
-            self.store.add(sample, timed)
+            if self.child and is_launcher(sample, self.child.pid):
+                self.launcher_samples += sample.count
+            else:
+                self.store.add(sample, timed)
         self.short_waits += result.off_cpu_short_waits
         for sample, timed in zip(result.off_cpu, result.off_cpu_maybe_jit):
             self.off_cpu_store.add(sample, timed)
@@ -194,6 +198,7 @@ class Recorder:
             total_samples=total,
             lost=lost,
             idle_samples=idle if self.options.system_wide else 0,
+            launcher_samples=self.launcher_samples,
             stacks=self.options.stacks,
             call_graph=self.options.call_graph if self.options.stacks else "fp",
             stack_quality=quality,
@@ -244,6 +249,11 @@ def stackless_warning(lost: Mapping[str, int], total: int, stack_storage_size: i
         return []
     return [f"{100 * stackless / total:.1f}% of samples lost their stack (stack maps of {stack_storage_size}): "
             f"record with --stack-storage-size {min(max(4 * stack_storage_size, 1 << 13), 1 << 20)}"]
+
+
+def is_launcher(sample: RawSample, child_pid: int) -> bool:
+    """A sample of the forked command before its exec: optrace's launcher, not the command."""
+    return sample.pid == child_pid and sample.comm == LAUNCHER_COMM
 
 
 def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int],

@@ -42,6 +42,9 @@ def check_command(argv: list[str]) -> None:
         raise OptraceError(f"cannot execute {name}: permission denied or not a program", exit_code=126)
 
 
+LAUNCHER_COMM = "optrace-exec"  # the forked command before its exec: optrace's own overhead
+
+
 class GatedChild:
     """A command forked but held before exec until the profiler knows its pid, so no early sample is
     missed (perf record does the same with its workload pipe). subprocess cannot do this: Popen waits
@@ -61,7 +64,7 @@ class GatedChild:
         try:
             os.close(write_fd)
             with open("/proc/self/comm", "w") as comm:
-                comm.write("optrace-exec")  # like perf's "perf-exec": samples before exec are not optrace's
+                comm.write(LAUNCHER_COMM)  # like perf's "perf-exec": its samples are optrace's, left out
             os.read(read_fd, 1)
             os.close(read_fd)
             os.execvp(argv[0], argv)

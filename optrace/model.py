@@ -57,7 +57,7 @@ class RawSample:
     # 0: ``user`` is as the kernel's build-id stack map gave it. Else ``user`` holds raw IPs (build_id None)
     # to be translated against the process's mappings of this epoch (see frontend/session.py).
     epoch: int = 0
-    tid: int = 0  # the thread, where the event knows it (off-CPU time); 0: not recorded
+    tid: int = 0  # the thread (CPU samples, off-CPU time); 0: not recorded
     # How a user stack unwound from CFI ended (bpf/unwindmaps.py UNWIND_STATUSES); "" for the kernel's
     # frame-pointer stacks.
     stop: str = ""
@@ -134,6 +134,9 @@ class RecordMeta:
     total_samples: int = 0
     lost: dict[str, int] = field(default_factory=dict)  # reason -> count, never silently dropped
     idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile like BCC's profile
+    # Samples of optrace's launcher (`record -- CMD` before the exec, comm "optrace-exec"): optrace's own
+    # overhead, left out of the profile and counted here (perf shows its "perf-exec" as a command).
+    launcher_samples: int = 0
     stacks: bool = True  # False with --no-stacks: each sample keeps only its leaf frame
     # "dwarf": user stacks unwound in BPF from the files' CFI where they have it, else frame pointers;
     # "fp": frame pointers only (records from before the choice existed are "fp")

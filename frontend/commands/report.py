@@ -37,6 +37,7 @@ def row_options(function: Callable[..., None]) -> Callable[..., None]:
 @click.option("-f", "--format", "fmt", default="table", show_default=True,
               help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
 @row_options
+@pid_option("--tid", dest="tids", help="Only these threads (repeat, or comma list).")
 @click.option("--percent-limit", default="0", help="Hide rows below this percentage of all samples (1 or 1%).")
 @click.option("--children/--no-children", default=False, help="Add inclusive (children) counts from the stacks.")
 @click.option("--stdio", is_flag=True, expose_value=False, help="perf's spelling of the default text table.")
@@ -46,10 +47,10 @@ def row_options(function: Callable[..., None]) -> Callable[..., None]:
               help="Show the call graph: caller (from main down) or callee (from the hot function up);"
                    " perf's forms (graph,0.5,caller...) too.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
-def command(source: str, sort: str, event: str, fmt: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str,
-            children: bool, call_graph: str | None, output: str) -> None:
+def command(source: str, sort: str, event: str, fmt: str, pids: tuple[int, ...], tids: tuple[int, ...], comms: str,
+            dsos: str, percent_limit: str, children: bool, call_graph: str | None, output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
-    options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph)
+    options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph, tids)
     write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
     record, parts = event_record(read_record(source), event)
     profile = Profile(record, escape_controls(source), event, parts)
@@ -58,11 +59,12 @@ def command(source: str, sort: str, event: str, fmt: str, pids: tuple[int, ...],
 
 
 def report_options(sort: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str, children: bool,
-                   call_graph: str | None) -> ReportOptions:
+                   call_graph: str | None, tids: tuple[int, ...] = ()) -> ReportOptions:
     """The options as report's model takes them (also diff's)."""
     return ReportOptions(
         sort=parse_sort_keys(perf_sort_keys(sort, SORT_KEYS)),
         pids=frozenset(pids),
+        tids=frozenset(tids),
         comms=_split(comms),
         dsos=_split(dsos),
         percent_limit=parse_percent(percent_limit),

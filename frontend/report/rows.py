@@ -26,6 +26,7 @@ UNKNOWN_FRAME = Frame(symbol=UNKNOWN, dso=UNKNOWN, resolved=False)
 class ReportOptions:
     sort: tuple[str, ...] = DEFAULT_SORT
     pids: frozenset[int] = frozenset()
+    tids: frozenset[int] = frozenset()
     comms: frozenset[str] = frozenset()
     dsos: frozenset[str] = frozenset()  # basenames or full paths
     percent_limit: float = 0.0
@@ -115,11 +116,12 @@ def build_table(record: Record, options: ReportOptions) -> RowTable:
 
 
 def selected_samples(record: Record, options: ReportOptions) -> list[Sample]:
-    """Samples passing --pid and --comm (the filters that apply to a whole stack)."""
+    """Samples passing --pid, --tid and --comm (the filters that apply to a whole stack)."""
     return [
         sample
         for sample in record.samples
         if (not options.pids or sample.pid in options.pids)
+        and (not options.tids or sample.tid in options.tids)
         and (not options.comms or sample.comm in options.comms)
     ]
 

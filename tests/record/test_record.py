@@ -163,6 +163,16 @@ def test_system_wide(tmp_path, workloads):
     assert share(rows, "hot_a") / demo_total == pytest.approx(0.40, abs=0.08)
 
 
+def test_system_wide_with_a_command_says_whole_machine(tmp_path, workloads):
+    data = record(tmp_path, "-F", "199", "-a", "--", str(workloads / "demo"), "1")
+    text = run_optrace("report", "-i", str(data), check=True).stdout
+    assert f"# Target: whole machine, while running command {workloads / 'demo'} 1 (exit status 0)" in text
+    doc = report_json(data, "--sort", "comm")
+    assert doc["meta"]["system_wide"] and "launcher_samples" in doc["meta"]
+    assert "optrace-exec" not in {row["comm"] for row in doc["rows"]}  # left out, counted in launcher_samples
+    assert "demo" in {row["comm"] for row in doc["rows"]}
+
+
 def test_no_stacks_keeps_only_the_leaf(tmp_path, workloads):
     """Without stacks inclusive time is self time; with them, main is on (nearly) every stack."""
     data = record(tmp_path, "-F", "499", "--no-stacks", "--", str(workloads / "demo"), "1")
@@ -281,3 +291,33 @@ def test_pid_recording_ends_when_the_process_exits(tmp_path, workloads):
     meta = report_json(data)["meta"]
     assert meta["duration_s"] < 60
     assert meta["total_samples"] > 0
+
+
+def test_threads_are_recorded(tmp_path, workloads):
+    """Two threads, each burning in its own function (about half each): `--sort tid` tells them apart and
+    each function has exactly its thread's id (the main thread's tid is the pid)."""
+    out = tmp_path / "rec.data"
+    proc = run_optrace("record", "-o", str(out), "-F", "499", "--", str(workloads / "threads"), "1.5",
+                       timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = report_json(out, "--sort", "pid,tid,symbol", "--comm", "threads")
+    tids = {}
+    for row in doc["rows"]:
+        if row["symbol"] in ("main_work", "worker_work"):
+            tids.setdefault(row["symbol"], set()).add((row["pid"], row["tid"]))
+    [(main_pid, main_tid)] = tids["main_work"]
+    [(worker_pid, worker_tid)] = tids["worker_work"]
+    assert main_pid == worker_pid == main_tid != worker_tid
+    by_tid = {r["tid"]: r["percent"] for r in report_json(out, "--sort", "tid", "--comm", "threads")["rows"]}
+    assert by_tid[main_tid] == pytest.approx(by_tid[worker_tid], abs=12)
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="needs java")
+def test_java_through_its_symlinks_records_without_a_missing_library_warning(tmp_path):
+    """`record -- java -version`: java is /usr/bin/java -> /etc/alternatives -> /usr/lib/jvm/...; its
+    libjli.so is found through $ORIGIN of the real path, so no 'not found' warning is stored."""
+    out = tmp_path / "rec.data"
+    proc = run_optrace("record", "-o", str(out), "--", "java", "-version", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "not found" not in proc.stderr
+    assert not [w for w in report_json(out)["meta"]["warnings"] if "not found" in w]

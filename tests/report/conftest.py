@@ -1,6 +1,6 @@
 """A Record with known counts, built in code: the ground truth for the report tests.
 
-demo (pid 100): main -> hot_a (400), main -> hot_b (200), main -> lib_burn in libburn.so (200),
+demo (pid 100, threads 100 and 101): main -> hot_a (400), main -> hot_b (200), main -> lib_burn in libburn.so (200),
                 main -> write -> ksys_write [k] (100)
 bash (pid 200): main -> hot_a in /usr/bin/bash (50), a lost stack (50)
 Total 1000 samples.
@@ -40,13 +40,13 @@ def synthetic_record(with_calls: bool = False) -> Record:
         duration_s=2.5, frequency_hz=499, event="cpu-clock", command=[DEMO, "3"], exit_status=0,
         total_samples=1000, lost={"user_stack_collision": 3, "counts_map_full": 0}, warnings=["one test warning"],
     )
-    samples = [
-        Sample(100, "demo", (1, 0), 400),
-        Sample(100, "demo", (2, 0), 200),
-        Sample(100, "demo", (3, 0), 200),
-        Sample(100, "demo", (5, 4, 0), 100),
-        Sample(200, "bash", (7, 6), 50),
-        Sample(200, "bash", (), 50),
+    samples = [  # demo has two threads: 100 (hot_a, the write) and 101 (hot_b, lib_burn)
+        Sample(100, "demo", (1, 0), 400, tid=100),
+        Sample(100, "demo", (2, 0), 200, tid=101),
+        Sample(100, "demo", (3, 0), 200, tid=101),
+        Sample(100, "demo", (5, 4, 0), 100, tid=100),
+        Sample(200, "bash", (7, 6), 50, tid=200),
+        Sample(200, "bash", (), 50, tid=200),
     ]
     calls = [CallCount("c:write", LIBC, "write", 0x9000, 1234, {100: 1234})] if with_calls else []
     return Record(meta=meta, frames=list(FRAMES), samples=samples, calls=calls)

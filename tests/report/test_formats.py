@@ -118,3 +118,23 @@ def test_folded_merges_pids_filters_and_cleans_names(record: Record) -> None:
     assert "demo;Lfoo:bar 3" not in lines  # 0.3% is under the 1% limit
     every = render_report(record, ReportOptions(pids=frozenset({102})), "folded", "f")
     assert every == "demo;Lfoo:bar 3\n"
+
+
+def test_whole_machine_with_a_command_says_whole_machine(record: Record) -> None:
+    """`record -a -- CMD` profiles the machine; the command only sets how long (and the launcher's
+    pre-exec samples are optrace's own, left out and counted apart)."""
+    record.meta.system_wide, record.meta.launcher_samples = True, 3
+    lines = render_report(record, ReportOptions(), "table", "f").splitlines()
+    assert ("# Target: whole machine, while running command /work/main/workloads/build/demo 3 (exit status 0)"
+            in lines)
+    assert "# optrace's launcher before exec (optrace-exec, not in the profile): 3" in lines
+    assert json.loads(render_report(record, ReportOptions(), "json", "f"))["meta"]["launcher_samples"] == 3
+
+
+def test_launcher_samples_are_told_apart() -> None:
+    from optrace.frontend.recorder import is_launcher
+    from optrace.model import RawSample
+
+    assert is_launcher(RawSample(42, "optrace-exec", (), (), 1), 42)
+    assert not is_launcher(RawSample(42, "demo", (), (), 1), 42)  # after the exec: the command's own
+    assert not is_launcher(RawSample(43, "optrace-exec", (), (), 1), 42)  # another optrace's launcher

@@ -60,3 +60,16 @@ def test_perf_call_graph_forms(text, spec):
 def test_bad_call_graph_forms(text):
     with pytest.raises(OptraceError, match="--call-graph"):
         parse_call_graph(text)
+
+
+def test_threads_sort_key_filter_and_json_field(optrace, record_file):
+    """Threads are kernel-visible and recorded: `--sort tid`, `--tid`, a Tid column and a JSON `tid`."""
+    doc = json.loads(report(optrace, record_file, "--sort", "pid,tid", "--format", "json"))
+    assert [(r["pid"], r["tid"], r["samples"]) for r in doc["rows"]] == [(100, 100, 500), (100, 101, 400),
+                                                                         (200, 200, 100)]
+    text = report(optrace, record_file, "--sort", "tid,sym", "--tid", "101")
+    assert "# Overhead  Samples  Tid  Symbol" in text
+    assert "    20.00%      200  101  [.] hot_b" in text and "hot_a" not in text
+    assert "# Matched --tid 101: 400 samples (40.00% of all)" in text
+    csv = report(optrace, record_file, "--sort", "tid", "--format", "csv").splitlines()
+    assert csv[0] == "comm,pid,tid,dso,symbol,kernel,samples,percent" and csv[1] == ",,100,,,,500,50.0"
