@@ -8,6 +8,8 @@ from __future__ import annotations
 import errno
 import importlib.util
 import os
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -55,15 +57,42 @@ def check_bpf_syscall() -> CheckResult:
                        "run with sudo")
 
 
-def check_kernel_headers() -> CheckResult:
+HEADERS_FIX = ("install the headers of this kernel (linux-headers-{release}) or boot one built with "
+               "CONFIG_IKHEADERS=y (BCC then uses /sys/kernel/kheaders.tar.xz)")
+
+
+def check_kernel_headers(modules: str = "/lib/modules") -> CheckResult:
     release = os.uname().release
-    build = Path(f"/lib/modules/{release}/build/include")
+    build = Path(f"{modules}/{release}/build/include")
     if build.is_dir():
-        return CheckResult("kernel headers", True, f"{build.parent} (resolves to {build.parent.resolve()})")
+        where = f"{build.parent} (resolves to {build.parent.resolve()})"
+        headers = headers_release(build)
+        if headers is not None and _major_minor(headers) != _major_minor(release):
+            return CheckResult(
+                "kernel headers", False,
+                f"{where} holds {headers} headers for kernel {release}: BCC compiles against their struct "
+                "layouts; optrace's programs read only registers and helpers and work, but a program reading "
+                "kernel structs could read wrong offsets, and a header change can break the compile",
+                HEADERS_FIX.format(release=release), required=False)
+        return CheckResult("kernel headers", True, where)
     if Path("/sys/kernel/kheaders.tar.xz").exists():
         return CheckResult("kernel headers", True, "/sys/kernel/kheaders.tar.xz (CONFIG_IKHEADERS)")
     return CheckResult("kernel headers", False, f"BCC finds no headers in /lib/modules/{release}/build",
                        "sudo make setup")
+
+
+def headers_release(include: Path) -> str | None:
+    """The kernel release a header tree was made for (its generated utsrelease.h), None if unknown."""
+    try:
+        text = (include / "generated" / "utsrelease.h").read_text(errors="replace")[:4096]
+    except OSError:
+        return None
+    match = re.search(r'UTS_RELEASE\s+"([^"]+)"', text)
+    return match.group(1) if match else None
+
+
+def _major_minor(release: str) -> tuple[str, ...]:
+    return tuple(release.split("-")[0].split(".")[:2])
 
 
 def check_tracefs() -> CheckResult:
@@ -99,12 +128,27 @@ def check_bcc() -> CheckResult:
     """Looks BCC up without importing it (an import compiles nothing but loads libbcc and LLVM)."""
     spec = importlib.util.find_spec("bcc")
     if spec is None or not spec.origin:
+        if venv_hides_system_packages():
+            return CheckResult("BCC", False, f"this virtual environment ({sys.prefix}) does not see the system's "
+                               "packages, where Debian's python3-bpfcc puts BCC",
+                               f"recreate it: /usr/bin/python3 -m venv --system-site-packages {sys.prefix}")
         return CheckResult("BCC", False, "python module bcc not found", "sudo apt-get install python3-bpfcc")
     package = Path(spec.origin).parent
     if not (package / "libbcc.py").exists():
         return CheckResult("BCC", False, f"{package} is not BCC (PyPI's bcc is another project)",
                            "pip uninstall bcc; sudo apt-get install python3-bpfcc")
     return CheckResult("BCC", True, str(package))
+
+
+def venv_hides_system_packages() -> bool:
+    """Running in a venv made without --system-site-packages (BCC's Python bindings are system packages)."""
+    if sys.prefix == sys.base_prefix:
+        return False
+    try:
+        config = (Path(sys.prefix) / "pyvenv.cfg").read_text(errors="replace")
+    except OSError:
+        return False
+    return re.search(r"^include-system-site-packages\s*=\s*true\s*$", config, re.M | re.I) is None
 
 
 def check_perf_event_paranoid() -> CheckResult:
