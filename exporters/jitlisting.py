@@ -9,7 +9,7 @@ from typing import TextIO
 
 from optrace.escape import escape_controls
 from optrace.jitmaps import jitdump as jd
-from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_timeline, seconds_since
+from optrace.jitmaps.lifetimes import JitClock, JitFunction, from_perf_map, jitdump_clock, jitdump_timeline
 from optrace.jitmaps.perfmap import MAX_LINE, PerfMapEntry, PerfMapReader
 
 ELF_MACHINES = {3: "x86", 62: "x86-64", 40: "arm", 183: "aarch64", 243: "riscv", 21: "ppc64"}
@@ -59,28 +59,33 @@ def _perf_map_lines(listing: PerfMapListing) -> Iterator[str]:
 
 def _jitdump_lines(listing: JitDumpListing) -> Iterator[str]:
     header, records, reader = listing.header, listing.records, listing.reader
-    clock = "TSC" if header.flags & jd.FLAG_ARCH_TIMESTAMP else "CLOCK_MONOTONIC"
+    clock = jitdump_clock(header, records)
     order = "little" if header.byte_order == "<" else "big"
+    origin = f" ({clock.origin_note})" if clock.origin_note else ""
     yield (f"jitdump {escape_controls(listing.path)}: pid {header.pid}, version {header.version}, "
            f"{ELF_MACHINES.get(header.elf_mach, 'elf_mach ' + str(header.elf_mach))}, {order}-endian, "
-           f"{clock} clock, {reader.records} records ({reader.unknown_records} unknown skipped, "
+           f"{clock.name} clock{origin}, {reader.records} records ({reader.unknown_records} unknown skipped, "
            f"{reader.truncated_bytes} truncated bytes at the end"
            f"{skipped_note(len(records), listing.skipped, 'records')})")
-    yield f"{'TIME(s)':>12}  {'EVENT':<6}  {'ADDRESS':<18}  {'SIZE':>8}  NAME"
+    yield f"{f'TIME({clock.unit})':>12}  {'EVENT':<6}  {'ADDRESS':<18}  {'SIZE':>8}  NAME"
     functions, created = jitdump_timeline(header, records)
     for record, function_id in zip(records, created):
         function = None if function_id is None else functions[function_id]
-        yield f"{seconds_since(header, record.timestamp):>12.6f}  " + _describe(record, function)
+        yield f"{_time(clock, clock.age(record.timestamp))}  " + _describe(record, function, clock)
 
 
-def _describe(record: jd.JitRecord, function: JitFunction | None) -> str:
+def _time(clock: JitClock, age: float) -> str:
+    return f"{age:>12.6f}" if clock.unit == "s" else f"{age:>12.0f}"
+
+
+def _describe(record: jd.JitRecord, function: JitFunction | None, clock: JitClock) -> str:
     if isinstance(record, jd.CodeLoad):
         extra = " [code]" if record.code and any(record.code) else ""
         return (f"load    0x{record.code_addr:016x}  {record.code_size:>#8x}  {escape_controls(record.name)}{extra}"
-                f"{_fate(function)}")
+                f"{_fate(function, clock)}")
     if isinstance(record, jd.CodeMove):
         return (f"move    0x{record.new_code_addr:016x}  {record.code_size:>#8x}  "
-                f"from 0x{record.old_code_addr:x} (code #{record.code_index}){_fate(function)}")
+                f"from 0x{record.old_code_addr:x} (code #{record.code_index}){_fate(function, clock)}")
     if isinstance(record, jd.DebugInfo):
         files = sorted({escape_controls(e.filename) for e in record.entries})
         lines = [e.lineno for e in record.entries]
@@ -91,7 +96,7 @@ def _describe(record: jd.JitRecord, function: JitFunction | None) -> str:
     return "close"
 
 
-def _fate(function: JitFunction | None) -> str:
+def _fate(function: JitFunction | None, clock: JitClock) -> str:
     if function is None or function.died is None:
         return ""
-    return f"  (replaced or moved at {function.died:.6f}s)"
+    return f"  (replaced or moved at {_time(clock, function.died).strip()}{clock.unit})"

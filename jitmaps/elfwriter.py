@@ -153,7 +153,7 @@ class _StringTable:
 
 
 def write_elf(path: str, functions: Sequence[JitFunction], elf_mach: int, regions: Sequence[tuple[int, int]],
-              byte_order: str = "<", times_are_lines: bool = False) -> ElfSummary:
+              byte_order: str = "<", time_unit: str = "s") -> ElfSummary:
     """Write the ELF file atomically; ``functions`` in load order, ``regions`` from :func:`code_regions`.
     Raises OSError."""
     o = byte_order
@@ -169,7 +169,7 @@ def write_elf(path: str, functions: Sequence[JitFunction], elf_mach: int, region
     # address, disassemblers label the bytes (the final code) with the live one.
     ordered = [f for f in functions if f.died is not None] + [f for f in functions if f.died is None]
     for function in ordered:
-        name = symbol_name(function, times_are_lines)
+        name = symbol_name(function, time_unit)
         where = index.holding(function.start)
         shndx = SHN_ABS if where is None else where + 1
         bind = STB_LOCAL if function.died is not None else STB_GLOBAL

@@ -5,7 +5,7 @@ A function lives from its load until code loaded later overlaps it (address reus
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from sortedcontainers import SortedDict
@@ -19,7 +19,7 @@ class JitFunction:
     name: str
     start: int
     size: int
-    born: float  # seconds since the jitdump's header (perf maps: the line number)
+    born: float  # age in the dump's clock units (JitClock: seconds, or TSC ticks); perf maps: the line number
     died: float | None = None  # when later code replaced it; None: still there at the end of the file
     code: bytes | None = None
     moved_from: int | None = None
@@ -71,24 +71,59 @@ class Timeline:
         self.functions[function_id] = replace(self.functions[function_id], died=when)
 
 
-def from_jitdump(header: jd.JitDumpHeader, records: Iterable[jd.JitRecord]) -> list[JitFunction]:
+def from_jitdump(header: jd.JitDumpHeader, records: Sequence[jd.JitRecord]) -> list[JitFunction]:
     return jitdump_timeline(header, records)[0]
 
 
-def seconds_since(header: jd.JitDumpHeader, timestamp: int) -> float:
-    """A record's time after the header's; a record stamped before its header (another clock, a bad
-    writer) counts as 0, never as a negative age."""
-    return max(0.0, (timestamp - header.timestamp) / 1e9)
+SAME_CLOCK_SPAN = 86_400 * 10**9  # a header more than a day of ns before its first record is on another clock
+WALL_CLOCK_SECONDS = (10**9, 4 * 10**9)  # 2001 .. 2096: a timestamp that reads as a date in these units
+
+
+@dataclass(frozen=True)
+class JitClock:
+    """How a jitdump's timestamps become ages. The spec puts the header and the records on one clock
+    (CLOCK_MONOTONIC ns, or the CPU's TSC with JITDUMP_FLAGS_ARCH_TIMESTAMP), and the JVM agent and LLVM
+    do so. V8 does not: its header holds wall-clock microseconds, its records CLOCK_MONOTONIC ns. A header
+    that cannot be on its records' clock (after the first record, or far before it) is not the origin:
+    ages count from the first record then, and :attr:`origin_note` says why."""
+
+    name: str  # "CLOCK_MONOTONIC" or "TSC"
+    unit: str  # "s", or "ticks" for the TSC (its rate is not in the file)
+    origin: int
+    origin_note: str  # "" when the header is the origin
+
+    def age(self, timestamp: int) -> float:
+        """Never negative: a record stamped before the origin (a bad writer) is at age 0."""
+        ticks = max(0, timestamp - self.origin)
+        return ticks / 1e9 if self.unit == "s" else float(ticks)
+
+
+def jitdump_clock(header: jd.JitDumpHeader, records: Sequence[jd.JitRecord]) -> JitClock:
+    name, unit = ("CLOCK_MONOTONIC", "s") if header.monotonic else ("TSC", "ticks")
+    first = min((record.timestamp for record in records), default=header.timestamp)
+    if header.timestamp <= first <= header.timestamp + SAME_CLOCK_SPAN:
+        return JitClock(name, unit, header.timestamp, "")
+    return JitClock(name, unit, first, f"times from the first record: the header's timestamp "
+                                       f"{header.timestamp} is {_other_clock(header.timestamp)}")
+
+
+def _other_clock(timestamp: int) -> str:
+    for divisor, units in ((10**6, "wall-clock µs (V8 writes its header so)"), (10**9, "wall-clock ns"),
+                           (10**3, "wall-clock ms")):
+        if WALL_CLOCK_SECONDS[0] <= timestamp / divisor <= WALL_CLOCK_SECONDS[1]:
+            return units
+    return "not on its records' clock"
 
 
 def jitdump_timeline(header: jd.JitDumpHeader,
-                     records: Iterable[jd.JitRecord]) -> tuple[list[JitFunction], list[int | None]]:
+                     records: Sequence[jd.JitRecord]) -> tuple[list[JitFunction], list[int | None]]:
     """The functions, and for each record the id of the function it created (None: it created none)."""
+    clock = jitdump_clock(header, records)
     timeline = Timeline()
     by_index: dict[int, int] = {}  # code_index -> function id of its current copy
     created: list[int | None] = []
     for record in records:
-        when = seconds_since(header, record.timestamp)
+        when = clock.age(record.timestamp)
         new_id = None
         if isinstance(record, jd.CodeLoad) and record.code_size:
             new_id = by_index[record.code_index] = timeline.load(
@@ -111,10 +146,13 @@ def from_perf_map(entries: Sequence[PerfMapEntry]) -> list[JitFunction]:
     return timeline.functions
 
 
-def symbol_name(function: JitFunction, times_are_lines: bool = False) -> str:
-    """The plain name for code still there at the end; ``name@BORN..DIED`` for replaced code."""
+def symbol_name(function: JitFunction, unit: str = "s") -> str:
+    """The plain name for code still there at the end; ``name@BORN..DIED`` for replaced code, in seconds
+    (``name@0.1s..0.2s``), TSC ticks (``name@10ticks..20ticks``) or perf-map lines (``name@line3..line5``)."""
     if function.died is None:
         return function.name
-    if times_are_lines:
+    if unit == "line":
         return f"{function.name}@line{function.born:.0f}..line{function.died:.0f}"
-    return f"{function.name}@{function.born:.6f}s..{function.died:.6f}s"
+    if unit == "s":
+        return f"{function.name}@{function.born:.6f}s..{function.died:.6f}s"
+    return f"{function.name}@{function.born:.0f}{unit}..{function.died:.0f}{unit}"

@@ -22,7 +22,7 @@ from optrace.fileaccess import printable
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.agent import host_elf_machine
 from optrace.jitmaps.elfwriter import ElfLimitError, code_regions, live_regions, write_elf
-from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_timeline
+from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_clock, jitdump_timeline
 from optrace.jitmaps.perfmap import PerfMapEntry, PerfMapReader
 from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, named_file_policy, open_file
 from optrace.procfs import maps_text_or_empty
@@ -109,19 +109,19 @@ def convert(dump: str, output: str | None, max_size: int) -> None:
             kept = len(records)
             functions, pid = jitdump_timeline(header, records)[0], header.pid
             mach, order, known = header.elf_mach, header.byte_order, _live_regions(pid, dump, functions)
-            times_are_lines = False
+            time_unit = jitdump_clock(header, records).unit
         else:
             entries, _, skipped = _read_map(fd, max_size)
             kept = len(entries)
             functions, pid = from_perf_map(entries), _pid_from_name(dump)
-            mach, order, known, times_are_lines = host_elf_machine(), "<", [], True
+            mach, order, known, time_unit = host_elf_machine(), "<", [], "line"
     if not functions:
         raise OptraceError(f"{printable(dump)}: no JIT functions in it, nothing to convert")
     if not 0 <= mach <= MAX_ELF_MACHINE:
         raise OptraceError(f"{printable(dump)}: its header's machine {mach} is not an ELF machine number")
     out = output or f"jit-{pid}.elf"
     try:
-        summary = write_elf(out, functions, mach, code_regions(functions, known), order, times_are_lines)
+        summary = write_elf(out, functions, mach, code_regions(functions, known), order, time_unit)
     except ElfLimitError as exc:
         raise OptraceError(f"{printable(dump)}: {exc}") from None
     except OSError as exc:
