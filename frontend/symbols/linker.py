@@ -192,9 +192,20 @@ def _sibling_of(ref: FileRef) -> FileRef | None:
 
 def _origin(owner: _Object, program: _Object) -> str:
     """ld.so's $ORIGIN: the directory of the program's real path (an execve'd path, whose symlinks
-    are followed anyway: /usr/bin/java -> /usr/lib/jvm/.../bin/java), of a library's path as found."""
+    the kernel followed: /usr/bin/java -> /etc/alternatives/java -> /usr/lib/jvm/.../bin/java), of a
+    library's path as found. Bound: the real path counts only if it is the very file that was opened
+    and checked (same device and inode; a link swapped in between gives the unresolved directory), and
+    the kernel's own limit on symlink hops applies (realpath stops at a loop)."""
     path = owner.ref.read_path or owner.ref.name
-    return os.path.dirname(os.path.realpath(path) if owner is program else os.path.abspath(path))
+    if owner is not program:
+        return os.path.dirname(os.path.abspath(path))
+    real = os.path.realpath(path)
+    try:
+        info = os.stat(real)
+    except OSError:
+        info = None
+    same = info is not None and (info.st_dev, info.st_ino) == program.identity
+    return os.path.dirname(real if same else os.path.abspath(path))
 
 
 def _expand(dirs: tuple[str, ...], origin: str) -> tuple[str, ...]:

@@ -65,8 +65,10 @@ class CallCounter:
         pid_filter: Callable[[int], bool] | None = None,
         max_matches: int = DEFAULT_MAX_MATCHES,
         manager: ProbeManager | None = None,
+        pids: Sequence[int] = (),
     ) -> None:
         self.specs = tuple(specs)
+        self.pids = tuple(pids)  # -p: a program or library name is taken as these processes map it
         self.pid_filter: PidFilter | None = pid_filter
         self.max_matches = max_matches
         self.resolution: Resolution | None = None
@@ -100,7 +102,7 @@ class CallCounter:
         if self.resolution is None:
             if not self.specs:
                 raise OptraceError("no probe given: name at least one BINARY:SYMBOL (e.g. c:malloc)")
-            self.resolution = resolve_specs(self.specs, self.max_matches)
+            self.resolution = resolve_specs(self.specs, self.max_matches, self.pids)
         return self.resolution
 
     def start(self) -> None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import functools
 import os
-import shutil
 from dataclasses import dataclass, field
 
 from optrace.fileaccess import BoundedFile, printable
 from optrace.errors import OptraceError
-from optrace.frontend.symbols.linker import find_library, read_ld_so_cache
+from optrace.frontend.symbols.demangle import demangle
+from optrace.frontend.uprobes.objects import object_candidates
 from optrace.frontend.uprobes.address import check_address
 from optrace.frontend.symbols.symbol import Symbol, preferred_alias
 from optrace.frontend.uprobes.elf import ElfFunctions, load_functions, open_binary
@@ -49,29 +48,71 @@ class ResolvedProbe:
 class Resolution:
     probes: list[ResolvedProbe] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # which file a program or library name was taken as
 
 
-def _preferred_name(names: list[Symbol], pattern: str) -> Symbol:
+def _preferred_name(names: list[Symbol], spec: ProbeSpec) -> Symbol:
     """The name to show for an address: the preferred alias (the symbolizer's rule, so `count` and
     `report` name a function alike) among those the SPEC names, so `c:__libc_malloc` shows that name."""
-    named = [symbol for symbol in names if fnmatch.fnmatchcase(symbol.name, pattern)]
+    named = [symbol for symbol in names if _names(symbol, spec)]
     return preferred_alias(named or names)
 
 
-def _matching(spec: ProbeSpec, elf: ElfFunctions, path: str) -> list[Symbol]:
+def readable_names(symbol: Symbol) -> tuple[str, ...]:
+    """The names a SPEC may use for a function: as linked (mangled), as `report` prints it (demangled,
+    ``demo::Hasher::mix(double)``) and that without its parameters (``demo::Hasher::mix``: every
+    overload, as perf probe and bpftrace take C++ names)."""
+    readable = demangle(symbol.name)
+    if readable == symbol.name:
+        return (symbol.name,)
+    return (symbol.name, readable, without_parameters(readable))
+
+
+def without_parameters(readable: str) -> str:
+    """``ns::C::f(int) const`` -> ``ns::C::f``: cut at the first ``(`` outside template arguments that is
+    not part of an ``operator()`` name."""
+    depth = 0
+    for at, char in enumerate(readable):
+        if char == "<":
+            depth += 1
+        elif char == ">":
+            depth = max(0, depth - 1)
+        elif char == "(" and depth == 0 and at and not readable[:at].endswith("operator"):
+            return readable[:at]
+    return readable
+
+
+def _names(symbol: Symbol, spec: ProbeSpec) -> bool:
     assert spec.symbol is not None
     if spec.is_glob:
-        found = [f for f in elf.functions if fnmatch.fnmatchcase(f.name, spec.symbol)]
-        if not found:
-            raise OptraceError(printable(f"no function in {path} matches '{spec.symbol}'"))
-    else:
-        found = [f for f in elf.functions if f.name == spec.symbol]
-        if not found:
-            names = sorted({f.name for f in elf.functions})
-            close = difflib.get_close_matches(spec.symbol, names, n=3, cutoff=0.6)
-            hint = f": did you mean {', '.join(close)}?" if close else ""
-            raise OptraceError(printable(f"no function '{spec.symbol}' in {path}{hint}"))
-    return found
+        return any(fnmatch.fnmatchcase(name, spec.symbol) for name in readable_names(symbol))
+    return spec.symbol in readable_names(symbol)
+
+
+def _shown_name(symbol: Symbol, spec: ProbeSpec) -> str:
+    """The name as linked, unless the SPEC named the function by its readable form: then that form."""
+    if spec.symbol == symbol.name or (spec.is_glob and fnmatch.fnmatchcase(symbol.name, spec.symbol or "")):
+        return symbol.name
+    return demangle(symbol.name)
+
+
+def _matching(spec: ProbeSpec, elf: ElfFunctions) -> list[Symbol]:
+    return [f for f in elf.functions if _names(f, spec)]
+
+
+def _no_match(spec: ProbeSpec, elf: ElfFunctions, path: str, others: int) -> OptraceError:
+    """The error for a SPEC no function matches; names the closest ones (of the first object)."""
+    assert spec.symbol is not None
+    if others:
+        path = f"{path} or the {others} librar{'ies' if others > 1 else 'y'} it loads"
+    if spec.is_glob:
+        return OptraceError(printable(f"no function in {path} matches '{spec.symbol}'"))
+    shown = {name: names[-2] if len(names) > 1 else name  # mangled or readable -> report's readable form
+             for names in map(readable_names, elf.functions) for name in names[:2]}
+    close = difflib.get_close_matches(spec.symbol, sorted(shown), n=6, cutoff=0.6)
+    suggestions = list(dict.fromkeys(shown[name] for name in close))[:3]
+    hint = f": did you mean {', '.join(suggestions)}?" if suggestions else ""
+    return OptraceError(printable(f"no function '{spec.symbol}' in {path}{hint}"))
 
 
 def _probes_for_symbols(
@@ -93,8 +134,9 @@ def _probes_for_symbols(
         if offset is None:
             continue  # not in an executable segment: nothing a uprobe could hit
         names = at_address[vaddr]
-        main = _preferred_name(names, spec.symbol)
-        label = f"{main.name} [ifunc resolver]" if main.is_ifunc else main.name
+        main = _preferred_name(names, spec)
+        shown = _shown_name(main, spec)
+        label = f"{shown} [ifunc resolver]" if main.is_ifunc else shown
         probes.append(ResolvedProbe(
             spec=spec.text, binary=path, symbol=label, offset=offset,
             key=ProbeKey(st.st_dev, st.st_ino, offset),
@@ -128,42 +170,31 @@ def _read_code(binary: BoundedFile, offset: int, size: int) -> bytes:
     return code
 
 
-@functools.cache
-def _ld_so_cache() -> dict[str, list[str]]:
-    return read_ld_so_cache()
-
-
-def find_object(name: str) -> str:
-    """Path of the file a SPEC's object part names (not yet checked to be ELF), found the way the
-    dynamic linker finds libraries: ``c`` is the libc of ld.so.cache, ``libm.so.6`` the cached libm; a
-    name that is no cached library is a program on PATH (``bash:readline``); a name with ``/`` a path."""
-    if "/" in name:
-        if not os.path.exists(name):
-            raise OptraceError(f"no such file: {printable(name)}")
-        return name
-    found = find_library(name, _ld_so_cache()) or shutil.which(name)
-    if found:
-        return found
-    raise OptraceError(
-        f"'{printable(name)}' is neither a library in the ld.so cache nor a program on PATH: give its full path"
-    )
-
-
 def name_list(names: list[str], shown: int = 5) -> str:
     """``a, b, c, d, e and 7 more``: names for a one-line message."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
 
 
-def resolve_spec(spec: ProbeSpec, max_matches: int = DEFAULT_MAX_MATCHES) -> Resolution:
-    path = os.path.realpath(find_object(spec.obj))
-    with open_binary(path) as binary:
-        elf = load_functions(binary)
-        st = os.fstat(binary.fd)
-        if spec.address is not None:
-            return Resolution(probes=[_probe_at_address(spec, elf, binary, st)])
-    found = _matching(spec, elf, path)
+def resolve_spec(spec: ProbeSpec, max_matches: int = DEFAULT_MAX_MATCHES, pids: tuple[int, ...] = ()) -> Resolution:
+    candidates = object_candidates(spec.obj, pids)
+    first: tuple[ElfFunctions, str] | None = None
+    for candidate in candidates:
+        path = os.path.realpath(candidate.path)
+        with open_binary(path) as binary:
+            elf = load_functions(binary)
+            st = os.fstat(binary.fd)
+            if spec.address is not None:
+                return Resolution(probes=[_probe_at_address(spec, elf, binary, st)])
+        first = first or (elf, path)
+        found = _matching(spec, elf)
+        if found:
+            break
+    else:
+        assert first is not None
+        raise _no_match(spec, *first, len(candidates) - 1)
     probes = _probes_for_symbols(spec, elf, path, st, found, max_matches)
+    notes = [printable(f"{spec.text}: {candidate.why}")] if candidate.why else []
     ifuncs = [p.symbol.split(" ")[0] for p in probes if p.symbol.endswith("[ifunc resolver]")]
     warnings = []
     if ifuncs:
@@ -171,14 +202,16 @@ def resolve_spec(spec: ProbeSpec, max_matches: int = DEFAULT_MAX_MATCHES) -> Res
             f"{name_list(ifuncs)} in {path} {'is an IFUNC' if len(ifuncs) == 1 else 'are IFUNCs'}: the probe counts "
             "calls of the resolver (usually once per process), not of the implementation it selects"
         ))
-    return Resolution(probes=probes, warnings=warnings)
+    return Resolution(probes=probes, warnings=warnings, notes=notes)
 
 
-def resolve_specs(specs: list[str] | tuple[str, ...], max_matches: int = DEFAULT_MAX_MATCHES) -> Resolution:
+def resolve_specs(specs: list[str] | tuple[str, ...], max_matches: int = DEFAULT_MAX_MATCHES,
+                  pids: tuple[int, ...] = ()) -> Resolution:
     """Resolve every SPEC, failing on the first bad one before anything is attached."""
     total = Resolution()
     for text in specs:
-        one = resolve_spec(parse_spec(text), max_matches)
+        one = resolve_spec(parse_spec(text), max_matches, pids)
         total.probes.extend(one.probes)
         total.warnings.extend(one.warnings)
+        total.notes.extend(one.notes)
     return total

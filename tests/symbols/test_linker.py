@@ -72,3 +72,27 @@ def test_origin_of_a_program_run_through_a_symlink_is_its_real_directory(tmp_pat
         assert linker.read_dynamic(stream).needed[0] == "libhelper.so"
     found, problems = Linker().needed_libraries(str(tmp_path / "prog"))
     assert problems == [] and str(library) in {ref.read_path for ref in found}
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/java"), reason="needs java")
+def test_java_through_the_alternatives_links_finds_libjli() -> None:
+    """/usr/bin/java -> /etc/alternatives/java -> /usr/lib/jvm/.../bin/java: RUNPATH $ORIGIN/../lib."""
+    found, problems = Linker().needed_libraries("/usr/bin/java")
+    assert problems == []
+    assert any(ref.read_path.endswith("/lib/libjli.so") for ref in found), [r.read_path for r in found]
+
+
+def test_origin_is_the_real_directory_only_of_the_file_that_was_opened(tmp_path: Path) -> None:
+    """The bound on following the executable's symlinks: a link that now leads to another file (swapped
+    after the open) gives the link's own directory, not the other file's."""
+    from optrace.frontend.symbols.access import FileRef
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "prog").write_bytes(b"x")
+    (tmp_path / "prog").symlink_to(tmp_path / "real" / "prog")
+    info = os.stat(tmp_path / "real" / "prog")
+    ref = FileRef(str(tmp_path / "prog"), str(tmp_path / "prog"), follow_symlinks=True)
+    opened = linker._Object(ref, (info.st_dev, info.st_ino), linker.DynamicInfo(62, 64))
+    assert linker._origin(opened, opened) == str(tmp_path / "real")
+    swapped = linker._Object(ref, (info.st_dev, info.st_ino + 1), linker.DynamicInfo(62, 64))
+    assert linker._origin(swapped, swapped) == str(tmp_path)

@@ -253,3 +253,27 @@ def test_glob_skips_functions_the_kernel_cannot_probe(bpf_ready, optrace):
     named = optrace("count", "c:pthread_spin_lock", "-d", "0.2")
     assert named.returncode == 1 and "Traceback" not in named.stderr
     assert named.stderr.strip().splitlines()[-1].startswith("optrace: cannot set a uprobe at offset")
+
+
+@pytest.mark.parametrize("name", ["demo::Hasher::mix", "demo::Hasher::mix(double)", "demo::Hasher::m*",
+                                  "_ZN4demo6Hasher3mixEd"])
+def test_cpp_functions_by_their_readable_names(bpf_ready, optrace, workloads, name):
+    """`count` takes C++ names as `report` prints them (with or without the parameters, or a glob over
+    them) as well as mangled: demo calls Hasher::mix exactly once per round, as it calls hot_a."""
+    demo = workloads / "demo"
+    doc = count_json(optrace, f"{demo}:{name}", f"{demo}:hot_a", "--", str(demo), "0.3")
+    mix, hot_a = doc["probes"]
+    assert mix["calls"] == hot_a["calls"] > 0
+    assert mix["symbol"] == ("_ZN4demo6Hasher3mixEd" if name.startswith("_Z") else "demo::Hasher::mix(double)")
+
+
+def test_program_name_counts_in_the_library_it_loads(bpf_ready, optrace, workloads, tmp_path):
+    """`demo:lib_burn` with demo a program on PATH: lib_burn is in libburn.so, which demo loads (DT_NEEDED);
+    it is counted there, once per round like hot_a, and the chosen file is said."""
+    (tmp_path / "demo").symlink_to(workloads / "demo")
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    proc = optrace("count", "--format", "json", "demo:lib_burn", "demo:hot_a", "--", "demo", "0.3", env=env,
+                   check=True)
+    lib, own = json.loads(proc.stdout.strip().splitlines()[-1])["probes"]
+    assert lib["binary"] == str(workloads / "libburn.so") and lib["calls"] == own["calls"] > 0
+    assert f"demo:lib_burn: {workloads / 'libburn.so'} is a library demo loads (DT_NEEDED)" in proc.stderr

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from support import WORKLOADS
+
 OPTRACE = Path(sys.executable).parent / "optrace"
 
 
@@ -27,6 +29,10 @@ def assert_one_line_error(proc, pattern: str) -> None:
     (["/etc/passwd:main"], r"/etc/passwd is not an ELF executable or library"),
     (["c:mallok"], r"no function 'mallok' in \S+libc\.so\.6: did you mean malloc"),
     (["c:zzzz*"], r"no function in \S+libc\.so\.6 matches 'zzzz\*'"),
+    ([f"{WORKLOADS}/demo:demo::Hasher::mixx"], r"no function 'demo::Hasher::mixx' in \S+/demo: "
+                                               r"did you mean demo::Hasher::mix\(double\)\?$"),
+    ([f"{WORKLOADS}/demo:_ZN4demo6Hasher3mixEx"], r"did you mean demo::Hasher::mix\(double\)\?$"),
+    ([f"{WORKLOADS}/demo:demo::Nothing::*"], r"no function in \S+/demo matches 'demo::Nothing::\*'"),
     (["c:*"], r"'c:\*' matches \d+ functions, more than the limit of 1000: .*--max-probes"),
     (["c:str*", "--max-probes", "3"], r"more than the limit of 3"),
     (["c:labs", "-p", "999999999"], r"no such process: 999999999"),

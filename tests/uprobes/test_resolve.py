@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from optrace.errors import OptraceError
 from optrace.frontend.symbols.linker import read_ld_so_cache
-from optrace.frontend.uprobes.resolve import find_object, resolve_specs
+from optrace.frontend.uprobes.objects import find_object
+from optrace.frontend.uprobes.resolve import resolve_specs
 from optrace.frontend.uprobes.spec import parse_spec
 
 
