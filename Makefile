@@ -6,9 +6,9 @@ OPTRACE    := $(VENV)/bin/optrace
 STAMP      := $(VENV)/.installed
 WORKLOADS  := workloads/build
 
-.PHONY: setup system venv demo test test-unit bench workloads clean
+.PHONY: setup system venv demo test test-unit bench workloads cli-docs clean
 
-setup: system venv workloads
+setup: system venv workloads cli-docs
 
 system:
 	@if [ "$$(id -u)" -ne 0 ]; then echo "make setup needs root (system packages, kernel headers, tracefs): run with sudo" >&2; exit 1; fi
@@ -25,6 +25,20 @@ venv: $(STAMP)
 
 workloads:
 	@$(MAKE) -s -C workloads
+
+# Man pages (optrace-COMMAND(1)) and bash/zsh/fish completion, generated from the CLI itself.
+CLI_DOCS   := build/cli
+MANDIR     ?= /usr/local/share/man/man1
+BASHCOMPDIR ?= /usr/share/bash-completion/completions
+ZSHCOMPDIR ?= /usr/local/share/zsh/site-functions
+FISHCOMPDIR ?= /usr/share/fish/vendor_completions.d
+cli-docs: venv
+	@$(PY) scripts/cli_docs.py $(CLI_DOCS)
+	@install -d $(MANDIR) $(BASHCOMPDIR) $(ZSHCOMPDIR) $(FISHCOMPDIR)
+	@install -m 644 $(CLI_DOCS)/man/*.1 $(MANDIR)/
+	@install -m 644 $(CLI_DOCS)/completion/optrace $(BASHCOMPDIR)/optrace
+	@install -m 644 $(CLI_DOCS)/completion/_optrace $(ZSHCOMPDIR)/_optrace
+	@install -m 644 $(CLI_DOCS)/completion/optrace.fish $(FISHCOMPDIR)/optrace.fish
 
 demo: setup
 	@echo "== optrace record: bundled workload (workloads/build/demo), 499 Hz =="
@@ -43,4 +57,4 @@ bench: setup
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) $(WORKLOADS) *.egg-info
+	rm -rf $(VENV) $(WORKLOADS) $(CLI_DOCS) *.egg-info
