@@ -40,7 +40,7 @@ class _Run:
 
     def __init__(self, specs: tuple[str, ...], pids: tuple[int, ...], command: list[str], duration: float | None,
                  max_probes: int, command_stdout: str | None = None) -> None:
-        self.counter = CallCounter(specs, self._pid_filter(pids, command), max_probes)
+        self.counter = CallCounter(specs, self._pid_filter(pids, command), max_probes, pids=pids)
         self.pids = pids
         self.command = command
         self.duration = duration
@@ -138,6 +138,8 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
     check_pids(pids)
     _check_outputs(fmt, output, command_args, command_stdout)
     run = _Run(specs, pids, command_args, duration, max_probes, command_stdout)
+    for note in run.counter.resolve().notes:
+        click.echo(f"optrace: {note}", err=True)
     for warning in run.counter.resolve().warnings:
         click.echo(f"optrace: warning: {warning}", err=True)
     try:
