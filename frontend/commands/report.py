@@ -8,7 +8,8 @@ import click
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.exporters.formats import CALL_GRAPH, PROFILE
-from optrace.frontend.cliopts import parse_call_graph, parse_percent, perf_sort_keys, pid_option
+from optrace.frontend.cliopts import (PERF_CALL_GRAPH_DEFAULT, parse_call_graph, parse_percent, perf_sort_keys,
+                                      pid_option)
 from optrace.frontend.report.events import EVENTS, event_record
 from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
 from optrace.outputfile import output_stream
@@ -43,9 +44,10 @@ def row_options(function: Callable[..., None]) -> Callable[..., None]:
 @click.option("--stdio", is_flag=True, expose_value=False, help="perf's spelling of the default text table.")
 @click.option("-n", "--show-nr-samples", is_flag=True, expose_value=False,
               help="perf's spelling: the table always shows the Samples column.")
-@click.option("-G", "--call-graph", "call_graph", default=None, metavar="caller|callee",
+@click.option("-G", "-g", "--call-graph", "call_graph", default=None, metavar="caller|callee",
+              is_flag=False, flag_value=PERF_CALL_GRAPH_DEFAULT,
               help="Show the call graph: caller (from main down) or callee (from the hot function up);"
-                   " perf's forms (graph,0.5,caller...) too.")
+                   " perf's forms (graph,0.5,caller...) too; -g alone is perf's default, caller.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
 def command(source: str, sort: str, event: str, fmt: str, pids: tuple[int, ...], tids: tuple[int, ...], comms: str,
             dsos: str, percent_limit: str, children: bool, call_graph: str | None, output: str) -> None:

@@ -23,6 +23,12 @@ def report(optrace, record_file: Path, *args: str) -> str:
     (["--stdio", "-n", "--no-children"], []),
     (["--show-nr-samples", "--children"], ["--children"]),
     (["--percent-limit", "6%"], ["--percent-limit", "6"]),
+    (["-g"], ["-G", "caller"]),
+    (["-g", "--stdio"], ["-G", "caller"]),
+    (["-g", "callee"], ["-G", "callee"]),
+    (["--call-graph=fractal,0.5,callee,function,percent"], ["-G", "callee"]),
+    (["-g", "graph,0.5,caller"], ["--call-graph", "caller"]),
+    (["-g", "none"], []),
 ])
 def test_perf_spelling_gives_the_same_report(optrace, record_file, perf, ours):
     assert report(optrace, record_file, *perf) == report(optrace, record_file, *ours)
