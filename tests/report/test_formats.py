@@ -138,3 +138,10 @@ def test_launcher_samples_are_told_apart() -> None:
     assert is_launcher(RawSample(42, "optrace-exec", (), (), 1), 42)
     assert not is_launcher(RawSample(42, "demo", (), (), 1), 42)  # after the exec: the command's own
     assert not is_launcher(RawSample(43, "optrace-exec", (), (), 1), 42)  # another optrace's launcher
+
+
+def test_the_synthetic_record_loses_samples_for_reasons_real_records_have(record: Record) -> None:
+    """The README's JSON example comes from this record: its `lost` keys must be the profiler's."""
+    from optrace.bpf.profiler import LOST_REASONS
+
+    assert record.meta.lost and set(record.meta.lost) <= set(LOST_REASONS)
