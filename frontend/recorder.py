@@ -164,7 +164,7 @@ class Recorder:
         result = self.session.drain()
         self.lost.update(result.lost)
         for sample, timed in zip(result.samples, result.maybe_jit):
-            if self.child and is_launcher(sample, self.child.pid):
+            if is_launcher(sample):
                 self.launcher_samples += sample.count
             else:
                 self.store.add(sample, timed)
@@ -251,9 +251,11 @@ def stackless_warning(lost: Mapping[str, int], total: int, stack_storage_size: i
             f"record with --stack-storage-size {min(max(4 * stack_storage_size, 1 << 13), 1 << 20)}"]
 
 
-def is_launcher(sample: RawSample, child_pid: int) -> bool:
-    """A sample of the forked command before its exec: optrace's launcher, not the command."""
-    return sample.pid == child_pid and sample.comm == LAUNCHER_COMM
+def is_launcher(sample: RawSample) -> bool:
+    """A sample of a command forked by optrace before its exec: optrace's launcher, not the command. Any
+    pid: under -a, other optrace runs' launchers are optrace's overhead too (a process that names itself
+    optrace-exec is left out the same way, and counted)."""
+    return sample.comm == LAUNCHER_COMM
 
 
 def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int],

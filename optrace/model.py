@@ -134,8 +134,9 @@ class RecordMeta:
     total_samples: int = 0
     lost: dict[str, int] = field(default_factory=dict)  # reason -> count, never silently dropped
     idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile like BCC's profile
-    # Samples of optrace's launcher (`record -- CMD` before the exec, comm "optrace-exec"): optrace's own
-    # overhead, left out of the profile and counted here (perf shows its "perf-exec" as a command).
+    # Samples of optrace's launchers (a `record -- CMD` child before its exec, comm "optrace-exec"; with -a
+    # any optrace's): optrace's own overhead, left out of the profile and counted here (perf shows its
+    # "perf-exec" as a command).
     launcher_samples: int = 0
     stacks: bool = True  # False with --no-stacks: each sample keeps only its leaf frame
     # "dwarf": user stacks unwound in BPF from the files' CFI where they have it, else frame pointers;
