@@ -106,7 +106,7 @@ class Recorder:
         from optrace.frontend.uprobes.counter import CallCounter
 
         pid_filter = None if self.options.system_wide else self._is_target
-        counter = CallCounter(self.options.uprobes, pid_filter=pid_filter)
+        counter = CallCounter(self.options.uprobes, pid_filter=pid_filter, pids=self.options.pids)
         stack.enter_context(counter)
         return counter
 

@@ -272,8 +272,8 @@ def test_program_name_counts_in_the_library_it_loads(bpf_ready, optrace, workloa
     it is counted there, once per round like hot_a, and the chosen file is said."""
     (tmp_path / "demo").symlink_to(workloads / "demo")
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    proc = optrace("count", "--format", "json", "demo:lib_burn", "demo:hot_a", "--", "demo", "0.3", env=env,
-                   check=True)
+    proc = optrace("count", "--format", "json", "--command-stdout", "null", "demo:lib_burn", "demo:hot_a",
+                   "--", "demo", "0.3", env=env, check=True)
     lib, own = json.loads(proc.stdout.strip().splitlines()[-1])["probes"]
     assert lib["binary"] == str(workloads / "libburn.so") and lib["calls"] == own["calls"] > 0
     assert f"demo:lib_burn: {workloads / 'libburn.so'} is a library demo loads (DT_NEEDED)" in proc.stderr
