@@ -218,7 +218,7 @@ class Profiler:
             if key.user_map == USER_CFI:
                 unwound = cfi.get(key.cfi_stack)
                 user, stop = (unwound.frames, unwound.status) if unwound else ((), "")
-                samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, stop=stop))
+                samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, tid=key.tid, stop=stop))
                 self.stats["cfi"] += value.value
                 continue
             user = self._user_stack(tables, key, ucache)
