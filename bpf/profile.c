@@ -157,9 +157,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
         count_lost(IDLE);
         return 0;
     }
-    if (!is_target(tgid))
-        return 0;
-
+    // No pid check: with target pids, the events are bound to the targets' tasks (perfevents.py).
     int in_kernel = (ctx->regs.cs & 3) == 0;
     u32 zero = 0;
     u32 *set = active.lookup(&zero);

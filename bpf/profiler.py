@@ -1,5 +1,6 @@
 """The BCC side of `optrace record` and `optrace serve`: load profile.c, attach it to the cpu-clock
-(or cycles) event on every CPU, and drain the kernel's aggregated counts as RawSamples.
+(or cycles) event, on every CPU for the whole machine, else on the target processes' threads
+(perfevents.py), and drain the kernel's aggregated counts as RawSamples.
 
 This module and its siblings are the only ones that import BCC.
 """
@@ -14,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from optrace.bpf import perfevents
 from optrace.bpf.loader import counter_increments, import_bcc, load_bcc
+from optrace.bpf.perfevents import TaskEvents
 from optrace.errors import OptraceError
 from optrace.model import RawSample, UserFrame
 from optrace.kernel import syscall_events_available
@@ -59,7 +62,8 @@ class DrainResult:
 
 
 class Profiler:
-    """Samples CPU stacks at `frequency_hz` on every CPU; `pids=None` means the whole machine."""
+    """Samples CPU stacks at `frequency_hz`: `pids=None` means the whole machine (an event per CPU), else
+    those processes and their children (events bound to their threads, inherited)."""
 
     def __init__(
         self,
@@ -107,6 +111,8 @@ class Profiler:
         self._lost_seen = [0] * len(LOST_REASONS)
         self._events: list[tuple[int, int, str]] = []
         self.events_lost = 0
+        self._pids: list[int] = []
+        self._tasks: TaskEvents | None = None
 
     def __enter__(self) -> "Profiler":
         self.start()
@@ -136,14 +142,35 @@ class Profiler:
         self._bpf[b"proc_events"].open_perf_buffer(self._on_event, page_cnt=256, lost_cb=self._on_events_lost)
 
     def attach(self) -> None:
-        self._attach_sampler(import_bcc())
+        """Start sampling: on every CPU for the whole machine, else on the targets' threads (and what they
+        start later, see perfevents.py), the pids added so far now and those added later at once."""
+        bcc = import_bcc()
+        if self._initial_pids is None:
+            self._attach_sampler(bcc)
+            return
+        name, ev_type, ev_config = self._task_event(bcc)
+        prog_fd = self._bpf.load_func(b"on_sample", bcc.BPF.PERF_EVENT).fd
+        self._tasks = TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
+        self.event = name
+        for pid in self._pids:
+            self._tasks.add_process(pid)
 
-    def _attach_sampler(self, bcc) -> None:
+    def _task_event(self, bcc) -> tuple[str, int, int]:
+        for name, ev_type, ev_config in self._event_choices(bcc):
+            if perfevents.probe(ev_type, ev_config, self.frequency_hz):
+                return name, ev_type, ev_config
+        raise OptraceError("cannot open a cpu-clock perf event: check perf_event_paranoid and run optrace doctor")
+
+    @staticmethod
+    def _event_choices(bcc) -> list[tuple[str, int, int]]:
         """cycles where a PMU exists, else the software cpu-clock (as BCC's profile does)."""
         attempts = [("cpu-clock", bcc.PerfType.SOFTWARE, bcc.PerfSWConfig.CPU_CLOCK)]
         if os.path.isdir("/sys/bus/event_source/devices/cpu"):
             attempts.insert(0, ("cycles", bcc.PerfType.HARDWARE, bcc.PerfHWConfig.CPU_CYCLES))
-        for name, ev_type, ev_config in attempts:
+        return attempts
+
+    def _attach_sampler(self, bcc) -> None:
+        for name, ev_type, ev_config in self._event_choices(bcc):
             try:
                 self._bpf.attach_perf_event(
                     ev_type=ev_type, ev_config=ev_config, fn_name=b"on_sample", sample_freq=self.frequency_hz
@@ -155,8 +182,12 @@ class Profiler:
         raise OptraceError("cannot open a cpu-clock perf event: check perf_event_paranoid and run optrace doctor")
 
     def add_pid(self, pid: int) -> None:
+        """Profile a process (its children too); sampled at once when the sampler is attached already."""
         targets = self._bpf[b"targets"]
         targets[targets.Key(pid)] = targets.Leaf(1)
+        self._pids.append(pid)
+        if self._tasks is not None:
+            self._tasks.add_process(pid)
 
     def target_pids(self) -> set[int]:
         """Every process that was a target, children included (entries are never removed)."""
@@ -275,6 +306,8 @@ class Profiler:
     def close(self) -> None:
         """Detach everything; safe to call twice. Perf events and programs are fds, so even a kill
         -9 releases them; this makes the normal paths prompt."""
+        if self._tasks is not None:
+            self._tasks.close()
         if self._bpf is not None:
             bpf, self._bpf = self._bpf, None
             if self.unwind is not None:

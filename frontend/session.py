@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -160,19 +161,23 @@ class ProfilingSession:
         # one queued job per process.
         self._unwind_worker: ThreadPoolExecutor | None = None
         self._unwind_queued: set[int] = set()
+        self._kallsyms: KernelSymbolsLoader | None = None
 
     # -- life ------------------------------------------------------------------------------------------
     def start(self) -> None:
         from optrace.bpf.profiler import Profiler
-        from optrace.frontend.symbols.kallsyms import Kallsyms
         from optrace.frontend.symbols.symbolizer import Symbolizer
 
         opts = self.options
         cfi = opts.stacks and opts.call_graph == "dwarf"
+        self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids)
+        for pid in opts.pids or ():  # before the compile: a target that exits soon after is still named
+            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+        self._kallsyms = KernelSymbolsLoader()  # parsed while BCC compiles (the compile releases the GIL)
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
                                  cfi_unwind=cfi)
-        self.profiler.load()  # first: the compile's peak memory does not stack on kallsyms' tables
+        self.profiler.load()
         self._load_off_cpu()
 
         if cfi:
@@ -184,10 +189,6 @@ class ProfilingSession:
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
             self._unwind_later(pid)
-        # before the attach: loading kallsyms takes 0.3-2 s, and a live view shows rows within 1 s of it
-        self.symbolizer = Symbolizer(kallsyms=Kallsyms.load(), jit_lookup=self.jit.lookup, build_ids=self.build_ids)
-        for pid in opts.pids or ():
-            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
             if opts.symbols_before_attach:
                 self._contain("symbols", self.symbolizer.load_symbols, pid)
         self.profiler.attach()
@@ -377,6 +378,8 @@ class ProfilingSession:
         samples still count, as frameless rows)."""
         if not (self.options.stacks if stacks is None else stacks):
             samples = [leaf_only(s) for s in samples]
+        if self._kallsyms is not None:
+            self._kallsyms.hand_to(self.symbolizer)
         try:
             return self.symbolizer.symbolize(samples)
         except Exception:  # found again, counted and warned below, per process
@@ -501,6 +504,33 @@ class ProfilingSession:
             self.warnings.append(f"{kind} failed and was skipped ({type(exc).__name__}: "
                                  f"{escape_controls(str(exc))[:200]}); only what depended on it is lost")
             return None
+
+
+class KernelSymbolsLoader:
+    """/proc/kallsyms parsed in a thread started now (0.3 s here), handed to the symbolizer when it first
+    names samples; a failure becomes the symbolizer's own warning (it loads them again itself)."""
+
+    def __init__(self) -> None:
+        self._table = None
+        self._thread: threading.Thread | None = threading.Thread(target=self._load, name="kallsyms", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        from optrace.frontend.symbols.kallsyms import Kallsyms
+
+        try:
+            self._table = Kallsyms.load()
+        except Exception:  # the symbolizer's own load gives the warning
+            self._table = None
+
+    def hand_to(self, symbolizer) -> None:
+        if self._thread is None:
+            return
+        self._thread.join()
+        self._thread = None
+        if self._table is not None:
+            symbolizer.use_kernel_symbols(self._table)
+            self._table = None
 
 
 def leaf_only(sample: RawSample) -> RawSample:

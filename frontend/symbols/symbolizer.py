@@ -77,6 +77,11 @@ class Symbolizer:
         self._loaded_at_last_trim = 0
         self._table_bytes = limits.table_bytes
 
+    def use_kernel_symbols(self, kallsyms: Kallsyms) -> None:
+        """Kernel symbols loaded elsewhere (in a thread, while BPF compiles), unless loaded already."""
+        if not self._kallsyms_loaded:
+            self._kallsyms, self._kallsyms_loaded = kallsyms, True
+
     def snapshot_process(self, pid: int) -> None:
         self.machine.snapshot_process(pid)
 

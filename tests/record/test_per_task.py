@@ -1,0 +1,75 @@
+"""`record -p` samples through events bound to the target's threads and inherited by what it starts
+(bpf/perfevents.py): real BPF, in-process so the test acts at the moment the sampler is attached."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from optrace.bpf.profiler import Profiler
+from optrace.frontend.recorder import Recorder, RecordOptions
+from optrace.model import Record
+
+pytestmark = pytest.mark.usefixtures("bpf_ready")
+
+
+def record_pid(monkeypatch, pid: int, after_attach: Callable[[], None], **options) -> Record:
+    """``record -p pid`` in this process; ``after_attach`` runs in a thread as soon as sampling starts."""
+    attach = Profiler.attach
+
+    def attach_then_act(self: Profiler) -> None:
+        attach(self)
+        threading.Thread(target=after_attach, daemon=True).start()
+
+    monkeypatch.setattr(Profiler, "attach", attach_then_act)
+    return Recorder(RecordOptions(pids=[pid], **options)).run()
+
+
+def leaf_samples(record: Record, comm: str) -> Counter[str]:
+    leaves: Counter[str] = Counter()
+    for sample in record.samples:
+        if sample.comm == comm:
+            leaves[record.frames[sample.frames[0]].symbol if sample.frames else "[unknown]"] += sample.count
+    return leaves
+
+
+def test_target_exiting_soon_after_attach_is_named(monkeypatch, workloads):
+    """The target's mappings are read before the compile, so samples of a process killed 0.1 s after the
+    sampler starts are named (they used to be all [unknown] when it exited within ~0.3 s)."""
+    target = subprocess.Popen([str(workloads / "demo"), "60"])
+    try:
+        record = record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
+                            frequency_hz=4999, duration_s=30)
+    finally:
+        target.kill()
+        target.wait()
+    assert target.returncode == -signal.SIGKILL
+    leaves = leaf_samples(record, "demo")
+    assert sum(leaves.values()) > 0, "no sample in the 0.1 s between attach and exit"
+    named = sum(n for name, n in leaves.items() if name in ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix(double)"))
+    assert named >= 0.9 * sum(leaves.values()), leaves
+    assert record.meta.duration_s < 5  # the recording ends with its target
+
+
+def test_threads_and_children_started_after_attach_are_sampled(monkeypatch, workloads):
+    """The target is idle when the sampler attaches; then it forks a child that starts two threads: the
+    events are inherited by both, so the burn is in the profile (and nothing of other processes)."""
+    target = subprocess.Popen(["sh", "-c", f"read go; exec {workloads / 'stacks'} 1 2 0 >/dev/null & wait"],
+                              stdin=subprocess.PIPE)
+
+    def go() -> None:
+        target.stdin.write(b"go\n")
+        target.stdin.flush()
+
+    try:
+        record = record_pid(monkeypatch, target.pid, go, frequency_hz=499, duration_s=60)
+    finally:
+        target.kill()
+        target.wait()
+    leaves = leaf_samples(record, "stacks")
+    assert leaves["leaf_burn"] > 0.8 * sum(leaves.values()), leaves  # its main thread only waits
+    assert {sample.comm for sample in record.samples} <= {"sh", "stacks"}
