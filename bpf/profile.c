@@ -53,7 +53,9 @@ enum lost_reason {
     NR_LOST,
 };
 
-BPF_HASH(counts, struct key_t, u64, COUNTS_SIZE);
+// One counts map per set: the frontend reads and deletes a whole map in one batch (BPF_MAP_LOOKUP_AND_DELETE_BATCH).
+BPF_HASH(counts0, struct key_t, u64, COUNTS_SIZE);
+BPF_HASH(counts1, struct key_t, u64, COUNTS_SIZE);
 BPF_STACK_TRACE_BUILDID(ustacks0, BUILD_ID_SIZE);
 BPF_STACK_TRACE_BUILDID(ustacks1, BUILD_ID_SIZE);
 // Spare user-stack maps take a stack whose bucket in the main map is taken: by a hash collision,
@@ -68,7 +70,7 @@ BPF_STACK_TRACE(kstacks1, STACK_SIZE);
 BPF_TABLE("lru_hash", u32, u64, epochs, PROCS_SIZE);  // pid -> when its executable mappings last changed
 BPF_TABLE("lru_hash", u32, u64, known, PROCS_SIZE);   // pid -> the epoch the frontend read its mappings at
 BPF_TABLE("lru_hash", u32, u8, exec_maps, 4096);      // thread -> in an mmap/mprotect asking for PROT_EXEC
-BPF_ARRAY(active, u32, 1);
+BPF_ARRAY(active, u32, 2);  // [0]: the set the sampler writes; [1]: non-zero once sampling is over (-d)
 BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
 BPF_HASH(targets, u32, u8, TARGETS_SIZE);
 BPF_PERF_OUTPUT(proc_events);
@@ -102,11 +104,20 @@ static inline u32 stack_loss(s32 id, u32 collision, u32 missing, int expected)
 
 static inline void add_count(struct key_t *key)
 {
-    u64 *value = counts.lookup(key);
-    if (!value) {
-        u64 zero = 0;
-        counts.insert(key, &zero);  // fails harmlessly when another CPU created it first
-        value = counts.lookup(key);
+    u64 zero = 0;
+    u64 *value;
+    if (key->set == 1) {  // written out per set: a map cannot be picked at run time
+        value = counts1.lookup(key);
+        if (!value) {
+            counts1.insert(key, &zero);  // fails harmlessly when another CPU created it first
+            value = counts1.lookup(key);
+        }
+    } else {
+        value = counts0.lookup(key);
+        if (!value) {
+            counts0.insert(key, &zero);
+            value = counts0.lookup(key);
+        }
     }
     if (value)
         __sync_fetch_and_add(value, 1);
@@ -158,8 +169,11 @@ int on_sample(struct bpf_perf_event_data *ctx)
         return 0;
     }
     // No pid check: with target pids, the events are bound to the targets' tasks (perfevents.py).
+    u32 zero = 0, one = 1;
+    u32 *stopped = active.lookup(&one);
+    if (stopped && *stopped)
+        return 0;
     int in_kernel = (ctx->regs.cs & 3) == 0;
-    u32 zero = 0;
     u32 *set = active.lookup(&zero);
     struct key_t key = {.set = set ? *set : 0, .pid = tgid, .tid = (u32)id};
     bpf_get_current_comm(&key.comm, sizeof(key.comm));

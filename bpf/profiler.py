@@ -6,14 +6,16 @@ This module and its siblings are the only ones that import BCC.
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import math
 import os
+import struct
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from optrace.bpf import perfevents
 from optrace.bpf.loader import counter_increments, import_bcc, load_bcc
@@ -39,11 +41,14 @@ BUILD_ID_IP = 2
 BPF_NOEXIST = 1
 GRACE_SECONDS = 0.005  # a sampler run takes microseconds; this is long past any run that saw the old set
 PROC_EXEC, PROC_EXIT = 0, 1
+BUILD_ID_ENTRY = struct.Struct("<i20sQ")  # struct bpf_stack_build_id
+SWEEP_EVERY = 30  # drains between two sweeps of the stack maps for stacks no count names
 # Stack maps: a new stack whose hash bucket holds another stack is a collision, so a map needs several
 # buckets per distinct stack of a drain period (at most CPUs x Hz per second): at 4 per sample a stack
 # finds its bucket taken about 1 time in 8, and then the next map in the chain (profile.c) takes it.
 BUCKETS_PER_SAMPLE = 4
 MIN_STACKS = 8192
+MIN_COUNTS = 40960
 MAX_STACKS = 1 << 17  # 128 MiB per raw-IP or kernel map (1 KiB a stack), two sets
 MAX_BUILD_ID_STACKS = 1 << 14  # build-id stacks are 4 KiB each (127 x 32 bytes): 64 MiB per map
 
@@ -71,7 +76,7 @@ class Profiler:
         pids: Iterable[int] | None = None,
         follow_children: bool = True,
         stack_storage_size: int | None = None,
-        counts_size: int = 40960,
+        counts_size: int | None = None,
         targets_size: int = 65536,
         raw_stacks: bool = True,
         cfi_unwind: bool = False,
@@ -86,11 +91,13 @@ class Profiler:
         self._follow = follow_children
         self.stack_storage_size = stack_storage_size or default_stack_storage(frequency_hz, len(online_cpus()))
         size = self.stack_storage_size
+        # a count per distinct (process, stacks) of a drain period: at most one per sample
+        self._counts_size = counts_size or max(MIN_COUNTS, size // BUCKETS_PER_SAMPLE * 2)
         self._cflags = [
             f"-DSTACK_SIZE={size}",
             f"-DBUILD_ID_SIZE={min(size, MAX_BUILD_ID_STACKS)}",
             f"-DSPARE_SIZE={max(min(size, MAX_BUILD_ID_STACKS) // 4, 1)}",
-            f"-DCOUNTS_SIZE={counts_size}",
+            f"-DCOUNTS_SIZE={self._counts_size}",
             f"-DTARGETS_SIZE={targets_size}",
             f"-DPROCS_SIZE={targets_size}",
         ]
@@ -109,6 +116,7 @@ class Profiler:
         self._bpf = None
         self._set = 0
         self._lost_seen = [0] * len(LOST_REASONS)
+        self._sweeps = 0
         self._events: list[tuple[int, int, str]] = []
         self.events_lost = 0
         self._pids: list[int] = []
@@ -209,6 +217,12 @@ class Profiler:
         result.execs, result.exits = self.poll_events()
         return result
 
+    def stop_sampling(self) -> None:
+        """Samples from now on are ignored (the events stay until :meth:`close`): a recording's end is kept
+        to the moment, even while a drain is still busy. Safe from another thread."""
+        active = self._bpf[b"active"]
+        active[active.Key(1)] = active.Leaf(1)
+
     def epoch(self, pid: int) -> int:
         """The process's mappings epoch (set now if it has none). To let the sampler take raw IPs of a
         process, the caller reads this epoch first, then /proc/PID/maps, then calls :meth:`mark_known`:
@@ -232,60 +246,40 @@ class Profiler:
         return execs, exits
 
     def _read_set(self, index: int, now: float) -> tuple[list[RawSample], set[int]]:
-        counts = self._bpf[b"counts"]
-        tables = {kind: self._bpf[f"{name}{index}{suffix}".encode()]
-                  for kind, name, suffix in ((USER_BUILD_ID, "ustacks", ""), (USER_SPARE, "ustacks", "_alt"),
-                                             (USER_RAW, "rawstacks", ""))}
-        kstacks = self._bpf[f"kstacks{index}".encode()]
-        items = [(k, v) for k, v in counts.items() if k.set == index]
+        """The set's counts in one batched read-and-delete, then each stack they name read and deleted once
+        (one syscall each; stack maps have no batch operations)."""
+        stacks = {kind: StackReader(self._bpf[f"{name}{index}{suffix}".encode()], decode)
+                  for kind, name, suffix, decode in (
+                      (USER_BUILD_ID, "ustacks", "", _build_id_frames), (USER_SPARE, "ustacks", "_alt", _build_id_frames),
+                      (USER_RAW, "rawstacks", "", _raw_frames))}
+        kstacks = StackReader(self._bpf[f"kstacks{index}".encode()], _raw_ips)
+        items = list(self._bpf[f"counts{index}".encode()].items_lookup_and_delete_batch())
         on_build_ids = set()  # processes whose maps the sampler still waits for
-        ucache: dict[tuple, tuple[UserFrame, ...]] = {}
         cfi = self.unwind.read_stacks(index) if self.unwind else {}
-        kcache: dict[int, tuple[int, ...]] = {}
         samples = []
         for key, value in items:
-            kernel = self._kernel_stack(kstacks, key.kernel_stack_id, kcache)
+            kernel = kstacks.take(key.kernel_stack_id)
+            count = value  # a ctypes array of c_uint64 gives ints
             comm = key.comm.decode("utf-8", "replace")
             if key.user_map == USER_CFI:
                 unwound = cfi.get(key.cfi_stack)
                 user, stop = (unwound.frames, unwound.status) if unwound else ((), "")
-                samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, tid=key.tid, stop=stop))
-                self.stats["cfi"] += value.value
+                samples.append(RawSample(key.pid, comm, user, kernel, count, now, tid=key.tid, stop=stop))
+                self.stats["cfi"] += count
                 continue
-            user = self._user_stack(tables, key, ucache)
+            user = stacks[key.user_map].take(key.user_stack_id) if key.user_map in stacks else ()
             raw = bool(user) and key.user_map == USER_RAW
-            samples.append(RawSample(key.pid, comm, user, kernel, value.value, now, key.epoch if raw else 0, key.tid))
+            samples.append(RawSample(key.pid, comm, user, kernel, count, now, key.epoch if raw else 0, key.tid))
             if raw:
-                self.stats["raw"] += value.value
+                self.stats["raw"] += count
             elif user:
-                self.stats["build_id"] += value.value
+                self.stats["build_id"] += count
                 on_build_ids.add(key.pid)
-        for key, _ in items:
-            del counts[key]
-        for table in (*tables.values(), kstacks):
-            _clear_stacks(table)
+        self._sweeps += 1
+        if self._sweeps % SWEEP_EVERY == 0 or len(items) >= self._counts_size:
+            for reader in (*stacks.values(), kstacks):  # stacks whose count was lost (a full counts map)
+                _clear_stacks(reader.table)
         return samples, on_build_ids
-
-    def _user_stack(self, tables: dict, key, cache: dict) -> tuple[UserFrame, ...]:
-        if key.user_stack_id < 0:
-            return ()
-        raw = key.user_map == USER_RAW
-        slot = (key.user_map, key.user_stack_id)
-        if slot not in cache:
-            table = tables[key.user_map]
-            if raw:
-                cache[slot] = tuple(UserFrame(None, ip) for ip in _raw_ips(table, key.user_stack_id))
-            else:
-                cache[slot] = _decode_build_id_stack(table, key.user_stack_id)
-        return cache[slot]
-
-    @staticmethod
-    def _kernel_stack(table, stack_id: int, cache: dict) -> tuple[int, ...]:
-        if stack_id < 0:
-            return ()
-        if stack_id not in cache:
-            cache[stack_id] = _raw_ips(table, stack_id)
-        return cache[stack_id]
 
     def _read_lost(self) -> dict[str, int]:
         """Increments since the previous drain (the per-CPU counters themselves only grow)."""
@@ -326,12 +320,54 @@ def online_cpus() -> list[int]:
     return list(import_bcc().utils.get_online_cpus())
 
 
-def _raw_ips(table, stack_id: int) -> tuple[int, ...]:
-    try:
-        ips = table[table.Key(stack_id)].ip
-    except KeyError:
-        return ()
-    return tuple(ip for ip in ips if ip)
+class StackReader:
+    """Reads and deletes stack ids of one stack map, each once per drain (a drain's samples share stacks)."""
+
+    def __init__(self, table, decode: Callable[[bytes], tuple]) -> None:
+        from bcc.libbcc import lib
+
+        self.table = table
+        self._lookup_and_delete = lib.bpf_lookup_and_delete
+        self._decode = decode
+        self._key = ctypes.c_uint32()
+        self._leaf = table.Leaf()
+        self._size = ctypes.sizeof(self._leaf)
+        self._taken: dict[int, tuple] = {}
+
+    def take(self, stack_id: int) -> tuple:
+        if stack_id < 0:
+            return ()
+        stack = self._taken.get(stack_id)
+        if stack is None:
+            self._key.value = stack_id
+            found = self._lookup_and_delete(self.table.map_fd, ctypes.byref(self._key), ctypes.byref(self._leaf)) == 0
+            stack = self._decode(ctypes.string_at(ctypes.addressof(self._leaf), self._size)) if found else ()
+            self._taken[stack_id] = stack
+        return stack
+
+
+def _raw_ips(value: bytes) -> tuple[int, ...]:
+    """A stack map value: u64 addresses, zero after the last frame."""
+    ips = array.array("Q", value)
+    end = ips.index(0) if 0 in ips else len(ips)
+    return tuple(ips[:end])
+
+
+def _raw_frames(value: bytes) -> tuple[UserFrame, ...]:
+    return tuple(UserFrame(None, ip) for ip in _raw_ips(value))
+
+
+def _build_id_frames(value: bytes) -> tuple[UserFrame, ...]:
+    """struct bpf_stack_build_id entries (status, 20-byte build-id, offset or ip) up to the first empty one."""
+    frames = []
+    for status, build_id, offset in BUILD_ID_ENTRY.iter_unpack(value):
+        if status == BUILD_ID_VALID:
+            frames.append(UserFrame(build_id, offset))
+        elif status == BUILD_ID_IP and offset:
+            frames.append(UserFrame(None, offset))
+        else:
+            break
+    return tuple(frames)
 
 
 def _lookup(table, pid: int) -> int:
@@ -347,22 +383,6 @@ def _insert_if_absent(table, pid: int, value: int) -> None:
 
     key, leaf = table.Key(pid), table.Leaf(value)
     lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
-
-
-def _decode_build_id_stack(table, stack_id: int) -> tuple[UserFrame, ...]:
-    try:
-        trace = table[table.Key(stack_id)].trace
-    except KeyError:
-        return ()
-    frames = []
-    for entry in trace:
-        if entry.status == BUILD_ID_VALID:
-            frames.append(UserFrame(bytes(entry.build_id), entry.offset))
-        elif entry.status == BUILD_ID_IP and entry.offset:
-            frames.append(UserFrame(None, entry.offset))
-        else:
-            break
-    return tuple(frames)
 
 
 def _clear_stacks(table) -> None:

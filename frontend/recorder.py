@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -75,6 +76,8 @@ class Recorder:
         self.stopped_command = False  # the recording ended first (-d, a signal) and stopped the command
         self.warnings: list[str] = []
         self._targets: set[int] = set()
+        self._ended: float | None = None
+        self._end_lock = threading.Lock()
         opts = options
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
@@ -92,13 +95,25 @@ class Recorder:
                 calls = self._start_call_counter(stack)
                 t0 = time.monotonic()
                 self._start_targets()
+                if self.options.duration_s:
+                    timer = threading.Timer(self.options.duration_s, self._time_up)
+                    timer.start()
+                    stack.callback(timer.cancel)
                 self._loop(stop, t0)
+                self._time_up()
                 self._final_drain()
                 call_counts = calls.calls() if calls else []
-            duration = time.monotonic() - t0
-            return self._build_record(started, duration, call_counts)
+            return self._build_record(started, self._ended - t0, call_counts)
         finally:
             self.session.close()
+
+    def _time_up(self) -> None:
+        """Sampling ends now, even while a drain is busy (a timer thread calls this at -d); the samples
+        already taken are read by the drains still to come."""
+        with self._end_lock:
+            if self._ended is None:
+                self._ended = time.monotonic()
+                self.session.stop_sampling()
 
     def _start_call_counter(self, stack: ExitStack):
         if not self.options.uprobes:

@@ -222,6 +222,10 @@ class ProfilingSession:
     def event(self) -> str:
         return self.profiler.event if self.profiler else ""
 
+    def stop_sampling(self) -> None:
+        """The recording's time is up: samples from now on are not kept (safe from another thread)."""
+        self.profiler.stop_sampling()
+
     def add_pid(self, pid: int) -> None:
         """Profile one more process (and its children), e.g. a command started after the session."""
         self.profiler.add_pid(pid)
