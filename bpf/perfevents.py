@@ -14,6 +14,8 @@ import ctypes
 import errno
 import fcntl
 import os
+from collections.abc import Callable
+from functools import partial
 
 from optrace.bpf.loader import import_bcc
 from optrace.errors import OptraceError
@@ -65,11 +67,11 @@ class TaskEvents:
             raise OptraceError(f"cannot attach the sampler to thread {tid}'s event: {exc.strerror}") from exc
         self._fds[tid] = fd
 
-    def close(self) -> None:
-        """Close every event: the kernel removes the inherited copies with their parent. Safe to call twice."""
+    def closers(self) -> list[Callable[[], None]]:
+        """One call per event that closes it (the kernel removes the inherited copies with their parent);
+        the caller may run them side by side. Afterwards nothing is left to close."""
         fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
+        return [partial(os.close, fd) for fd in fds.values()]
 
 
 def probe(ev_type: int, ev_config: int, frequency_hz: int) -> bool:
