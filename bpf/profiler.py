@@ -251,10 +251,12 @@ class Profiler:
     def _read_set(self, index: int, now: float) -> tuple[list[RawSample], set[int]]:
         """The set's counts in one batched read-and-delete, then each stack they name read and deleted once
         (one syscall each; stack maps have no batch operations)."""
+        frames = FrameDecoder()  # distinct stacks of a drain share most of their frames: each is made once
         stacks = {kind: StackReader(self._bpf[f"{name}{index}{suffix}".encode()], decode)
                   for kind, name, suffix, decode in (
-                      (USER_BUILD_ID, "ustacks", "", _build_id_frames), (USER_SPARE, "ustacks", "_alt", _build_id_frames),
-                      (USER_RAW, "rawstacks", "", _raw_frames))}
+                      (USER_BUILD_ID, "ustacks", "", frames.build_id_frames),
+                      (USER_SPARE, "ustacks", "_alt", frames.build_id_frames),
+                      (USER_RAW, "rawstacks", "", frames.raw_frames))}
         kstacks = StackReader(self._bpf[f"kstacks{index}".encode()], _raw_ips)
         items = list(self._bpf[f"counts{index}".encode()].items_lookup_and_delete_batch())
         on_build_ids = set()  # processes whose maps the sampler still waits for
@@ -363,21 +365,40 @@ def _raw_ips(value: bytes) -> tuple[int, ...]:
     return tuple(ips[:end])
 
 
-def _raw_frames(value: bytes) -> tuple[UserFrame, ...]:
-    return tuple(UserFrame(None, ip) for ip in _raw_ips(value))
+class FrameDecoder:
+    """Stack map values as UserFrames, one object per distinct frame (a raw IP, a build-id entry)."""
+
+    def __init__(self) -> None:
+        self._raw: dict[int, UserFrame] = {}
+        self._entries: dict[bytes, UserFrame | None] = {}
+
+    def raw_frames(self, value: bytes) -> tuple[UserFrame, ...]:
+        frames = self._raw
+        return tuple(frames.get(ip) or frames.setdefault(ip, UserFrame(None, ip)) for ip in _raw_ips(value))
+
+    def build_id_frames(self, value: bytes) -> tuple[UserFrame, ...]:
+        """struct bpf_stack_build_id entries (status, 20-byte build-id, offset or ip) up to the first one
+        that is neither a valid build-id frame nor a non-zero IP."""
+        out = []
+        size = BUILD_ID_ENTRY.size
+        for start in range(0, len(value) - size + 1, size):
+            entry = value[start:start + size]
+            if entry not in self._entries:
+                self._entries[entry] = _build_id_frame(entry)
+            frame = self._entries[entry]
+            if frame is None:
+                break
+            out.append(frame)
+        return tuple(out)
 
 
-def _build_id_frames(value: bytes) -> tuple[UserFrame, ...]:
-    """struct bpf_stack_build_id entries (status, 20-byte build-id, offset or ip) up to the first empty one."""
-    frames = []
-    for status, build_id, offset in BUILD_ID_ENTRY.iter_unpack(value):
-        if status == BUILD_ID_VALID:
-            frames.append(UserFrame(build_id, offset))
-        elif status == BUILD_ID_IP and offset:
-            frames.append(UserFrame(None, offset))
-        else:
-            break
-    return tuple(frames)
+def _build_id_frame(entry: bytes) -> UserFrame | None:
+    status, build_id, offset = BUILD_ID_ENTRY.unpack(entry)
+    if status == BUILD_ID_VALID:
+        return UserFrame(build_id, offset)
+    if status == BUILD_ID_IP and offset:
+        return UserFrame(None, offset)
+    return None
 
 
 def _lookup(table, pid: int) -> int:

@@ -248,7 +248,8 @@ class ProfilingSession:
     def drain(self) -> Drain:
         result = self.profiler.drain()
         translated: dict[tuple, tuple[UserFrame, ...]] = {}
-        samples = [self._translated(s, translated) for s in result.samples
+        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
+        samples = [self._translated(s, translated, addresses) for s in result.samples
                    if not self.options.comms or s.comm in self.options.comms]
         self._note_execs(result.execs)
         maybe_jit = self._learn_processes(samples, result.time)
@@ -414,9 +415,11 @@ class ProfilingSession:
                 "jit_symbols": self.jit.budget.entries, "jit_names_bytes": self.jit.budget.name_bytes}
 
     # -- processes -------------------------------------------------------------------------------------
-    def _translated(self, sample: RawSample, done: dict[tuple, tuple[UserFrame, ...]]) -> RawSample:
+    def _translated(self, sample: RawSample, done: dict[tuple, tuple[UserFrame, ...]],
+                    addresses: dict[tuple[int, int], dict[int, UserFrame]]) -> RawSample:
         """Raw IPs as the kernel's build-id map would have given them, from the mappings of their epoch
-        (``done``: the stacks translated in this drain, by process, epoch and IPs)."""
+        (``done``: the stacks translated in this drain, by process, epoch and IPs; ``addresses``: each
+        address's frame, by process and epoch)."""
         if not sample.epoch:
             return sample
         key = (sample.pid, sample.epoch, sample.user)
@@ -426,7 +429,9 @@ class ProfilingSession:
                 self.stats["raw_without_mappings"] += sample.count
                 done[key] = sample.user
             else:
-                done[key] = tuple(space.frame(f.offset) for f in sample.user)
+                frames = addresses.setdefault((sample.pid, sample.epoch), {})  # one lookup per address
+                done[key] = tuple(frames.get(f.offset) or frames.setdefault(f.offset, space.frame(f.offset))
+                                  for f in sample.user)
         return dataclasses.replace(sample, user=done[key], epoch=0)
 
     def _note_execs(self, execs: list[tuple[int, str]]) -> None:
