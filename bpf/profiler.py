@@ -257,7 +257,7 @@ class Profiler:
                       (USER_BUILD_ID, "ustacks", "", frames.build_id_frames),
                       (USER_SPARE, "ustacks", "_alt", frames.build_id_frames),
                       (USER_RAW, "rawstacks", "", frames.raw_frames))}
-        kstacks = StackReader(self._bpf[f"kstacks{index}".encode()], _raw_ips)
+        kstacks = StackReader(self._bpf[f"kstacks{index}".encode()], _decode_ips)
         items = list(self._bpf[f"counts{index}".encode()].items_lookup_and_delete_batch())
         on_build_ids = set()  # processes whose maps the sampler still waits for
         cfi = self.unwind.read_stacks(index) if self.unwind else {}
@@ -358,7 +358,16 @@ class StackReader:
         return stack
 
 
-def _raw_ips(value: bytes) -> tuple[int, ...]:
+def _raw_ips(table, stack_id: int) -> tuple[int, ...]:
+    """One stack of a stack map, left in it (bpf/offcpu.py: a stack may still be named later)."""
+    try:
+        ips = table[table.Key(stack_id)].ip
+    except KeyError:
+        return ()
+    return tuple(ip for ip in ips if ip)
+
+
+def _decode_ips(value: bytes) -> tuple[int, ...]:
     """A stack map value: u64 addresses, zero after the last frame."""
     ips = array.array("Q", value)
     end = ips.index(0) if 0 in ips else len(ips)
@@ -374,7 +383,7 @@ class FrameDecoder:
 
     def raw_frames(self, value: bytes) -> tuple[UserFrame, ...]:
         frames = self._raw
-        return tuple(frames.get(ip) or frames.setdefault(ip, UserFrame(None, ip)) for ip in _raw_ips(value))
+        return tuple(frames.get(ip) or frames.setdefault(ip, UserFrame(None, ip)) for ip in _decode_ips(value))
 
     def build_id_frames(self, value: bytes) -> tuple[UserFrame, ...]:
         """struct bpf_stack_build_id entries (status, 20-byte build-id, offset or ip) up to the first one
