@@ -198,6 +198,7 @@ class Recorder:
         idle = lost.pop("idle", 0)
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
+        functions = capture_session(session, frames, samples)  # before the warnings are taken: its own go in
         meta = RecordMeta(
             optrace_version=__version__,
             hostname=socket.gethostname(),
@@ -222,7 +223,6 @@ class Recorder:
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
             off_cpu=self._off_cpu_meta(off_cpu),
         )
-        functions = capture_session(session, frames, samples)
         return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu,
                       functions=functions)
 
