@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import synthetic_record
+from synthetic import synthetic_record
 from optrace.exporters.pprofproto import profile_pb2
 from optrace.model import Frame, Record, RecordMeta, Sample
 from optrace.recordfile import write_record
