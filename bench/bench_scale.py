@@ -221,6 +221,10 @@ def markdown(res: dict) -> str:
              "to attached and from the target's exit to its own.", "",
              md_table(["Hz", "profiler", "runs", "slowdown (median)", "IQR", "CPU time", "timer irq/s",
                        "attach", "exit after target"], summarize_bystander(res["bystander"])), "",
+             "\"attach\" is when the tool's perf event fds stopped changing for 0.3 s: for optrace that can come "
+             "before its sampling event opens (its tracepoints open at the compile, the CFI unwinder's programs "
+             "then take seconds to load), and \"exit after target\" then includes the rest of its start-up. "
+             "The timer interrupt rate is the whole machine's, dominated by other people's work.", "",
              f"### (c) Many distinct stacks: `-a -F {SCALE_HZ} -d {SCALE_SECONDS}` on workloads/stacks (2 threads)", ""]
     rows = []
     for key, r in res["scale"].items():
@@ -242,7 +246,7 @@ def markdown(res: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-bystander", action="store_true")
     args = parser.parse_args()
     subprocess.run(["make", "-s", "-C", str(WORKLOADS.parent)], check=True)
