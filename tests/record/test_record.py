@@ -187,7 +187,8 @@ def test_lost_stacks_are_counted_and_reported(tmp_path, workloads):
     lost line (each sample once); the only counted ones not [unknown] are kernel-mode samples that kept one
     of their two stacks. More than 1 % lost: a warning names the flag."""
     loop = f"for i in $(seq 20); do {workloads / 'shortlived'} 20; done"
-    data = record(tmp_path, "-F", "999", "--stack-storage-size", "2", "--", "sh", "-c", loop)
+    # frame-pointer stacks: the stack maps are then the only store (the CFI unwinder keeps its own)
+    data = record(tmp_path, "-F", "999", "--call-graph", "fp", "--stack-storage-size", "2", "--", "sh", "-c", loop)
     report = report_json(data)
     meta = report["meta"]
     lost_user_stacks = {k: n for k, n in meta["lost"].items() if k.startswith("user_stack")}
