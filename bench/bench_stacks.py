@@ -99,7 +99,7 @@ def complete_share(tool: str, out: Path) -> float | None:
                 total += int(count)
                 complete += int(count) * (ROOT_FRAME in stack)
         return 100.0 * complete / total if total else None
-    text = subprocess.run(["perf", "script", "-i", str(out), "-F", "comm,sym"], capture_output=True,
+    text = subprocess.run(["perf", "script", "-i", str(out), "-F", "comm,ip,sym"], capture_output=True,
                           text=True).stdout
     total = complete = 0
     for block in text.split("\n\n"):

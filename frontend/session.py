@@ -328,18 +328,22 @@ class ProfilingSession:
             self._unwound[pid] = epoch
             self._young.add(pid)
 
-    def _unwind_later(self, pid: int) -> None:
-        """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then)."""
+    def _unwind_later(self, pid: int, program: str | None = None) -> None:
+        """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
+        With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
+        (a compiler's first cc1 is: the next one finds them ready)."""
         if self._unwind_worker is None or pid in self._unwind_queued:
             return
         self._unwind_queued.add(pid)
         try:
-            self._unwind_worker.submit(self._unwind_job, pid)
+            self._unwind_worker.submit(self._unwind_job, pid, program)
         except RuntimeError:  # shut down: the session is ending
             self._unwind_queued.discard(pid)
 
-    def _unwind_job(self, pid: int) -> None:
+    def _unwind_job(self, pid: int, program: str | None) -> None:
         try:
+            if program:
+                self._contain("unwind_tables", self.unwinding.warm, program)
             self._contain("unwind_tables", self.unwind, pid)
         finally:
             self._unwind_queued.discard(pid)
@@ -443,7 +447,7 @@ class ProfilingSession:
                 continue
             self._unwound.pop(pid, None)
             if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
-                self._unwind_later(pid)
+                self._unwind_later(pid, path)
                 self.learn(pid)
             if path:
                 self._contain("executable", self.symbolizer.add_executable, path)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 
 from optrace.bpf.unwindmaps import ProcessMapping
-from optrace.frontend.symbols.access import FileRef
+from optrace.frontend.symbols.access import FileRef, open_ref
+from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.trampolines import trampoline_rows
@@ -23,6 +24,7 @@ class ProcessUnwinding:
 
     def __init__(self, tables: UnwindTableCache | None = None) -> None:
         self.tables = tables or UnwindTableCache()
+        self._linker = Linker()  # caches each library's dynamic section
         self.stats: Counter[str] = Counter()
 
     def mappings(self, pid: int) -> list[ProcessMapping] | None:
@@ -47,8 +49,11 @@ class ProcessUnwinding:
         """Build the tables of ``executable`` (a path as passed to execve) and the libraries it needs
         before it runs, so its first samples are unwound too (the build takes a fraction of a second per
         large file: samples taken meanwhile are walked by frame pointers)."""
-        libraries, _missing = Linker().needed_libraries(executable)
-        for ref in [FileRef(executable, executable, follow_symlinks=True), *libraries]:
+        program = FileRef(executable, executable, follow_symlinks=True)
+        if not _is_elf(program):  # a script: its interpreter's tables come with its process
+            return
+        libraries, _missing = self._linker.needed_libraries(executable)
+        for ref in [program, *libraries]:
             self.tables.file_of_ref(ref)
 
     def _mapping(self, pid: int, entry: MapEntry) -> ProcessMapping | None:
@@ -67,3 +72,11 @@ class ProcessUnwinding:
         self.stats["trampoline_arenas"] += 1
         return ProcessMapping(entry.start, entry.end, 0, entry.start, ("trampolines", entry.end - entry.start),
                               rows, None)
+
+
+def _is_elf(ref: FileRef) -> bool:
+    try:
+        with open_ref(ref) as stream:
+            return stream.read(len(ELF_MAGIC)) == ELF_MAGIC
+    except OSError:
+        return False
