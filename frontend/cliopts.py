@@ -39,6 +39,14 @@ PERF_ONLY_SORT_KEYS = frozenset({
 })
 
 
+def unwind_option() -> Callable[[Any], Any]:
+    """``--call-graph dwarf|fp`` of the commands that sample (record, top): how user stacks are walked."""
+    return click.option("--call-graph", "call_graph", type=click.Choice(["dwarf", "fp"]), default="dwarf",
+                        show_default=True,
+                        help="How user stacks are walked: from the files' CFI in BPF (frame pointers where there is "
+                             "none), or frame pointers only.")
+
+
 def perf_sort_keys(text: str, valid: tuple[str, ...]) -> str:
     """perf's `--sort` spelling -> optrace's: `sym` is `symbol`, `overhead`/`sample` are dropped (rows are
     ordered by samples anyway); a perf key optrace does not record is an error that says so."""

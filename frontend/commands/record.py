@@ -7,7 +7,7 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
-from optrace.frontend.cliopts import pid_option
+from optrace.frontend.cliopts import pid_option, unwind_option
 from optrace.frontend.session import OffCpuOptions
 from optrace.frontend.target import check_command, check_pids, describe_exit, shell_status
 from optrace.escape import escape_controls
@@ -31,9 +31,7 @@ def check_frequency(hz: int) -> None:
 @click.option("-o", "--output", default="optrace.data", show_default=True, help="Record file to write.")
 @click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
 @click.option("-g/--no-stacks", "stacks", default=True, help="Keep whole stacks (default) or only the sampled frame.")
-@click.option("--call-graph", type=click.Choice(["dwarf", "fp"]), default="dwarf", show_default=True,
-              help="How user stacks are walked: from the files' CFI in BPF (frame pointers where there is none), "
-                   "or frame pointers only.")
+@unwind_option()
 @pid_option("-p", "--pid", help="Profile running processes (repeat, or comma list).")
 @click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="Profile the whole machine.")
 @click.option("-d", "--duration", type=float, help="Stop after this many seconds.")

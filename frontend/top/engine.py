@@ -22,6 +22,7 @@ class TopOptions:
     pids: list[int] | None = None  # None: the whole machine
     interval_s: float = 1.0
     sort: tuple[str, ...] = ("dso", "symbol")
+    call_graph: str = "dwarf"  # how user stacks are walked (record's --call-graph)
     zero: bool = False
     children: bool = False
     iterations: int | None = None  # stop after this many refreshes (None: until q, Ctrl-C or SIGTERM)
@@ -39,7 +40,8 @@ class TopEngine:
         self.header = Header(cpus=os.cpu_count() or 0, frequency_hz=options.frequency_hz,
                              interval_s=options.interval_s, zero=options.zero)
         self.session = ProfilingSession(SessionOptions(
-            frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, programs_at_exec=False,
+            frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, call_graph=options.call_graph,
+            programs_at_exec=False,
             learn_at_exec=False, forget_exited=True, symbols_before_attach=True))
         self.refreshes = 0
         self._last = 0.0
