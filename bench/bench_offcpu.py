@@ -155,14 +155,16 @@ def summarize(runs: dict[str, list[dict]], trips: int) -> dict:
 
 
 def targets(res: dict) -> list[dict]:
-    """Verdicts on the workload's elapsed time (its round trips: what a user waits for), CPU time shown too."""
+    """Met only when both the workload's elapsed time (what a user waits for) and its CPU time (what the
+    machine pays: the BPF program runs in the workload's context) grew by at most 5 %; on a shared machine
+    the elapsed time alone swung from -55 % to +9 % between runs, so it cannot pass a cost on its own."""
     rate = res["modes"]["baseline"]["switches_per_s"]
     out = []
     for mode in ("optrace_offcpu", "optrace_offcpu_user"):
         entry = res["modes"][mode]
         out.append({"name": f"offcpu: slowdown of {NAMES[mode]} at {rate / 1000:.0f}k switches/s", "target": "<= 5%",
                     "measured": f"elapsed {entry['slowdown_pct']:+.1f}%, CPU {entry['cpu_slowdown_pct']:+.1f}%",
-                    "met": entry["slowdown_pct"] <= 5.0})
+                    "met": max(entry["slowdown_pct"], entry["cpu_slowdown_pct"]) <= 5.0})
     return out
 
 
