@@ -199,6 +199,7 @@ class ProfilingSession:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
         works until :meth:`close` (a recording names its samples after the profiler is gone)."""
         if self._unwind_worker is not None:
+            self.unwinding.cancel()  # else the table being built (up to its 10 s CPU budget) holds the exit
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
         if self.off_cpu is not None:
             self.off_cpu.close()

@@ -95,6 +95,7 @@ class UnwindTableCache:
         self._bytes = 0
         self._lock = threading.Lock()
         self._building: dict[FileIdentity, threading.Event] = {}
+        self.cancelled = threading.Event()  # set when the session ends: builds in progress stop early
         self._vdso: UnwindFile | None = None
 
     @property
@@ -176,7 +177,7 @@ class UnwindTableCache:
                     break
             pending.wait()  # another thread converts this file: use its result
         try:
-            unwind = self._problems.contained(name, CONSEQUENCE, lambda: _convert(reader, identity)) or NO_FILE
+            unwind = self._problems.contained(name, CONSEQUENCE, lambda: _convert(reader, identity, self.cancelled.is_set)) or NO_FILE
             if not unwind.table.count and unwind.build_id is not None:
                 unwind = self._from_debug_file(unwind)
             if unwind.table.problems:
@@ -215,11 +216,11 @@ class UnwindTableCache:
         return unwind
 
 
-def _convert(stream: BinaryIO, identity: FileIdentity | None) -> UnwindFile:
+def _convert(stream: BinaryIO, identity: FileIdentity | None, stop: Callable[[], bool]) -> UnwindFile:
     elf = ElfFile(stream)
     loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
     build_id = read_build_id(stream)  # first: the table's build may take a while, the reader has a time budget
-    return UnwindFile(build_table(elf), build_id, loads, identity)
+    return UnwindFile(build_table(elf, stop=stop), build_id, loads, identity)
 
 
 def file_identity(fd: int) -> FileIdentity:

@@ -27,14 +27,20 @@ class ProcessUnwinding:
         self._linker = Linker()  # caches each library's dynamic section
         self.stats: Counter[str] = Counter()
 
+    def cancel(self) -> None:
+        """The session is ending: no more tables are built (one in progress stops at its next check)."""
+        self.tables.cancelled.set()
+
     def mappings(self, pid: int) -> list[ProcessMapping] | None:
-        """The process's executable mappings now; None when it is gone."""
+        """The process's executable mappings now; None when it is gone or the session is ending."""
         try:
             entries = parse_maps(read_maps_text(pid))
         except OSError:
             return None
         found = []
         for entry in entries:
+            if self.tables.cancelled.is_set():
+                return None
             if entry.is_file and entry.executable:
                 mapping = self._mapping(pid, entry)
             elif entry.executable and not entry.path:
@@ -54,6 +60,8 @@ class ProcessUnwinding:
             return
         libraries, _missing = self._linker.needed_libraries(executable)
         for ref in [program, *libraries]:
+            if self.tables.cancelled.is_set():
+                return
             self.tables.file_of_ref(ref)
 
     def _mapping(self, pid: int, entry: MapEntry) -> ProcessMapping | None:

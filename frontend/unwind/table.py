@@ -25,7 +25,7 @@ from __future__ import annotations
 import io
 import time
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import BinaryIO
@@ -89,7 +89,12 @@ class UnwindTable:
 EMPTY = UnwindTable(b"", 0, "", 0)
 
 
-def build_table(source: bytes | BinaryIO | ElfFile, seconds: float = BUILD_SECONDS) -> UnwindTable:
+def _never() -> bool:
+    return False
+
+
+def build_table(source: bytes | BinaryIO | ElfFile, seconds: float = BUILD_SECONDS,
+                stop: Callable[[], bool] = _never) -> UnwindTable:
     """The unwind table of an x86-64 ELF file (its bytes, a seekable bounded reader or an ElfFile).
 
     FDEs come from ``.eh_frame`` and from ``.debug_frame`` (a separate debug file has only the latter; a
@@ -97,7 +102,9 @@ def build_table(source: bytes | BinaryIO | ElfFile, seconds: float = BUILD_SECON
     C runtime's in ``.eh_frame``); where both describe a PC, ``.eh_frame`` wins. Malformed call-frame
     information gives a partial table (what was decoded before the fault, bad FDEs as CFA_UNSUPPORTED)
     with ``problems`` counted; a file for another machine (i386, aarch64) has the empty table. Raises
-    ElfFormatError when ``source`` is not a well-formed ELF file, OSError when it cannot be read."""
+    ElfFormatError when ``source`` is not a well-formed ELF file, OSError when it cannot be read.
+    ``stop`` is asked along with the CPU budget: once it says so the build ends there (a partial table),
+    so a session that is ending never waits out a large or crafted file's build."""
     elf = source if isinstance(source, ElfFile) else ElfFile(io.BytesIO(source) if isinstance(source, bytes) else source)
     if elf.machine != EM_X86_64 or elf.elfclass != 64:
         return EMPTY  # not a fault of the file: rows are for x86-64 only (its code is walked by frame pointers)
@@ -110,7 +117,7 @@ def build_table(source: bytes | BinaryIO | ElfFile, seconds: float = BUILD_SECON
         if header is None or header.type == SHT_NOBITS or header.size == 0:
             continue
         try:
-            found = _decode(_section(elf, header), deadline, problems)
+            found = _decode(_section(elf, header), deadline, problems, stop)
         except (BudgetExceeded, ElfFormatError) as err:
             problems.append(f"{name}: {err}")
             continue
@@ -155,7 +162,8 @@ def _table(fdes: list[tuple[int, int, list]], source: str, problems: list[str]) 
     return UnwindTable(bytes(rows), len(pcs), source, unsupported, len(problems), problems[0] if problems else "")
 
 
-def _decode(section: Section, deadline: float, problems: list[str]) -> list[tuple[int, int, list]]:
+def _decode(section: Section, deadline: float, problems: list[str],
+            stop: Callable[[], bool] = _never) -> list[tuple[int, int, list]]:
     """(start, end, rows) of every FDE with a non-empty range, decoded until the first fault, sorted."""
     runner = ProgramRunner()
     fdes = []
@@ -163,6 +171,8 @@ def _decode(section: Section, deadline: float, problems: list[str]) -> list[tupl
         for count, fde in enumerate(read_fdes(section), 1):
             if count % _CHECK_EVERY == 0 and time.thread_time() > deadline:
                 raise CfiError(f"over its CPU time budget after {count} FDEs")
+            if count % _CHECK_EVERY == 0 and stop():
+                raise CfiError(f"stopped after {count} FDEs: the session is ending")
             if fde.end <= fde.start:
                 continue
             try:
