@@ -118,6 +118,9 @@ class Measured:
     attached_s: float | None = None  # seconds from start until its first BPF program was seen
     prog_ids: set[int] = field(default_factory=set)
     stop_s: float | None = None  # seconds from the stop signal to its exit
+    # seconds until its last BPF program was seen: programs load one after another (the CFI unwinder's
+    # step program takes the verifier seconds), and a recording's time starts after the last one
+    loaded_s: float | None = None
 
     def describe(self) -> str:
         return (f"optrace {' '.join(self.argv[1:])}: exit {self.returncode}, {self.wall_s:.1f} s, "
@@ -148,6 +151,7 @@ class Running:
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=err)
         self.started = time.monotonic()
         self.attached_s: float | None = None
+        self.loaded_s: float | None = None
         self.prog_ids: set[int] = set()
         self._pid: int | None = None
 
@@ -176,6 +180,8 @@ class Running:
         found = bpf_prog_ids(self.pid) if self.pid else set()
         if found and self.attached_s is None:
             self.attached_s = time.monotonic() - self.started
+        if found - self.prog_ids:
+            self.loaded_s = time.monotonic() - self.started
         self.prog_ids |= found
 
     def wait_attached(self, timeout: float = 60) -> None:
@@ -206,7 +212,8 @@ class Running:
         code = self.proc.returncode
         return Measured(self.argv, code, self.out_path.read_text(errors="replace"), self.stderr(), wall,
                         int(usage[-1]) if usage and usage[-1].isdigit() else 0, timed_out, self.attached_s,
-                        set(self.prog_ids), time.monotonic() - signalled if stop_signal is not None else None)
+                        set(self.prog_ids), time.monotonic() - signalled if stop_signal is not None else None,
+                        self.loaded_s)
 
 
 def run_measured(args: list[str], workdir: Path, timeout: float = 60) -> Measured:
