@@ -224,8 +224,11 @@ class ProfilingSession:
         return self.profiler.event if self.profiler else ""
 
     def stop_sampling(self) -> None:
-        """The recording's time is up: samples from now on are not kept (safe from another thread)."""
+        """The recording's time is up: samples from now on are not kept (safe from another thread), and no
+        more unwind tables are built (they would only compete with the final drain for the interpreter)."""
         self.profiler.stop_sampling()
+        if self.unwinding is not None:
+            self.unwinding.cancel()
 
     def add_pid(self, pid: int) -> None:
         """Profile one more process (and its children), e.g. a command started after the session."""
