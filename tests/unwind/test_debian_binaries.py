@@ -111,7 +111,9 @@ def test_cc1(tmp_path, perf):
     big = tmp_path / "big.c"
     big.write_text(generated_c(1000))
     script = f"gcc -c {small} -o {tmp_path}/small.o && sleep 5 && gcc -O2 -c {big} -o {tmp_path}/big.o"
-    compare_with_perf(tmp_path, perf, ["sh", "-c", script])
+    # cc1 is stripped: perf shows its frames as addresses in some runs (seen in a clean-clone CI run: only
+    # main and __libc_start_call_main named by both), so two shared rows are asked for, each within 3 points
+    compare_with_perf(tmp_path, perf, ["sh", "-c", script], named=2)
 
 
 def generated_c(functions: int) -> str:
