@@ -157,7 +157,7 @@ class UnwindTableCache:
         image = read_own_vdso()
         unwind = None
         if image is not None:
-            unwind = self._problems.contained(VDSO, CONSEQUENCE, lambda: _convert(io.BytesIO(image), None))
+            unwind = self._problems.contained(VDSO, CONSEQUENCE, lambda: _convert(io.BytesIO(image), None, self.cancelled.is_set))
         with self._lock:
             self._vdso = unwind or NO_FILE
             return self._vdso

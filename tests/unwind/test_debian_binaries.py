@@ -111,9 +111,16 @@ def test_cc1(tmp_path, perf):
     big = tmp_path / "big.c"
     big.write_text(generated_c(1000))
     script = f"gcc -c {small} -o {tmp_path}/small.o && sleep 5 && gcc -O2 -c {big} -o {tmp_path}/big.o"
-    # cc1 is stripped: perf shows its frames as addresses in some runs (seen in a clean-clone CI run: only
-    # main and __libc_start_call_main named by both), so two shared rows are asked for, each within 3 points
-    compare_with_perf(tmp_path, perf, ["sh", "-c", script], named=2)
+    # cc1 is stripped, so perf names only main and __libc_start_call_main, and perf's own dwarf unwinding
+    # leaves 6-9 % of cc1's stacks short of them (seen in clean-clone CI runs: perf 91.6 %, optrace 98.2 %):
+    # perf is no 3-point reference here. optrace's stacks must be complete and reach main at least as
+    # often as perf's.
+    ours, meta = optrace_children(tmp_path, ["sh", "-c", script])
+    theirs = perf_children(tmp_path, perf, ["sh", "-c", script])
+    quality = meta["stack_quality"]
+    assert quality.get("complete", 0) >= 0.95 * sum(quality.values()), quality
+    assert ours.get("main", 0) >= 95, sorted(ours.items(), key=lambda item: -item[1])[:10]
+    assert ours["main"] >= theirs.get("main", 0) - 3, (ours["main"], theirs.get("main"))
 
 
 def generated_c(functions: int) -> str:
