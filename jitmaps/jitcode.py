@@ -12,8 +12,9 @@ kept); what does not fit is not kept (annotate then lists the function as having
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from optrace.procfs import read_process_memory
 
 MAX_FUNCTION_BYTES = 64 << 10
 MAX_TOTAL_BYTES = 32 << 20
@@ -70,18 +71,3 @@ class JitCodeStore:
     def forget_process(self, pid: int) -> None:
         for code in self._code.pop(pid, {}).values():
             self.total -= len(code.code)
-
-
-def read_process_memory(pid: int, address: int, size: int) -> bytes | None:
-    """``size`` bytes at ``address`` in ``pid`` (None when unmapped or the process is gone)."""
-    try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.pread(fd, size, address)
-    except (OSError, OverflowError):
-        return None
-    finally:
-        os.close(fd)
-    return data if len(data) == size else None

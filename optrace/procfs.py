@@ -147,3 +147,19 @@ def exec_path(pid: int, filename: str) -> str | None:
             continue
     path = os.path.abspath(filename)
     return path if os.path.exists(path) else None
+
+
+def read_process_memory(pid: int, address: int, size: int) -> bytes | None:
+    """``size`` bytes at ``address`` in ``pid`` (None when unmapped or the process is gone): the kernel's
+    /proc/PID/mem, so only the bytes are the process's; callers compare or disassemble them, bounded by ``size``."""
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, size, address)
+    except (OSError, OverflowError):
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == size else None

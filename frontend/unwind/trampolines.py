@@ -10,8 +10,8 @@ every copy, so the unwinder walks from the interpreter through the trampoline in
 """
 from __future__ import annotations
 
-import os
 
+from optrace.procfs import read_process_memory
 from optrace.frontend.unwind.row import CFA_END, CFA_RSP, RBP_SAME, ROW
 
 TRAMPOLINE = bytes.fromhex("4883ec08ffd14883c408c3")  # x86-64, CPython 3.12 built without frame pointers
@@ -22,7 +22,7 @@ MAX_ARENA = 16 << 20
 def trampoline_rows(pid: int, start: int, end: int) -> bytes | None:
     """Rows (ELF-like addresses relative to ``start``) for an anonymous executable mapping of ``pid`` that
     holds perf trampolines, else None."""
-    if end - start > MAX_ARENA or _code_at(pid, start, len(TRAMPOLINE)) != TRAMPOLINE:
+    if end - start > MAX_ARENA or read_process_memory(pid, start, len(TRAMPOLINE)) != TRAMPOLINE:
         return None
     return arena_rows(end - start)
 
@@ -38,18 +38,3 @@ def arena_rows(size: int) -> bytes:
             at += ROW.size
     ROW.pack_into(rows, at, copies * len(TRAMPOLINE), 0, 0, CFA_END, RBP_SAME)
     return bytes(rows)
-
-
-def _code_at(pid: int, address: int, size: int) -> bytes:
-    """Bytes of the process's memory (the kernel's /proc/PID/mem: nothing another user controls but the
-    bytes, compared and dropped); b"" when it cannot be read."""
-    try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.pread(fd, size, address)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
