@@ -313,12 +313,15 @@ class ProfilingSession:
         self._contain("jit_symbols", self.jit.finish, time)
 
     def learn(self, pid: int) -> None:
-        """Read a process's mappings, so the sampler can take raw IPs of it (see addrspace)."""
+        """Read a process's mappings, so the sampler can take raw IPs of it (see addrspace). The symbolizer
+        looks at them too: the frames these raw IPs become are named from the files mapped now, even when
+        the process is gone by the drain (a library mapped since its last look would be [unknown])."""
         if not self.profiler.raw_stacks:
             return
         epoch = self.profiler.epoch(pid)
         if epoch and not self.spaces.has(pid, epoch) and self.spaces.learn(pid, epoch):
             self.profiler.mark_known(pid, epoch)
+            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 
     def unwind(self, pid: int) -> None:
         """Give the BPF unwinder the process's executable mappings and their unwind tables (the epoch

@@ -55,6 +55,22 @@ def test_target_exiting_soon_after_attach_is_named(monkeypatch, workloads):
     assert record.meta.duration_s < 5  # the recording ends with its target
 
 
+def test_library_mapped_after_the_first_look_is_named_when_its_process_is_gone(monkeypatch, workloads):
+    """The target maps a library between the look before the compile and the one after it, then is killed
+    0.1 s after the sampler starts: the library's samples are named from the second look's mappings
+    (the symbolizer used to know only the first, so they were [unknown], as in a CI run of the test above)."""
+    target = subprocess.Popen([str(workloads / "dlopen-late"), str(workloads / "libburn.so"), "0.05", "60"])
+    try:
+        record = record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
+                            frequency_hz=4999, duration_s=30)
+    finally:
+        target.kill()
+        target.wait()
+    leaves = leaf_samples(record, "dlopen-late")
+    assert sum(leaves.values()) > 0, "no sample in the 0.1 s between attach and exit"
+    assert leaves["lib_burn"] >= 0.9 * sum(leaves.values()), leaves
+
+
 def test_threads_and_children_started_after_attach_are_sampled(monkeypatch, workloads):
     """The target is idle when the sampler attaches; then it forks a child that starts two threads: the
     events are inherited by both, so the burn is in the profile (and nothing of other processes)."""
