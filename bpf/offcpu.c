@@ -6,11 +6,11 @@
 // keyed by the task_struct pointer (the tracepoint's prev, then next): nothing is read from the
 // task_struct itself, whose layout BCC only knows from headers that need not match the running kernel.
 // A dead task (TASK_DEAD in prev_state) leaves no entry, so a pointer reused by a new task never
-// finds a stale start time.
+// finds a stale start time (its own open entry, if a switch-in was missed, is removed then).
 //
 // Stacks come in two sets, like profile.c: `active[0]` is the set switch-outs write. The frontend
-// flips it, waits a grace period, then clears the old set's stacks except those a waiting thread's
-// entry still names (it reads `start` for them). Counts are keyed by the set their stacks are in and
+// flips it, waits a grace period, notes the old set's stacks a waiting thread's entry still names (in
+// `start`), reads the counts, then clears the old set's other stacks. Counts are keyed by the set their stacks are in and
 // read with lookup-and-delete, from both sets.
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
@@ -50,6 +50,7 @@ enum lost_reason {
     KERNEL_STACK_COLLISION,
     COUNTS_MAP_FULL,
     SHORT_WAITS,
+    MISSED_SWITCH_INS,
     NR_LOST,
 };
 
@@ -89,12 +90,22 @@ static inline void switch_out(struct bpf_raw_tracepoint_args *ctx, u64 task)
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
     u32 state = ctx->args[3];
-    if ((u32)id == 0 || (state & STATE_DEAD) || !kept_state(ctx->args[0], state))
+    if ((u32)id == 0)
         return;
 #ifdef FILTER_PIDS
     if (!targets.lookup(&tgid))
         return;
 #endif
+    // Leaving the CPU while its last wait is still open: the switch that ended that wait was not seen.
+    // (This machine's kernel emits no sched_switch when its VM agent's threads leave a CPU, ftrace
+    // neither, so a thread switched in from one of them comes back unseen.) The wait is counted as
+    // lost rather than stretched over the time the thread ran since; a dead thread's entry goes too.
+    if (start.lookup(&task)) {
+        count_lost(MISSED_SWITCH_INS);
+        start.delete(&task);
+    }
+    if ((state & STATE_DEAD) || !kept_state(ctx->args[0], state))
+        return;
     u32 zero = 0;
     u32 *set = active.lookup(&zero);
     struct start_t entry = {.ts = bpf_ktime_get_ns()};
@@ -131,8 +142,8 @@ static inline void switch_in(u64 task)
         return;
     u64 delta = bpf_ktime_get_ns() - entry->ts;
     struct key_t key = entry->key;
-    start.delete(&task);
     if (delta < MIN_BLOCK_NS) {
+        start.delete(&task);
         count_lost(SHORT_WAITS);
         return;
     }
@@ -146,6 +157,8 @@ static inline void switch_in(u64 task)
         __sync_fetch_and_add(value, delta);
     else
         count_lost(COUNTS_MAP_FULL);
+    // Only now: a drain that finds no entry for this wait finds its count (see offcpu.py's drain).
+    start.delete(&task);
 }
 
 // args: bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state

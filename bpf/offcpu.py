@@ -20,7 +20,8 @@ from optrace.model import RawSample, UserFrame
 PROGRAM = Path(__file__).with_name("offcpu.c")
 TRACEPOINT = "sched_switch"
 ATTACHMENT = OFF_CPU_HOOK  # what doctor and the record's header say is used
-LOST_REASONS = ("user_stack_collision", "kernel_stack_collision", "counts_map_full", "short_waits")
+LOST_REASONS = ("user_stack_collision", "kernel_stack_collision", "counts_map_full", "short_waits",
+                "missed_switch_ins")
 # --state names -> the KEEP_* bits of offcpu.c
 STATES = {"running": 0x1, "sleeping": 0x2, "disk": 0x4}
 ALL_STATES = 0xF
@@ -86,16 +87,22 @@ class OffCpuTracer:
     def drain(self) -> OffCpuDrain:
         """Flip the stack set switch-outs write, then take every finished wait's sum (both sets: a wait
         that began before the previous flip may end now) and clear the old set's stacks that no thread
-        still waiting names."""
+        still waiting names.
+
+        The waiting threads are looked at before the sums are read: a wait that ends in between adds its
+        sum before it removes its entry, so its stacks are either kept (the entry was seen) or its sum
+        is read now. Looked at after, a wait ending in between lost its stacks to the clearing, and its
+        sum went to whatever stack took the freed id (a CI run: the mutex wait under another stack)."""
         old = self._set
         self._set = 1 - old
         active = self._bpf[b"active"]
         active[active.Key(0)] = active.Leaf(self._set)
         time.sleep(GRACE_SECONDS)
+        pending = self._pending_stacks(old)
         now = time.monotonic()
         items = list(self._bpf[b"counts"].items_lookup_and_delete_batch())
         samples = self._samples(items, now)
-        self._clear_stacks(old)
+        self._clear_stacks(old, pending)
         return OffCpuDrain(samples=samples, lost=self._read_lost(), time=now)
 
     def _samples(self, items: list, now: float) -> list[RawSample]:
@@ -118,13 +125,18 @@ class OffCpuTracer:
             samples.append(RawSample(key.pid, comm, user, kernel, nanoseconds, now, tid=key.tid))
         return samples
 
-    def _clear_stacks(self, index: int) -> None:
-        """Delete the set's stacks but those named by a thread still off CPU (its wait ends later)."""
+    def _pending_stacks(self, index: int) -> tuple[set[int], set[int]]:
+        """The set's user and kernel stack ids named by threads still off CPU (their waits end later)."""
         pending_user, pending_kernel = set(), set()
         for entry in self._bpf[b"start"].values():
             if entry.key.set == index:
                 pending_user.add(entry.key.user_stack_id)
                 pending_kernel.add(entry.key.kernel_stack_id)
+        return pending_user, pending_kernel
+
+    def _clear_stacks(self, index: int, pending: tuple[set[int], set[int]]) -> None:
+        """Delete the set's stacks but the ``pending`` ones."""
+        pending_user, pending_kernel = pending
         for name, keep in ((f"ustacks{index}", pending_user), (f"kstacks{index}", pending_kernel)):
             table = self._bpf[name.encode()]
             for key in list(table.keys()):

@@ -42,36 +42,59 @@ def designed_off_cpu(timings: dict) -> float:
     return sum(t["lifetime"] - t["cpu"] for t in timings.values())
 
 
+def missed_waits(doc: dict) -> int:
+    """Waits the record counts as lost because their end was not traced (bpf/offcpu.c: this machine's
+    kernel emits no sched_switch when its VM agent's threads leave a CPU)."""
+    return doc["meta"]["lost"].get("off_cpu_missed_switch_ins", 0)
+
+
+def assert_seconds(measured: float, expected: float, doc: dict, scale: float, rel: float, abs_: float) -> None:
+    """``measured`` is ``expected`` within the tolerance, or short of it by at most the waits the record
+    says it lost, each no longer than the workload's longest (the mutex wait: 1.2 s x scale)."""
+    tolerance = max(rel * expected, abs_)
+    allowance = missed_waits(doc) * 1.2 * scale
+    assert expected - tolerance - allowance <= measured <= expected + tolerance, (measured, expected, allowance)
+
+
+def seconds_per_thread(doc: dict) -> dict[str, float]:
+    """Off-CPU seconds per comm (each of the workload's threads has its own) of a ``--sort comm`` report."""
+    assert len({row["comm"] for row in doc["rows"]}) == len(doc["rows"]), "one row per comm"
+    return {row["comm"]: row["nanoseconds"] / NS for row in doc["rows"]}
+
+
 def test_blocking_functions_share_of_off_cpu_time(tmp_path, workloads):
     data, timings = record(tmp_path, "--off-cpu", "--", str(workloads / "offcpu"), "0.5")
     doc = report(data, "--event", "off-cpu", "--children", "--sort", "symbol")
     assert (doc["report"]["event"], doc["report"]["unit"]) == ("off-cpu", "nanoseconds")
     total = doc["report"]["total"]
-    assert total / NS == pytest.approx(designed_off_cpu(timings), rel=0.1)
+    assert_seconds(total / NS, designed_off_cpu(timings), doc, 0.5, rel=0.1, abs_=0)
     by_symbol = {row["symbol"]: row for row in doc["rows"]}
+    missed_points = 100 * missed_waits(doc) * 1.2 * 0.5 / designed_off_cpu(timings)
     for role in ROLES:
         designed = 100 * timings[role]["blocked"] / designed_off_cpu(timings)
-        assert by_symbol[role]["children_percent"] == pytest.approx(designed, abs=5), role
-        assert by_symbol[role]["children"] / NS == pytest.approx(timings[role]["blocked"], rel=0.05, abs=0.02), role
+        assert by_symbol[role]["children_percent"] == pytest.approx(designed, abs=5 + missed_points), role
+        assert_seconds(by_symbol[role]["children"] / NS, timings[role]["blocked"], doc, 0.5, rel=0.05, abs_=0.02)
     threads = {row["comm"]: row for row in report(data, "--event", "off-cpu", "--sort", "comm,tid")["rows"]}
     for role in ("sleeper", "pipe_reader", "pipe_writer", "mutex_waiter", "lock_holder", "burner"):
         own = timings[role]["lifetime"] - timings[role]["cpu"]
-        assert threads[role]["nanoseconds"] / NS == pytest.approx(own, rel=0.05, abs=0.03), role
+        assert_seconds(threads[role]["nanoseconds"] / NS, own, doc, 0.5, rel=0.05, abs_=0.03)
         assert threads[role]["tid"] > 0
 
 
 def test_state_filter_keeps_only_that_state(tmp_path, workloads):
     """Sleeping keeps the blocked roles and drops the burner's run-queue waits; running the reverse."""
     data, timings = record(tmp_path, "--off-cpu", "--state", "sleeping", "--", str(workloads / "offcpu"), "0.3")
-    threads = {row["comm"]: row["nanoseconds"] / NS for row in report(data, "--event", "off-cpu")["rows"]}
-    assert threads["mutex_waiter"] == pytest.approx(timings["mutex_waiter"]["blocked"], rel=0.05, abs=0.02)
+    doc = report(data, "--event", "off-cpu", "--sort", "comm")
+    threads = seconds_per_thread(doc)
+    assert_seconds(threads["mutex_waiter"], timings["mutex_waiter"]["blocked"], doc, 0.3, rel=0.05, abs_=0.02)
     assert threads.get("burner", 0) < 0.02
     data, timings = record(tmp_path, "--off-cpu", "--state", "running", "--", str(workloads / "offcpu"), "0.3")
-    threads = {row["comm"]: row["nanoseconds"] / NS for row in report(data, "--event", "off-cpu")["rows"]}
+    doc = report(data, "--event", "off-cpu", "--sort", "comm")
+    threads = seconds_per_thread(doc)
     assert threads.get("mutex_waiter", 0) < 0.02
     assert threads.get("sleeper", 0) < 0.02
     burner_waits = timings["burner"]["lifetime"] - timings["burner"]["cpu"]
-    assert threads.get("burner", 0) == pytest.approx(burner_waits, rel=0.1, abs=0.03)
+    assert_seconds(threads.get("burner", 0), burner_waits, doc, 0.3, rel=0.1, abs_=0.03)
 
 
 def test_min_block_drops_shorter_waits(tmp_path, workloads):
@@ -80,11 +103,11 @@ def test_min_block_drops_shorter_waits(tmp_path, workloads):
     can last 50 ms, and a runnable thread can wait a second for a CPU, so what the sleeper keeps is bounded
     by its own off-CPU time, and the dropped waits are counted."""
     data, timings = record(tmp_path, "--off-cpu", "--min-block", "50000", "--", str(workloads / "offcpu"), "0.3")
-    doc = report(data, "--event", "off-cpu")
-    threads = {row["comm"]: row["nanoseconds"] / NS for row in doc["rows"]}
+    doc = report(data, "--event", "off-cpu", "--sort", "comm")
+    threads = seconds_per_thread(doc)
     sleeper = timings["sleeper"]
     assert threads.get("sleeper", 0) <= sleeper["lifetime"] - sleeper["cpu"] + 0.01
-    assert threads["mutex_waiter"] == pytest.approx(timings["mutex_waiter"]["blocked"], rel=0.05, abs=0.02)
+    assert_seconds(threads["mutex_waiter"], timings["mutex_waiter"]["blocked"], doc, 0.3, rel=0.05, abs_=0.02)
     assert doc["meta"]["off_cpu"]["min_block_us"] == 50000
     assert doc["meta"]["off_cpu"]["short_waits"] >= 5
 
@@ -94,9 +117,10 @@ def test_user_stacks_only(tmp_path, workloads):
     data, timings = record(tmp_path, "--off-cpu", "--off-cpu-user-stacks", "--", str(workloads / "offcpu"), "0.3")
     folded = run_optrace("report", "-i", str(data), "--event", "off-cpu", "--format", "folded", check=True).stdout
     assert folded.count("\n") > 3 and "_[k]" not in folded
-    threads = {row["comm"]: row["nanoseconds"] / NS for row in report(data, "--event", "off-cpu")["rows"]}
-    assert threads["mutex_waiter"] == pytest.approx(timings["mutex_waiter"]["blocked"], rel=0.05, abs=0.02)
-    assert report(data, "--event", "off-cpu")["meta"]["off_cpu"]["kernel_stacks"] is False
+    doc = report(data, "--event", "off-cpu", "--sort", "comm")
+    threads = seconds_per_thread(doc)
+    assert_seconds(threads["mutex_waiter"], timings["mutex_waiter"]["blocked"], doc, 0.3, rel=0.05, abs_=0.02)
+    assert doc["meta"]["off_cpu"]["kernel_stacks"] is False
 
 
 def test_wall_splits_on_and_off_cpu_as_designed(tmp_path, workloads):
@@ -108,7 +132,7 @@ def test_wall_splits_on_and_off_cpu_as_designed(tmp_path, workloads):
     assert on_share == pytest.approx(designed, abs=5)
     by_symbol = {row["symbol"]: row for row in doc["rows"]}
     burner_life = timings["burner"]["lifetime"]  # on CPU and waiting for it: the thread's whole life
-    assert by_symbol["burner"]["children"] / NS == pytest.approx(burner_life, rel=0.1)
+    assert_seconds(by_symbol["burner"]["children"] / NS, burner_life, doc, 0.5, rel=0.1, abs_=0)
 
 
 def test_text_report_prints_human_times(tmp_path, workloads):
