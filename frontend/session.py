@@ -30,6 +30,7 @@ from optrace.procfs import exec_path
 
 T = TypeVar("T")
 PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
+TRIM_EVERY = 60  # drains between two returns of the free heap to the system (forget_exited: serve, top)
 DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
 
 
@@ -501,7 +502,10 @@ class ProfilingSession:
         jit_tables = bool(self._jit_pids.intersection(self._forgettable))
         for pid in self._forgettable:
             self._contain("forget_process", self._forget, pid)
-        if jit_tables:  # a JIT table can be tens of MB: give the freed heap back, or RSS keeps its peak
+        # A JIT table can be tens of MB: give the freed heap back, or RSS keeps its peak. And now and then
+        # anyway: each drain's transient objects (stacks, frames, the exporter's pages) leave free holes
+        # that glibc keeps, and a daemon's RSS crept up with them.
+        if jit_tables or self._drains % TRIM_EVERY == 0:
             release_free_memory()
         self._forgettable = retired
         if self._drains % PRUNE_EVERY == 0:
