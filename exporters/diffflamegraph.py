@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TextIO
 
 from optrace.exporters.flamegraph import encode, header_facts, page
-from optrace.frontend.report.callgraph import build_tree, gc_paused, require_stacks
+from optrace.heap import gc_paused
+from optrace.frontend.report.callgraph import build_tree, require_stacks
 from optrace.frontend.report.diff import Comparison, base_counts
 from optrace.frontend.report.rows import ReportOptions
 

@@ -26,7 +26,8 @@ from typing import Any, TextIO
 from optrace.escape import escape_controls
 from optrace.exporters.budget import OutputBudget
 from optrace.exporters.table import _when, lost_text, target_text
-from optrace.frontend.report.callgraph import CallTree, build_tree, gc_paused, require_stacks, walk
+from optrace.heap import gc_paused
+from optrace.frontend.report.callgraph import CallTree, build_tree, require_stacks, walk
 from optrace.frontend.report.events import human_time
 from optrace.frontend.report.rows import Profile, ReportOptions, sample_total
 from optrace.model import Record

@@ -15,7 +15,8 @@ from typing import TextIO
 
 from optrace.exporters.budget import Names, OutputBudget
 from optrace.exporters.flamegraph import header_facts
-from optrace.frontend.report.callgraph import Node, build_tree, gc_paused, require_stacks, walk
+from optrace.heap import gc_paused
+from optrace.frontend.report.callgraph import Node, build_tree, require_stacks, walk
 from optrace.frontend.report.rows import Profile, ReportOptions, percent
 
 WIDTH = 1200.0

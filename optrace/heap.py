@@ -5,11 +5,19 @@ RSS would stay at the highest point it ever reached. Two callers free a lot at o
 symbol table allocates several times its final size for a moment (section data, one object per
 symbol), and BCC's compile (clang/LLVM, in process) frees about 60 MB once a BPF program is loaded
 (about 50 MB of `optrace serve`'s RSS). Other C libraries: a no-op.
+
+Also the cycle collector's pause (:func:`gc_paused`) for code that allocates millions of acyclic objects.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -24,3 +32,26 @@ def release_free_memory() -> bool:
     """True when the C library gave memory back."""
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cycle collector off while a record is decoded or a tree of a million nodes is built or walked:
+    none of it is cyclic garbage, and the collections that its allocations trigger took half the time of a
+    100,000-stack flame graph (8 s of CPU, 3.8 s without) and a fifth of a flat report's."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def settle(value: T) -> T:
+    """Move every object alive now (``value``, a record just read, among them) out of the cycle collector's
+    sight (``gc.freeze``): a short-lived command that holds one large acyclic record would otherwise have
+    the collector walk all of it again and again while it builds its output. Frozen objects are still
+    freed when their last reference goes; only cycles among them would stay."""
+    gc.freeze()
+    return value

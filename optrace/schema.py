@@ -79,13 +79,24 @@ def _decoder(hint: Any) -> Decoder:
         return _CONTAINERS[origin](typing.get_args(hint))
     if dataclasses.is_dataclass(hint):
         return _dataclass_decoder(hint)
-    return functools.partial(_decode_scalar, hint=hint)
+    return _scalar_decoder(hint)
 
 
 def _annotated_decoder(hint: Any) -> Decoder:
     base, *extras = typing.get_args(hint)
-    bounds = next((extra for extra in extras if isinstance(extra, Bounds)), DEFAULT_BOUNDS)
-    return functools.partial(_decode_scalar, hint=base, bounds=bounds)
+    return _scalar_decoder(base, next((extra for extra in extras if isinstance(extra, Bounds)), DEFAULT_BOUNDS))
+
+
+def _scalar_decoder(hint: Any, bounds: Bounds = DEFAULT_BOUNDS) -> Decoder:
+    """A value that is already right (what every real record holds) passes one type check; anything else
+    goes to :func:`_decode_scalar`, which converts it or names the problem."""
+    slow = functools.partial(_decode_scalar, hint=hint, bounds=bounds)
+    if hint is int:
+        low, high = bounds.low, bounds.high
+        return lambda data: data if type(data) is int and low <= data <= high else slow(data)
+    if hint in (str, bool):
+        return lambda data: data if type(data) is hint else slow(data)
+    return slow
 
 
 def _optional_decoder(options: tuple[Any, ...]) -> Decoder:
@@ -112,12 +123,34 @@ def _items(data: Any, decoder: Decoder) -> list[Any]:
 
 def _list_decoder(args: tuple[Any, ...]) -> Decoder:
     item = _decoder(args[0])
+    ints = _int_bounds(args[0])
+    if ints is not None:
+        return lambda data: list(data) if _all_ints_in(data, ints) else _items(data, item)
     return lambda data: _items(data, item)
+
+
+def _int_bounds(hint: Any) -> Bounds | None:
+    """The bounds of an int hint (plain or ``Annotated``), None for any other hint."""
+    if hint is int:
+        return DEFAULT_BOUNDS
+    if typing.get_origin(hint) is typing.Annotated and typing.get_args(hint)[0] is int:
+        return next((extra for extra in typing.get_args(hint)[1:] if isinstance(extra, Bounds)), DEFAULT_BOUNDS)
+    return None
+
+
+def _all_ints_in(data: Any, bounds: Bounds) -> bool:
+    """A list of ints within bounds, checked in C (a record's stacks hold millions of frame indices); on
+    False the item-by-item decoder names what is wrong."""
+    return (type(data) is list and set(map(type, data)) <= {int}
+            and (not data or (bounds.low <= min(data) and max(data) <= bounds.high)))
 
 
 def _tuple_decoder(args: tuple[Any, ...]) -> Decoder:
     if len(args) == 2 and args[1] is Ellipsis:
         item = _decoder(args[0])
+        ints = _int_bounds(args[0])
+        if ints is not None:
+            return lambda data: tuple(data) if _all_ints_in(data, ints) else tuple(_items(data, item))
         return lambda data: tuple(_items(data, item))
     decoders = [_decoder(arg) for arg in args]
 
@@ -235,5 +268,5 @@ def _check_frame_indices(record: Record) -> None:
     count = len(record.frames)
     for name in (".samples", ".off_cpu"):
         for i, sample in enumerate(record.samples if name == ".samples" else record.off_cpu):
-            if any(not 0 <= index < count for index in sample.frames):
+            if sample.frames and max(sample.frames) >= count:  # the decoder checked them for >= 0
                 raise SchemaError("frame index out of range", (name, f"[{i}]"))

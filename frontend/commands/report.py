@@ -7,6 +7,7 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
+from optrace.heap import settle
 from optrace.exporters.formats import CALL_GRAPH, PROFILE
 from optrace.frontend.cliopts import (PERF_CALL_GRAPH_DEFAULT, parse_call_graph, parse_percent, perf_sort_keys,
                                       pid_option)
@@ -54,7 +55,7 @@ def command(source: str, sort: str, event: str, fmt: str, pids: tuple[int, ...],
     """Show a recorded profile per symbol, like perf report."""
     options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph, tids)
     write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
-    record, parts = event_record(read_record(source), event)
+    record, parts = event_record(settle(read_record(source)), event)
     profile = Profile(record, escape_controls(source), event, parts)
     with output_stream(output) as stream:
         write(stream, profile, options)

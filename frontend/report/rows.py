@@ -181,5 +181,6 @@ def _main_percent(row: Row) -> float:
     return row.children_percent if row.children_percent is not None else row.percent
 
 
-def _key_order(key: RowKey) -> tuple[str, int, int, str, str]:
-    return (key.comm or "", key.pid or 0, key.tid or 0, key.dso or "", key.symbol or "")
+def _key_order(key: RowKey) -> tuple[str, int, int, str, str, bool]:
+    """Every part of the key: rows of equal counts print in one order, whatever the process's hash seed."""
+    return (key.comm or "", key.pid or 0, key.tid or 0, key.dso or "", key.symbol or "", bool(key.kernel))
