@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import re
 import types
@@ -109,15 +110,16 @@ def _optional_decoder(options: tuple[Any, ...]) -> Decoder:
     return lambda data: None if data is None else decoder(data)
 
 
-def _items(data: Any, decoder: Decoder) -> list[Any]:
+def _items(data: Any, decoder: Decoder, start: int = 0, end: int | None = None) -> list[Any]:
+    """``data[start:end]`` decoded item by item; each JSON item is dropped once decoded (see decode())."""
     _expect(data, list)
     out = []
-    for i, item in enumerate(data):
+    for i in range(start, len(data) if end is None else end):
         try:
-            out.append(decoder(item))
+            out.append(decoder(data[i]))
         except SchemaError as exc:
             raise exc.at(f"[{i}]") from None
-        data[i] = None  # see decode(): the JSON item is no longer needed
+        data[i] = None
     return out
 
 
@@ -126,7 +128,71 @@ def _list_decoder(args: tuple[Any, ...]) -> Decoder:
     ints = _int_bounds(args[0])
     if ints is not None:
         return lambda data: list(data) if _all_ints_in(data, ints) else _items(data, item)
+    columns = _columns_decoder(args[0]) if dataclasses.is_dataclass(args[0]) else None
+    if columns is not None:
+        return lambda data: _table_items(data, item, columns)
     return lambda data: _items(data, item)
+
+
+Columns = Callable[[list[Any]], "list[Any] | None"]
+TABLE_CHUNK = 8192  # objects checked and built at a time: the JSON of a chunk is dropped once it is built
+
+
+def _table_items(data: Any, decoder: Decoder, columns: Columns) -> list[Any]:
+    """A list of flat dataclasses (a record's frames and samples) checked a field at a time over a chunk
+    of items, in C (``map``, ``set``, ``min``/``max``), instead of one decoder call per value. A chunk that
+    is not exactly what :func:`encode` writes (a missing field, a wrong type, a number out of range) is
+    decoded again item by item, which gives it its defaults or names the problem."""
+    _expect(data, list)
+    out: list[Any] = []
+    for start in range(0, len(data), TABLE_CHUNK):
+        end = min(start + TABLE_CHUNK, len(data))
+        built = columns(data[start:end])
+        out += _items(data, decoder, start, end) if built is None else built
+        data[start:end] = [None] * (end - start)
+    return out
+
+
+def _columns_decoder(cls: type) -> Columns | None:
+    """A :data:`Columns` decoder for a dataclass whose fields all have a column check, else None."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    fields = dataclasses.fields(cls)
+    checks = [(f.name, f.default, _column_check(hints[f.name])) for f in fields]  # a required field's
+    if not all(f.init for f in fields) or any(check is None for *_, check in checks):  # default: MISSING,
+        return None  # which no check passes
+
+    def decode_columns(items: list[Any]) -> list[Any] | None:
+        if set(map(type, items)) != {dict}:
+            return None
+        values = []
+        for name, default, check in checks:
+            column = check(list(map(dict.get, items, itertools.repeat(name), itertools.repeat(default))))  # type: ignore[misc]
+            if column is None:
+                return None
+            values.append(column)
+        return list(map(cls, *values))
+
+    return decode_columns
+
+
+def _column_check(hint: Any) -> Callable[[list[Any]], "list[Any] | None"] | None:
+    """For one field's values over many items: the values (tuples for a tuple hint) when every one is
+    what the single-value decoder would return unchanged, else None. None for hints without a check."""
+    ints = _int_bounds(hint)
+    if ints is not None:
+        return lambda column: column if _all_ints_in(column, ints) else None
+    if hint in (str, bool):
+        return lambda column: column if set(map(type, column)) <= {hint} else None
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and set(typing.get_args(hint)) == {str, type(None)}:
+        return lambda column: column if set(map(type, column)) <= {str, type(None)} else None
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item_bounds = _int_bounds(args[0])
+        if item_bounds is not None:
+            return lambda column: (list(map(tuple, column)) if set(map(type, column)) <= {list}
+                                   and _all_ints_in(list(itertools.chain.from_iterable(column)), item_bounds)
+                                   else None)
+    return None
 
 
 def _int_bounds(hint: Any) -> Bounds | None:
