@@ -65,12 +65,8 @@ class UnwindMaps:
     """Fills unwind.c's maps of a loaded BCC program and reads its stacks."""
 
     def __init__(self, bpf, rows_capacity: int) -> None:
-        from bcc import BPF  # bpf/ is the one folder that imports BCC
-
+        """The maps only: the walking program comes with :meth:`load_step`."""
         self._bpf = bpf
-        step = bpf.load_func(b"unwind_step", BPF.PERF_EVENT)
-        progs = bpf[b"unwind_progs"]
-        progs[progs.Key(0)] = progs.Leaf(step.fd)
         self._capacity = rows_capacity
         self._rows = mmap.mmap(bpf[b"unwind_rows"].map_fd, _page_rounded(rows_capacity * ROW_SIZE),
                                mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -80,6 +76,16 @@ class UnwindMaps:
         self._next_row = 0
         self._last_id = 0  # file ids are never reused: a stack read later still names its file
         self.stats: Counter[str] = Counter()
+
+    def load_step(self) -> None:
+        """Load the walking program (unwind_step) and put it where on_sample tail-calls it. The kernel takes
+        about a second to verify it, so this runs off the start-up path: until it is in place the tail
+        call fails and samples take frame-pointer stacks (unwind.c). Safe to call twice."""
+        from bcc import BPF  # bpf/ is the one folder that imports BCC
+
+        step = self._bpf.load_func(b"unwind_step", BPF.PERF_EVENT)
+        progs = self._bpf[b"unwind_progs"]
+        progs[progs.Key(0)] = progs.Leaf(step.fd)
 
     def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping]) -> None:
         """Give the sampler this process's mapping table (replacing any before), read from /proc/PID/maps

@@ -19,7 +19,7 @@ import os
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -161,6 +161,7 @@ class ProfilingSession:
         # Tables are built off the drain loop (a JVM's libraries take seconds): one worker thread, at most
         # one queued job per process.
         self._unwind_worker: ThreadPoolExecutor | None = None
+        self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
         self._kallsyms: KernelSymbolsLoader | None = None
 
@@ -186,6 +187,9 @@ class ProfilingSession:
 
             self.unwinding = ProcessUnwinding()
             self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
+            # First on the worker, verified while sampling starts (frame pointers until it is in place).
+            self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step",
+                                                           self.profiler.unwind.load_step)
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
@@ -357,9 +361,11 @@ class ProfilingSession:
             self._unwind_queued.discard(pid)
 
     def prepare_unwind(self, executable: str) -> None:
-        """Build the unwind tables of a program about to be started (and its libraries) now."""
+        """Build the unwind tables of a program about to be started (and its libraries) now, and wait for
+        the walking program: the command's stacks are unwound from its first instruction."""
         if self.unwinding is not None:
             self._contain("unwind_tables", self.unwinding.warm, executable)
+            self._unwind_step.result()
 
     def _unwind_processes(self, samples: list[RawSample]) -> None:
         """Processes sampled with frame-pointer stacks, and those whose mappings changed since their
