@@ -9,10 +9,12 @@ the record (perf's default ``--percentage absolute``), so filtering never inflat
 """
 from __future__ import annotations
 
+import operator
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from optrace.errors import OptraceError
 from optrace.model import EVENT_UNITS, UNKNOWN, Frame, Record, Sample
@@ -107,16 +109,18 @@ def build_table(record: Record, options: ReportOptions) -> RowTable:
     """:func:`build_rows` with what was matched and hidden."""
     self_counts, child_counts = _count(record, options)
     total = sample_total(record)
-    keys = set(self_counts) | (set(child_counts) if options.children else set())
+    keys = sorted(set(self_counts) | set(child_counts), key=_key_order(options.sort))
+    keys.sort(key=(child_counts if options.children else self_counts).__getitem__, reverse=True)  # stable
     rows = [_make_row(key, self_counts[key], child_counts, total, options) for key in keys]
     shown = [row for row in rows if _main_percent(row) >= options.percent_limit]
-    shown.sort(key=lambda row: (-_main_count(row), _key_order(row.key)))
     matched = sum(self_counts.values())
     return RowTable(shown, matched, len(rows) - len(shown), matched - sum(row.samples for row in shown))
 
 
 def selected_samples(record: Record, options: ReportOptions) -> list[Sample]:
     """Samples passing --pid, --tid and --comm (the filters that apply to a whole stack)."""
+    if not (options.pids or options.tids or options.comms):
+        return record.samples
     return [
         sample
         for sample in record.samples
@@ -134,23 +138,53 @@ FramePart = tuple[str | None, str | None, bool | None]  # (dso, symbol, kernel) 
 
 
 def _count(record: Record, options: ReportOptions) -> tuple[Counter[RowKey], Counter[RowKey]]:
-    """Self and children counts; each frame's part of the key is computed once, not once per sample."""
+    """Self and children counts (children empty without --children)."""
+    samples = selected_samples(record, options)
+    if options.children:
+        return _count_stacks(record, samples, options)
+    return _count_leaves(record, samples, options), Counter()
+
+
+def _count_leaves(record: Record, samples: list[Sample], options: ReportOptions) -> Counter[RowKey]:
+    """Self counts without walking stacks: each distinct leaf frame's part of the key is computed once
+    (and numbered: frames of one function share it), samples are summed per (comm, pid, tid, part
+    number) as the sort keys need them, and each sum becomes a row key once."""
+    sort = options.sort
+    with_comm, with_pid, with_tid = "comm" in sort, "pid" in sort, "tid" in sort
+    numbers: dict[FramePart | None, int] = {_frame_part(UNKNOWN_FRAME, options): -1}
+    leaves = {sample.frames[0] for sample in samples if sample.frames}
+    number = {leaf: numbers.setdefault(_frame_part(record.frames[leaf], options), len(numbers)) for leaf in leaves}
+    sums: dict[tuple[str | None, int | None, int | None, int], int] = {}
+    for sample in samples:
+        key = (sample.comm if with_comm else None, sample.pid if with_pid else None,
+               sample.tid if with_tid else None, number[sample.frames[0]] if sample.frames else -1)
+        sums[key] = sums.get(key, 0) + sample.count
+    parts = {n: part for part, n in numbers.items()}
+    return Counter({RowKey(comm, pid, *part, tid): count  # type: ignore[misc]
+                    for (comm, pid, tid, n), count in sums.items() if (part := parts[n]) is not None})
+
+
+def _count_stacks(record: Record, samples: list[Sample],
+                  options: ReportOptions) -> tuple[Counter[RowKey], Counter[RowKey]]:
+    """Self and children counts from whole stacks; each frame's part of the key is computed once, not once
+    per sample."""
     parts = [_frame_part(frame, options) for frame in record.frames]
     unknown = _frame_part(UNKNOWN_FRAME, options)
     self_counts: Counter[RowKey] = Counter()
     child_counts: Counter[RowKey] = Counter()
-    for sample in selected_samples(record, options):
-        comm = sample.comm if "comm" in options.sort else None
-        pid = sample.pid if "pid" in options.sort else None
-        tid = sample.tid if "tid" in options.sort else None
+    for sample in samples:
         leaf = parts[sample.frames[0]] if sample.frames else unknown
         if leaf is not None:
-            self_counts[RowKey(comm, pid, *leaf, tid)] += sample.count
-        if options.children:
-            for part in {parts[i] for i in sample.frames} if sample.frames else {unknown}:
-                if part is not None:
-                    child_counts[RowKey(comm, pid, *part, tid)] += sample.count
+            self_counts[_row_key(sample.comm, sample.pid, sample.tid, leaf, options.sort)] += sample.count
+        for part in {parts[i] for i in sample.frames} if sample.frames else {unknown}:
+            if part is not None:
+                child_counts[_row_key(sample.comm, sample.pid, sample.tid, part, options.sort)] += sample.count
     return self_counts, child_counts
+
+
+def _row_key(comm: str, pid: int, tid: int, part: FramePart, sort: tuple[str, ...]) -> RowKey:
+    return RowKey(comm if "comm" in sort else None, pid if "pid" in sort else None, *part,
+                  tid if "tid" in sort else None)
 
 
 def _frame_part(frame: Frame, options: ReportOptions) -> FramePart | None:
@@ -173,14 +207,14 @@ def _make_row(key: RowKey, count: int, child_counts: Counter[RowKey], total: int
     return row
 
 
-def _main_count(row: Row) -> int:
-    return row.children if row.children is not None else row.samples
-
-
 def _main_percent(row: Row) -> float:
     return row.children_percent if row.children_percent is not None else row.percent
 
 
-def _key_order(key: RowKey) -> tuple[str, int, int, str, str, bool]:
-    """Every part of the key: rows of equal counts print in one order, whatever the process's hash seed."""
-    return (key.comm or "", key.pid or 0, key.tid or 0, key.dso or "", key.symbol or "", bool(key.kernel))
+def _key_order(sort: tuple[str, ...]) -> Callable[[RowKey], Any]:
+    """The order of rows of equal counts: by comm, pid, tid, dso, symbol, then [k] after [.], whatever the
+    process's hash seed. The parts of the key that are set are the same in every key of a table (the sort
+    keys), and the others are None in all of them: only the set ones are compared."""
+    parts = [part for part, key in (("comm", "comm"), ("pid", "pid"), ("tid", "tid"), ("dso", "dso"),
+                                    ("symbol", "symbol"), ("kernel", "symbol")) if key in sort]
+    return operator.attrgetter(*parts)
