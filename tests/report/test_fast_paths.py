@@ -4,6 +4,7 @@ count written here, and the schema's field-at-a-time check of frames and samples
 item-by-item decoder does, and names the same problems."""
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -95,6 +96,16 @@ def test_field_at_a_time_decoding_round_trips() -> None:
     decoded = decode(encode(record), Record)
     assert decoded == record
     assert all(type(sample.frames) is tuple for sample in decoded.samples)
+    assert {hash(frame) for frame in decoded.frames} == {hash(frame) for frame in record.frames}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.frames[0].symbol = "changed"  # type: ignore[misc]
+
+
+def test_a_field_no_optrace_knows_is_left_out() -> None:
+    document = encode(shared_frames_record())
+    document["frames"][1]["added_later"] = [1, 2]
+    frame = decode(document, Record).frames[1]
+    assert frame == Frame("strlen", LIBC, address=0x104) and not hasattr(frame, "added_later")
 
 
 def test_left_out_fields_take_their_defaults_in_any_chunk() -> None:
