@@ -11,7 +11,8 @@ from typing import TextIO
 from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.frontend.report.events import human_time
-from optrace.frontend.report.rows import Profile, ReportOptions, Row, RowTable, build_table, percent, sample_total
+from optrace.frontend.report.rows import (Profile, ReportOptions, Row, RowKey, RowTable, build_table, percent,
+                                          sample_total)
 from optrace.model import STACK_COMPLETE, CallCount, Record, RecordMeta
 
 Cells = Callable[[], Iterable[list[str]]]  # called twice: once for the widths, once for the lines
@@ -151,7 +152,8 @@ def _counted(reasons: dict[str, int]) -> str:
 def profile_lines(rows: list[Row], options: ReportOptions, shown: Shown, timed: bool = False) -> list[str]:
     """``timed``: the rows count nanoseconds, shown as a Time column in ms, s..."""
     columns = _profile_columns(options, timed)
-    return format_columns(columns, lambda: (_profile_cells(row, options, shown, timed) for row in rows),
+    keys = [KEY_CELLS[key] for key in options.sort]
+    return format_columns(columns, lambda: (_profile_cells(row, options, shown, timed, keys) for row in rows),
                           shown.budget)
 
 
@@ -191,22 +193,22 @@ def format_columns(columns: list[Column], cells: Cells, budget: OutputBudget) ->
     widths = [len(col.title) for col in columns]
     rows = 0
     for row in cells():
-        lengths = [len(cell) for cell in row]
+        lengths = list(map(len, row))
         budget.take(sum(lengths) + 2 * len(lengths) + 1)
-        widths = [max(width, length) for width, length in zip(widths, lengths)]
+        widths = list(map(max, widths, lengths))
         rows += 1
     widths = [min(width, MAX_ALIGN) for width in widths]
     budget.take(rows * sum(widths[:-1]))  # the padding, at most
     head = [_align(col.title, width, col.right) for col, width in zip(columns, widths)]
     dots = ["." * width for width in widths]
+    justify = [None if i == len(columns) - 1 and not col.right else str.rjust if col.right else str.ljust
+               for i, col in enumerate(columns)]  # the last column is not padded, unless right-aligned
     return ["# " + "  ".join(head).rstrip(), "# " + "  ".join(dots), "#"] + [
-        _line(row, columns, widths) for row in cells()]
+        _line(row, justify, widths) for row in cells()]
 
 
-def _line(cells: list[str], columns: list[Column], widths: list[int]) -> str:
-    last = len(cells) - 1
-    aligned = [cell if i == last and not col.right else _align(cell, width, col.right)
-               for i, (cell, col, width) in enumerate(zip(cells, columns, widths))]
+def _line(cells: list[str], justify: list[Callable[[str, int], str] | None], widths: list[int]) -> str:
+    aligned = [cell if pad is None else pad(cell, width) for cell, pad, width in zip(cells, justify, widths)]
     return ("  " + "  ".join(aligned)).rstrip()
 
 
@@ -216,25 +218,27 @@ def _profile_columns(options: ReportOptions, timed: bool) -> list[Column]:
     return counts + [Column(time if timed else "Samples", True)] + [KEY_COLUMNS[key] for key in options.sort]
 
 
-def _profile_cells(row: Row, options: ReportOptions, shown: Shown, timed: bool) -> list[str]:
+def _profile_cells(row: Row, options: ReportOptions, shown: Shown, timed: bool, keys: list[KeyCell]) -> list[str]:
     counts = [f"{row.percent:.2f}%"]
     if options.children:
         counts.insert(0, f"{row.children_percent:.2f}%")
     value = row.children if timed and options.children else row.samples
     shown_value = human_time(value or 0) if timed else str(row.samples)
-    return counts + [shown_value] + [_key_cell(row, key, shown) for key in options.sort]
+    return counts + [shown_value] + [cell(row.key, shown) for cell in keys]
 
 
 def _key_cell(row: Row, key: str, shown: Shown) -> str:
-    if key == "dso":
-        return shown.dsos(row.key.dso or "")
-    if key == "symbol":
-        return f"{'[k]' if row.key.kernel else '[.]'} {shown.names(row.key.symbol or '')}"
-    if key == "comm":
-        return shown.names(row.key.comm or "")
-    if key == "tid":
-        return str(row.key.tid) if row.key.tid else "-"
-    return str(row.key.pid)
+    return KEY_CELLS[key](row.key, shown)
+
+
+KeyCell = Callable[[RowKey, Shown], str]
+KEY_CELLS: dict[str, KeyCell] = {  # a sort key's cell in a row
+    "comm": lambda key, shown: shown.names(key.comm or ""),
+    "pid": lambda key, shown: str(key.pid),
+    "tid": lambda key, shown: str(key.tid) if key.tid else "-",
+    "dso": lambda key, shown: shown.dsos(key.dso or ""),
+    "symbol": lambda key, shown: f"{'[k]' if key.kernel else '[.]'} {shown.names(key.symbol or '')}",
+}
 
 
 def _align(text: str, width: int, right: bool) -> str:

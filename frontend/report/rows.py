@@ -82,7 +82,7 @@ def parse_sort_keys(text: str) -> tuple[str, ...]:
 
 
 def sample_total(record: Record) -> int:
-    return sum(sample.count for sample in record.samples)
+    return sum(map(operator.attrgetter("count"), record.samples))
 
 
 def percent(count: int, total: int) -> float:
