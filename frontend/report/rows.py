@@ -173,18 +173,16 @@ def _count_stacks(record: Record, samples: list[Sample],
     self_counts: Counter[RowKey] = Counter()
     child_counts: Counter[RowKey] = Counter()
     for sample in samples:
+        comm = sample.comm if "comm" in options.sort else None
+        pid = sample.pid if "pid" in options.sort else None
+        tid = sample.tid if "tid" in options.sort else None
         leaf = parts[sample.frames[0]] if sample.frames else unknown
         if leaf is not None:
-            self_counts[_row_key(sample.comm, sample.pid, sample.tid, leaf, options.sort)] += sample.count
+            self_counts[RowKey(comm, pid, *leaf, tid)] += sample.count
         for part in {parts[i] for i in sample.frames} if sample.frames else {unknown}:
             if part is not None:
-                child_counts[_row_key(sample.comm, sample.pid, sample.tid, part, options.sort)] += sample.count
+                child_counts[RowKey(comm, pid, *part, tid)] += sample.count
     return self_counts, child_counts
-
-
-def _row_key(comm: str, pid: int, tid: int, part: FramePart, sort: tuple[str, ...]) -> RowKey:
-    return RowKey(comm if "comm" in sort else None, pid if "pid" in sort else None, *part,
-                  tid if "tid" in sort else None)
 
 
 def _frame_part(frame: Frame, options: ReportOptions) -> FramePart | None:
