@@ -158,9 +158,10 @@ def _columns_decoder(cls: type) -> Columns | None:
     """A :data:`Columns` decoder for a dataclass whose fields all have a column check, else None."""
     hints = typing.get_type_hints(cls, include_extras=True)
     fields = dataclasses.fields(cls)
-    checks = [(f.name, f.default, _column_check(hints[f.name])) for f in fields]  # a required field's
-    if not all(f.init for f in fields) or any(check is None for *_, check in checks):  # default: MISSING,
-        return None  # which no check passes
+    # A left-out field takes its default; a required field's "default" is MISSING, which no check passes.
+    checks = [(f.name, f.default, _column_check(hints[f.name])) for f in fields]
+    if not all(f.init for f in fields) or any(check is None for *_, check in checks):
+        return None
 
     adoptable = not hasattr(cls, "__slots__") and not hasattr(cls, "__post_init__")
 
