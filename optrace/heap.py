@@ -6,6 +6,10 @@ symbol table allocates several times its final size for a moment (section data, 
 symbol), and BCC's compile (clang/LLVM, in process) frees about 60 MB once a BPF program is loaded
 (about 50 MB of `optrace serve`'s RSS). Other C libraries: a no-op.
 
+A daemon also keeps its heap in one arena (:func:`one_arena`): glibc gives each thread that allocates an
+arena of its own (up to 8 per CPU), and `optrace serve`'s scrape threads and its drain loop each filled one
+that trimming could not empty (a soak: two 64 MB thread arenas next to a 59 MB main heap, growing).
+
 Also the cycle collector's pause (:func:`gc_paused`) for code that allocates millions of acyclic objects.
 """
 from __future__ import annotations
@@ -32,6 +36,19 @@ def release_free_memory() -> bool:
     """True when the C library gave memory back."""
     trim = _malloc_trim()
     return bool(trim(0)) if trim is not None else False
+
+
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+
+
+def one_arena() -> bool:
+    """Every thread started from now on allocates from the main heap (glibc's ``M_ARENA_MAX`` = 1, as
+    ``MALLOC_ARENA_MAX=1`` would); call it before starting threads. True when the C library took it."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_ARENA_MAX, 1))
 
 
 @contextmanager

@@ -12,6 +12,7 @@ from optrace.exporters.daemon import DEFAULT_MAX_SERIES, DEFAULT_PORT
 from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S
 from optrace.frontend.cliopts import pid_option
 from optrace.frontend.serveconfig import SETTING_TYPES, build_options, load_config_file
+from optrace.heap import one_arena
 
 
 def merged_settings(ctx: click.Context, config: str | None, flags: dict[str, Any]) -> dict[str, Any]:
@@ -59,6 +60,7 @@ def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
     idle time change at once; other settings need a restart."""
     reload_requested = threading.Event()
     signal.signal(signal.SIGHUP, lambda signum, frame: reload_requested.set())  # first: SIGHUP is never fatal
+    one_arena()  # before any thread: serve runs for months (optrace/heap.py)
     options = build_options(merged_settings(ctx, config, flags))
     from optrace.exporters.daemon import ServeDaemon
     from optrace.frontend.doctor import require_recording

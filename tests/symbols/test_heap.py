@@ -3,6 +3,8 @@ otherwise stay at the highest point any symbol-table load reached)."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from optrace.heap import release_free_memory
@@ -20,3 +22,37 @@ def test_freed_heap_is_given_back() -> None:
     assert release_free_memory()
     assert before - rss_kb() > 40_000
     assert len(keep) == 4096
+
+
+ARENA_COUNT = """
+import ctypes, re, sys, tempfile, threading
+from optrace.heap import one_arena
+if sys.argv[1] == "one":
+    assert one_arena()
+kept = []
+def allocate():
+    kept.append([bytearray(2048) for _ in range(2000)])  # a thread's own allocations: its own arena by default
+threads = [threading.Thread(target=allocate) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+libc = ctypes.CDLL(None)
+with tempfile.TemporaryFile() as out:
+    stream = libc.fdopen(out.fileno(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fflush(stream)
+    out.seek(0)
+    print(len(re.findall(rb'<heap nr="', out.read())))
+"""
+
+
+def test_one_arena_keeps_every_thread_in_the_main_heap() -> None:
+    """serve's threads each filled an arena of their own that trimming could not empty (optrace/heap.py):
+    with one_arena, threads started afterwards allocate from the main heap, as glibc's malloc_info shows."""
+    def heaps(mode: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", ARENA_COUNT, mode], capture_output=True, text=True,
+                                  check=True).stdout)
+
+    assert heaps("default") > 1
+    assert heaps("one") == 1
