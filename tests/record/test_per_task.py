@@ -29,6 +29,18 @@ def record_pid(monkeypatch, pid: int, after_attach: Callable[[], None], **option
     return Recorder(RecordOptions(pids=[pid], **options)).run()
 
 
+def record_killed_soon(monkeypatch, argv: list[str]) -> tuple[Record, int]:
+    """``record -p`` of a command killed 0.1 s after the sampler starts; the record and its exit status."""
+    target = subprocess.Popen(argv)
+    try:
+        record = record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
+                            frequency_hz=4999, duration_s=30)
+    finally:
+        target.kill()
+        target.wait()
+    return record, target.returncode
+
+
 def leaf_samples(record: Record, comm: str) -> Counter[str]:
     leaves: Counter[str] = Counter()
     for sample in record.samples:
@@ -40,14 +52,8 @@ def leaf_samples(record: Record, comm: str) -> Counter[str]:
 def test_target_exiting_soon_after_attach_is_named(monkeypatch, workloads):
     """The target's mappings are read before the compile, so samples of a process killed 0.1 s after the
     sampler starts are named (they used to be all [unknown] when it exited within ~0.3 s)."""
-    target = subprocess.Popen([str(workloads / "demo"), "60"])
-    try:
-        record = record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
-                            frequency_hz=4999, duration_s=30)
-    finally:
-        target.kill()
-        target.wait()
-    assert target.returncode == -signal.SIGKILL
+    record, status = record_killed_soon(monkeypatch, [str(workloads / "demo"), "60"])
+    assert status == -signal.SIGKILL
     leaves = leaf_samples(record, "demo")
     assert sum(leaves.values()) > 0, "no sample in the 0.1 s between attach and exit"
     named = sum(n for name, n in leaves.items() if name in ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix(double)"))
@@ -59,13 +65,8 @@ def test_library_mapped_after_the_first_look_is_named_when_its_process_is_gone(m
     """The target maps a library between the look before the compile and the one after it, then is killed
     0.1 s after the sampler starts: the library's samples are named from the second look's mappings
     (the symbolizer used to know only the first, so they were [unknown], as in a CI run of the test above)."""
-    target = subprocess.Popen([str(workloads / "dlopen-late"), str(workloads / "libburn.so"), "0.05", "60"])
-    try:
-        record = record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
-                            frequency_hz=4999, duration_s=30)
-    finally:
-        target.kill()
-        target.wait()
+    record, _status = record_killed_soon(monkeypatch, [str(workloads / "dlopen-late"), str(workloads / "libburn.so"),
+                                                       "0.05", "60"])
     leaves = leaf_samples(record, "dlopen-late")
     assert sum(leaves.values()) > 0, "no sample in the 0.1 s between attach and exit"
     assert leaves["lib_burn"] >= 0.9 * sum(leaves.values()), leaves
