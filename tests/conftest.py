@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,21 @@ def pytest_runtest_makereport(item, call):
     if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, which counts as a failure: {report.longrepr}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _jit_files_of_the_run() -> Iterator[set[Path]]:
+    """The /tmp perf maps and jitdumps present before the run: kept (they are not the run's)."""
+    yield set(Path("/tmp").glob("perf-*.map")) | set(Path("/tmp").glob("jit-*.dump"))
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_jit_files(_jit_files_of_the_run: set[Path]) -> Iterator[None]:
+    """After each test, the run's perf maps and jitdumps of processes that have exited go: workloads/jitcode
+    leaves its map behind on purpose (a map read after its process exits), and a later test's new process
+    that gets the same pid must not find it (CI: os.link onto /tmp/perf-PID.map failed with EEXIST)."""
+    yield
+    for path in list(Path("/tmp").glob("perf-*.map")) + list(Path("/tmp").glob("jit-*.dump")):
+        pid = path.stem.split("-")[-1]
+        if path not in _jit_files_of_the_run and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            path.unlink(missing_ok=True)
