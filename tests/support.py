@@ -94,6 +94,17 @@ def loaded_prog_ids() -> set[int]:
 
 
 @contextmanager
+def running(argv: list[str]) -> Iterator[subprocess.Popen]:
+    """A process for the duration of the block, killed and reaped afterwards."""
+    proc = subprocess.Popen(argv)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
 def system_user(name: str) -> Iterator[pwd.struct_passwd]:
     """An unprivileged account for tests: created if missing (and then removed at the end), reused if not."""
     created = False

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support import run_optrace
+from support import run_optrace, running
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 ROW = re.compile(r"^\s*(?P<children>\d+\.\d\d)%\s+(?P<self>\d+\.\d\d)%\s+\d+\s+.*\[[.k]\] (?P<symbol>\S+)")
@@ -17,10 +17,8 @@ ROW = re.compile(r"^\s*(?P<children>\d+\.\d\d)%\s+(?P<self>\d+\.\d\d)%\s+\d+\s+.
 @pytest.fixture
 def tree(workloads) -> Iterator[subprocess.Popen]:
     """tree_a holds 60 % of the process's time through leaf_x and leaf_y, self ~0 (unwind_tree.c)."""
-    proc = subprocess.Popen([str(workloads / "unwind-tree"), "120"])
-    yield proc
-    proc.kill()
-    proc.wait()
+    with running([str(workloads / "unwind-tree"), "120"]) as proc:
+        yield proc
 
 
 def children_of(table: str, symbol: str) -> float:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from support import OPTRACE, assert_no_programs_of, run_optrace
+from support import OPTRACE, assert_no_programs_of, run_optrace, running
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 ROW = re.compile(r"^\s*(?:(?P<children>\d+\.\d\d)%\s+)?(?P<self>\d+\.\d\d)%\s+\d+\s+.*\[[.k]\] (?P<symbol>.+?)\s*$")
@@ -70,10 +70,8 @@ def terminal(args: str, width: int = 160, height: int = 40) -> Iterator[Pane]:
 
 @pytest.fixture
 def demo(workloads) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen([str(workloads / "demo"), "60"])
-    yield proc
-    proc.kill()
-    proc.wait()
+    with running([str(workloads / "demo"), "60"]) as proc:
+        yield proc
 
 
 def perf_event_fds(pid: int) -> int:
