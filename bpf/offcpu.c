@@ -10,8 +10,8 @@
 //
 // Stacks come in two sets, like profile.c: `active[0]` is the set switch-outs write. The frontend
 // flips it, waits a grace period, notes the old set's stacks a waiting thread's entry still names (in
-// `start`), reads the counts, then clears the old set's other stacks. Counts are keyed by the set their stacks are in and
-// read with lookup-and-delete, from both sets.
+// `start`), reads the counts, then clears the old set's other stacks. Counts are keyed by the set their
+// stacks are in and read with lookup-and-delete, from both sets.
 #include <uapi/linux/ptrace.h>
 #include <linux/sched.h>
 
