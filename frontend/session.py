@@ -15,6 +15,7 @@ What differs between `record` and `serve` is a setting of :class:`SessionOptions
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import threading
 from collections import Counter, defaultdict
@@ -511,6 +512,8 @@ class ProfilingSession:
         # A JIT table can be tens of MB: give the freed heap back, or RSS keeps its peak. And now and then
         # anyway: each drain's transient objects (stacks, frames, the exporter's pages) leave free holes
         # that glibc keeps, and a daemon's RSS crept up with them.
+        if self._drains % TRIM_EVERY == 0:
+            gc.collect()  # its own thresholds count objects, not bytes: a few big cycles could wait for hours
         if jit_tables or self._drains % TRIM_EVERY == 0:
             release_free_memory()
         self._forgettable = retired

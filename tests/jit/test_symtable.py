@@ -1,6 +1,9 @@
 """Address -> symbol over time: reuse, newer wins, late snapshots, and a brute-force model check."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 from hypothesis import given, settings, strategies as st
 
 from optrace.jitmaps.symtable import SymbolHistory
@@ -78,3 +81,21 @@ def test_matches_brute_force_model(entries, address, time):
     else:
         expect = None
     assert name_at(table, address, float(time)) == expect
+
+
+def test_a_dropped_table_is_freed_without_the_cycle_collector():
+    """A daemon drops a JIT process's table when the process exits: the memory must go back then, not at the
+    cycle collector's next full pass (its thresholds count objects, not bytes: a serve soak held ~200 MB of
+    dropped tables). So a table and its lookup index must not refer to each other."""
+    table = SymbolHistory()
+    table.add_many(((0x1000 + 64 * i, 40, f"jit_{i}") for i in range(1000)), "/tmp/perf-1.map", 1.0)
+    assert table.lookup(0x1000 + 64 * 7 + 3, 2.0).name == "jit_7"  # builds the index
+    gone = weakref.ref(table)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del table
+        assert gone() is None
+    finally:
+        if was_enabled:
+            gc.enable()
