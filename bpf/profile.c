@@ -268,9 +268,10 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     return 0;
 }
 
-#ifdef RAW_STACKS
+#ifdef TRACK_MAPPINGS
 // New executable file mappings (dlopen) change the process's epoch once they exist: at the syscall's
-// exit, so a read of /proc/PID/maps that saw the old epoch cannot have missed them.
+// exit, so a read of /proc/PID/maps that saw the old epoch cannot have missed them. Raw IPs and the
+// CFI unwinder's mapping tables (unwind.c) both rely on it.
 #define PROT_EXEC_BIT 0x4
 
 static inline void exec_mapping_starts(u64 prot, int file_backed)

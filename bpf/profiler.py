@@ -106,9 +106,12 @@ class Profiler:
         ]
         if pids is not None:
             self._cflags.append("-DFILTER_PIDS")
-        self.raw_stacks = raw_stacks and syscall_events_available()
+        syscall_events = syscall_events_available()
+        self.raw_stacks = raw_stacks and syscall_events
         if self.raw_stacks:
             self._cflags.append("-DRAW_STACKS")
+        if syscall_events and (raw_stacks or cfi_unwind):
+            self._cflags.append("-DTRACK_MAPPINGS")
         self.cfi_unwind = cfi_unwind
         if cfi_unwind:
             self._cflags += ["-DCFI_UNWIND", f"-DUNWIND_ROWS={unwind_rows}", f"-DCFI_STACKS={min(size, MAX_CFI_STACKS)}"]
@@ -316,8 +319,6 @@ class Profiler:
         with ThreadPoolExecutor(max_workers=CLOSERS) as pool:  # each close waits for an RCU grace period
             list(pool.map(lambda close: close(), closers))
         if bpf is not None:
-            if self.unwind is not None:
-                self.unwind.close()
             bpf.cleanup()
 
 

@@ -2,24 +2,38 @@
 CFI-unwound stacks a drain reads back.
 
 Rows: one BPF array (``BPF_F_MMAPABLE``) holds every loaded file's rows, each file a contiguous range,
-written through a shared mapping of the map (one copy, no syscall per row: cc1's 436,539 rows). A file
-is loaded once however many processes map it, keyed by what the caller says identifies it (build-id,
-else device, inode, size and mtime). Ranges are handed out in order; when the array is full, a new
-file gets no rows (its code is walked by frame pointers, counted in ``stats["rows_full"]``) until
-:meth:`UnwindMaps.reset_rows` starts over.
+written through a shared mapping of just that range (one copy, no syscall per row: cc1's 436,539 rows;
+the mapping is dropped at once, so the array's pages do not count in optrace's RSS). A file is loaded
+once however many processes map it, keyed by what the caller says identifies it (build-id, else device,
+inode, size and mtime).
+
+Generations keep this bounded for a daemon that runs for months: ranges are handed out in order, and
+when a process's new files do not fit (rows, or MAX_GENERATION_FILES files), a new generation starts:
+every process's mapping table is dropped, the row array is filled again from 0 and the loaded files are
+forgotten (the session loads the tables of processes still alive again when they are next sampled, see
+:attr:`UnwindMaps.generation`). At most one generation starts per MIN_GENERATION_SECONDS (else a
+working set larger than the array would start one at every load); meanwhile a file that does not fit
+gets no rows (its code is walked by frame pointers, counted in ``stats["rows_full"]``). A file bigger
+than the whole array never gets rows.
 
 Frames come back as (file id, file offset) for files with a build-id: a :class:`UserFrame` like the
-kernel's build-id stacks give, valid after the process exited; other frames as raw IPs.
+kernel's build-id stacks give, valid after the process exited. A retired generation's ids still decode
+for RETIRED_READS more drains (stacks sampled just before the reset are read then), and are not handed
+out again before; then they are dropped, so what is kept is at most a few generations' files. Other
+frames come back as raw IPs.
 """
 from __future__ import annotations
 
 import ctypes
 import mmap
 import struct
+import threading
+import time
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from optrace.bpf.profiler import GRACE_SECONDS
 from optrace.model import UserFrame
 
 ROW_SIZE = 16  # struct unwind_row
@@ -27,6 +41,9 @@ MAX_MAPPINGS = 256  # UNWIND_MAX_MAPPINGS
 FILE_FRAME = 1 << 63
 FILE_OFFSET_BITS = 40
 MAX_FILE_IDS = (1 << 23) - 1
+MAX_GENERATION_FILES = 8192  # files one generation keeps, with or without rows (a _LoadedFile each)
+MIN_GENERATION_SECONDS = 60.0
+RETIRED_READS = 2  # drains a retired generation's file ids still decode for (see read_stacks)
 # enum unwind_status in unwind.c, by value
 UNWIND_STATUSES = ("outermost", "chain_end", "no_cfi", "expression", "read_fault", "depth_limit")
 UNWIND_COUNTERS = ("stacks_full", "no_user_registers")  # enum unwind_counter
@@ -62,19 +79,26 @@ class _LoadedFile:
 
 
 class UnwindMaps:
-    """Fills unwind.c's maps of a loaded BCC program and reads its stacks."""
+    """Fills unwind.c's maps of a loaded BCC program and reads its stacks. :meth:`load_process` runs on
+    the session's unwind worker while the drain loop reads stacks: the generation's bookkeeping is
+    shared under a lock."""
 
-    def __init__(self, bpf, rows_capacity: int) -> None:
+    def __init__(self, bpf, rows_capacity: int, clock: Callable[[], float] = time.monotonic) -> None:
         """The maps only: the walking program comes with :meth:`load_step`."""
         self._bpf = bpf
         self._capacity = rows_capacity
-        self._rows = mmap.mmap(bpf[b"unwind_rows"].map_fd, _page_rounded(rows_capacity * ROW_SIZE),
-                               mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._rows_fd = bpf[b"unwind_rows"].map_fd
         self._procs = bpf[b"unwind_procs"]
+        self._clock = clock
+        self._lock = threading.Lock()
         self._files: dict[Hashable, _LoadedFile] = {}
-        self._by_id: dict[int, _LoadedFile] = {}
+        self._by_id: dict[int, _LoadedFile] = {}  # this generation's files with an id
+        self._retired: list[tuple[int, dict[int, _LoadedFile]]] = []  # (reads when retired, its ids)
         self._next_row = 0
-        self._last_id = 0  # file ids are never reused: a stack read later still names its file
+        self._last_id = 0
+        self._reads = 0
+        self._generation_started = clock()
+        self.generation = 0  # bumped when every process's table was dropped (see the module docstring)
         self.stats: Counter[str] = Counter()
 
     def load_step(self) -> None:
@@ -90,12 +114,16 @@ class UnwindMaps:
     def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping]) -> None:
         """Give the sampler this process's mapping table (replacing any before), read from /proc/PID/maps
         after the process had ``epoch`` (profile.c): its samples are unwound from CFI while it keeps
-        that epoch (no exec, no new executable mapping since)."""
+        that epoch (no exec, no new executable mapping since). May start a new generation first."""
         ordered = sorted(mappings, key=lambda m: m.start)[:MAX_MAPPINGS]
         if len(mappings) > MAX_MAPPINGS:
             self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
+        with self._lock:
+            if not self._fits(ordered) and self._clock() - self._generation_started >= MIN_GENERATION_SECONDS:
+                self._new_generation()
+            packed = b"".join(self._packed(m) for m in ordered)
         value = self._procs.Leaf()
-        packed = struct.pack("<IIQ", len(ordered), 0, epoch) + b"".join(self._packed(m) for m in ordered)
+        packed = struct.pack("<IIQ", len(ordered), 0, epoch) + packed
         ctypes.memmove(ctypes.addressof(value), packed, len(packed))
         self._procs[self._procs.Key(pid)] = value
         self.stats["processes_loaded"] += 1
@@ -110,11 +138,16 @@ class UnwindMaps:
         return self._procs.Key(pid) in self._procs
 
     def read_stacks(self, index: int) -> dict[int, UnwoundStack]:
-        """The stacks of map set ``index`` by hash, decoded; the map is cleared."""
+        """The stacks of map set ``index`` by hash, decoded; the map is cleared. Each call is a drain: a
+        generation retired RETIRED_READS drains ago is forgotten after it (a stack sampled just before
+        the reset is in the set the next drain reads, or, when the reset came between that drain's flip
+        and its read, in the one after)."""
+        with self._lock:
+            tables = [self._by_id, *(ids for _, ids in self._retired)]
         table = self._bpf[f"cfistacks{index}".encode()]
         stacks = {}
         for key, value in table.items():
-            frames = tuple(self._decoded(ip) for ip in value.frames[:min(value.len, len(value.frames))])
+            frames = tuple(_decoded(ip, tables) for ip in value.frames[:min(value.len, len(value.frames))])
             status = UNWIND_STATUSES[value.status] if value.status < len(UNWIND_STATUSES) else "read_fault"
             stacks[key.value] = UnwoundStack(frames, status)
         for key in list(stacks):
@@ -122,6 +155,9 @@ class UnwindMaps:
                 del table[table.Key(key)]
             except KeyError:
                 pass
+        with self._lock:
+            self._reads += 1
+            self._retired = [(at, ids) for at, ids in self._retired if self._reads - at < RETIRED_READS]
         return stacks
 
     def counters(self) -> dict[str, int]:
@@ -129,15 +165,33 @@ class UnwindMaps:
         table = self._bpf[b"unwind_counters"]
         return {name: sum(table[table.Key(i)]) for i, name in enumerate(UNWIND_COUNTERS)}
 
-    def reset_rows(self) -> None:
-        """Forget every loaded file (the processes' tables must be loaded again after this)."""
-        self._files.clear()
-        self._next_row = 0
+    def sizes(self) -> dict[str, int]:
+        """What the generation holds now: rows, files, and file ids kept for decoding (retired too)."""
+        with self._lock:
+            return {"unwind_rows": self._next_row, "unwind_files": len(self._files),
+                    "unwind_file_ids": len(self._by_id) + sum(len(ids) for _, ids in self._retired)}
+
+    def new_generation(self) -> None:
+        """Start over now (see the module docstring); the processes' tables must be loaded again."""
+        with self._lock:
+            self._new_generation()
+
+    def _new_generation(self) -> None:
         for key in list(self._procs.keys()):
             self.forget_process(key.value)
+        time.sleep(GRACE_SECONDS)  # walks in flight, which looked their table up before, end on the old rows
+        self._retired.append((self._reads, self._by_id))
+        self._by_id, self._files, self._next_row = {}, {}, 0
+        self._generation_started = self._clock()
+        self.generation += 1
+        self.stats["generations"] += 1
 
-    def close(self) -> None:
-        self._rows.close()
+    def _fits(self, mappings: Sequence[ProcessMapping]) -> bool:
+        """Whether the files of ``mappings`` not loaded yet fit in this generation (a file larger than the
+        whole array never gets rows, so it does not count)."""
+        new = {m.file_key: len(m.rows) // ROW_SIZE for m in mappings if m.file_key not in self._files}
+        rows = sum(count for count in new.values() if count <= self._capacity)
+        return self._next_row + rows <= self._capacity and len(self._files) + len(new) <= MAX_GENERATION_FILES
 
     def _packed(self, mapping: ProcessMapping) -> bytes:
         loaded = self._file(mapping)
@@ -150,29 +204,45 @@ class UnwindMaps:
         loaded = self._files.get(mapping.file_key)
         if loaded is not None:
             return loaded
+        if len(self._files) >= MAX_GENERATION_FILES:  # walked by frame pointers, its frames raw IPs
+            self.stats["files_full"] += 1
+            return _LoadedFile(0, 0, 0, None)
         count = len(mapping.rows) // ROW_SIZE
-        if self._next_row + count > self._capacity or self._last_id >= MAX_FILE_IDS:
+        if self._next_row + count > self._capacity:
             self.stats["rows_full"] += 1
             count = 0
         start = self._next_row
         if count:
-            self._rows[start * ROW_SIZE:(start + count) * ROW_SIZE] = mapping.rows[:count * ROW_SIZE]
+            self._write_rows(start, mapping.rows[:count * ROW_SIZE])
             self._next_row += count
             self.stats["rows_loaded"] += count
-        self._last_id += 1
-        loaded = _LoadedFile(self._last_id, start, count, mapping.build_id)
+        loaded = _LoadedFile(self._new_id(), start, count, mapping.build_id)
         self._files[mapping.file_key] = loaded
         self._by_id[loaded.file_id] = loaded
         return loaded
 
-    def _decoded(self, frame: int) -> UserFrame:
-        if not frame & FILE_FRAME:
-            return UserFrame(None, frame)
-        loaded = self._by_id.get((frame & ~FILE_FRAME) >> FILE_OFFSET_BITS)
-        if loaded is None or loaded.build_id is None:  # cannot happen: ids are never reused
-            return UserFrame(None, 0)
-        return UserFrame(loaded.build_id, frame & ((1 << FILE_OFFSET_BITS) - 1))
+    def _write_rows(self, start: int, rows: bytes) -> None:
+        """Through a shared mapping of the pages that hold them, dropped after the copy."""
+        offset = start * ROW_SIZE
+        first_page = offset - offset % mmap.PAGESIZE
+        with mmap.mmap(self._rows_fd, offset + len(rows) - first_page, mmap.MAP_SHARED,
+                       mmap.PROT_READ | mmap.PROT_WRITE, offset=first_page) as window:
+            window[offset - first_page:offset - first_page + len(rows)] = rows
+
+    def _new_id(self) -> int:
+        """The next id no stack may still name: ids of this generation and the retired ones kept are
+        skipped (they are far fewer than MAX_FILE_IDS, so this ends)."""
+        while True:
+            self._last_id = self._last_id % MAX_FILE_IDS + 1
+            if self._last_id not in self._by_id and not any(self._last_id in ids for _, ids in self._retired):
+                return self._last_id
 
 
-def _page_rounded(size: int) -> int:
-    return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+def _decoded(frame: int, tables: Sequence[dict[int, _LoadedFile]]) -> UserFrame:
+    if not frame & FILE_FRAME:
+        return UserFrame(None, frame)
+    file_id = (frame & ~FILE_FRAME) >> FILE_OFFSET_BITS
+    loaded = next((ids[file_id] for ids in tables if file_id in ids), None)
+    if loaded is None or loaded.build_id is None:  # cannot happen while the ids are kept long enough
+        return UserFrame(None, 0)
+    return UserFrame(loaded.build_id, frame & ((1 << FILE_OFFSET_BITS) - 1))

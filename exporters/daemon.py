@@ -6,7 +6,7 @@ here, whatever way the loop ends (stop request, exception). A source whose drain
 drain's rows of that source (counted in ``optrace_read_errors_total{kind="drain"}``), never the
 daemon. A reload (SIGHUP) re-reads the settings between two drains: the web config (TLS, users,
 headers) and the series idle time apply at once; settings that shape the BPF side or the guard
-(listen, frequency, uprobes, pids, comms, max_series) need a restart, and a change to them is warned
+(listen, frequency, uprobes, pids, comms, max_series, call_graph) need a restart, and a change to them is warned
 about and left as it was. A reload that fails keeps the running settings.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 DEFAULT_PORT = 9469
 DEFAULT_MAX_SERIES = 10000
-RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series")
+RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 
 
@@ -48,6 +48,7 @@ class ServeOptions:
     web: WebConfig = field(default_factory=WebConfig)
     drain_interval_s: float = 1.0
     off_cpu: bool = False  # also export optrace_offcpu_seconds_total
+    call_graph: str = "dwarf"  # how user stacks are walked (SessionOptions.call_graph)
 
 
 class StopRequest(Protocol):

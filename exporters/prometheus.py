@@ -100,6 +100,11 @@ def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[M
     yield events
     yield CounterMetricFamily("optrace_unresolved_frames", "Samples whose leaf frame could not be named "
                               "(counted as symbol=\"[unknown]\").", value=snap.unresolved_frames)
+    quality = CounterMetricFamily("optrace_stacks", "CPU samples with a user stack, by quality: complete (its "
+                                  "outermost frame is a thread's first) or why the walk stopped.", labels=["quality"])
+    for outcome, count in sorted(snap.stack_quality.items()):
+        quality.add_metric([outcome], count)
+    yield quality
     yield CounterMetricFamily("optrace_jit_refused_files", "JIT symbol files (perf maps, jitdumps) refused "
                               "as untrusted or malformed.", value=snap.jit_refused_files)
     overflow = CounterMetricFamily("optrace_cardinality_overflow", "Samples or calls counted in an [other] "

@@ -39,6 +39,8 @@ class Delta:
     execs: int = 0  # processes exec'd (what drives the symbolizer's work on a busy machine)
     exits: int = 0
     unresolved_frames: int = 0  # samples whose leaf frame has no symbol
+    # samples with a user stack, by outcome: "complete" or why the walk stopped (frontend/unwind/quality.py)
+    stack_quality: Counter[str] = field(default_factory=Counter)
     jit_refused_files: int = 0  # perf maps / jitdumps refused (untrusted owner, bad format...)
     read_errors: Counter[str] = field(default_factory=Counter)  # kind -> failures contained in a drain
     caches: dict[str, int] = field(default_factory=dict)  # symbol cache -> its size now (entries or *_bytes)
@@ -106,6 +108,7 @@ class TotalsSnapshot:
     idle_samples: int
     process_events: dict[str, int]  # "exec" / "exit" -> count
     unresolved_frames: int
+    stack_quality: dict[str, int]  # outcome -> samples with a user stack
     jit_refused_files: int
     drains: int
     drain_seconds: float
@@ -128,6 +131,7 @@ class ExporterTotals:
         self.idle_samples = 0
         self.process_events: Counter[str] = Counter()
         self.unresolved_frames = 0
+        self.stack_quality: Counter[str] = Counter()
         self.jit_refused_files = 0
         self.read_errors: Counter[str] = Counter()
         self.caches: dict[str, int] = {}
@@ -158,6 +162,7 @@ class ExporterTotals:
             self.idle_samples += delta.idle_samples
             self.process_events.update(exec=delta.execs, exit=delta.exits)
             self.unresolved_frames += delta.unresolved_frames
+            self.stack_quality.update(delta.stack_quality)
             self.jit_refused_files += delta.jit_refused_files
             self.read_errors.update(delta.read_errors)
             self.caches.update(delta.caches)
@@ -192,6 +197,7 @@ class ExporterTotals:
                 idle_samples=self.idle_samples,
                 process_events=dict(self.process_events),
                 unresolved_frames=self.unresolved_frames,
+                stack_quality=dict(self.stack_quality),
                 jit_refused_files=self.jit_refused_files,
                 drains=self.drains,
                 drain_seconds=self.drain_seconds,

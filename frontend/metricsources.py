@@ -1,19 +1,35 @@
 """What `optrace serve` drains each period, as exporters.daemon.Source objects: the CPU profile (a
 :class:`~optrace.frontend.session.ProfilingSession` naming each sample's leaf) and the uprobe call counts,
-each turned into a :class:`~optrace.exporters.totals.Delta` of what it saw since the previous drain."""
+each turned into a :class:`~optrace.exporters.totals.Delta` of what it saw since the previous drain.
+
+With ``--call-graph dwarf`` (the default) user stacks are unwound from CFI in BPF, as in record, though
+serve names whole stacks only while a /debug/pprof/profile collection runs: the walk is in the kernel,
+and what user space keeps for it is bounded for a daemon (bpf/unwindmaps.py's generations; the unwind
+tables held, SERVE_UNWIND_CACHE_BYTES). Each drain also counts every sample's user stack by quality
+(``optrace_stacks_total{quality}``: complete, or the reason the walk stopped, frontend/unwind/quality.py),
+naming at most its outermost frame: none when the unwinder itself ended at a thread's first frame.
+"""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from optrace.exporters.daemon import ServeOptions, Source
 from optrace.exporters.totals import Delta, add_leaf_rows, add_off_cpu_rows
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
+from optrace.frontend.unwind.quality import outermost_quality
 from optrace.model import UNKNOWN
 
 
+# record holds up to 256 MiB of unwind tables; serve 32 MiB (2 M rows, twice what the BPF row array
+# holds: cc1's 7.7 MB, libc's and libpython's stay cached while other files come and go). A table evicted
+# is converted again (libc: 35 ms of CPU) only when a new process maps its file, or after a generation.
+SERVE_UNWIND_CACHE_BYTES = 32 << 20
+
+
 def build_sources(options: ServeOptions) -> list[Source]:
-    profile = ProfileSource(options.frequency_hz, options.pids, options.comms, options.off_cpu)
+    profile = ProfileSource(options.frequency_hz, options.pids, options.comms, options.off_cpu, options.call_graph)
     sources: list[Source] = [profile]
     if options.uprobes:
         targets = profile.target_pids if options.pids else None
@@ -26,12 +42,14 @@ class ProfileSource:
     daemon asks for them: a /debug/pprof/profile collection) and forgets exited processes (serve runs
     for months), turned into per-drain rows."""
 
-    def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: bool = False) -> None:
+    def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: bool = False,
+                 call_graph: str = "dwarf") -> None:
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
             raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks
             programs_at_exec=False, learn_at_exec=False, forget_exited=True,
-            off_cpu=OffCpuOptions() if off_cpu else None))
+            off_cpu=OffCpuOptions() if off_cpu else None, call_graph=call_graph,
+            unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES))
         self._refused_seen = 0
         self.event: str | None = None
 
@@ -53,6 +71,7 @@ class ProfileSource:
         started = time.perf_counter()
         named = self.session.symbolize(drain.samples, stacks=delta.want_stacks)
         add_leaf_rows(delta, *named)
+        delta.stack_quality.update(outermost_quality(drain.samples, partial(self.session.symbolize, stacks=True)))
         if drain.off_cpu:
             add_off_cpu_rows(delta, *self.session.symbolize(self.session.off_cpu_leaves(drain.off_cpu)))
         if delta.want_stacks:

@@ -12,6 +12,7 @@ A config file holds the same settings as the flags, under these keys::
     web_config = "/etc/optrace/web.yml"  # --web-config: TLS and basic auth, exporter-toolkit format
     tls_cert = "/etc/optrace/cert.pem"   # --tls-cert/--tls-key: TLS without a web config
     tls_key = "/etc/optrace/key.pem"
+    call_graph = "dwarf"             # --call-graph: dwarf (CFI unwinding in BPF) or fp
 
 Every value is checked here, so a bad file or flag is one clear line before any BPF is loaded. The
 same checks run again when serve reloads (SIGHUP), except that -p processes may have exited by then.
@@ -29,6 +30,7 @@ from optrace.exporters.daemon import DEFAULT_PORT, ServeOptions
 from optrace.exporters.httpserver import ListenAddress
 from optrace.exporters.webconfig import CONFIG_POLICY, TlsFiles, WebConfig, load_web_config, tls_context
 from optrace.fileaccess import RefusedFile, read_file
+from optrace.frontend.cliopts import CALL_GRAPHS
 from optrace.frontend.commands.record import check_frequency
 from optrace.errors import OptraceError
 from optrace.frontend.target import check_pids, parse_pids
@@ -47,6 +49,7 @@ SETTING_TYPES: dict[str, type] = {
     "tls_cert": str,
     "tls_key": str,
     "off_cpu": bool,
+    "call_graph": str,
 }
 
 TYPE_NAMES = {str: "a string", int: "an integer", list: "a list", bool: "true or false"}
@@ -128,6 +131,9 @@ def build_options(settings: dict[str, Any], reloading: bool = False) -> ServeOpt
     if options.series_idle_s < 0:
         raise OptraceError("--series-idle-expiry must be 0 (never) or a number of seconds")
     options.off_cpu = settings.get("off_cpu", False)
+    options.call_graph = settings.get("call_graph", options.call_graph)
+    if options.call_graph not in CALL_GRAPHS:
+        raise OptraceError(f"bad call_graph {options.call_graph!r}: expected {' or '.join(CALL_GRAPHS)}")
     options.web = web_settings(settings.get("web_config"), settings.get("tls_cert"), settings.get("tls_key"))
     if options.web.tls is not None:
         tls_context(options.web.tls)  # unusable files fail here, not after the BPF compile

@@ -61,7 +61,11 @@ class SessionOptions:
     stack_storage_size: int | None = None  # None: sized from CPUs x Hz (bpf.profiler.default_stack_storage)
     # "dwarf": user stacks of processes whose files have CFI are unwound from it in BPF (frame pointers
     # where there is none, as in JIT code); "fp": the kernel's frame-pointer walk only (perf's names).
+    # Independent of ``stacks``, which is about naming: serve names leaves, but whole stacks while a
+    # pprof profile is collected. A caller that never names whole stacks passes "fp" (record --no-stacks).
     call_graph: str = "dwarf"
+    # Bytes of unwind tables held in user space (None: UnwindTableCache's default); serve holds fewer.
+    unwind_cache_bytes: int | None = None
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
@@ -172,7 +176,7 @@ class ProfilingSession:
         from optrace.frontend.symbols.symbolizer import Symbolizer
 
         opts = self.options
-        cfi = opts.stacks and opts.call_graph == "dwarf"
+        cfi = opts.call_graph == "dwarf"
         self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids)
         for pid in opts.pids or ():  # before the compile: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
@@ -184,9 +188,10 @@ class ProfilingSession:
         self._load_off_cpu()
 
         if cfi:
+            from optrace.frontend.unwind.cache import DEFAULT_MAX_BYTES, UnwindTableCache
             from optrace.frontend.unwind.processmaps import ProcessUnwinding
 
-            self.unwinding = ProcessUnwinding()
+            self.unwinding = ProcessUnwinding(UnwindTableCache(opts.unwind_cache_bytes or DEFAULT_MAX_BYTES))
             self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
             # First on the worker, verified while sampling starts (frame pointers until it is in place).
             self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step",
@@ -337,7 +342,11 @@ class ProfilingSession:
         epoch = self.profiler.epoch(pid)
         mappings = self.unwinding.mappings(pid)
         if epoch and mappings is not None:
-            self.profiler.unwind.load_process(pid, epoch, mappings)
+            maps = self.profiler.unwind
+            generation = maps.generation
+            maps.load_process(pid, epoch, mappings)
+            if maps.generation != generation:  # every other table was dropped: loaded again once sampled
+                self._unwound = {}
             self._unwound[pid] = epoch
             self._young.add(pid)
 
@@ -430,8 +439,13 @@ class ProfilingSession:
         return taken
 
     def cache_sizes(self) -> dict[str, int]:
-        return {**self.symbolizer.cache_sizes(), "jit_processes": len(self._jit_pids),
-                "jit_symbols": self.jit.budget.entries, "jit_names_bytes": self.jit.budget.name_bytes}
+        sizes = {**self.symbolizer.cache_sizes(), "jit_processes": len(self._jit_pids),
+                 "jit_symbols": self.jit.budget.entries, "jit_names_bytes": self.jit.budget.name_bytes}
+        if self.unwinding is not None:
+            tables = self.unwinding.tables
+            sizes.update(self.profiler.unwind.sizes(), unwind_processes=len(self._unwound),
+                         unwind_tables=len(tables), unwind_tables_bytes=tables.held_bytes)
+        return sizes
 
     # -- processes -------------------------------------------------------------------------------------
     def _translated(self, sample: RawSample, done: dict[tuple, tuple[UserFrame, ...]],
@@ -505,6 +519,7 @@ class ProfilingSession:
         self.spaces.end_drain(retired)
         if not self.options.forget_exited:
             return
+        self._drop_unwound_exited()
         self._drains += 1
         jit_tables = bool(self._jit_pids.intersection(self._forgettable))
         for pid in self._forgettable:
@@ -519,6 +534,15 @@ class ProfilingSession:
         self._forgettable = retired
         if self._drains % PRUNE_EVERY == 0:
             self._forgettable += [pid for pid in self.tracker.pids() if not os.path.exists(f"/proc/{pid}")]
+
+    def _drop_unwound_exited(self) -> None:
+        """Every PRUNE_EVERY drains (one before the processes' own prune), the unwinder's tables of
+        processes gone without an exit event seen, or loaded by the worker after the exit was handled."""
+        if self.unwinding is None or (self._drains + 1) % PRUNE_EVERY:
+            return
+        for pid in [pid for pid in self._unwound if not os.path.exists(f"/proc/{pid}")]:
+            self._unwound.pop(pid, None)
+            self.profiler.unwind.forget_process(pid)
 
     def _forget(self, pid: int) -> None:
         """Drop what is kept about a process, so memory does not grow with every process that ever ran."""

@@ -5,17 +5,22 @@ A stack is complete when its outermost frame is a thread's root (``_start`` or
 CFI unwinder reached a frame whose return address the CFI declares undefined (the ABI's mark of a
 thread's first frame). Otherwise the reason is the unwinder's (see bpf/unwindmaps.py UNWIND_STATUSES),
 or ``fp_walk`` for a stack the kernel walked by frame pointers.
+
+:func:`stack_quality` looks at stacks a recording named whole; :func:`outermost_quality` gives the same
+counts naming one frame per stack at most (serve names only leaves).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from optrace.model import STACK_COMPLETE, Frame, RawSample, Sample
 
 THREAD_ROOTS = frozenset({"_start", "__libc_start_call_main", "__libc_start_main", "__libc_start_main_impl",
                           "clone3", "__clone3", "clone", "__clone", "start_thread"})
 FP_WALK = "fp_walk"
+OUTERMOST = "outermost"  # the unwinder's status for a walk that reached a thread's first frame (unwind.c)
 
 
 def stack_quality(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample]) -> dict[str, int]:
@@ -25,9 +30,19 @@ def stack_quality(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Seque
         if not sample.user:
             continue
         outermost = frames[row.frames[-1]] if row.frames else None
-        if sample.stop == "outermost" or (outermost is not None and not outermost.kernel
+        if sample.stop == OUTERMOST or (outermost is not None and not outermost.kernel
                                           and outermost.symbol in THREAD_ROOTS):
             outcomes[STACK_COMPLETE] += sample.count
         else:
             outcomes[sample.stop or FP_WALK] += sample.count
     return dict(outcomes)
+
+
+def outermost_quality(raw: Sequence[RawSample],
+                      name: Callable[[list[RawSample]], tuple[list[Frame], list[Sample]]]) -> dict[str, int]:
+    """:func:`stack_quality` of ``raw``, naming with ``name`` (whole stacks) only the outermost user frame
+    of the stacks the unwinder did not already end at a thread's first frame."""
+    rest = [dataclasses.replace(s, user=s.user[-1:], kernel=()) for s in raw if s.user and s.stop != OUTERMOST]
+    outcomes = Counter(stack_quality(rest, *name(rest)) if rest else {})
+    outcomes[STACK_COMPLETE] += sum(s.count for s in raw if s.user and s.stop == OUTERMOST)
+    return {outcome: n for outcome, n in outcomes.items() if n}

@@ -1,0 +1,204 @@
+"""UnwindMaps' generations (bpf/unwindmaps.py) and the session's bookkeeping of them, against stand-ins for
+the BPF maps (no BCC, no root): rows full -> a new generation, live processes loaded again when next
+sampled, an old file id still decoded by the next drain, ids kept bounded, exited processes dropped."""
+from __future__ import annotations
+
+import ctypes
+import os
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from optrace.bpf import unwindmaps
+from optrace.bpf.unwindmaps import FILE_FRAME, FILE_OFFSET_BITS, ROW_SIZE, ProcessMapping, UnwindMaps
+from optrace.frontend import session as session_module
+from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.unwind.quality import outermost_quality
+from optrace.model import Frame, RawSample, Sample, UserFrame
+
+CAPACITY = 100  # rows
+GONE_PID = 4_194_000  # above every pid_max default: never in /proc
+
+
+class Table(dict):
+    """A BPF hash as BCC shows it, enough for UnwindMaps."""
+
+    Key = staticmethod(lambda value: SimpleNamespace(value=value))
+    Leaf = ctypes.c_char * (16 + unwindmaps.MAX_MAPPINGS * 48)
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key.value, value)
+
+    def __delitem__(self, key) -> None:
+        super().__delitem__(key.value)
+
+    def __contains__(self, key) -> bool:
+        return super().__contains__(key.value)
+
+    def keys(self):
+        return [SimpleNamespace(value=k) for k in super().keys()]
+
+    def items(self):
+        return [(SimpleNamespace(value=k), v) for k, v in super().items()]
+
+
+class Maps(dict):
+    """unwind_rows is a memfd (mmap-able like a BPF_F_MMAPABLE array), the rest Tables."""
+
+    def __init__(self) -> None:
+        fd = os.memfd_create("unwind_rows")
+        os.ftruncate(fd, CAPACITY * ROW_SIZE)
+        super().__init__({b"unwind_rows": SimpleNamespace(map_fd=fd), b"unwind_procs": Table(),
+                          b"cfistacks0": Table(), b"cfistacks1": Table()})
+
+    def rows(self, start: int, count: int) -> bytes:
+        return os.pread(self[b"unwind_rows"].map_fd, count * ROW_SIZE, start * ROW_SIZE)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def mapping(name: str, rows: int, start: int) -> ProcessMapping:
+    return ProcessMapping(start, start + 0x1000, 0, start, name, name.encode()[:1] * (rows * ROW_SIZE),
+                          name.encode().ljust(20, b"\0"))
+
+
+FILES = {"a": 40, "b": 30, "c": 50, "d": 50}
+PROCESSES = {1: ["a"], 2: ["b"], 3: ["c"], 4: ["d"], GONE_PID: ["b"]}
+
+
+def mappings_of(pid: int) -> list[ProcessMapping]:
+    return [mapping(name, FILES[name], 0x10000 * (i + 1)) for i, name in enumerate(PROCESSES[pid])]
+
+
+class Inline:
+    """The unwind worker, run at once."""
+
+    def submit(self, call, *args):
+        call(*args)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def maps(clock) -> tuple[UnwindMaps, Maps]:
+    bpf = Maps()
+    return UnwindMaps(bpf, CAPACITY, clock=clock), bpf
+
+
+@pytest.fixture
+def session(maps) -> ProfilingSession:
+    unwind, _ = maps
+    session = ProfilingSession(SessionOptions(forget_exited=True))
+    session.profiler = SimpleNamespace(unwind=unwind, epoch=lambda pid: 7)
+    session.unwinding = SimpleNamespace(mappings=mappings_of)
+    session._unwind_worker = Inline()
+    return session
+
+
+def stack_of(file_id: int, offset: int) -> SimpleNamespace:
+    frame = FILE_FRAME | file_id << FILE_OFFSET_BITS | offset
+    return SimpleNamespace(len=1, status=0, frames=[frame])
+
+
+def file_id(unwind: UnwindMaps, name: str) -> int:
+    return unwind._files[name].file_id
+
+
+def test_rows_full_starts_a_new_generation_once_a_minute(maps, clock):
+    unwind, bpf = maps
+    unwind.load_process(1, 7, mappings_of(1))
+    unwind.load_process(2, 7, mappings_of(2))
+    assert bpf.rows(0, 1) == b"a" * ROW_SIZE and bpf.rows(40, 1) == b"b" * ROW_SIZE
+    unwind.load_process(3, 7, mappings_of(3))  # 40 + 30 + 50 > 100, but the generation is new
+    assert unwind.generation == 0 and unwind.stats["rows_full"] == 1 and unwind._files["c"].row_count == 0
+    clock.now += unwindmaps.MIN_GENERATION_SECONDS
+    unwind.load_process(2, 7, mappings_of(2) + mappings_of(3))  # both known already: no room asked for
+    assert unwind.generation == 0
+    unwind.load_process(4, 7, mappings_of(4))
+    assert unwind.generation == 1 and unwind.stats["generations"] == 1
+    assert [k.value for k in bpf[b"unwind_procs"].keys()] == [4]  # every other table dropped
+    assert unwind._files["d"].row_start == 0 and bpf.rows(0, 1) == b"d" * ROW_SIZE
+
+
+def test_a_retired_file_id_decodes_until_the_stacks_before_the_reset_are_read(maps):
+    unwind, bpf = maps
+    unwind.load_process(1, 7, mappings_of(1))
+    old = file_id(unwind, "a")
+    unwind.new_generation()
+    unwind.load_process(3, 7, mappings_of(3))
+    assert file_id(unwind, "c") != old  # not handed out again while it may be read
+    for _ in range(unwindmaps.RETIRED_READS):
+        bpf[b"cfistacks0"][SimpleNamespace(value=5)] = stack_of(old, 0x123)
+        assert unwind.read_stacks(0)[5].frames == (UserFrame(b"a".ljust(20, b"\0"), 0x123),)
+    bpf[b"cfistacks0"][SimpleNamespace(value=5)] = stack_of(old, 0x123)
+    assert unwind.read_stacks(0)[5].frames == (UserFrame(None, 0),)  # forgotten: never guessed
+    assert not bpf[b"cfistacks0"]
+
+
+def test_file_ids_stay_bounded_over_many_generations(maps):
+    unwind, _ = maps
+    for generation in range(50):
+        unwind.new_generation()
+        unwind.load_process(1, 7, [mapping(f"file{generation}-{i}", 1, 0x10000 * (i + 1)) for i in range(10)])
+        unwind.read_stacks(generation % 2)
+    sizes = unwind.sizes()
+    assert sizes["unwind_files"] == 10 and sizes["unwind_file_ids"] <= 10 * (1 + unwindmaps.RETIRED_READS)
+    assert len(unwind._retired) <= unwindmaps.RETIRED_READS
+
+
+def test_files_per_generation_are_capped(maps, monkeypatch):
+    unwind, _ = maps
+    monkeypatch.setattr(unwindmaps, "MAX_GENERATION_FILES", 3)
+    unwind.load_process(1, 7, [mapping(f"f{i}", 1, 0x10000 * (i + 1)) for i in range(5)])
+    assert len(unwind._files) == 3 and unwind.stats["files_full"] == 2
+
+
+def test_session_loads_live_processes_again_after_a_new_generation(session, maps, clock):
+    unwind, bpf = maps
+    for pid in (1, 2):
+        session.unwind(pid)
+    assert set(session._unwound) == {1, 2}
+    clock.now += unwindmaps.MIN_GENERATION_SECONDS
+    session.unwind(3)  # c does not fit: a new generation, 1 and 2 dropped
+    assert unwind.generation == 1 and set(session._unwound) == {3}
+    assert [k.value for k in bpf[b"unwind_procs"].keys()] == [3]
+    frame_pointer_sample = RawSample(1, "p", (UserFrame(None, 0x10010),), (), 4)  # stop "": not unwound
+    session._unwind_processes([frame_pointer_sample])
+    assert set(session._unwound) == {1, 3} and unwind.has_process(1)
+
+
+def test_exited_processes_tables_are_dropped(session, maps, monkeypatch):
+    unwind, bpf = maps
+    for pid in (1, GONE_PID):
+        session.unwind(pid)  # GONE_PID: its exit was handled before the worker loaded it
+    session._end_processes([1], now=1.0)  # 1's exit event
+    assert not unwind.has_process(1) and 1 not in session._unwound and unwind.has_process(GONE_PID)
+    session._drains = session_module.PRUNE_EVERY - 1
+    session._end_processes([], now=2.0)
+    assert not unwind.has_process(GONE_PID) and not session._unwound
+
+
+def test_quality_names_only_outermost_frames_of_stacks_the_unwinder_did_not_end():
+    root, inner = UserFrame(b"x" * 20, 1), UserFrame(b"x" * 20, 2)
+    raw = [RawSample(1, "p", (inner, root), (), 5, stop="outermost"), RawSample(1, "p", (inner, root), (9,), 3),
+           RawSample(1, "p", (inner, inner), (), 2, stop="read_fault"), RawSample(1, "k", (), (9,), 7)]
+    named: list[list[RawSample]] = []
+
+    def name(samples):
+        named.append(samples)
+        frames = [Frame("_start", "/p"), Frame("inner", "/p")]
+        return frames, [Sample(s.pid, s.comm, (0 if s.user[0] is root else 1,), s.count) for s in samples]
+
+    assert outermost_quality(raw, name) == {"complete": 8, "read_fault": 2}
+    assert [[(s.user, s.kernel) for s in samples] for samples in named] == [[((root,), ()), ((inner,), ())]]
+    assert Counter(outermost_quality(raw[:1], name)) == {"complete": 5} and len(named) == 1
