@@ -519,8 +519,8 @@ class ProfilingSession:
         self.spaces.end_drain(retired)
         if not self.options.forget_exited:
             return
-        self._drop_unwound_exited()
         self._drains += 1
+        self._drop_unwound_exited()
         jit_tables = bool(self._jit_pids.intersection(self._forgettable))
         for pid in self._forgettable:
             self._contain("forget_process", self._forget, pid)
@@ -536,11 +536,12 @@ class ProfilingSession:
             self._forgettable += [pid for pid in self.tracker.pids() if not os.path.exists(f"/proc/{pid}")]
 
     def _drop_unwound_exited(self) -> None:
-        """Every PRUNE_EVERY drains (one before the processes' own prune), the unwinder's tables of
-        processes gone without an exit event seen, or loaded by the worker after the exit was handled."""
-        if self.unwinding is None or (self._drains + 1) % PRUNE_EVERY:
+        """Every PRUNE_EVERY drains, the unwinder's tables of processes gone without an exit event seen, or
+        loaded by the worker after their exit was handled."""
+        if self.unwinding is None or self._drains % PRUNE_EVERY:
             return
-        for pid in [pid for pid in self._unwound if not os.path.exists(f"/proc/{pid}")]:
+        loaded = list(self._unwound)  # at once: the worker adds to it meanwhile
+        for pid in [pid for pid in loaded if not os.path.exists(f"/proc/{pid}")]:
             self._unwound.pop(pid, None)
             self.profiler.unwind.forget_process(pid)
 
