@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
 
 from optrace.exporters.daemon import ServeOptions, Source
 from optrace.exporters.totals import Delta, add_leaf_rows, add_off_cpu_rows
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
-from optrace.frontend.unwind.quality import outermost_quality
+from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.model import UNKNOWN
 
 
@@ -69,9 +68,13 @@ class ProfileSource:
         delta.execs += drain.execs
         delta.exits += len(drain.exits)
         started = time.perf_counter()
-        named = self.session.symbolize(drain.samples, stacks=delta.want_stacks)
+        # The outermost frames stack_quality needs are named with the leaves (a process whose files break
+        # naming fails once): leaf_only keeps a one-frame user stack as it is.
+        outermost = outermost_only(drain.samples)
+        frames, rows = self.session.symbolize(drain.samples + outermost, stacks=delta.want_stacks)
+        named = (frames, rows[:len(drain.samples)])
         add_leaf_rows(delta, *named)
-        delta.stack_quality.update(outermost_quality(drain.samples, partial(self.session.symbolize, stacks=True)))
+        delta.stack_quality.update(outermost_quality(drain.samples, outermost, frames, rows[len(drain.samples):]))
         if drain.off_cpu:
             add_off_cpu_rows(delta, *self.session.symbolize(self.session.off_cpu_leaves(drain.off_cpu)))
         if delta.want_stacks:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from optrace.model import STACK_COMPLETE, Frame, RawSample, Sample
 
@@ -38,11 +38,16 @@ def stack_quality(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Seque
     return dict(outcomes)
 
 
-def outermost_quality(raw: Sequence[RawSample],
-                      name: Callable[[list[RawSample]], tuple[list[Frame], list[Sample]]]) -> dict[str, int]:
-    """:func:`stack_quality` of ``raw``, naming with ``name`` (whole stacks) only the outermost user frame
-    of the stacks the unwinder did not already end at a thread's first frame."""
-    rest = [dataclasses.replace(s, user=s.user[-1:], kernel=()) for s in raw if s.user and s.stop != OUTERMOST]
-    outcomes = Counter(stack_quality(rest, *name(rest)) if rest else {})
+def outermost_only(raw: Sequence[RawSample]) -> list[RawSample]:
+    """The samples whose outcome depends on their outermost frame's name, reduced to that frame: those with
+    a user stack the unwinder did not end at a thread's first frame."""
+    return [dataclasses.replace(s, user=s.user[-1:], kernel=()) for s in raw if s.user and s.stop != OUTERMOST]
+
+
+def outermost_quality(raw: Sequence[RawSample], outermost: Sequence[RawSample], frames: Sequence[Frame],
+                      rows: Sequence[Sample]) -> dict[str, int]:
+    """:func:`stack_quality` of ``raw``, from ``outermost`` (:func:`outermost_only` of ``raw``) named as
+    ``rows`` (their frames in ``frames``)."""
+    outcomes = Counter(stack_quality(outermost, frames, rows))
     outcomes[STACK_COMPLETE] += sum(s.count for s in raw if s.user and s.stop == OUTERMOST)
     return {outcome: n for outcome, n in outcomes.items() if n}

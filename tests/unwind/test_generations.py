@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +13,7 @@ from optrace.bpf import unwindmaps
 from optrace.bpf.unwindmaps import FILE_FRAME, FILE_OFFSET_BITS, ROW_SIZE, ProcessMapping, UnwindMaps
 from optrace.frontend import session as session_module
 from optrace.frontend.session import ProfilingSession, SessionOptions
-from optrace.frontend.unwind.quality import outermost_quality
+from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.model import Frame, RawSample, Sample, UserFrame
 
 CAPACITY = 100  # rows
@@ -192,13 +191,9 @@ def test_quality_names_only_outermost_frames_of_stacks_the_unwinder_did_not_end(
     root, inner = UserFrame(b"x" * 20, 1), UserFrame(b"x" * 20, 2)
     raw = [RawSample(1, "p", (inner, root), (), 5, stop="outermost"), RawSample(1, "p", (inner, root), (9,), 3),
            RawSample(1, "p", (inner, inner), (), 2, stop="read_fault"), RawSample(1, "k", (), (9,), 7)]
-    named: list[list[RawSample]] = []
-
-    def name(samples):
-        named.append(samples)
-        frames = [Frame("_start", "/p"), Frame("inner", "/p")]
-        return frames, [Sample(s.pid, s.comm, (0 if s.user[0] is root else 1,), s.count) for s in samples]
-
-    assert outermost_quality(raw, name) == {"complete": 8, "read_fault": 2}
-    assert [[(s.user, s.kernel) for s in samples] for samples in named] == [[((root,), ()), ((inner,), ())]]
-    assert Counter(outermost_quality(raw[:1], name)) == {"complete": 5} and len(named) == 1
+    outermost = outermost_only(raw)
+    assert [(s.user, s.kernel) for s in outermost] == [((root,), ()), ((inner,), ())]
+    frames = [Frame("_start", "/p"), Frame("inner", "/p")]
+    rows = [Sample(s.pid, s.comm, (0 if s.user[0] is root else 1,), s.count) for s in outermost]
+    assert outermost_quality(raw, outermost, frames, rows) == {"complete": 8, "read_fault": 2}
+    assert outermost_quality(raw[:1], [], [], []) == {"complete": 5}
