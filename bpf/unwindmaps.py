@@ -144,17 +144,13 @@ class UnwindMaps:
         and its read, in the one after)."""
         with self._lock:
             tables = [self._by_id, *(ids for _, ids in self._retired)]
-        table = self._bpf[f"cfistacks{index}".encode()]
         stacks = {}
-        for key, value in table.items():
-            frames = tuple(_decoded(ip, tables) for ip in value.frames[:min(value.len, len(value.frames))])
+        decoded: dict[int, UserFrame] = {}  # a drain's stacks share most of their frames
+        for key, value in self._bpf[f"cfistacks{index}".encode()].items_lookup_and_delete_batch():
+            frames = tuple(decoded[ip] if ip in decoded else decoded.setdefault(ip, _decoded(ip, tables))
+                           for ip in value.frames[:min(value.len, len(value.frames))])
             status = UNWIND_STATUSES[value.status] if value.status < len(UNWIND_STATUSES) else "read_fault"
-            stacks[key.value] = UnwoundStack(frames, status)
-        for key in list(stacks):
-            try:
-                del table[table.Key(key)]
-            except KeyError:
-                pass
+            stacks[key if isinstance(key, int) else key.value] = UnwoundStack(frames, status)
         with self._lock:
             self._reads += 1
             self._retired = [(at, ids) for at, ids in self._retired if self._reads - at < RETIRED_READS]

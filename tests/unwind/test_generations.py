@@ -41,6 +41,12 @@ class Table(dict):
     def items(self):
         return [(SimpleNamespace(value=k), v) for k, v in super().items()]
 
+    def items_lookup_and_delete_batch(self):
+        """As BCC gives a u64-keyed map's entries: keys as ints."""
+        items = list(super().items())
+        self.clear()
+        return items
+
 
 class Maps(dict):
     """unwind_rows is a memfd (mmap-able like a BPF_F_MMAPABLE array), the rest Tables."""
