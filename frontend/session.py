@@ -511,7 +511,7 @@ class ProfilingSession:
         drain are forgotten (samples taken just before an exit may reach the next drain), and every
         PRUNE_EVERY drains, those whose exit event was lost (the kernel's event buffer overflowed)."""
         self._note_exits(exits, now)
-        for pid in exits:
+        for pid in self._exited:  # with those poll() saw: the unwinder's table goes at once
             self._young.discard(pid)
             if self._unwound.pop(pid, None) is not None:
                 self.profiler.unwind.forget_process(pid)
