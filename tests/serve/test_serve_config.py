@@ -14,6 +14,7 @@ uprobes: ["c:malloc", "c:free"]
 comms: [nginx]
 max_series: 500
 series_idle_expiry: 90
+call_graph: fp
 tls_cert: {cert}
 tls_key: {key}
 """
@@ -24,6 +25,7 @@ uprobes = ["c:malloc", "c:free"]
 comms = ["nginx"]
 max_series = 500
 series_idle_expiry = 90
+call_graph = "fp"
 tls_cert = "{cert}"
 tls_key = "{key}"
 """
@@ -43,7 +45,8 @@ def test_yaml_and_toml_hold_the_same_settings(tmp_path, self_signed):
     (tmp_path / "a.yaml").write_text(YAML.format(cert=cert, key=key))
     (tmp_path / "a.toml").write_text(TOML.format(cert=cert, key=key))
     expected = ServeOptions(listen=ListenAddress("::1", 9555), frequency_hz=49, uprobes=["c:malloc", "c:free"],
-                            comms=["nginx"], max_series=500, series_idle_s=90, web=WebConfig(TlsFiles(cert, key)))
+                            comms=["nginx"], max_series=500, series_idle_s=90, web=WebConfig(TlsFiles(cert, key)),
+                            call_graph="fp")
     assert build_options(load_config_file(str(tmp_path / "a.yaml"))) == expected
     assert build_options(load_config_file(str(tmp_path / "a.toml"))) == expected
 
@@ -51,7 +54,7 @@ def test_yaml_and_toml_hold_the_same_settings(tmp_path, self_signed):
 def test_defaults_listen_on_loopback_only():
     options = build_options({})
     assert options.listen == ListenAddress("127.0.0.1", DEFAULT_PORT) and options.web == WebConfig()
-    assert options.series_idle_s == 600
+    assert options.series_idle_s == 600 and options.call_graph == "dwarf"
 
 
 def test_flags_override_the_config_file(tmp_path, optrace):
@@ -70,6 +73,7 @@ def test_flags_override_the_config_file(tmp_path, optrace):
     ("port: 1\n", ".yaml", "unknown setting 'port' (known: listen, frequency"),
     ("frequency: fast\n", ".yaml", "frequency must be an integer, not 'fast'"),
     ("max_series: true\n", ".yaml", "max_series must be an integer"),
+    ("call_graph: lbr\n", ".yaml", "bad call_graph 'lbr': expected dwarf or fp"),
     ("listen = 1\n", ".ini", "unknown format: name it .yaml, .yml or .toml"),
 ])
 def test_bad_config_files(tmp_path, optrace, config_text, suffix, message):
@@ -86,6 +90,7 @@ def test_bad_config_files(tmp_path, optrace, config_text, suffix, message):
     pytest.param(["--listen", "no.such.host.invalid:9469"], "cannot listen on no.such.host.invalid:9469",
                  marks=pytest.mark.root),  # as another user serve stops first at "needs root"
     (["--max-series", "2"], "--max-series must be at least 3"),
+    (["--call-graph", "lbr"], "'lbr' is not one of 'dwarf', 'fp'"),
     (["-F", "0"], "frequency 0 Hz is out of range"),
     (["-p", "999999999"], "no such process: 999999999"),
     (["-p", "abc"], "not a process id: 'abc'"),
