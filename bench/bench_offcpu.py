@@ -1,12 +1,14 @@
 """Issue 15 benchmark: the cost of `optrace record --off-cpu` on a context-switch-heavy workload.
 
 workloads/build/pingpong: two threads pass a byte back and forth over two pipes (each round trip is two
-blocking reads, about two context switches). The workload times itself (from its first write to the
+blocking reads, about two context switches), both pinned to CPU 0 (`taskset -c 0`): spread over this
+machine's two vCPUs the same run took either ~0.5 s or 3-4 s depending on where the scheduler put the
+threads (the workload alone: IQR 0.55-3.0 s over 7 runs), which buried the cost of a switch. The workload times itself (from its first write to the
 join), so optrace's start-up and its final symbolization are outside the figure; under optrace the
 command is held before exec until the programs are attached.
 
-Modes, interleaved in random order in each round: the workload alone; `optrace record` (CPU samples
-only, 99 Hz: what --off-cpu adds to); `optrace record --off-cpu`. Slowdown is the median of each mode's
+Modes, interleaved in random order in each round: the workload alone; `perf record -g` and `optrace
+record` (CPU samples only, 99 Hz: what --off-cpu adds to); `optrace record --off-cpu`. Slowdown is the median of each mode's
 elapsed time over the baseline's. BPF run time per event comes from the kernel's own accounting
 (kernel.bpf_stats_enabled=1 during the run, read from the recording process's program fds in
 /proc/PID/fdinfo: run_time_ns / run_cnt of its sched_switch program, which runs at every context switch
@@ -19,6 +21,7 @@ with BPF skeletons) and BCC's `offcputime-bpfcc` (needs kprobes). Run as root:
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import subprocess
@@ -34,8 +37,8 @@ from benchlib import OPTRACE, WORKLOADS, Launched, md_table, median, quartiles, 
 BENCH_BUDGET_S = 420  # read by bench/run.py
 PINGPONG = WORKLOADS / "pingpong"
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-MODES = ("baseline", "optrace_cpu", "optrace_offcpu", "optrace_offcpu_user")
-NAMES = {"baseline": "workload alone", "optrace_cpu": "optrace record (CPU, 99 Hz)",
+MODES = ("baseline", "perf_cpu", "optrace_cpu", "optrace_offcpu", "optrace_offcpu_user")
+NAMES = {"baseline": "workload alone", "perf_cpu": "perf record -g (CPU, 99 Hz)", "optrace_cpu": "optrace record (CPU, 99 Hz)",
          "optrace_offcpu": "optrace record --off-cpu", "optrace_offcpu_user": "... --off-cpu --off-cpu-user-stacks"}
 
 
@@ -44,9 +47,11 @@ def log(message: str) -> None:
 
 
 def argv_for(mode: str, trips: int, out: Path) -> list[str]:
-    workload = [str(PINGPONG), str(trips)]
+    workload = ["taskset", "-c", "0", str(PINGPONG), str(trips)]
     if mode == "baseline":
         return workload
+    if mode == "perf_cpu":
+        return ["perf", "record", "-q", "-e", "cpu-clock", "-F", "99", "-g", "-o", str(out), "--", *workload]
     extra = {"optrace_offcpu": ["--off-cpu"], "optrace_offcpu_user": ["--off-cpu", "--off-cpu-user-stacks"]}.get(mode, [])
     return [str(OPTRACE), "record", *extra, "-o", str(out), "--", *workload]
 
@@ -180,12 +185,12 @@ def markdown(res: dict) -> str:
     lines = [
         "## Off-CPU time: cost on a context-switch-heavy workload (issue 15)",
         "",
-        f"`workloads/build/pingpong {res['trips']}`: two threads ping-pong a byte over two pipes; {res['rounds']}"
+        f"`taskset -c 0 workloads/build/pingpong {res['trips']}`: two threads ping-pong a byte over two pipes,"
+        f" both on CPU 0 (spread over the two vCPUs, a run's time was bimodal: ~0.5 s or 3-4 s); {res['rounds']}"
         " rounds, the modes in random order in each; elapsed is the workload's own clock (median, IQR);"
         " switches/s = 2 per round trip. BPF ns per call: the kernel's run_time_ns / run_cnt"
         " (kernel.bpf_stats_enabled) of optrace's sched_switch program, which runs at every context switch"
-        " on the machine (those it filters out too). Measured while other engineers' tests and benchmarks ran"
-        " on this 2-vCPU machine.",
+        f" on the machine (those it filters out too). 1-minute load average at the end: {os.getloadavg()[0]:.1f}.",
         "",
         md_table(["mode", "elapsed", "slowdown", "CPU", "CPU slowdown", "switches/s", "BPF ns per call"], rows),
         "",
