@@ -53,14 +53,16 @@ _MAPPING = struct.Struct("<QQQQIIII")
 @dataclass(frozen=True)
 class ProcessMapping:
     """One executable file mapping of a process, as the unwinder needs it. ``rows`` (the file's unwind
-    table rows, ``ROW_SIZE`` bytes each, sorted by PC) may be empty: its code is walked by frame pointers."""
+    table rows, ``ROW_SIZE`` bytes each, sorted by PC) may be empty: its code is walked by frame pointers.
+    None: the caller dropped them because this generation holds the file (see :meth:`UnwindMaps.is_loaded`);
+    if it no longer does, the file is walked by frame pointers and not kept, so it is asked for again."""
 
     start: int
     end: int
     file_offset: int  # of ``start``
     bias: int  # ELF virtual address = address - bias
     file_key: Hashable  # identifies the file across processes (its rows are loaded once)
-    rows: bytes
+    rows: bytes | None
     build_id: bytes | None  # None: its frames stay raw IPs
 
 
@@ -128,6 +130,12 @@ class UnwindMaps:
         self._procs[self._procs.Key(pid)] = value
         self.stats["processes_loaded"] += 1
 
+    def is_loaded(self, file_key: Hashable) -> bool:
+        """Whether this generation holds the file (its rows, or its place among those walked by frame
+        pointers): a mapping of it needs no rows."""
+        with self._lock:
+            return file_key in self._files
+
     def forget_process(self, pid: int) -> None:
         try:
             del self._procs[self._procs.Key(pid)]
@@ -185,7 +193,7 @@ class UnwindMaps:
     def _fits(self, mappings: Sequence[ProcessMapping]) -> bool:
         """Whether the files of ``mappings`` not loaded yet fit in this generation (a file larger than the
         whole array never gets rows, so it does not count)."""
-        new = {m.file_key: len(m.rows) // ROW_SIZE for m in mappings if m.file_key not in self._files}
+        new = {m.file_key: len(m.rows or b"") // ROW_SIZE for m in mappings if m.file_key not in self._files}
         rows = sum(count for count in new.values() if count <= self._capacity)
         return self._next_row + rows <= self._capacity and len(self._files) + len(new) <= MAX_GENERATION_FILES
 
@@ -202,6 +210,9 @@ class UnwindMaps:
             return loaded
         if len(self._files) >= MAX_GENERATION_FILES:  # walked by frame pointers, its frames raw IPs
             self.stats["files_full"] += 1
+            return _LoadedFile(0, 0, 0, None)
+        if mapping.rows is None:  # dropped by a caller that found it loaded before a new generation
+            self.stats["rows_missing"] += 1
             return _LoadedFile(0, 0, 0, None)
         count = len(mapping.rows) // ROW_SIZE
         if self._next_row + count > self._capacity:

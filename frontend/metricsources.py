@@ -5,9 +5,10 @@ each turned into a :class:`~optrace.exporters.totals.Delta` of what it saw since
 With ``--call-graph dwarf`` (the default) user stacks are unwound from CFI in BPF, as in record, though
 serve names whole stacks only while a /debug/pprof/profile collection runs: the walk is in the kernel,
 and what user space keeps for it is bounded for a daemon (bpf/unwindmaps.py's generations; the unwind
-tables held, SERVE_UNWIND_CACHE_BYTES). Each drain also counts every sample's user stack by quality
-(``optrace_stacks_total{quality}``: complete, or the reason the walk stopped, frontend/unwind/quality.py),
-naming at most its outermost frame: none when the unwinder itself ended at a thread's first frame.
+tables held, SERVE_UNWIND_CACHE_BYTES, and only until the kernel holds their rows: keep_unwind_rows).
+Each drain also counts every sample's user stack by quality (``optrace_stacks_total{quality}``:
+complete, or the reason the walk stopped, frontend/unwind/quality.py), naming at most its outermost
+frame: none when the unwinder itself ended at a thread's first frame.
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.model import UNKNOWN
 
 
-# record holds up to 256 MiB of unwind tables; serve 32 MiB (2 M rows, twice what the BPF row array
-# holds: cc1's 7.7 MB, libc's and libpython's stay cached while other files come and go). A table evicted
-# is converted again (libc: 35 ms of CPU) only when a new process maps its file, or after a generation.
+# record holds up to 256 MiB of unwind tables; serve drops a file's rows once the kernel holds them
+# (keeping its build-id and load segments), so its cache holds only tables on their way to the kernel: at
+# most 32 MiB (cc1's table is 7.7 MB). A file is converted again (libc: 35 ms of CPU) only after a new
+# generation of the kernel's rows, or when it was evicted and a new process maps it. Keeping the rows in
+# both places cost a whole-machine serve ~85 MB of RSS next to a BCC compile's libLLVM (1 M rows).
 SERVE_UNWIND_CACHE_BYTES = 32 << 20
 
 
@@ -48,7 +51,7 @@ class ProfileSource:
             raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks
             programs_at_exec=False, learn_at_exec=False, forget_exited=True,
             off_cpu=OffCpuOptions() if off_cpu else None, call_graph=call_graph,
-            unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES))
+            unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False))
         self._refused_seen = 0
         self.event: str | None = None
 

@@ -31,6 +31,7 @@ from optrace.procfs import exec_path
 
 T = TypeVar("T")
 PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
+TRIM_AFTER_RELEASE = 4 << 20  # bytes of unwind rows released at once that are worth giving back at once
 TRIM_EVERY = 60  # drains between two returns of the free heap to the system (forget_exited: serve, top)
 DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
 
@@ -66,6 +67,9 @@ class SessionOptions:
     call_graph: str = "dwarf"
     # Bytes of unwind tables held in user space (None: UnwindTableCache's default); serve holds fewer.
     unwind_cache_bytes: int | None = None
+    # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them (serve:
+    # they are converted again only after a new generation of bpf/unwindmaps.py)
+    keep_unwind_rows: bool = True
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
@@ -340,15 +344,22 @@ class ProfilingSession:
         if self.unwinding is None:
             return
         epoch = self.profiler.epoch(pid)
-        mappings = self.unwinding.mappings(pid)
-        if epoch and mappings is not None:
-            maps = self.profiler.unwind
-            generation = maps.generation
-            maps.load_process(pid, epoch, mappings)
-            if maps.generation != generation:  # every other table was dropped: loaded again once sampled
-                self._unwound = {}
-            self._unwound[pid] = epoch
-            self._young.add(pid)
+        maps = self.profiler.unwind
+        loaded = None if self.options.keep_unwind_rows else maps.is_loaded
+        mappings = self.unwinding.mappings(pid, loaded)
+        if not epoch or mappings is None:
+            return
+        generation = maps.generation
+        maps.load_process(pid, epoch, mappings)
+        if maps.generation != generation:  # every other table was dropped: loaded again once sampled
+            self._unwound = {}
+            if loaded is not None:  # and this one's files that came without rows got none: ask again
+                mappings = self.unwinding.mappings(pid, loaded) or []
+                maps.load_process(pid, epoch, mappings)
+        if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
+            release_free_memory()
+        self._unwound[pid] = epoch
+        self._young.add(pid)
 
     def _unwind_later(self, pid: int, program: str | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).

@@ -16,9 +16,15 @@ turn a mapping's addresses into the file's own virtual addresses (the rows' pcs)
 :meth:`UnwindFile.bias`. The per-process mapping tables of the BPF unwinder take their files from here.
 
 Bound: the rows of the tables held total at most ``max_bytes`` (default DEFAULT_MAX_BYTES = 256 MiB,
-about 16 M rows: cc1's table is 7.7 MB); the least recently used tables go first. A table over the
-whole budget is returned but not kept. The cache is thread-safe (serve's reload thread and its drain
-loop may both ask), and two threads asking for the same file wait for one conversion.
+about 16 M rows: cc1's table is 7.7 MB), and at most MAX_FILES files are known; the least recently used
+go first. A table over the whole budget is returned but not kept.
+
+A daemon need not hold rows the kernel already holds: :meth:`UnwindTableCache.release_rows` drops a
+file's rows and keeps what maps it (build-id, load segments); a lookup whose ``need_rows`` says the
+kernel lost them (a new generation of bpf/unwindmaps.py) converts the file again.
+
+The cache is thread-safe (serve's reload thread and its drain loop may both ask), and two threads asking
+for the same file wait for one conversion.
 
 Files are opened only through the symbol layer's hostile-file rules
 (:func:`~optrace.frontend.symbols.access.open_mapped_file`, :func:`~optrace.frontend.symbols.access.open_ref`:
@@ -32,7 +38,7 @@ import io
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import BinaryIO
 
@@ -48,6 +54,7 @@ from optrace.frontend.unwind.table import EMPTY, UnwindTable, build_table
 from optrace.procfs import MapEntry
 
 DEFAULT_MAX_BYTES = 256 << 20
+MAX_FILES = 8192  # files known at once, with rows or released (bpf/unwindmaps.py's MAX_GENERATION_FILES)
 MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per file (linkers write 2-5)
 CONSEQUENCE = "its frames are walked with frame pointers only"
 
@@ -78,6 +85,11 @@ class UnwindFile:
 
 
 NO_FILE = UnwindFile(EMPTY)
+RELEASED = UnwindTable(b"", 0, "released", 0)  # the table of a file whose rows only the kernel holds now
+
+
+def rows_always_needed(_identity: FileIdentity) -> bool:
+    return True
 
 
 class UnwindTableCache:
@@ -117,9 +129,11 @@ class UnwindTableCache:
         because the first version of this cache took it and bpf/'s mapping tables were written against it."""
         return self.file_of_open_file(fd, name).table
 
-    def file_of_mapping(self, pid: int, entry: MapEntry) -> UnwindFile:
+    def file_of_mapping(self, pid: int, entry: MapEntry,
+                        need_rows: Callable[[FileIdentity], bool] = rows_always_needed) -> UnwindFile:
         """The file ``pid`` maps at ``entry`` (through /proc/PID/map_files: the very inode mapped).
-        NO_FILE when the process or mapping is gone or the file is bad (counted)."""
+        NO_FILE when the process or mapping is gone or the file is bad (counted). Its table may be
+        RELEASED when ``need_rows`` says the rows are not needed."""
         try:
             fd = open_mapped_file(pid, entry, ELF_POLICY)
         except Exception as err:  # noqa: BLE001 - the per-file boundary
@@ -128,7 +142,7 @@ class UnwindTableCache:
         if fd is None:
             return NO_FILE
         try:
-            return self.file_of_open_file(fd, entry.file_path)
+            return self.file_of_open_file(fd, entry.file_path, need_rows)
         finally:
             os.close(fd)
 
@@ -142,11 +156,26 @@ class UnwindTableCache:
         with reader:
             return self._lookup(file_identity(reader.fd), ref.name, reader)
 
-    def file_of_open_file(self, fd: int, name: str) -> UnwindFile:
+    def file_of_open_file(self, fd: int, name: str,
+                          need_rows: Callable[[FileIdentity], bool] = rows_always_needed) -> UnwindFile:
         """The file open at ``fd`` (left open; ``name`` for messages), already checked against
         ELF_POLICY (open_mapped_file, open_file)."""
         with reader_for(os.dup(fd), ELF_POLICY, name) as reader:
-            return self._lookup(file_identity(fd), name, reader)
+            return self._lookup(file_identity(fd), name, reader, need_rows)
+
+    def release_rows(self, identities: Iterable[FileIdentity]) -> int:
+        """Drop these files' rows (the kernel holds them now), keeping the rest of what is known of them;
+        the bytes dropped."""
+        dropped = 0
+        with self._lock:
+            for identity in identities:
+                found = self._files[identity] if identity in self._files else None
+                if found is not None and found.table is not RELEASED:
+                    dropped += found.table.nbytes
+                    self._files.put(identity, replace(found, table=RELEASED))
+            self._bytes -= dropped
+            self.stats["released_bytes"] += dropped
+        return dropped
 
     def vdso_file(self) -> UnwindFile:
         """The [vdso]'s table, load segments and build-id: the kernel maps the same image into every
@@ -163,11 +192,12 @@ class UnwindTableCache:
             return self._vdso
 
     # -- the one conversion per file ------------------------------------------------------------------
-    def _lookup(self, identity: FileIdentity, name: str, reader: BinaryIO) -> UnwindFile:
+    def _lookup(self, identity: FileIdentity, name: str, reader: BinaryIO,
+                need_rows: Callable[[FileIdentity], bool] = rows_always_needed) -> UnwindFile:
         while True:
             with self._lock:
                 found = self._files.get(identity)
-                if found is not None:
+                if found is not None and (found.table is not RELEASED or not need_rows(identity)):
                     self.stats["hits"] += 1
                     return found
                 pending = self._building.get(identity)
@@ -208,9 +238,10 @@ class UnwindTableCache:
         if unwind.table.nbytes > self.max_bytes:
             self.stats["too_large"] += 1
             return unwind
+        replaced = self._files[identity] if identity in self._files else None
         self._files.put(identity, unwind)
-        self._bytes += unwind.table.nbytes
-        while self._bytes > self.max_bytes:
+        self._bytes += unwind.table.nbytes - (replaced.table.nbytes if replaced is not None else 0)
+        while self._bytes > self.max_bytes or len(self._files) > MAX_FILES:
             self._bytes -= self._files.evict_oldest().table.nbytes
             self.stats["evictions"] += 1
         return unwind

@@ -9,12 +9,14 @@ frame pointers. Anonymous code has rows only for CPython's perf trampolines (tra
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.symbols.access import FileRef, open_ref
+from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
-from optrace.frontend.unwind.cache import UnwindTableCache
+from optrace.frontend.unwind.cache import RELEASED, UnwindTableCache, rows_always_needed
 from optrace.frontend.unwind.trampolines import trampoline_rows
 from optrace.procfs import MapEntry, parse_maps, read_maps_text
 
@@ -31,8 +33,11 @@ class ProcessUnwinding:
         """The session is ending: no more tables are built (one in progress stops at its next check)."""
         self.tables.cancelled.set()
 
-    def mappings(self, pid: int) -> list[ProcessMapping] | None:
-        """The process's executable mappings now; None when it is gone or the session is ending."""
+    def mappings(self, pid: int, loaded: Callable[[Hashable], bool] | None = None) -> list[ProcessMapping] | None:
+        """The process's executable mappings now; None when it is gone or the session is ending. With
+        ``loaded`` (whether the kernel holds a file's rows), a file whose rows were released (see
+        :meth:`release`) comes without them when it is loaded, and is converted again when it is not."""
+        need_rows = rows_always_needed if loaded is None else (lambda identity: not loaded(identity))
         try:
             entries = parse_maps(read_maps_text(pid))
         except OSError:
@@ -42,7 +47,7 @@ class ProcessUnwinding:
             if self.tables.cancelled.is_set():
                 return None
             if entry.is_file and entry.executable:
-                mapping = self._mapping(pid, entry)
+                mapping = self._mapping(pid, entry, need_rows)
             elif entry.executable and not entry.path:
                 mapping = self._anonymous(pid, entry)
             else:
@@ -64,12 +69,17 @@ class ProcessUnwinding:
                 return
             self.tables.file_of_ref(ref)
 
-    def _mapping(self, pid: int, entry: MapEntry) -> ProcessMapping | None:
-        unwind = self.tables.file_of_mapping(pid, entry)
+    def release(self, mappings: Sequence[ProcessMapping]) -> int:
+        """Drop the user-space rows of these mappings' files (the kernel holds them); the bytes dropped."""
+        return self.tables.release_rows(m.file_key for m in mappings if m.rows)
+
+    def _mapping(self, pid: int, entry: MapEntry, need_rows: Callable[[FileIdentity], bool]) -> ProcessMapping | None:
+        unwind = self.tables.file_of_mapping(pid, entry, need_rows)
         if unwind.identity is None:  # the process or mapping is gone, or the file was refused (counted)
             return None
-        return ProcessMapping(entry.start, entry.end, entry.offset, unwind.bias(entry), unwind.identity,
-                              unwind.table.rows, unwind.build_id)
+        rows = None if unwind.table is RELEASED else unwind.table.rows
+        return ProcessMapping(entry.start, entry.end, entry.offset, unwind.bias(entry), unwind.identity, rows,
+                              unwind.build_id)
 
     def _anonymous(self, pid: int, entry: MapEntry) -> ProcessMapping | None:
         """Code without a file: only CPython's perf trampolines have rows (see trampolines.py); the rest

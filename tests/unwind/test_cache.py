@@ -170,3 +170,25 @@ def test_unwind_file_carries_identity_build_id_and_loads(omit_fp_binary: Path):
     info = omit_fp_binary.stat()
     assert unwind.identity == (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     assert unwind.build_id == read_build_id_file(str(omit_fp_binary)) and any(seg.executable for seg in unwind.loads)
+
+
+def test_released_rows_are_converted_again_only_when_needed(omit_fp_binary: Path):
+    """serve drops a file's rows once the kernel holds them, keeping what maps it; a lookup whose caller
+    says the kernel lost them (a new generation) converts the file again."""
+    cache = UnwindTableCache()
+    proc = subprocess.Popen([str(omit_fp_binary), "1", "0", "-"], stdin=subprocess.PIPE)
+    try:
+        entry = _wait_for_mapping(proc.pid, str(omit_fp_binary))
+        first = cache.file_of_mapping(proc.pid, entry)
+        assert cache.held_bytes == first.table.nbytes > 0
+        assert cache.release_rows([first.identity, ("not", "known")]) == first.table.nbytes
+        assert cache.held_bytes == 0 and cache.release_rows([first.identity]) == 0
+        light = cache.file_of_mapping(proc.pid, entry, need_rows=lambda identity: False)
+        assert light.table.count == 0 and light.bias(entry) == first.bias(entry)
+        assert (light.build_id, light.loads, light.identity) == (first.build_id, first.loads, first.identity)
+        assert cache.stats["conversions"] == 1
+        again = cache.file_of_mapping(proc.pid, entry)  # rows needed: the kernel lost them
+        assert again.table.rows == first.table.rows and cache.stats["conversions"] == 2
+        assert cache.held_bytes == first.table.nbytes
+    finally:
+        proc.communicate(b"\n", timeout=10)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -13,8 +15,12 @@ from optrace.bpf import unwindmaps
 from optrace.bpf.unwindmaps import FILE_FRAME, FILE_OFFSET_BITS, ROW_SIZE, ProcessMapping, UnwindMaps
 from optrace.frontend import session as session_module
 from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.unwind.cache import UnwindTableCache
+from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
+from optrace.frontend.unwind.table import build_table
 from optrace.model import Frame, RawSample, Sample, UserFrame
+from optrace.procfs import parse_maps, read_maps_text
 
 CAPACITY = 100  # rows
 GONE_PID = 4_194_000  # above every pid_max default: never in /proc
@@ -51,9 +57,9 @@ class Table(dict):
 class Maps(dict):
     """unwind_rows is a memfd (mmap-able like a BPF_F_MMAPABLE array), the rest Tables."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = CAPACITY) -> None:
         fd = os.memfd_create("unwind_rows")
-        os.ftruncate(fd, CAPACITY * ROW_SIZE)
+        os.ftruncate(fd, capacity * ROW_SIZE)
         super().__init__({b"unwind_rows": SimpleNamespace(map_fd=fd), b"unwind_procs": Table(),
                           b"cfistacks0": Table(), b"cfistacks1": Table()})
 
@@ -78,7 +84,7 @@ FILES = {"a": 40, "b": 30, "c": 50, "d": 50}
 PROCESSES = {1: ["a"], 2: ["b"], 3: ["c"], 4: ["d"], GONE_PID: ["b"]}
 
 
-def mappings_of(pid: int) -> list[ProcessMapping]:
+def mappings_of(pid: int, loaded=None) -> list[ProcessMapping]:
     return [mapping(name, FILES[name], 0x10000 * (i + 1)) for i, name in enumerate(PROCESSES[pid])]
 
 
@@ -203,3 +209,53 @@ def test_quality_names_only_outermost_frames_of_stacks_the_unwinder_did_not_end(
     rows = [Sample(s.pid, s.comm, (0 if s.user[0] is root else 1,), s.count) for s in outermost]
     assert outermost_quality(raw, outermost, frames, rows) == {"complete": 8, "read_fault": 2}
     assert outermost_quality(raw[:1], [], [], []) == {"complete": 5}
+
+
+def test_serve_keeps_no_rows_the_kernel_holds_and_converts_again_after_a_new_generation(omit_fp_binary):
+    """keep_unwind_rows=False (serve): after a process's tables are loaded, the user-space cache holds
+    none of their rows; a second process of the same files needs no conversion; a new generation that
+    starts while a process's files are passed without rows has them converted and loaded again."""
+    capacity = 1 << 21
+    bpf = Maps(capacity)
+    unwind = UnwindMaps(bpf, capacity)
+    session = ProfilingSession(SessionOptions(forget_exited=True, keep_unwind_rows=False))
+    session.profiler = SimpleNamespace(unwind=unwind, epoch=lambda pid: 7)
+    session.unwinding = ProcessUnwinding(UnwindTableCache())
+    tables = session.unwinding.tables
+    procs = [subprocess.Popen([str(omit_fp_binary), "1", "0", "-"], stdin=subprocess.PIPE) for _ in range(3)]
+    try:
+        entries = [_wait_for_mapping(proc.pid, str(omit_fp_binary)) for proc in procs]
+        session.unwind(procs[0].pid)
+        ours = tables.file_of_mapping(procs[0].pid, entries[0], need_rows=lambda identity: False)
+        loaded = unwind._files[ours.identity]
+        rows = build_table(omit_fp_binary.read_bytes()).rows
+        assert loaded.row_count == len(rows) // ROW_SIZE and bpf.rows(loaded.row_start, loaded.row_count) == rows
+        assert tables.held_bytes == 0 and tables.stats["released_bytes"] > len(rows)
+        conversions = tables.stats["conversions"]
+        session.unwind(procs[1].pid)
+        assert tables.stats["conversions"] == conversions and unwind._files[ours.identity] is loaded
+
+        load_process = unwind.load_process
+
+        def new_generation_first(pid, epoch, mappings):
+            if unwind.generation == 0:
+                unwind.new_generation()
+            load_process(pid, epoch, mappings)
+        unwind.load_process = new_generation_first
+        session.unwind(procs[2].pid)
+        again = unwind._files[ours.identity]
+        assert unwind.generation == 1 and tables.stats["conversions"] > conversions
+        assert again.row_count == len(rows) // ROW_SIZE and bpf.rows(again.row_start, again.row_count) == rows
+        assert set(session._unwound) == {procs[2].pid} and tables.held_bytes == 0
+    finally:
+        for proc in procs:
+            proc.communicate(b"\n", timeout=10)
+
+
+def _wait_for_mapping(pid: int, path: str):
+    for _ in range(200):
+        for entry in parse_maps(read_maps_text(pid)):
+            if entry.path == path and entry.executable:
+                return entry
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never mapped executable in {pid}")
