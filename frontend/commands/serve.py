@@ -12,7 +12,7 @@ from optrace.exporters.daemon import DEFAULT_MAX_SERIES, DEFAULT_PORT
 from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S
 from optrace.frontend.cliopts import pid_option, unwind_option
 from optrace.frontend.serveconfig import SETTING_TYPES, build_options, load_config_file
-from optrace.heap import one_arena
+from optrace.heap import large_blocks_mapped, one_arena
 
 
 def merged_settings(ctx: click.Context, config: str | None, flags: dict[str, Any]) -> dict[str, Any]:
@@ -62,6 +62,7 @@ def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
     reload_requested = threading.Event()
     signal.signal(signal.SIGHUP, lambda signum, frame: reload_requested.set())  # first: SIGHUP is never fatal
     one_arena()  # before any thread: serve runs for months (optrace/heap.py)
+    large_blocks_mapped()
     options = build_options(merged_settings(ctx, config, flags))
     from optrace.exporters.daemon import ServeDaemon
     from optrace.frontend.doctor import require_recording
