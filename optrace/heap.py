@@ -51,22 +51,22 @@ LARGE_BLOCK = 1 << 20
 def one_arena() -> bool:
     """Every thread started from now on allocates from the main heap (glibc's ``M_ARENA_MAX`` = 1, as
     ``MALLOC_ARENA_MAX=1`` would); call it before starting threads. True when the C library took it."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_ARENA_MAX, 1))
+    return _mallopt(M_ARENA_MAX, 1)
 
 
 def large_blocks_mapped() -> bool:
     """Blocks of LARGE_BLOCK bytes or more are mapped on their own and unmapped when freed, from now on (a
     fixed ``M_MMAP_THRESHOLD``, as ``MALLOC_MMAP_THRESHOLD_`` would set: glibc then never raises it). True
     when the C library took it."""
+    return _mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)
+
+
+def _mallopt(param: int, value: int) -> bool:
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK))
+    return bool(mallopt(param, value))
 
 
 @contextmanager
