@@ -32,6 +32,10 @@ T = TypeVar("T")
 
 DEFAULT_PORT = 9469
 DEFAULT_MAX_SERIES = 10000
+# Frame pointers by default, CFI unwinding (dwarf) on request: building a hostile binary's unwind table
+# takes the interpreter for up to its CPU budget, and the drain loop, waiting for the GIL at each syscall,
+# stood still for 18 s in tests/hostile's live test (a GIL convoy) with dwarf as serve's default.
+SERVE_CALL_GRAPH = "fp"
 RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 
@@ -48,7 +52,7 @@ class ServeOptions:
     web: WebConfig = field(default_factory=WebConfig)
     drain_interval_s: float = 1.0
     off_cpu: bool = False  # also export optrace_offcpu_seconds_total
-    call_graph: str = "dwarf"  # how user stacks are walked (SessionOptions.call_graph)
+    call_graph: str = SERVE_CALL_GRAPH  # how user stacks are walked (SessionOptions.call_graph)
 
 
 class StopRequest(Protocol):

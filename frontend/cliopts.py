@@ -42,9 +42,9 @@ PERF_ONLY_SORT_KEYS = frozenset({
 CALL_GRAPHS = ("dwarf", "fp")  # how user stacks are walked (SessionOptions.call_graph)
 
 
-def unwind_option() -> Callable[[Any], Any]:
+def unwind_option(default: str = "dwarf") -> Callable[[Any], Any]:
     """``--call-graph dwarf|fp`` of the commands that sample (record, top, serve): how user stacks are walked."""
-    return click.option("--call-graph", "call_graph", type=click.Choice(CALL_GRAPHS), default="dwarf",
+    return click.option("--call-graph", "call_graph", type=click.Choice(CALL_GRAPHS), default=default,
                         show_default=True,
                         help="How user stacks are walked: from the files' CFI in BPF (frame pointers where there is "
                              "none), or frame pointers only.")

@@ -2,10 +2,11 @@
 :class:`~optrace.frontend.session.ProfilingSession` naming each sample's leaf) and the uprobe call counts,
 each turned into a :class:`~optrace.exporters.totals.Delta` of what it saw since the previous drain.
 
-With ``--call-graph dwarf`` (the default) user stacks are unwound from CFI in BPF, as in record, though
-serve names whole stacks only while a /debug/pprof/profile collection runs: the walk is in the kernel,
-and what user space keeps for it is bounded for a daemon (bpf/unwindmaps.py's generations; the unwind
-tables held, SERVE_UNWIND_CACHE_BYTES, and only until the kernel holds their rows: keep_unwind_rows).
+With ``--call-graph dwarf`` (opt-in for serve: exporters/daemon.py SERVE_CALL_GRAPH) user stacks are
+unwound from CFI in BPF, as in record, though serve names whole stacks only while a /debug/pprof/profile
+collection runs: the walk is in the kernel, and what user space keeps for it is bounded for a daemon
+(bpf/unwindmaps.py's generations; the unwind tables held, SERVE_UNWIND_CACHE_BYTES, and only until the
+kernel holds their rows: keep_unwind_rows).
 Each drain also counts every sample's user stack by quality (``optrace_stacks_total{quality}``:
 complete, or the reason the walk stopped, frontend/unwind/quality.py), naming at most its outermost
 frame: none when the unwinder itself ended at a thread's first frame.
@@ -45,7 +46,7 @@ class ProfileSource:
     for months), turned into per-drain rows."""
 
     def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: bool = False,
-                 call_graph: str = "dwarf") -> None:
+                 call_graph: str = "fp") -> None:
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
             raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks

@@ -8,7 +8,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from optrace.exporters.daemon import DEFAULT_MAX_SERIES, DEFAULT_PORT
+from optrace.exporters.daemon import DEFAULT_MAX_SERIES, DEFAULT_PORT, SERVE_CALL_GRAPH
 from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S
 from optrace.frontend.cliopts import pid_option, unwind_option
 from optrace.frontend.serveconfig import SETTING_TYPES, build_options, load_config_file
@@ -45,7 +45,7 @@ def say(message: str) -> None:
 @click.option("--series-idle-expiry", type=int, default=int(DEFAULT_SERIES_IDLE_S), show_default=True,
               metavar="SECONDS", help="Drop a series that has not moved for this long (0: never); "
                                       "if it comes back it starts again from 0 (a counter reset).")
-@unwind_option()
+@unwind_option(default=SERVE_CALL_GRAPH)
 @click.option("--off-cpu", "off_cpu", is_flag=True,
               help="Also export optrace_offcpu_seconds_total: where threads wait off CPU.")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML or TOML file with the same settings.")
