@@ -33,8 +33,8 @@ T = TypeVar("T")
 DEFAULT_PORT = 9469
 DEFAULT_MAX_SERIES = 10000
 # Frame pointers by default, CFI unwinding (dwarf) on request: with dwarf as serve's default, the drain loop
-# stood still for 18 s in tests/hostile's live test, most likely a GIL convoy (the unwind worker building
-# hostile binaries' tables in Python, up to a CPU budget each, while the drain waits at every syscall).
+# stood still for 12-18 s in tests/hostile's live test; thread dumps showed the unwind worker converting
+# tables in Python while the drain named hostile files, both in one interpreter (the GIL).
 SERVE_CALL_GRAPH = "fp"
 RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
