@@ -158,7 +158,7 @@ class UnwindMaps:
             frames = tuple(decoded[ip] if ip in decoded else decoded.setdefault(ip, _decoded(ip, tables))
                            for ip in value.frames[:min(value.len, len(value.frames))])
             status = UNWIND_STATUSES[value.status] if value.status < len(UNWIND_STATUSES) else "read_fault"
-            stacks[key if isinstance(key, int) else key.value] = UnwoundStack(frames, status)
+            stacks[key] = UnwoundStack(frames, status)  # a u64 key: BCC's batch read gives it as an int
         with self._lock:
             self._reads += 1
             self._retired = [(at, ids) for at, ids in self._retired if self._reads - at < RETIRED_READS]
