@@ -7,6 +7,7 @@ import ctypes
 import os
 import subprocess
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -253,9 +254,18 @@ def test_serve_keeps_no_rows_the_kernel_holds_and_converts_again_after_a_new_gen
 
 
 def _wait_for_mapping(pid: int, path: str):
-    for _ in range(200):
-        for entry in parse_maps(read_maps_text(pid)):
-            if entry.path == path and entry.executable:
-                return entry
+    """The mapping of `path`, once the process waits on stdin: by then the loader has mapped every library,
+    so each process of the test has the same files (the binary alone is mapped before ld.so runs)."""
+    for _ in range(500):
+        entries = parse_maps(read_maps_text(pid))
+        ours = [entry for entry in entries if entry.path == path and entry.executable]
+        libc = any("libc.so" in (entry.path or "") and entry.executable for entry in entries)
+        if ours and libc and _waiting_on_stdin(pid):
+            return ours[0]
         time.sleep(0.01)
-    raise AssertionError(f"{path} never mapped executable in {pid}")
+    raise AssertionError(f"{path} never mapped executable in {pid}, or {pid} never waited on stdin")
+
+
+def _waiting_on_stdin(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "S"
