@@ -16,7 +16,8 @@ number alive at once (and the JIT symbols serve rightly holds for them, ~6 MB ea
 machine's load, not serve's memory behaviour (measured: 11 alive at load 45, +100 MB). With the cap,
 RSS that grows means serve keeps something it should have dropped.
 
-Prometheus-like scrapes every 15 s; serve's RSS (VmRSS) is sampled every minute. The target is that
+Prometheus-like scrapes every 15 s; serve's RSS (VmRSS, with its child that converts unwind tables while
+one runs) is sampled every minute. The target is that
 RSS stays flat within 10 %: every sample of the soak window within 10 % of the RSS at the end of the
 warm-up. Series expire after --series-idle-expiry (300 s here, so expiry runs several times in the
 window).
@@ -63,6 +64,7 @@ class Sample:
     minute: float
     rss_mb: float
     anon_mb: float  # RssAnon: the heap; the rest of RSS is file pages (LLVM, libbcc, ...)
+    builder_mb: float  # of rss_mb: the unwind-table builder's child process (0 while none runs)
     tables_mb: float  # symbol tables the symbolizer keeps (capped at 64 MB)
     dsos: int  # objects it keeps
     jit_symbols: int  # JIT symbols held for live processes
@@ -75,8 +77,23 @@ class Sample:
 
 
 def status_mb(pid: int, key: str) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return round(int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 1024, 1)
+    """``key`` of /proc/PID/status in MB, for serve and its children (the unwind-table builder) together."""
+    total = 0
+    for one in (pid, *children(pid)):
+        try:
+            status = Path(f"/proc/{one}/status").read_text()
+        except FileNotFoundError:  # a child that exited meanwhile
+            continue
+        total += int(re.search(rf"{key}:\s+(\d+)", status).group(1))
+    return round(total / 1024, 1)
+
+
+def _own_mb(pid: int) -> float:
+    return round(int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1024, 1)
+
+
+def children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def scrape(url: str) -> str:
@@ -172,6 +189,7 @@ def sample(pid: int, url: str, started: float) -> Sample:
     text = scrape(url)
     return Sample(minute=round((time.monotonic() - started) / 60, 2), rss_mb=status_mb(pid, "VmRSS"),
                   anon_mb=status_mb(pid, "RssAnon"),
+                  builder_mb=round(status_mb(pid, "VmRSS") - _own_mb(pid), 1),
                   tables_mb=round(metric(text, r'optrace_symbol_cache_bytes\{cache="table"\}') / 2**20, 1),
                   dsos=int(metric(text, r'optrace_symbol_cache_entries\{cache="dsos"\}')),
                   jit_symbols=int(metric(text, r'optrace_symbol_cache_entries\{cache="jit_symbols"\}')),
@@ -223,7 +241,7 @@ def verdict(samples: list[Sample]) -> dict:
 
 def markdown(samples: list[Sample], result: dict, churned: dict, args: argparse.Namespace) -> str:
     window = samples[-1].minute - samples[0].minute
-    rows = [[f"{s.minute:.1f}", s.rss_mb, s.anon_mb, s.tables_mb, s.dsos, s.jit_symbols, s.series, s.page_kb, s.execs,
+    rows = [[f"{s.minute:.1f}", s.rss_mb, s.anon_mb, s.builder_mb, s.tables_mb, s.dsos, s.jit_symbols, s.series, s.page_kb, s.execs,
              s.read_errors, s.jit_refused, s.load] for s in samples]
     met = "met" if result["met"] else "NOT met"
     return "\n".join([
@@ -240,7 +258,7 @@ def markdown(samples: list[Sample], result: dict, churned: dict, args: argparse.
         f"{result['max_rss_mb']} MB, {result['last_rss_mb']} MB at the end: **{100 * result['spread']:.1f} % from "
         f"the start** (target: within {100 * TARGET_SPREAD:.0f} %, {met}). serve exited "
         f"{churned['exit_code']} on SIGTERM.", "",
-        md_table(["minute", "RSS MB", "anon MB", "symbol tables MB", "objects", "JIT symbols", "CPU series", "page KiB",
+        md_table(["minute", "RSS MB", "anon MB", "of which builder MB", "symbol tables MB", "objects", "JIT symbols", "CPU series", "page KiB",
                   "execs seen", "read errors", "JIT files refused", "load"], rows),
     ])
 

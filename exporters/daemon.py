@@ -32,10 +32,10 @@ T = TypeVar("T")
 
 DEFAULT_PORT = 9469
 DEFAULT_MAX_SERIES = 10000
-# Frame pointers by default, CFI unwinding (dwarf) on request: with dwarf as serve's default, the drain loop
-# stood still for 12-18 s in tests/hostile's live test; thread dumps showed the unwind worker converting
-# tables in Python while the drain named hostile files, both in one interpreter (the GIL).
-SERVE_CALL_GRAPH = "fp"
+# CFI unwinding, as record's default. Its tables are converted in a child process (SessionOptions.
+# unwind_in_child): converting them on a thread of serve's interpreter stopped the drain loop for 12-18 s
+# in tests/hostile's live test (the GIL, shared with the drain naming hostile files).
+SERVE_CALL_GRAPH = "dwarf"
 RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 

@@ -2,11 +2,12 @@
 :class:`~optrace.frontend.session.ProfilingSession` naming each sample's leaf) and the uprobe call counts,
 each turned into a :class:`~optrace.exporters.totals.Delta` of what it saw since the previous drain.
 
-With ``--call-graph dwarf`` (opt-in for serve: exporters/daemon.py SERVE_CALL_GRAPH) user stacks are
-unwound from CFI in BPF, as in record, though serve names whole stacks only while a /debug/pprof/profile
+With ``--call-graph dwarf`` (the default, exporters/daemon.py SERVE_CALL_GRAPH) user stacks are unwound
+from CFI in BPF, as in record, though serve names whole stacks only while a /debug/pprof/profile
 collection runs: the walk is in the kernel, and what user space keeps for it is bounded for a daemon
 (bpf/unwindmaps.py's generations; the unwind tables held, SERVE_UNWIND_CACHE_BYTES, and only until the
-kernel holds their rows: keep_unwind_rows).
+kernel holds their rows: keep_unwind_rows). Tables are converted in a child process (unwind_in_child), so
+the drain loop never shares its interpreter with a conversion.
 Each drain also counts every sample's user stack by quality (``optrace_stacks_total{quality}``:
 complete, or the reason the walk stopped, frontend/unwind/quality.py), naming at most its outermost
 frame: none when the unwinder itself ended at a thread's first frame.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from optrace.exporters.daemon import ServeOptions, Source
+from optrace.exporters.daemon import SERVE_CALL_GRAPH, ServeOptions, Source
 from optrace.exporters.totals import Delta, add_leaf_rows, add_off_cpu_rows
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
@@ -46,13 +47,14 @@ class ProfileSource:
     for months), turned into per-drain rows."""
 
     def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: bool = False,
-                 call_graph: str = "fp") -> None:
+                 call_graph: str = SERVE_CALL_GRAPH) -> None:
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
             raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks
             programs_at_exec=False, learn_at_exec=False, forget_exited=True,
             off_cpu=OffCpuOptions() if off_cpu else None, call_graph=call_graph,
-            unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False))
+            unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False,
+            unwind_in_child=True))
         self._refused_seen = 0
         self.event: str | None = None
 

@@ -12,7 +12,7 @@ A config file holds the same settings as the flags, under these keys::
     web_config = "/etc/optrace/web.yml"  # --web-config: TLS and basic auth, exporter-toolkit format
     tls_cert = "/etc/optrace/cert.pem"   # --tls-cert/--tls-key: TLS without a web config
     tls_key = "/etc/optrace/key.pem"
-    call_graph = "fp"                # --call-graph: fp, or dwarf (CFI unwinding in BPF)
+    call_graph = "dwarf"             # --call-graph: dwarf (CFI unwinding in BPF) or fp
 
 Every value is checked here, so a bad file or flag is one clear line before any BPF is loaded. The
 same checks run again when serve reloads (SIGHUP), except that -p processes may have exited by then.

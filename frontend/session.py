@@ -70,6 +70,9 @@ class SessionOptions:
     # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them (serve:
     # they are converted again only after a new generation of bpf/unwindmaps.py)
     keep_unwind_rows: bool = True
+    # True: unwind tables are converted in a child process (frontend/unwind/builder.py), not on a thread
+    # that shares the interpreter with the drain loop (serve: drains must not wait on a conversion)
+    unwind_in_child: bool = False
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
@@ -192,10 +195,13 @@ class ProfilingSession:
         self._load_off_cpu()
 
         if cfi:
+            from optrace.frontend.unwind.builder import ChildProcessBuilder
             from optrace.frontend.unwind.cache import DEFAULT_MAX_BYTES, UnwindTableCache
             from optrace.frontend.unwind.processmaps import ProcessUnwinding
 
-            self.unwinding = ProcessUnwinding(UnwindTableCache(opts.unwind_cache_bytes or DEFAULT_MAX_BYTES))
+            builder = ChildProcessBuilder() if opts.unwind_in_child else None
+            self.unwinding = ProcessUnwinding(UnwindTableCache(opts.unwind_cache_bytes or DEFAULT_MAX_BYTES,
+                                                               builder=builder))
             self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
             # First on the worker, verified while sampling starts (frame pointers until it is in place).
             self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step",
@@ -216,6 +222,7 @@ class ProfilingSession:
         if self._unwind_worker is not None:
             self.unwinding.cancel()  # else the table being built (up to its 10 s CPU budget) holds the exit
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
+            self.unwinding.tables.close()
         if self.off_cpu is not None:
             self.off_cpu.close()
         if self.profiler is not None:

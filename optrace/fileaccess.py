@@ -223,6 +223,10 @@ class BoundedFile(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def seconds_left(self) -> float:
+        """What is left of the read time budget."""
+        return max(0.0, self._deadline - time.monotonic())
+
     def seekable(self) -> bool:
         return True
 

@@ -23,6 +23,9 @@ A daemon need not hold rows the kernel already holds: :meth:`UnwindTableCache.re
 file's rows and keeps what maps it (build-id, load segments); a lookup whose ``need_rows`` says the
 kernel lost them (a new generation of bpf/unwindmaps.py) converts the file again.
 
+Conversions run on the cache's builder (:mod:`optrace.frontend.unwind.builder`): in the calling thread, or
+(serve) in an unprivileged child process, so a long conversion never competes with the caller's own work.
+
 The cache is thread-safe (serve's reload thread and its drain loop may both ask), and two threads asking
 for the same file wait for one conversion.
 
@@ -40,48 +43,21 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import BinaryIO
-
-from optrace.fileaccess import reader_for
+from optrace.fileaccess import BoundedFile, reader_for
 from optrace.frontend.symbols.access import ELF_POLICY, FileProblems, FileRef, open_mapped_file, open_ref
-from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
+from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.debuginfo import build_id_debug_path
-from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 from optrace.frontend.unwind.cfi import CfiError
-from optrace.frontend.unwind.table import EMPTY, UnwindTable, build_table
+from optrace.frontend.unwind.builder import InProcessBuilder, TableBuilder
+from optrace.frontend.unwind.table import EMPTY, UnwindTable
+from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file
 from optrace.procfs import MapEntry
 
 DEFAULT_MAX_BYTES = 256 << 20
 MAX_FILES = 8192  # files known at once, with rows or released (bpf/unwindmaps.py's MAX_GENERATION_FILES)
-MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per file (linkers write 2-5)
 CONSEQUENCE = "its frames are walked with frame pointers only"
-
-
-@dataclass(frozen=True)
-class UnwindFile:
-    """One file's unwind table, build-id and PT_LOAD segments."""
-
-    table: UnwindTable
-    build_id: bytes | None = None
-    loads: tuple[ProgramHeader, ...] = ()
-    identity: FileIdentity | None = None  # the cache's key (st_dev, st_ino, st_size, st_mtime_ns)
-
-    def bias(self, entry: MapEntry) -> int:
-        """The load bias of the mapping ``entry`` of this file: a mapped address is at the file's virtual
-        address ``address - bias`` (the rows' pcs). The segment is the one the mapping's file range
-        overlaps (the executable one first), so a p_offset that is not page-aligned is fine."""
-        length = entry.end - entry.start
-        overlapping = [seg for seg in self.loads
-                       if seg.offset < entry.offset + length and entry.offset < seg.offset + max(seg.filesz, 1)]
-        overlapping.sort(key=lambda seg: not seg.executable)
-        delta = overlapping[0].vaddr - overlapping[0].offset if overlapping else 0
-        return entry.start - entry.offset - delta
-
-    def file_vaddr(self, entry: MapEntry, address: int) -> int:
-        """The file's virtual address of ``address`` in the mapping ``entry``."""
-        return address - self.bias(entry)
 
 
 NO_FILE = UnwindFile(EMPTY)
@@ -98,7 +74,7 @@ class UnwindTableCache:
     bad file."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, warn: Callable[[str], None] | None = None,
-                 debug_roots: Sequence[str] = ("/usr/lib/debug",)) -> None:
+                 debug_roots: Sequence[str] = ("/usr/lib/debug",), builder: TableBuilder | None = None) -> None:
         self.max_bytes = max_bytes
         self.debug_roots = tuple(debug_roots)
         self.stats: Counter[str] = Counter()
@@ -109,6 +85,12 @@ class UnwindTableCache:
         self._building: dict[FileIdentity, threading.Event] = {}
         self.cancelled = threading.Event()  # set when the session ends: builds in progress stop early
         self._vdso: UnwindFile | None = None
+        self._builder = builder or InProcessBuilder()
+
+    def close(self) -> None:
+        """Stop the builder (its child process, if any); lookups after this convert in this process."""
+        self._builder.close()
+        self._builder = InProcessBuilder()
 
     @property
     def held_bytes(self) -> int:
@@ -186,13 +168,13 @@ class UnwindTableCache:
         image = read_own_vdso()
         unwind = None
         if image is not None:
-            unwind = self._problems.contained(VDSO, CONSEQUENCE, lambda: _convert(io.BytesIO(image), None, self.cancelled.is_set))
+            unwind = self._problems.contained(VDSO, CONSEQUENCE, lambda: convert_file(io.BytesIO(image), None, self.cancelled.is_set))
         with self._lock:
             self._vdso = unwind or NO_FILE
             return self._vdso
 
     # -- the one conversion per file ------------------------------------------------------------------
-    def _lookup(self, identity: FileIdentity, name: str, reader: BinaryIO,
+    def _lookup(self, identity: FileIdentity, name: str, reader: BoundedFile,
                 need_rows: Callable[[FileIdentity], bool] = rows_always_needed) -> UnwindFile:
         while True:
             with self._lock:
@@ -207,7 +189,7 @@ class UnwindTableCache:
                     break
             pending.wait()  # another thread converts this file: use its result
         try:
-            unwind = self._problems.contained(name, CONSEQUENCE, lambda: _convert(reader, identity, self.cancelled.is_set)) or NO_FILE
+            unwind = self._problems.contained(name, CONSEQUENCE, lambda: self._builder.convert(reader, identity, self.cancelled.is_set)) or NO_FILE
             if not unwind.table.count and unwind.build_id is not None:
                 unwind = self._from_debug_file(unwind)
             if unwind.table.problems:
@@ -230,7 +212,7 @@ class UnwindTableCache:
 
         def read() -> UnwindTable:
             with open_ref(FileRef(path, path, follow_symlinks=True), ELF_POLICY) as reader:
-                return build_table(reader)
+                return self._builder.convert(reader, None, self.cancelled.is_set).table
         table = self._problems.contained(path, CONSEQUENCE, read)
         return unwind if table is None else replace(unwind, table=table)
 
@@ -245,13 +227,6 @@ class UnwindTableCache:
             self._bytes -= self._files.evict_oldest().table.nbytes
             self.stats["evictions"] += 1
         return unwind
-
-
-def _convert(stream: BinaryIO, identity: FileIdentity | None, stop: Callable[[], bool]) -> UnwindFile:
-    elf = ElfFile(stream)
-    loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
-    build_id = read_build_id(stream)  # first: the table's build may take a while, the reader has a time budget
-    return UnwindFile(build_table(elf, stop=stop), build_id, loads, identity)
 
 
 def file_identity(fd: int) -> FileIdentity:

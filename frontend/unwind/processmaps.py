@@ -25,7 +25,7 @@ class ProcessUnwinding:
     """Builds :class:`ProcessMapping` lists for processes."""
 
     def __init__(self, tables: UnwindTableCache | None = None) -> None:
-        self.tables = tables or UnwindTableCache()
+        self.tables = tables if tables is not None else UnwindTableCache()  # an empty cache is falsy
         self._linker = Linker()  # caches each library's dynamic section
         self.stats: Counter[str] = Counter()
 

@@ -1,0 +1,52 @@
+"""One file's unwind information (:class:`UnwindFile`) and its conversion from an ELF file.
+
+Kept apart from the cache because both the cache and the table builder's child process
+(:mod:`optrace.frontend.unwind.builder`) make them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
+from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
+from optrace.frontend.unwind.table import UnwindTable, build_table
+from optrace.procfs import MapEntry
+
+MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per file (linkers write 2-5)
+
+
+@dataclass(frozen=True)
+class UnwindFile:
+    """One file's unwind table, build-id and PT_LOAD segments."""
+
+    table: UnwindTable
+    build_id: bytes | None = None
+    loads: tuple[ProgramHeader, ...] = ()
+    identity: FileIdentity | None = None  # the cache's key (st_dev, st_ino, st_size, st_mtime_ns)
+
+    def bias(self, entry: MapEntry) -> int:
+        """The load bias of the mapping ``entry`` of this file: a mapped address is at the file's virtual
+        address ``address - bias`` (the rows' pcs). The segment is the one the mapping's file range
+        overlaps (the executable one first), so a p_offset that is not page-aligned is fine."""
+        length = entry.end - entry.start
+        overlapping = [seg for seg in self.loads
+                       if seg.offset < entry.offset + length and entry.offset < seg.offset + max(seg.filesz, 1)]
+        overlapping.sort(key=lambda seg: not seg.executable)
+        delta = overlapping[0].vaddr - overlapping[0].offset if overlapping else 0
+        return entry.start - entry.offset - delta
+
+    def file_vaddr(self, entry: MapEntry, address: int) -> int:
+        """The file's virtual address of ``address`` in the mapping ``entry``."""
+        return address - self.bias(entry)
+
+
+def convert_file(stream: BinaryIO, identity: FileIdentity | None = None,
+                 stop: Callable[[], bool] = lambda: False) -> UnwindFile:
+    """The unwind table, PT_LOAD segments and build-id of the ELF file ``stream`` (see build_table for
+    ``stop`` and what it raises)."""
+    elf = ElfFile(stream)
+    loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
+    build_id = read_build_id(stream)  # first: the table's build may take a while, the reader has a time budget
+    return UnwindFile(build_table(elf, stop=stop), build_id, loads, identity)
