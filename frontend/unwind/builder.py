@@ -9,8 +9,10 @@ default call graph had to stay ``fp``. The child has its own interpreter (and CP
 The child is given each file as the descriptor the parent opened and checked under the hostile-file
 rules (SCM_RIGHTS), with the size and read time the parent allowed. Started as root, it drops to
 nobody with no capabilities and no new privileges before it reads anything: a crafted file that subverted
-the parser would own an unprivileged process holding one read-only descriptor. An idle child exits after
-IDLE_SECONDS (its heap goes with it); a dead or stuck one is replaced for the next file.
+the parser would own an unprivileged process holding one read-only descriptor. It is started with
+``python -I`` (nothing imported from the working directory or PYTHON* variables). An idle child exits
+after IDLE_SECONDS (its heap goes with it; a thread reaps it); a request that meets a child just leaving
+is sent again to a new one, and a dead, stuck or stopped child costs the file being converted.
 
 Protocol over a Unix stream socket: a request is a framed JSON object (``name``, ``size``, ``seconds``)
 with the descriptor attached; the answer is a framed JSON object (the table's fields, ``build_id``,
@@ -85,13 +87,15 @@ class ChildProcessBuilder:
 
     def convert(self, reader: BoundedFile, identity: FileIdentity | None,
                 stop: Callable[[], bool]) -> UnwindFile:
-        request = {"name": reader.name, "size": reader.size, "seconds": reader.seconds_left()}
+        request = _framed(json.dumps({"name": reader.name, "size": reader.size,
+                                      "seconds": reader.seconds_left()}).encode())
         with self._lock:
-            sock = self._connected()
             try:
-                socket.send_fds(sock, [_framed(json.dumps(request).encode())], [reader.fd])
-                header = json.loads(_receive(sock, stop))
-                rows = _receive(sock, stop) if "error" not in header else b""
+                try:
+                    header, rows = self._ask(request, reader.fd, stop)
+                except _ChildGone:  # it was leaving (idle) as we asked: once more, with a new one
+                    self._stop_child()
+                    header, rows = self._ask(request, reader.fd, stop)
             except BaseException:
                 self._stop_child()  # its state is unknown: the next file gets a new one
                 raise
@@ -103,16 +107,29 @@ class ChildProcessBuilder:
         with self._lock:
             self._stop_child()
 
+    def _ask(self, request: bytes, fd: int, stop: Callable[[], bool]) -> tuple[dict, bytes]:
+        sock = self._connected()
+        try:
+            socket.send_fds(sock, [request], [fd])
+        except (BrokenPipeError, ConnectionResetError) as err:
+            raise _ChildGone("the table builder exited") from err
+        header = json.loads(_receive(sock, stop))
+        return header, (_receive(sock, stop) if "error" not in header else b"")
+
     def _connected(self) -> socket.socket:
         if self._child is not None and self._child.poll() is None:
             return self._sock
         self._stop_child()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
-            self._child = subprocess.Popen([sys.executable, "-m", __name__, str(theirs.fileno()),
+            # -I: neither the working directory (-m would put it first on sys.path: a json.py there would
+            # run as root) nor PYTHON* variables shape what the child imports.
+            self._child = subprocess.Popen([sys.executable, "-I", "-m", __name__, str(theirs.fileno()),
                                             str(self.idle_seconds)],
                                            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Reaped as soon as it exits (idle): no zombie under serve until the next file.
+        threading.Thread(target=self._child.wait, name="optrace-unwind-child", daemon=True).start()
         self._sock = ours
         self.started += 1
         return ours
@@ -130,6 +147,10 @@ class ChildProcessBuilder:
     @property
     def child_pid(self) -> int | None:
         return self._child.pid if self._child is not None and self._child.poll() is None else None
+
+
+class _ChildGone(CfiError):
+    """The child closed its end (it exited)."""
 
 
 # -- the wire -----------------------------------------------------------------------------------------
@@ -157,9 +178,12 @@ def _exactly(sock: socket.socket, size: int, stop: Callable[[], bool], deadline:
             raise BudgetExceeded("the table builder did not answer in time")
         if not select.select([sock], [], [], 0.2)[0]:
             continue
-        count = sock.recv_into(view[got:])
+        try:
+            count = sock.recv_into(view[got:])
+        except ConnectionResetError:
+            count = 0
         if not count:
-            raise CfiError("the table builder exited")
+            raise _ChildGone("the table builder exited")
         got += count
     return bytes(buffer)
 

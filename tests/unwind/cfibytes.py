@@ -1,8 +1,10 @@
 """Hand-made call-frame information for the hostile and edge-case tests: CIEs, FDEs and a minimal x86-64
-ELF file around them (imported by name: tests/unwind is put on sys.path by conftest.py)."""
+ELF file around them; mutated copies of real binaries (imported by name: tests/unwind is put on sys.path
+by conftest.py)."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 SECTION_ADDR = 0x2000  # sh_addr of the hand-made .eh_frame
 SHT_PROGBITS, SHT_STRTAB, SHT_NOBITS = 1, 3, 8
@@ -93,3 +95,14 @@ def elf(sections: dict[str, bytes], addresses: dict[str, int] | None = None,
                                  len(headers) - 1)
     body[:64] = header
     return bytes(body)
+
+
+def mutated_copy(binary: Path, mutations: list[tuple[int, int]], directory: Path) -> Path:
+    """A copy of ``binary`` in ``directory`` with byte ``position % size`` set to ``value`` for each of
+    ``mutations`` (hypothesis draws them: MUTATIONS)."""
+    data = bytearray(binary.read_bytes())
+    for position, value in mutations:
+        data[position % len(data)] = value
+    path = directory / "mutated"
+    path.write_bytes(bytes(data))
+    return path

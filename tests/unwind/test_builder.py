@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from cfibytes import mutated_copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -75,6 +77,16 @@ def test_a_killed_child_costs_one_file_and_is_replaced(child):
     os.kill(child.child_pid, signal.SIGKILL)
     time.sleep(0.1)
     assert converted(child, LIBC).table.count and child.started == 2
+
+
+def test_a_child_that_leaves_as_it_is_asked_is_asked_again(child, monkeypatch):
+    """An idle child exits after its idle time; a request sent just then finds its socket closed."""
+    connected = child._connected
+    gone, _ = socket.socketpair()
+    _.close()
+    answers = iter([gone])
+    monkeypatch.setattr(child, "_connected", lambda: next(answers, None) or connected())
+    assert converted(child, LIBC).table.count and child.started == 1
 
 
 @pytest.mark.skipif(not CC1.exists(), reason="gcc's cc1 is not installed")
@@ -146,11 +158,7 @@ FUZZ = settings(max_examples=int(os.environ.get("OPTRACE_FUZZ_EXAMPLES", "200"))
 def test_fuzz_the_child_agrees_with_the_thread(omit_fp_binary, tmp_path_factory, shared_child, mutations):
     """Mutated copies of a real binary: the same file, or the same kind of problem (as the cache counts
     it), from both builders."""
-    data = bytearray(omit_fp_binary.read_bytes())
-    for position, value in mutations:
-        data[position % len(data)] = value
-    path = tmp_path_factory.mktemp("fuzz") / "mutated"
-    path.write_bytes(bytes(data))
+    path = mutated_copy(omit_fp_binary, mutations, tmp_path_factory.mktemp("fuzz"))
     results = []
     for builder in (InProcessBuilder(), shared_child):
         try:
@@ -173,3 +181,18 @@ def test_the_session_keeps_the_cache_it_was_given():
     budget, was once replaced by a default one."""
     cache = UnwindTableCache(max_bytes=1 << 20, builder=ChildProcessBuilder())
     assert ProcessUnwinding(cache).tables is cache
+
+
+def test_the_child_imports_nothing_from_the_working_directory(tmp_path, monkeypatch):
+    """``python -m`` puts the working directory first on sys.path: serve started as root from a directory
+    another user writes would run their json.py."""
+    marker = tmp_path / "ran"
+    (tmp_path / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    builder = ChildProcessBuilder()
+    try:
+        assert converted(builder, LIBC).table.count
+    finally:
+        builder.close()
+    assert not marker.exists()

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cfibytes import EhFrame, elf
+from cfibytes import EhFrame, elf, mutated_copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -188,11 +188,7 @@ def built_at(section: bytes, address: int):
 def test_fuzz_whole_files_through_the_cache(omit_fp_binary, tmp_path_factory, mutations):
     """Mutated copies of a real binary (headers, section table, CFI alike): the cache returns a table
     for each and raises nothing; a file it cannot use is one counted warning."""
-    data = bytearray(omit_fp_binary.read_bytes())
-    for position, value in mutations:
-        data[position % len(data)] = value
-    path = tmp_path_factory.mktemp("fuzz") / "mutated"
-    path.write_bytes(bytes(data))
+    path = mutated_copy(omit_fp_binary, mutations, tmp_path_factory.mktemp("fuzz"))
     lines = []
     cache = UnwindTableCache(warn=lines.append)
     started = time.process_time()
