@@ -371,8 +371,13 @@ class ProfilingSession:
     def _unwind_later(self, pid: int, program: str | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
         With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
-        (a compiler's first cc1 is: the next one finds them ready)."""
-        if self._unwind_worker is None or pid in self._unwind_queued:
+        (a compiler's first cc1 is: the next one finds them ready).
+
+        optrace's own process is walked by frame pointers only: BCC maps libLLVM, libclang-cpp and libz3,
+        2.3 M unwind rows, more than the kernel's row array holds (bpf/unwindmaps.py). Unwinding it cost
+        serve 2 s of conversion and 40 MB of transient memory at start and after every new generation,
+        and its rows filled 80 % of the array, so other processes' files started new generations sooner."""
+        if self._unwind_worker is None or pid in self._unwind_queued or pid == os.getpid():
             return
         self._unwind_queued.add(pid)
         try:

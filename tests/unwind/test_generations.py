@@ -269,3 +269,12 @@ def _wait_for_mapping(pid: int, path: str):
 def _waiting_on_stdin(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2] == "S"
+
+
+def test_optrace_itself_is_walked_by_frame_pointers(session, maps, monkeypatch):
+    """Its BCC libraries alone hold more rows than the kernel's array (see ProfilingSession._unwind_later)."""
+    unwind, _ = maps
+    monkeypatch.setitem(PROCESSES, os.getpid(), ["a"])
+    samples = [RawSample(pid, "p", (UserFrame(None, 0x10010),), (), 4) for pid in (os.getpid(), 1)]
+    session._unwind_processes(samples)
+    assert set(session._unwound) == {1} and not unwind.has_process(os.getpid())
