@@ -42,15 +42,16 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
 from optrace.fileaccess import BoundedFile, reader_for
 from optrace.frontend.symbols.access import ELF_POLICY, FileProblems, FileRef, open_mapped_file, open_ref
 from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.debuginfo import build_id_debug_path
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
-from optrace.frontend.unwind.cfi import CfiError
 from optrace.frontend.unwind.builder import InProcessBuilder, TableBuilder
+from optrace.frontend.unwind.cfi import CfiError
 from optrace.frontend.unwind.table import EMPTY, UnwindTable
 from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file
 from optrace.procfs import MapEntry
