@@ -76,20 +76,16 @@ class Sample:
     load: float  # the machine's 1-minute load average (other work on it shows here)
 
 
-def status_mb(pid: int, key: str) -> float:
-    """``key`` of /proc/PID/status in MB, for serve and its children (the unwind-table builder) together."""
+def status_mb(pids: list[int], key: str) -> float:
+    """``key`` of /proc/PID/status in MB, summed over ``pids`` (serve and its unwind-table builder)."""
     total = 0
-    for one in (pid, *children(pid)):
+    for pid in pids:
         try:
-            status = Path(f"/proc/{one}/status").read_text()
+            status = Path(f"/proc/{pid}/status").read_text()
         except FileNotFoundError:  # a child that exited meanwhile
             continue
         total += int(re.search(rf"{key}:\s+(\d+)", status).group(1))
     return round(total / 1024, 1)
-
-
-def _own_mb(pid: int) -> float:
-    return round(int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1)) / 1024, 1)
 
 
 def children(pid: int) -> list[int]:
@@ -187,9 +183,9 @@ class Churn:
 
 def sample(pid: int, url: str, started: float) -> Sample:
     text = scrape(url)
-    return Sample(minute=round((time.monotonic() - started) / 60, 2), rss_mb=status_mb(pid, "VmRSS"),
-                  anon_mb=status_mb(pid, "RssAnon"),
-                  builder_mb=round(status_mb(pid, "VmRSS") - _own_mb(pid), 1),
+    builders = children(pid)
+    return Sample(minute=round((time.monotonic() - started) / 60, 2), rss_mb=status_mb([pid, *builders], "VmRSS"),
+                  anon_mb=status_mb([pid, *builders], "RssAnon"), builder_mb=status_mb(builders, "VmRSS"),
                   tables_mb=round(metric(text, r'optrace_symbol_cache_bytes\{cache="table"\}') / 2**20, 1),
                   dsos=int(metric(text, r'optrace_symbol_cache_entries\{cache="dsos"\}')),
                   jit_symbols=int(metric(text, r'optrace_symbol_cache_entries\{cache="jit_symbols"\}')),
