@@ -7,6 +7,7 @@ import pwd
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +26,27 @@ def run_optrace(*args: str, check: bool = False, timeout: float = 120, **kw) -> 
     if check and proc.returncode != 0:
         raise AssertionError(f"optrace {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
     return proc
+
+
+def perf_event_fds(pid: int) -> int:
+    """How many perf events a process holds open (a sampler holds one or more per CPU once attached)."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd) == "anon_inode:[perf_event]"
+        except OSError:
+            pass
+    return count
+
+
+def wait_perf_events(pid: int, count: int, timeout: float = 60.0) -> float:
+    """Wait until the process holds ``count`` perf events; the time it did."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if perf_event_fds(pid) >= count:
+            return time.monotonic()
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} never opened {count} perf events")
 
 
 def run_as_nobody(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:

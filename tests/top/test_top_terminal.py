@@ -12,11 +12,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from support import OPTRACE, assert_no_programs_of, run_optrace, running
+from support import OPTRACE, assert_no_programs_of, run_optrace, running, wait_perf_events
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 ROW = re.compile(r"^\s*(?:(?P<children>\d+\.\d\d)%\s+)?(?P<self>\d+\.\d\d)%\s+\d+\s+.*\[[.k]\] (?P<symbol>.+?)\s*$")
@@ -74,24 +73,9 @@ def demo(workloads) -> Iterator[subprocess.Popen]:
         yield proc
 
 
-def perf_event_fds(pid: int) -> int:
-    count = 0
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            count += os.readlink(fd) == "anon_inode:[perf_event]"
-        except OSError:
-            pass
-    return count
-
-
-def wait_attached(pid: int, timeout: float = 60.0) -> float:
+def wait_attached(pid: int) -> float:
     """When the sampler attached: its cpu-clock events (one per CPU) join the per-CPU event buffer's."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if perf_event_fds(pid) >= 2 * os.cpu_count():
-            return time.monotonic()
-        time.sleep(0.01)
-    raise AssertionError("the sampler never attached")
+    return wait_perf_events(pid, 2 * os.cpu_count())
 
 
 def rows(text: str) -> dict[str, tuple[float, float | None]]:
