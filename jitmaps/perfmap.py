@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 CHUNK = 4 << 20
+PIECE = 256 << 10
 MAX_LINE = 16 << 10
 MAX_ADDRESS = 1 << 64
 LINE = re.compile(rb"^[ \t]*(?:0[xX])?([0-9a-fA-F]+)[ \t]+(?:0[xX])?([0-9a-fA-F]+)[ \t]+([^\n]*)", re.M)
@@ -117,6 +118,13 @@ class PerfMapReader:
         return b""
 
     def _parse(self, block: bytes) -> Iterator[PerfMapEntry]:
+        """Entries of the lines in ``block``, a piece at a time: the C-level scans build one object per line,
+        and over a whole 4 MiB block those (~8 MB for 20,000 lines) outlived their use in the allocator's
+        arenas (a daemon's RSS grew with every large map it read)."""
+        for piece in _pieces(block):
+            yield from self._parse_piece(piece)
+
+    def _parse_piece(self, block: bytes) -> Iterator[PerfMapEntry]:
         """Entries of the lines in ``block``; blank lines are ignored, other bad lines counted."""
         block = self._without_long_lines(block)
         lines = len(NONBLANK_LINE.findall(block))
@@ -141,6 +149,17 @@ class PerfMapReader:
         self.bad_lines += long_lines
         self.long_lines += long_lines
         return b"\n".join(kept)
+
+
+def _pieces(block: bytes) -> Iterator[bytes]:
+    """``block`` cut at line ends into pieces of about PIECE bytes (a longer line is a piece of its own)."""
+    start = 0
+    while start < len(block):
+        cut = block.rfind(b"\n", start, start + PIECE) + 1
+        if cut <= start:
+            cut = block.find(b"\n", start + PIECE) + 1 or len(block)
+        yield block[start:cut]
+        start = cut
 
 
 def read_perf_map(fd: int, max_size: int | None = None) -> tuple[list[PerfMapEntry], PerfMapReader]:

@@ -7,7 +7,8 @@ entries covering the address, the newest one known at that time (later arrival w
 when none was known yet (a map written at exit, or a ``jcmd`` snapshot taken after the samples), the
 earliest one known afterwards.
 
-Memory: names are interned (one string per distinct name), entries live in flat arrays (32 bytes each), and
+Memory: names are interned in a :class:`NameStore` (UTF-8 in anonymous memory blocks, not one object each:
+see its module for why), entries live in flat arrays (32 bytes each), and
 an entry identical to the one already at the same start (same size and name) is dropped when the index is
 rebuilt, so a map that repeats itself costs the distinct symbols, not its lines.
 
@@ -23,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from itertools import accumulate, chain, compress, islice
 from operator import eq, sub
 from dataclasses import dataclass
+
+from optrace.jitmaps.namestore import NameStore
 
 MAX_SPAN = 1 << 24  # entries larger than this (16 MiB) go to a short list scanned linearly
 COMPACT_FROM = 1 << 21  # drop repeats once the table doubles past this many entries (64 MiB of arrays)
@@ -40,7 +43,7 @@ class JitSymbol:
 @dataclass
 class SymbolBudget:
     """Caps per table (one process) and over all tables sharing the budget; ``entries``/``name_bytes``
-    are what those tables hold now, ``dropped`` what they refused. Names count their characters.
+    are what those tables hold now, ``dropped`` what they refused. Names count their UTF-8 bytes.
 
     Measured here: an entry costs ~36 bytes, ~105 with the lookup index (2,000,000 entries: 210 MB peak);
     a distinct 200-byte name ~290 bytes (1,000,000 of them unbounded: +372 MB RSS). At these caps one
@@ -65,8 +68,7 @@ class SymbolHistory:
         self.budget = budget or SymbolBudget()
         self.name_bytes = 0
         self.dropped = 0
-        self.names: list[str] = []
-        self._name_ids: dict[str, int] = {}
+        self.names = NameStore()
         self.sources: list[str] = []
         self._starts = array("Q")
         self._ends = array("Q")
@@ -105,7 +107,7 @@ class SymbolHistory:
         budget = self.budget
         room = min(budget.table_entries - len(self._starts), budget.total_entries - budget.entries)
         name_room = min(budget.table_name_bytes - self.name_bytes, budget.total_name_bytes - budget.name_bytes)
-        name_ids, names = self._name_ids, self.names
+        names = self.names
         starts, ends, name_idx = self._starts, self._ends, self._name_idx
         before, name_bytes, dropped, pending = len(starts), 0, 0, None
         for item in items:
@@ -113,14 +115,13 @@ class SymbolHistory:
                 pending = item
                 break
             start, size, name = item
-            name_id = name_ids.get(name)
+            name_id, data = names.find(name)
             if name_id is None:
-                if name_bytes + len(name) > name_room:
+                if name_bytes + len(data) > name_room:
                     dropped += 1
                     continue
-                name_bytes += len(name)
-                name_id = name_ids[name] = len(names)
-                names.append(name)
+                name_bytes += len(data)
+                name_id = names.add(data)
             starts.append(start)
             ends.append(start + size)
             name_idx.append(name_id)
@@ -179,12 +180,12 @@ class SymbolHistory:
         if best is None:
             return None
         start = self._starts[best]
-        return JitSymbol(start, self._ends[best] - start, self.names[self._name_idx[best]],
+        return JitSymbol(start, self._ends[best] - start, self.names.get(self._name_idx[best]),
                          self.sources[self._source_idx[best]], self._stamps[best])
 
     def entries(self) -> list[JitSymbol]:
         """Every entry, in arrival order (for `jit show` and ELF conversion)."""
-        return [JitSymbol(s, e - s, self.names[n], self.sources[src], t) for s, e, n, src, t in
+        return [JitSymbol(s, e - s, self.names.get(n), self.sources[src], t) for s, e, n, src, t in
                 zip(self._starts, self._ends, self._name_idx, self._source_idx, self._stamps)]
 
 
@@ -204,7 +205,7 @@ class _Index:
             self.large = [i for i in order if ends[i] - starts[i] > MAX_SPAN]
             order = [i for i in order if ends[i] - starts[i] <= MAX_SPAN]
             by_start = array("Q", map(starts.__getitem__, order))
-        self.order = order
+        self.order = array("Q", order)  # not a list: one int object per entry would stay in the arenas
         self.starts = by_start
         self.reach = array("Q", accumulate(map(ends.__getitem__, order), max))
 

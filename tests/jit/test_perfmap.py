@@ -122,3 +122,22 @@ def test_a_read_budget_splits_a_big_map_without_losing_or_repeating_a_line(tmp_p
         os.close(fd)
     assert parts == whole and len(whole) == 200_000
     assert calls >= 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=3000), st.integers(min_value=1, max_value=64))
+def test_parsing_a_piece_at_a_time_changes_nothing(tmp_path_factory, data, piece):
+    """Blocks are parsed in pieces cut at line ends (bounded temporary objects): any piece size gives the
+    same entries and the same line counts (long lines too) as one piece."""
+    from unittest import mock
+
+    import optrace.jitmaps.perfmap as perfmap
+
+    path = tmp_path_factory.mktemp("pm") / "perf-1.map"
+    write(path, data.replace(b"\0", b"\n"))
+    results = []
+    for size in (1 << 30, piece):
+        with mock.patch.object(perfmap, "PIECE", size), mock.patch.object(perfmap, "MAX_LINE", 40):
+            reader = PerfMapReader()
+            results.append((read_all(reader, path, final=True), reader.lines, reader.bad_lines, reader.long_lines))
+    assert results[0] == results[1]
