@@ -38,3 +38,11 @@ def test_ids_are_equal_exactly_when_names_are(names):
     ids = [store.intern(name) for name in names]
     assert [store.get(i) for i in ids] == names
     assert len(set(ids)) == len(set(names)) == len(store)
+
+
+def test_names_past_the_first_block_go_to_mapped_blocks():
+    store = NameStore()
+    names = [f"{i:06d}" + "n" * 194 for i in range(3 * namestore.BLOCK // 200)]  # the first 64 KiB, then 3 MiB
+    ids = [store.intern(name) for name in names]
+    assert [store.get(i) for i in ids] == names and store.bytes == 200 * len(names)
+    assert [type(block).__name__ for block in store._blocks] == ["bytearray", "mmap", "mmap", "mmap"]
