@@ -8,7 +8,8 @@ reads, but closing each one waits for RCU grace periods (~32 ms here, one after 
 recording end 0.3 s after its target.
 
 Only what the lookup needs is read: the string section is searched for the two names, then the type
-section is walked once (about 0.1 s for a 5 MB vmlinux BTF), recursing into anonymous members.
+section is walked once (0.07 s for this kernel's 5.5 MB, 126,689 types), recursing into anonymous members.
+The file is the kernel's own (sysfs), not another user's, so it is read with a plain open, size-capped.
 """
 from __future__ import annotations
 
