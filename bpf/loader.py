@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from optrace.bpf.btf import KernelOffsets, kernel_offsets
 
 from optrace.errors import OptraceError
 from optrace.heap import release_free_memory
@@ -27,21 +32,38 @@ def counter_increments(table, reasons: tuple[str, ...], seen: list[int]) -> dict
     return delta
 
 
-def load_bcc(**kwargs):
-    """``bcc.BPF(**kwargs)``, with BCC's absence or a failed compile as an OptraceError.
+PRELUDE = Path(__file__).with_name("kernel_offsets.h")
+
+
+def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = ()):
+    """``bcc.BPF`` of the sources (after :data:`PRELUDE`), with BCC's absence or a failed compile as an
+    OptraceError; the kernel's field offsets (read from its BTF while clang compiles, which releases the
+    GIL) are set before anything is attached by the caller.
 
     Clang and LLVM free what the compile took (about 60 MB here), but glibc keeps freed heap
     mapped: it is handed back to the system at once, and the compiler's code pages are dropped from
     this process's page tables, so a long-running `optrace serve` does not carry the compile's memory
     for its whole life (113 MB of RSS after the compile, 37 MB after both)."""
     bcc = import_bcc()
-    try:
-        program = bcc.BPF(**kwargs)
-    except Exception as exc:
-        raise OptraceError(f"cannot load the BPF program: {exc} (optrace doctor tells what is missing)") from exc
+    text = "".join(path.read_text() for path in (PRELUDE, *sources)).encode()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        offsets = pool.submit(kernel_offsets)
+        try:
+            program = bcc.BPF(text=text, cflags=list(cflags))
+        except Exception as exc:
+            raise OptraceError(f"cannot load the BPF program: {exc} (optrace doctor tells what is missing)") from exc
+        set_kernel_offsets(program, offsets.result())
     release_free_memory()
     release_compiler_code()
     return program
+
+
+def set_kernel_offsets(program, offsets: KernelOffsets | None) -> None:
+    if offsets is None:
+        return
+    table = program[b"kernel_offsets"]
+    for index, value in enumerate((offsets.task_tgid, offsets.binprm_filename)):  # enum kernel_offset
+        table[table.Key(index)] = table.Leaf(value)
 
 
 COMPILER_LIBRARIES = ("libLLVM", "libclang", "libbcc")

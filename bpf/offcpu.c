@@ -170,13 +170,17 @@ int on_switch(struct bpf_raw_tracepoint_args *ctx)
     return 0;
 }
 
-// Threads of profiled processes' children are profiled too.
-TRACEPOINT_PROBE(sched, sched_process_fork)
+// Threads of profiled processes' children are profiled too. A raw tracepoint: closing a perf tracepoint
+// event waits for RCU grace periods (see profile.c). args: parent, child (task_struct *).
+RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
 #ifdef FILTER_PIDS
     u32 parent = bpf_get_current_pid_tgid() >> 32;
-    if (targets.lookup(&parent)) {
-        u32 child = args->child_pid;
+    if (!targets.lookup(&parent))
+        return 0;
+    u32 child = 0;
+    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[1] + kernel_offset(TASK_TGID));
+    if (child && child != parent) {  // a new process, not a new thread of a target
         u8 one = 1;
         targets.update(&child, &one);
     }

@@ -69,7 +69,7 @@ class OffCpuTracer:
 
     def load(self) -> None:
         """Compile and load; nothing is measured until :meth:`attach`."""
-        self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=self._cflags)
+        self._bpf = load_bcc([PROGRAM], self._cflags)
         for pid in self._initial_pids:
             self.add_pid(pid)
 

@@ -228,13 +228,19 @@ int on_sample(struct bpf_perf_event_data *ctx)
     return 0;
 }
 
-// Children of profiled processes are profiled too.
-TRACEPOINT_PROBE(sched, sched_process_fork)
+// The sched tracepoints are raw tracepoints: closing a perf tracepoint event waits for RCU grace periods
+// (~32 ms each here, one after another under a kernel-wide lock), a raw one does not. They read two
+// fields at offsets from the running kernel's BTF (bpf/btf.py), else from the headers compiled against.
+// args: struct task_struct *parent, struct task_struct *child
+RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
 #ifdef FILTER_PIDS
     u32 parent = bpf_get_current_pid_tgid() >> 32;
-    if (targets.lookup(&parent)) {
-        u32 child = args->child_pid;
+    if (!targets.lookup(&parent))
+        return 0;
+    u32 child = 0;
+    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[1] + kernel_offset(TASK_TGID));
+    if (child && child != parent) {  // a new process, not a new thread of a target
         u8 one = 1;
         targets.update(&child, &one);
     }
@@ -243,19 +249,23 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
 }
 
 // Exec'd files let the frontend find the objects behind build-ids of processes that already exited.
-TRACEPOINT_PROBE(sched, sched_process_exec)
+// args: struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm
+RAW_TRACEPOINT_PROBE(sched_process_exec)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!is_target(tgid))
         return 0;
     new_epoch(tgid);
     struct proc_event_t ev = {.pid = tgid, .kind = 0};
-    TP_DATA_LOC_READ_STR(&ev.filename, filename, sizeof(ev.filename));
-    proc_events.perf_submit(args, &ev, sizeof(ev));
+    const char *filename = NULL;
+    bpf_probe_read_kernel(&filename, sizeof(filename), (void *)ctx->args[2] + kernel_offset(BINPRM_FILENAME));
+    if (filename)
+        bpf_probe_read_kernel_str(&ev.filename, sizeof(ev.filename), filename);
+    proc_events.perf_submit(ctx, &ev, sizeof(ev));
     return 0;
 }
 
-TRACEPOINT_PROBE(sched, sched_process_exit)
+RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
@@ -264,7 +274,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     epochs.delete(&tgid);
     known.delete(&tgid);
     struct proc_event_t ev = {.pid = tgid, .kind = 1};
-    proc_events.perf_submit(args, &ev, offsetof(struct proc_event_t, filename));
+    proc_events.perf_submit(ctx, &ev, offsetof(struct proc_event_t, filename));
     return 0;
 }
 

@@ -142,17 +142,15 @@ class Profiler:
     def load(self) -> None:
         """Compile and load the programs and add the initial pids; nothing is sampled until :meth:`attach`
         (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
+        self._bpf = load_bcc([PROGRAM, UNWINDER] if self.cfi_unwind else [PROGRAM], self._cflags)
         if self.cfi_unwind:
             from optrace.bpf.unwindmaps import UnwindMaps
 
-            self._bpf = load_bcc(text=(PROGRAM.read_text() + UNWINDER.read_text()).encode(), cflags=self._cflags)
             self.unwind = UnwindMaps(self._bpf, self._unwind_rows)
-        else:
-            self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=self._cflags)
         for pid in self._initial_pids or ():
             self.add_pid(pid)
         if not self._follow:
-            self._bpf.detach_tracepoint(b"sched:sched_process_fork")
+            self._bpf.detach_raw_tracepoint(b"sched_process_fork")
         self._bpf[b"proc_events"].open_perf_buffer(self._on_event, page_cnt=256, lost_cb=self._on_events_lost)
 
     def attach(self) -> None:
@@ -307,9 +305,11 @@ class Profiler:
 
     def close(self) -> None:
         """Detach everything; safe to call twice. Perf events and programs are fds, so even a kill
-        -9 releases them; this makes the normal paths prompt. Closing a tracepoint event with a BPF program
-        waits for RCU grace periods (about 32 ms each here) under a kernel-wide lock, so the 7 tracepoints
-        take 0.25 s even closed side by side; the per-task sampling events, closed with them, do not wait."""
+        -9 releases them; this makes the normal paths prompt. Closing a perf tracepoint event with a BPF
+        program waits for RCU grace periods (about 32 ms each here) under a kernel-wide lock, so the 4
+        syscall tracepoints take ~0.13 s even closed side by side (the sched ones are raw tracepoints, which
+        do not wait; syscall ones have no raw form but sys_enter/sys_exit, which would run on every system
+        call of the machine); the per-task sampling events, closed with them, do not wait."""
         closers: list[Callable[[], object]] = []
         if self._tasks is not None:
             closers += self._tasks.closers()

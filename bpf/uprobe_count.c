@@ -95,13 +95,17 @@ int empty_handler(struct pt_regs *ctx)
     return 0;
 }
 
-// Children of a followed process are followed too (optrace count -- CMD).
-TRACEPOINT_PROBE(sched, sched_process_fork)
+// Children of a followed process are followed too (optrace count -- CMD). Raw tracepoints: closing a perf
+// tracepoint event waits for RCU grace periods (see profile.c). args: parent, child (task_struct *).
+RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
     u32 parent = bpf_get_current_pid_tgid() >> 32;
     u32 *root = followed.lookup(&parent);
-    if (root) {
-        u32 child = args->child_pid;
+    if (!root)
+        return 0;
+    u32 child = 0;
+    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[1] + kernel_offset(TASK_TGID));
+    if (child && child != parent) {  // a new process, not a new thread
         u32 value = *root;
         followed.update(&child, &value);
     }
@@ -109,13 +113,13 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
 }
 
 // The process is gone once its last thread exits (group_dead, Linux 6.16+); older kernels only tell
-// which thread exits, and the leader's exit stands for the process's.
-TRACEPOINT_PROBE(sched, sched_process_exit)
+// which thread exits, and the leader's exit stands for the process's. args: p, group_dead (6.16+).
+RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     u32 pid = pid_tgid >> 32;
 #ifdef HAVE_GROUP_DEAD
-    if (!args->group_dead)
+    if (!(u8)ctx->args[1])
         return 0;
 #else
     if ((u32)pid_tgid != pid)

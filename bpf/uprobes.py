@@ -238,7 +238,7 @@ class BpfUprobeAttacher:
         cflags = [f"-DMAX_PROBES={MAX_PROBES}", f"-DMAX_ROWS={MAX_ROWS}"]
         if exit_has_group_dead():
             cflags.append("-DHAVE_GROUP_DEAD")
-        self._bpf = load_bcc(src_file=str(PROGRAM).encode(), cflags=cflags)
+        self._bpf = load_bcc([PROGRAM], cflags)
         self._prog_fd, self.multi = self._load(handler, multi)
         self._links: dict[int, UprobeLink] = {}  # live probe id -> its link
         self._reserved: set[int] = set()  # ids held by open links, detached ones included

@@ -71,8 +71,8 @@ def check_kernel_headers(modules: str = "/lib/modules") -> CheckResult:
             return CheckResult(
                 "kernel headers", False,
                 f"{where} holds {headers} headers for kernel {release}: BCC compiles against their struct "
-                "layouts; optrace's programs read only registers and helpers and work, but a program reading "
-                "kernel structs could read wrong offsets, and a header change can break the compile",
+                "layouts; optrace's programs read kernel structs only at offsets from the kernel's BTF (see the "
+                "BTF check) and work, but a header change can break the compile",
                 HEADERS_FIX.format(release=release), required=False)
         return CheckResult("kernel headers", True, where)
     if Path("/sys/kernel/kheaders.tar.xz").exists():
@@ -161,10 +161,14 @@ def check_perf_event_paranoid() -> CheckResult:
 
 
 def check_btf() -> CheckResult:
-    if Path("/sys/kernel/btf/vmlinux").exists():
-        return CheckResult("BTF", True, "/sys/kernel/btf/vmlinux", required=False)
-    return CheckResult("BTF", False, "no /sys/kernel/btf/vmlinux (BCC uses headers, so only informational)",
-                       "a kernel with CONFIG_DEBUG_INFO_BTF=y", required=False)
+    from optrace.bpf.btf import VMLINUX, kernel_offsets
+
+    if kernel_offsets() is not None:
+        return CheckResult("BTF", True, f"{VMLINUX}: field offsets for the sched raw tracepoints", required=False)
+    return CheckResult("BTF", False, f"no usable {VMLINUX}: the sched raw tracepoints read task_struct and "
+                       "linux_binprm at the headers' offsets (right only with this kernel's headers: children "
+                       "of targets and exec'd files depend on them)", "a kernel with CONFIG_DEBUG_INFO_BTF=y",
+                       required=False)
 
 
 CHECKS: tuple[Callable[[], CheckResult], ...] = (

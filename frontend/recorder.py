@@ -92,7 +92,7 @@ class Recorder:
             with ExitStack() as stack:
                 stop = stack.enter_context(StopSignals())
                 self.session.start()
-                stack.callback(self.session.detach)
+                stack.callback(self.session.detach_in_background)
                 calls = self._start_call_counter(stack)
                 t0 = time.monotonic()
                 self._start_targets()

@@ -176,6 +176,7 @@ class ProfilingSession:
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
         self._kallsyms: KernelSymbolsLoader | None = None
+        self._detaching: Future | None = None
 
     # -- life ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -228,8 +229,19 @@ class ProfilingSession:
         if self.profiler is not None:
             self.profiler.close()
 
+    def detach_in_background(self) -> None:
+        """Start :meth:`detach` on a thread of its own: closing tracepoint events waits for RCU grace
+        periods in the kernel, which a recording spends naming its samples instead. :meth:`close` waits
+        for it (and raises what it raised)."""
+        if self._detaching is None:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="optrace-detach")
+            self._detaching = pool.submit(self.detach)
+            pool.shutdown(wait=False)  # the detach goes on; the thread ends with it
+
     def close(self) -> None:
         """Detach and release the symbolizer's files; safe to call twice."""
+        if self._detaching is not None:
+            self._detaching.result()
         self.detach()
         if self.symbolizer is not None:
             self.symbolizer.close()

@@ -1,0 +1,123 @@
+"""Field offsets of kernel structures, from the running kernel's BTF (``/sys/kernel/btf/vmlinux``).
+
+Why: the raw tracepoints (profile.c, uprobe_count.c, offcpu.c) are given task_struct and linux_binprm
+pointers and read one field of each. BCC compiles against whatever kernel headers it finds, and on this
+machine those are another kernel's (Debian's 6.1 headers for a 6.18 kernel, see NOTES), so ``offsetof`` from
+the headers can be wrong; the kernel's own type information cannot. Perf tracepoints would spare the field
+reads, but closing each one waits for RCU grace periods (~32 ms here, one after another), which made a
+recording end 0.3 s after its target.
+
+Only what the lookup needs is read: the string section is searched for the two names, then the type
+section is walked once (0.07 s for this kernel's 5.5 MB, 126,689 types), recursing into anonymous members.
+The file is the kernel's own (sysfs), not another user's, so it is read with a plain open, size-capped.
+"""
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass
+
+VMLINUX = "/sys/kernel/btf/vmlinux"
+MAX_BTF = 64 << 20
+MAGIC = 0xEB9F
+HEADER = struct.Struct("<HBBIIIII")  # magic, version, flags, hdr_len, type_off, type_len, str_off, str_len
+TYPE = struct.Struct("<III")  # name_off, info, size or type
+MEMBER = struct.Struct("<III")  # name_off, type, offset (in bits; with kind_flag, the low 24 bits)
+KIND_STRUCT, KIND_UNION = 4, 5
+# Bytes after the type record, by kind: per record, or per vlen item.
+FIXED_TAIL = {1: 4, 3: 12, 14: 4, 17: 4}
+ITEM_TAIL = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
+
+
+class BtfError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class KernelOffsets:
+    """What the raw tracepoints read (byte offsets)."""
+
+    task_tgid: int
+    binprm_filename: int
+
+
+@functools.cache
+def kernel_offsets(path: str = VMLINUX) -> KernelOffsets | None:
+    """The running kernel's offsets; None when it has no BTF or the BTF lacks one of them."""
+    try:
+        with open(path, "rb") as btf:
+            data = btf.read(MAX_BTF + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_BTF:
+        return None
+    try:
+        types = BtfTypes(data)
+        tgid = types.member_offset("task_struct", "tgid")
+        filename = types.member_offset("linux_binprm", "filename")
+    except (BtfError, struct.error):
+        return None
+    return None if tgid is None or filename is None else KernelOffsets(tgid, filename)
+
+
+class BtfTypes:
+    """A BTF blob's types, indexed by id (1-based, as in BTF) on first use."""
+
+    def __init__(self, data: bytes) -> None:
+        magic, _version, _flags, hdr_len, type_off, type_len, str_off, str_len = HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise BtfError("not BTF (or not this byte order)")
+        self.types = memoryview(data)[hdr_len + type_off:hdr_len + type_off + type_len]
+        self.strings = bytes(data[hdr_len + str_off:hdr_len + str_off + str_len])
+        self._starts: list[int] | None = None
+
+    def name_offset(self, name: str) -> int | None:
+        """Where ``name`` starts in the string section (names are stored once, NUL-terminated)."""
+        at = self.strings.find(b"\0" + name.encode() + b"\0")
+        return None if at < 0 else at + 1
+
+    def member_offset(self, struct_name: str, member: str) -> int | None:
+        """Byte offset of ``member`` in the struct named ``struct_name`` (anonymous members searched too)."""
+        struct_off, member_off = self.name_offset(struct_name), self.name_offset(member)
+        if struct_off is None or member_off is None:
+            return None
+        for type_id, start in enumerate(self._type_starts(), 1):
+            name_off, info, _ = TYPE.unpack_from(self.types, start)
+            if name_off == struct_off and (info >> 24) & 0x1F == KIND_STRUCT and info & 0xFFFF:
+                bits = self._find(type_id, member_off, set())
+                return None if bits is None else bits // 8
+        return None
+
+    def _find(self, type_id: int, member_off: int, seen: set[int]) -> int | None:
+        """Bit offset of the member named at ``member_off`` in struct/union ``type_id``, looking into its
+        anonymous members (each type once: a corrupt blob cannot make this loop)."""
+        starts = self._type_starts()
+        if not 0 < type_id <= len(starts) or type_id in seen:
+            return None
+        seen.add(type_id)
+        start = starts[type_id - 1]
+        _, info, _ = TYPE.unpack_from(self.types, start)
+        if (info >> 24) & 0x1F not in (KIND_STRUCT, KIND_UNION):
+            return None
+        kind_flag = info >> 31
+        for i in range(info & 0xFFFF):
+            name_off, member_type, offset = MEMBER.unpack_from(self.types, start + TYPE.size + i * MEMBER.size)
+            bits = offset & 0xFFFFFF if kind_flag else offset
+            if name_off == member_off:
+                return bits
+            if name_off == 0:
+                inner = self._find(member_type, member_off, seen)  # the anonymous struct or union
+                if inner is not None:
+                    return bits + inner
+        return None
+
+    def _type_starts(self) -> list[int]:
+        if self._starts is None:
+            starts, pos, end, types = [], 0, len(self.types), self.types
+            while pos < end:
+                starts.append(pos)
+                _, info, _ = TYPE.unpack_from(types, pos)
+                kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
+                pos += TYPE.size + FIXED_TAIL.get(kind, 0) + ITEM_TAIL.get(kind, 0) * vlen
+            self._starts = starts
+        return self._starts

@@ -1,0 +1,21 @@
+// Byte offsets of the kernel fields the raw tracepoints read. The frontend sets them right after loading,
+// from the running kernel's BTF (bpf/btf.py): the headers BCC compiles against may be another kernel's.
+// Without BTF they stay 0 and the headers' offsets are used. loader.py puts this file before the program.
+#include <linux/sched.h>
+#include <linux/binfmts.h>
+
+enum kernel_offset {
+    TASK_TGID = 0,    // struct task_struct, tgid
+    BINPRM_FILENAME,  // struct linux_binprm, filename
+    NR_KERNEL_OFFSETS,
+};
+
+BPF_ARRAY(kernel_offsets, u32, NR_KERNEL_OFFSETS);
+
+static inline u32 kernel_offset(u32 index)
+{
+    u32 *known = kernel_offsets.lookup(&index);
+    if (known && *known)
+        return *known;
+    return index == TASK_TGID ? offsetof(struct task_struct, tgid) : offsetof(struct linux_binprm, filename);
+}
