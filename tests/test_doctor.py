@@ -131,8 +131,18 @@ def test_mismatched_kernel_headers_are_a_warning_with_the_risk_and_the_fix(tmp_p
         pytest.skip("this kernel is a 6.1 one")
     assert result.status == "warn" and not result.required
     assert f"holds 6.1.0-57-amd64 headers for kernel {os.uname().release}" in result.detail
-    assert "wrong offsets" in result.detail
+    assert "offsets from the kernel's BTF" in result.detail
     assert f"linux-headers-{os.uname().release}" in result.fix and "CONFIG_IKHEADERS" in result.fix
+
+
+def test_btf_gives_the_raw_tracepoints_their_offsets_or_a_warning_says_what_depends_on_it(monkeypatch) -> None:
+    from optrace.bpf import btf
+
+    assert doctor.check_btf().status == "ok"  # this kernel has BTF (NOTES)
+    monkeypatch.setattr(btf, "kernel_offsets", lambda: None)
+    result = doctor.check_btf()
+    assert (result.status, result.required) == ("warn", False)
+    assert "headers' offsets" in result.detail and "CONFIG_DEBUG_INFO_BTF" in result.fix
 
 
 def test_matching_kernel_headers_are_ok(tmp_path) -> None:

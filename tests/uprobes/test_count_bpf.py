@@ -25,11 +25,15 @@ def count_json(optrace, *args: str) -> dict:
 
 
 def probe_fds(pid: int | str = "self") -> list[str]:
-    """The perf events and BPF links a process holds: what keeps a uprobe alive."""
+    """The perf events and BPF links a process holds that can keep a uprobe alive (the counting
+    program's raw tracepoint links, sched_process_fork and _exit, are left out)."""
     links = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link == "anon_inode:bpf_link" and "raw_tracepoint" in Path(f"/proc/{pid}/fdinfo/{fd}").read_text():
+                continue
+            links.append(link)
         except OSError:
             continue
     return [link for link in links if link in ("anon_inode:[perf_event]", "anon_inode:bpf_link")]
