@@ -19,3 +19,12 @@ static inline u32 kernel_offset(u32 index)
         return *known;
     return index == TASK_TGID ? offsetof(struct task_struct, tgid) : offsetof(struct linux_binprm, filename);
 }
+
+// sched_process_fork's child (raw tracepoint args: parent, child task_struct pointers): the id of the new
+// process, or 0 for a new thread of the parent's process (or when the read fails).
+static inline u32 forked_process(struct bpf_raw_tracepoint_args *ctx, u32 parent)
+{
+    u32 child = 0;
+    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[1] + kernel_offset(TASK_TGID));
+    return child == parent ? 0 : child;
+}

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from optrace.bpf.btf import KernelOffsets, kernel_offsets
-
 from optrace.errors import OptraceError
 from optrace.heap import release_free_memory
 

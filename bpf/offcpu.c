@@ -178,9 +178,8 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
     u32 parent = bpf_get_current_pid_tgid() >> 32;
     if (!targets.lookup(&parent))
         return 0;
-    u32 child = 0;
-    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[1] + kernel_offset(TASK_TGID));
-    if (child && child != parent) {  // a new process, not a new thread of a target
+    u32 child = forked_process(ctx, parent);
+    if (child) {
         u8 one = 1;
         targets.update(&child, &one);
     }

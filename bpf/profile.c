@@ -229,7 +229,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
 }
 
 // The sched tracepoints are raw tracepoints: closing a perf tracepoint event waits for RCU grace periods
-// (~32 ms each here, one after another under a kernel-wide lock), a raw one does not. They read two
+// (32-70 ms each on this VM, one after another under a kernel-wide lock), a raw one does not. They read two
 // fields at offsets from the running kernel's BTF (bpf/btf.py), else from the headers compiled against.
 // args: struct task_struct *parent, struct task_struct *child
 RAW_TRACEPOINT_PROBE(sched_process_fork)
@@ -238,9 +238,8 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
     u32 parent = bpf_get_current_pid_tgid() >> 32;
     if (!targets.lookup(&parent))
         return 0;
-    u32 child = 0;
-    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[1] + kernel_offset(TASK_TGID));
-    if (child && child != parent) {  // a new process, not a new thread of a target
+    u32 child = forked_process(ctx, parent);
+    if (child) {
         u8 one = 1;
         targets.update(&child, &one);
     }

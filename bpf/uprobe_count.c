@@ -103,9 +103,8 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
     u32 *root = followed.lookup(&parent);
     if (!root)
         return 0;
-    u32 child = 0;
-    bpf_probe_read_kernel(&child, sizeof(child), (void *)ctx->args[1] + kernel_offset(TASK_TGID));
-    if (child && child != parent) {  // a new process, not a new thread
+    u32 child = forked_process(ctx, parent);
+    if (child) {
         u32 value = *root;
         followed.update(&child, &value);
     }
