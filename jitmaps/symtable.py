@@ -45,10 +45,10 @@ class SymbolBudget:
     """Caps per table (one process) and over all tables sharing the budget; ``entries``/``name_bytes``
     are what those tables hold now, ``dropped`` what they refused. Names count their UTF-8 bytes.
 
-    Measured here: an entry costs ~36 bytes, ~105 with the lookup index (2,000,000 entries: 210 MB peak);
-    a distinct 200-byte name ~290 bytes (1,000,000 of them unbounded: +372 MB RSS). At these caps one
-    process costs at most ~260 MB of entries and ~50 MB of names, all of them together ~420 MB and
-    ~185 MB; a 2,200,000-line V8 map (bench/bench_jit.py) fits one process's caps."""
+    Measured here (Dec 1): an entry costs ~30 bytes, ~55 with the lookup index; a distinct 200-byte name
+    ~330 bytes more (its bytes in the name store, three array slots, and a dict entry: its hash and id).
+    At these caps one process costs at most ~140 MB of entries and ~55 MB of names, all of them together
+    ~220 MB and ~210 MB; a 2,200,000-line V8 map (bench/bench_jit.py) fits one process's caps."""
 
     table_entries: int = 2_500_000
     table_name_bytes: int = 32 << 20
