@@ -22,8 +22,11 @@ class NameStore:
 
     def __init__(self) -> None:
         self.bytes = 0  # UTF-8 bytes of the distinct names held
-        self._blocks: list[bytearray | mmap.mmap] = []
-        self._used = 0  # bytes used in the last block, when it is mapped
+        # The first block is a bytearray that grows up to FIRST_BLOCK bytes (most tables are small, and a
+        # mapping each would count against the process's map limit); the others are mapped, BLOCK or more.
+        self._blocks: list[bytearray | mmap.mmap] = [bytearray()]
+        self._used = 0  # bytes used in the last block
+        self._room = FIRST_BLOCK  # bytes left in it
         self._block = array("I")
         self._offset = array("I")
         self._length = array("I")
@@ -32,48 +35,38 @@ class NameStore:
     def __len__(self) -> int:
         return len(self._length)
 
-    def find(self, name: str) -> tuple[int | None, bytes]:
-        """The id of ``name`` if it is held (None if not), and its UTF-8 bytes."""
+    def intern(self, name: str, room: int = FIRST_BLOCK << 40) -> tuple[int | None, int]:
+        """``name``'s id and the bytes it added: stored now when it is new and its UTF-8 bytes fit in
+        ``room``, else (None, 0). One call per perf-map line: kept short (a 1,000,000-line map)."""
         data = name.encode("utf-8", "surrogateescape")
-        found = self._ids.get(hash(data))
+        key = hash(data)
+        found = self._ids.get(key)
         if found is not None and self._bytes(found) == data:
-            return found, data
-        return None, data
-
-    def add(self, data: bytes) -> int:
-        """Store a name that :meth:`find` did not hold; its new id."""
-        block_index, offset = self._place(data)
-        name_id = len(self._length)
-        self._block.append(block_index)
+            return found, 0
+        size = len(data)
+        if size > room:
+            return None, 0
+        if size > self._room:
+            self._new_block(size)
+        name_id, offset = len(self._length), self._used
+        self._used += size
+        self._room -= size
+        self._blocks[-1][offset:self._used] = data  # at a bytearray's end: it grows
+        self._block.append(len(self._blocks) - 1)
         self._offset.append(offset)
-        self._length.append(len(data))
-        self._ids.setdefault(hash(data), name_id)  # a hash collision: the second name is stored, not indexed
-        self.bytes += len(data)
-        return name_id
-
-    def _place(self, data: bytes) -> tuple[int, int]:
-        """Copy ``data`` into a block: the first one grows up to FIRST_BLOCK bytes (most tables are small,
-        and a mapping each would count against the process's map limit), the others are mapped."""
-        if not self._blocks:
-            self._blocks.append(bytearray())
-        block = self._blocks[-1]
-        if isinstance(block, bytearray) and len(block) + len(data) <= FIRST_BLOCK:
-            block += data
-            return 0, len(block) - len(data)
-        if isinstance(block, bytearray) or self._used + len(data) > len(block):
-            block = mmap.mmap(-1, max(BLOCK, len(data) or 1))
-            self._blocks.append(block)
-            self._used = 0
-        offset, self._used = self._used, self._used + len(data)
-        block[offset:self._used] = data
-        return len(self._blocks) - 1, offset
-
-    def intern(self, name: str) -> int:
-        found, data = self.find(name)
-        return self.add(data) if found is None else found
+        self._length.append(size)
+        if found is None:  # a hash collision: the second name is stored, not indexed
+            self._ids[key] = name_id
+        self.bytes += size
+        return name_id, size
 
     def get(self, name_id: int) -> str:
         return self._bytes(name_id).decode("utf-8", "surrogateescape")
+
+    def _new_block(self, size: int) -> None:
+        block = mmap.mmap(-1, max(BLOCK, size or 1))
+        self._blocks.append(block)
+        self._used, self._room = 0, len(block)
 
     def _bytes(self, name_id: int) -> bytes:
         offset = self._offset[name_id]

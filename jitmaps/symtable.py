@@ -115,13 +115,11 @@ class SymbolHistory:
                 pending = item
                 break
             start, size, name = item
-            name_id, data = names.find(name)
+            name_id, added = names.intern(name, name_room - name_bytes)
             if name_id is None:
-                if name_bytes + len(data) > name_room:
-                    dropped += 1
-                    continue
-                name_bytes += len(data)
-                name_id = names.add(data)
+                dropped += 1
+                continue
+            name_bytes += added
             starts.append(start)
             ends.append(start + size)
             name_idx.append(name_id)
