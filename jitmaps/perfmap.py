@@ -5,8 +5,8 @@ the line and may contain spaces. The reader keeps its byte offset, so each read 
 since the previous one; a last line without its newline is left for the next read, except at the final read
 (a process that exited will not finish it). Bad lines are skipped and counted, never echoed.
 
-Parsing is linear in the input whatever it holds. One C-level regular-expression scan per block does the
-work, and the expression cannot backtrack more than once over a line: every quantifier is followed by a
+Parsing is linear in the input whatever it holds. One C-level regular-expression scan per 256 KiB piece does
+the work, and the expression cannot backtrack more than once over a line: every quantifier is followed by a
 character class disjoint from its own, except the name, which takes the rest of the line unconditionally
 (trailing blanks are stripped afterwards; the expression before issue 8 ended the name at its last
 non-blank character, and a line of ``1 1`` and 150,000 blanks took it ~100 s). A line longer than
