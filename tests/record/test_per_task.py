@@ -2,6 +2,7 @@
 (bpf/perfevents.py): real BPF, in-process so the test acts at the moment the sampler is attached."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -13,6 +14,7 @@ import pytest
 from optrace.bpf.profiler import Profiler
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.model import Record
+from support import bpf_prog_ids, perf_event_fds
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
@@ -47,6 +49,15 @@ def leaf_samples(record: Record, comm: str) -> Counter[str]:
         if sample.comm == comm:
             leaves[record.frames[sample.frames[0]].symbol if sample.frames else "[unknown]"] += sample.count
     return leaves
+
+
+def test_everything_is_released_before_the_recording_returns(monkeypatch):
+    """The detach runs on a thread while the samples are named (closing tracepoint events waits for RCU);
+    run() waits for it: no program, link or perf event of the recording is left in this process."""
+    before = (bpf_prog_ids(os.getpid()), perf_event_fds(os.getpid()))
+    record, _ = record_killed_soon(monkeypatch, ["sleep", "60"])
+    assert record.meta.pids
+    assert (bpf_prog_ids(os.getpid()), perf_event_fds(os.getpid())) == before
 
 
 def test_target_exiting_soon_after_attach_is_named(monkeypatch, workloads):
