@@ -4,8 +4,8 @@ Why: the raw tracepoints (profile.c, uprobe_count.c, offcpu.c) are given task_st
 pointers and read one field of each. BCC compiles against whatever kernel headers it finds, and on this
 machine those are another kernel's (Debian's 6.1 headers for a 6.18 kernel, see NOTES), so ``offsetof`` from
 the headers can be wrong; the kernel's own type information cannot. Perf tracepoints would spare the field
-reads, but closing each one waits for RCU grace periods (~32 ms here, one after another), which made a
-recording end 0.3 s after its target.
+reads, but closing each one waits for RCU grace periods (32-70 ms on this VM, one after another), which
+made a recording end 0.3 s after its target.
 
 Only what the lookup needs is read: the string section is searched for the two names, then the type
 section is walked once (0.07 s for this kernel's 5.5 MB, 126,689 types), recursing into anonymous members.

@@ -11,6 +11,7 @@ one ``bytearray``) and each name costs three array slots and one ``dict`` entry 
 from __future__ import annotations
 
 import mmap
+import sys
 from array import array
 
 FIRST_BLOCK = 64 << 10
@@ -35,7 +36,7 @@ class NameStore:
     def __len__(self) -> int:
         return len(self._length)
 
-    def intern(self, name: str, room: int = FIRST_BLOCK << 40) -> tuple[int | None, int]:
+    def intern(self, name: str, room: int = sys.maxsize) -> tuple[int | None, int]:
         """``name``'s id and the bytes it added: stored now when it is new and its UTF-8 bytes fit in
         ``room``, else (None, 0). One call per perf-map line: kept short (a 1,000,000-line map)."""
         data = name.encode("utf-8", "surrogateescape")

@@ -8,9 +8,9 @@ when none was known yet (a map written at exit, or a ``jcmd`` snapshot taken aft
 earliest one known afterwards.
 
 Memory: names are interned in a :class:`NameStore` (UTF-8 in anonymous memory blocks, not one object each:
-see its module for why), entries live in flat arrays (32 bytes each), and
-an entry identical to the one already at the same start (same size and name) is dropped when the index is
-rebuilt, so a map that repeats itself costs the distinct symbols, not its lines.
+see its module for why), entries live in flat arrays (32 bytes each), and an entry identical to the one
+already at the same start (same size and name) is dropped when the index is rebuilt, so a map that repeats
+itself costs the distinct symbols, not its lines.
 
 Bounds: a :class:`SymbolBudget` caps the entries and the bytes of distinct names one table may hold, and
 (shared by the tables of one consumer) all of them together; entries over a cap are dropped and counted.

@@ -8,7 +8,7 @@ import subprocess
 
 from hypothesis import given, settings, strategies as st
 
-from optrace.bpf.btf import HEADER, VMLINUX, BtfTypes, kernel_offsets
+from optrace.bpf.btf import HEADER, VMLINUX, BtfError, BtfTypes, kernel_offsets
 
 
 def blob(types: bytes, strings: bytes) -> bytes:
@@ -63,11 +63,10 @@ def test_a_file_that_is_not_btf_gives_none(tmp_path):
 def test_corrupt_blobs_never_raise_anything_but_btf_errors(noise, at):
     data = bytearray(kernel_like())
     data[at:at + len(noise)] = noise
-    try:
-        types = BtfTypes(bytes(data))
-        types.member_offset("task_struct", "tgid")
-    except Exception as exc:
-        assert type(exc).__name__ in ("BtfError", "error"), repr(exc)  # struct.error: kernel_offsets -> None
+    try:  # these two kernel_offsets turns into None; anything else fails the test
+        BtfTypes(bytes(data)).member_offset("task_struct", "tgid")
+    except (BtfError, struct.error):
+        pass
 
 
 def bpftool_offset(struct_name: str, member_name: str) -> int:
