@@ -64,9 +64,9 @@ class Machine:
         self.files: LruCache[tuple[str, int], tuple[FileRef, bytes | None]] = LruCache(max_files, trim_on_put=False)
         self.processes: dict[int, ProcessMaps] = {}
         self.generation = 0  # grows whenever a build-id is newly indexed
-        self._warn = warn
         self._stats = stats
         self._problems = FileProblems(warn, stats)
+        self._warn = self._problems.warn  # one printable line: names in them come from other users' files
         self._executables: LruCache[str, tuple[int, int, int]] = LruCache(MAX_EXECUTABLES)
         self._kept_fds: list[int] = []
         self._scanned = False

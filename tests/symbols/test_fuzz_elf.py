@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from optrace.fileaccess import BudgetExceeded
@@ -179,6 +179,7 @@ def symbolize_file(path: Path, data: bytes) -> Symbolizer:
 
 @FUZZ
 @given(which=st.integers(0, 2), edits=EDITS)
+@example(which=2, edits=[("bytes", ".dynstr", 0.78125, b"\n")])  # a newline in a needed library's name (found Dec 1)
 def test_mutated_elf_files_cost_only_their_own_names(bases, tmp_path_factory, which, edits) -> None:
     data = mutate(bases[which], edits)
     path = tmp_path_factory.getbasetemp() / "fuzzed" / "prog"
