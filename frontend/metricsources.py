@@ -54,7 +54,7 @@ class ProfileSource:
             programs_at_exec=False, learn_at_exec=False, forget_exited=True,
             off_cpu=OffCpuOptions() if off_cpu else None, call_graph=call_graph,
             unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False,
-            unwind_in_child=True))
+            unwind_in_child=True, jit_names_in_files=True))
         self._refused_seen = 0
         self.event: str | None = None
 

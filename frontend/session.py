@@ -78,6 +78,10 @@ class SessionOptions:
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
     # True: JIT functions' code bytes are kept as they are loaded or sampled (record, for annotate)
     keep_jit_code: bool = False
+    # True: perf maps are kept open and a name read back from its line when a sample needs it (serve, top:
+    # a 20,000-name map's copied names held 6-7 MB while its process lived). False: names are copied (record
+    # names its samples at the end, and a map rewritten in place by then would have lost them).
+    jit_names_in_files: bool = False
     # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
     # first rows come within a second of the attach)
     symbols_before_attach: bool = False
@@ -151,7 +155,8 @@ class ProfilingSession:
         from optrace.jitmaps.jitcode import JitCodeStore
 
         self.jit = JitSymbols(max_file_size=options.jit_max_file_size, jitdumps=options.jitdumps,
-                              code=JitCodeStore() if options.keep_jit_code else None)
+                              code=JitCodeStore() if options.keep_jit_code else None,
+                              names_in_files=options.jit_names_in_files)
         self.build_ids = BuildIdCache()  # one read of each mapped file's build-id, for spaces and symbolizer
         self.spaces = AddressSpaces(self.build_ids)
         self.tracker = ProcessTracker()
@@ -245,6 +250,7 @@ class ProfilingSession:
         self.detach()
         if self.symbolizer is not None:
             self.symbolizer.close()
+        self.jit.close()
 
     def __enter__(self) -> ProfilingSession:
         self.start()
@@ -475,7 +481,8 @@ class ProfilingSession:
 
     def cache_sizes(self) -> dict[str, int]:
         sizes = {**self.symbolizer.cache_sizes(), "jit_processes": len(self._jit_pids),
-                 "jit_symbols": self.jit.budget.entries, "jit_names_bytes": self.jit.budget.name_bytes}
+                 "jit_symbols": self.jit.budget.entries, "jit_names_bytes": self.jit.budget.name_bytes,
+                 "jit_files_kept": self.jit.budget.files}
         if self.unwinding is not None:
             tables = self.unwinding.tables
             sizes.update(self.profiler.unwind.sizes(), unwind_processes=len(self._unwound),

@@ -42,6 +42,7 @@ class _Source:
     reader: PerfMapReader | jd.JitDumpReader
     explicit: bool = False  # named by the user (--jitdump): any owner, links followed
     broken: bool = False
+    kept: tuple[tuple[int, int], int] | None = None  # (st_dev, st_ino) of the perf map kept open, its id
 
 
 @dataclass
@@ -58,10 +59,14 @@ class _Process:
 
 class JitSymbols:
     def __init__(self, max_file_size: int = DEFAULT_MAX_SIZE, jitdumps: Sequence[str] = (),
-                 budget: SymbolBudget | None = None, code: JitCodeStore | None = None) -> None:
-        """``code``: where JIT functions' bytes are kept for annotate (None: not kept)."""
+                 budget: SymbolBudget | None = None, code: JitCodeStore | None = None,
+                 names_in_files: bool = False) -> None:
+        """``code``: where JIT functions' bytes are kept for annotate (None: not kept). ``names_in_files``:
+        perf maps are kept open and their names read back when a sample needs them, not copied (see
+        :mod:`optrace.jitmaps.maplines`: for consumers that forget a process soon after its exit)."""
         self.max_file_size = max_file_size
         self.code = code
+        self.names_in_files = names_in_files
         self.budget = budget or SymbolBudget()
         self.warnings: list[str] = []
         self.stats: Counter[str] = Counter()
@@ -117,6 +122,11 @@ class JitSymbols:
                 os.close(proc.root_fd)
                 proc.root_fd = None
 
+    def close(self) -> None:
+        """Release every table (and the perf maps they keep open)."""
+        for pid in list(self._procs):
+            self.forget_process(pid)
+
     def keep_code(self, pid: int, address: int, time: float) -> None:
         """Keep the bytes of the JIT function at ``address`` (a sampled leaf), read from the live process
         when no jitdump gave them; only while ``pid`` is still the process whose files named it."""
@@ -167,12 +177,12 @@ class JitSymbols:
             return
         name = f"tmp/perf-{ident.nspid}.map"
         if ident.host_mounts:
-            proc.sources["/" + name] = _Source("/" + name, "/" + name, PerfMapReader())
+            proc.sources["/" + name] = _Source("/" + name, "/" + name, PerfMapReader(self.names_in_files))
             return
         proc.root_fd = open_process_root(proc.pid)
         if proc.root_fd is not None:
             display = f"/proc/{proc.pid}/root/{name}"
-            proc.sources[display] = _Source(display, name, PerfMapReader())
+            proc.sources[display] = _Source(display, name, PerfMapReader(self.names_in_files))
 
     def _discover(self, proc: _Process) -> None:
         """Jitdumps show up in /proc/PID/maps: the runtime maps them so profilers can find them."""
@@ -251,9 +261,22 @@ class JitSymbols:
                        budget: int | None) -> None:
         reader = source.reader
         before_lines, before_bad = reader.lines, reader.bad_lines
-        proc.table.add_many(reader.read_new(fd, final, self.max_file_size, budget), source.display, time)
+        in_file = self._kept_file(proc, source, fd) if reader.with_offsets else None
+        proc.table.add_many(reader.read_new(fd, final, self.max_file_size, budget), source.display, time,
+                            in_file)
         self.stats["perfmap_lines"] += reader.lines - before_lines
         self.stats["perfmap_bad_lines"] += reader.bad_lines - before_bad
+
+    @staticmethod
+    def _kept_file(proc: _Process, source: _Source, fd: int) -> int | None:
+        """The id of the kept descriptor of the file ``fd`` is (a replaced map is kept anew: the entries
+        read from the old one still name lines in it); None: its names are copied."""
+        st = os.fstat(fd)
+        identity = (st.st_dev, st.st_ino)
+        if source.kept is None or source.kept[0] != identity:
+            file_id = proc.table.keep_file(fd)
+            source.kept = None if file_id is None else (identity, file_id)
+        return None if source.kept is None else source.kept[1]
 
     def _read_jitdump(self, proc: _Process, source: _Source, fd: int, time: float, final: bool,
                       budget: int | None) -> None:

@@ -32,6 +32,7 @@ class PerfMapEntry(NamedTuple):
     start: int
     size: int
     name: str
+    line_offset: int | None = None  # in the file, from a reader ``with_offsets`` (None: not known)
 
 
 def _entries(block: bytes) -> Iterator[PerfMapEntry]:
@@ -40,6 +41,17 @@ def _entries(block: bytes) -> Iterator[PerfMapEntry]:
         start, size, name = int(start_hex, 16), int(size_hex, 16), name.rstrip()
         if size and name and start + size < MAX_ADDRESS:
             yield new(start, size, name.decode("utf-8", "replace"))
+
+
+def _entries_at(block: bytes, base: int) -> Iterator[PerfMapEntry]:
+    """:func:`_entries` with each line's offset, ``block`` being at ``base`` in the file (a match object
+    per line: slower, for readers ``with_offsets`` only)."""
+    new = PerfMapEntry
+    for match in LINE.finditer(block):
+        start_hex, size_hex, name = match.groups()
+        start, size, name = int(start_hex, 16), int(size_hex, 16), name.rstrip()
+        if size and name and start + size < MAX_ADDRESS:
+            yield new(start, size, name.decode("utf-8", "replace"), base + match.start())
 
 
 def parse_line(line: bytes) -> PerfMapEntry | None:
@@ -51,9 +63,12 @@ def parse_line(line: bytes) -> PerfMapEntry | None:
 
 
 class PerfMapReader:
-    """Reads one perf map incrementally. Call :meth:`read_new` with a freshly opened, trusted fd."""
+    """Reads one perf map incrementally. Call :meth:`read_new` with a freshly opened, trusted fd.
+    ``with_offsets``: entries carry their line's offset in the file, except those of a block that held a
+    line over MAX_LINE (it is cut out before parsing, which moves the lines after it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, with_offsets: bool = False) -> None:
+        self.with_offsets = with_offsets
         self.offset = 0
         self.size_seen = 0  # the size the file had at the last read
         self.identity: tuple[int, int] | None = None
@@ -87,11 +102,11 @@ class PerfMapReader:
                 break
             data = self._skip_long_line(carry + chunk)
             cut = data.rfind(b"\n") + 1
-            yield from self._parse(data[:cut])
+            yield from self._parse(data[:cut], self.offset)
             self.offset += cut
             carry = self._keep_partial(data[cut:])
         if final and carry and self.offset + len(carry) >= end:
-            yield from self._parse(carry)
+            yield from self._parse(carry, self.offset)
             self.offset += len(carry)
 
     def _skip_long_line(self, data: bytes) -> bytes:
@@ -117,19 +132,20 @@ class PerfMapReader:
         self._in_long_line = True
         return b""
 
-    def _parse(self, block: bytes) -> Iterator[PerfMapEntry]:
-        """Entries of the lines in ``block``, a piece at a time: the C-level scans build one object per line,
-        and over a whole 4 MiB block those (~8 MB for 20,000 lines) outlived their use in the allocator's
-        arenas (a daemon's RSS grew with every large map it read)."""
-        for piece in _pieces(block):
-            yield from self._parse_piece(piece)
+    def _parse(self, block: bytes, base: int) -> Iterator[PerfMapEntry]:
+        """Entries of the lines in ``block`` (at ``base`` in the file), a piece at a time: the C-level scans
+        build one object per line, and over a whole 4 MiB block those (~8 MB for 20,000 lines) outlived
+        their use in the allocator's arenas (a daemon's RSS grew with every large map it read)."""
+        for start, piece in _pieces(block):
+            yield from self._parse_piece(piece, base + start)
 
-    def _parse_piece(self, block: bytes) -> Iterator[PerfMapEntry]:
+    def _parse_piece(self, block: bytes, base: int) -> Iterator[PerfMapEntry]:
         """Entries of the lines in ``block``; blank lines are ignored, other bad lines counted."""
-        block = self._without_long_lines(block)
-        lines = len(NONBLANK_LINE.findall(block))
+        kept = self._without_long_lines(block)
+        lines = len(NONBLANK_LINE.findall(kept))
         good = 0
-        for entry in _entries(block):
+        at_offsets = self.with_offsets and kept is block
+        for entry in _entries_at(kept, base) if at_offsets else _entries(kept):
             good += 1
             yield entry
         self.lines += lines
@@ -151,14 +167,15 @@ class PerfMapReader:
         return b"\n".join(kept)
 
 
-def _pieces(block: bytes) -> Iterator[bytes]:
-    """``block`` cut at line ends into pieces of about PIECE bytes (a longer line is a piece of its own)."""
+def _pieces(block: bytes) -> Iterator[tuple[int, bytes]]:
+    """``block`` cut at line ends into pieces of about PIECE bytes (a longer line is a piece of its own),
+    each with its offset in ``block``."""
     start = 0
     while start < len(block):
         cut = block.rfind(b"\n", start, start + PIECE) + 1
         if cut <= start:
             cut = block.find(b"\n", start + PIECE) + 1 or len(block)
-        yield block[start:cut]
+        yield start, block[start:cut]
         start = cut
 
 

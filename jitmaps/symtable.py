@@ -8,9 +8,10 @@ when none was known yet (a map written at exit, or a ``jcmd`` snapshot taken aft
 earliest one known afterwards.
 
 Memory: names are interned in a :class:`NameStore` (UTF-8 in anonymous memory blocks, not one object each:
-see its module for why), entries live in flat arrays (32 bytes each), and an entry identical to the one
-already at the same start (same size and name) is dropped when the index is rebuilt, so a map that repeats
-itself costs the distinct symbols, not its lines.
+see its module for why), or, for a table that keeps its perf maps open (``serve``), left in the map: a
+:class:`MapLines` reference to the line, read back by :meth:`SymbolHistory.lookup`. Entries live in flat
+arrays (32 bytes each), and an entry identical to the one already at the same start (same size and name)
+is dropped when the index is rebuilt, so a map that repeats itself costs the distinct symbols, not its lines.
 
 Bounds: a :class:`SymbolBudget` caps the entries and the bytes of distinct names one table may hold, and
 (shared by the tables of one consumer) all of them together; entries over a cap are dropped and counted.
@@ -25,10 +26,13 @@ from itertools import accumulate, chain, compress, islice
 from operator import eq, sub
 from dataclasses import dataclass
 
+from optrace.jitmaps.maplines import MapLines
 from optrace.jitmaps.namestore import NameStore
 
 MAX_SPAN = 1 << 24  # entries larger than this (16 MiB) go to a short list scanned linearly
 COMPACT_FROM = 1 << 21  # drop repeats once the table doubles past this many entries (64 MiB of arrays)
+TABLE_FILES = 4  # perf maps one table keeps open (a map replaced over and over: the later ones are copied)
+IN_FILE = 1 << 31  # a name id with this bit is a MapLines reference, not a NameStore id
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,11 @@ class SymbolBudget:
     table_name_bytes: int = 32 << 20
     total_entries: int = 4_000_000
     total_name_bytes: int = 128 << 20
+    kept_files: int = 256  # perf-map descriptors kept open for their names, over all tables
     entries: int = 0
     name_bytes: int = 0
     dropped: int = 0
+    files: int = 0  # descriptors kept now
 
     def describe(self) -> str:
         return (f"{self.table_entries} symbols or {self.table_name_bytes >> 20} MiB of names per process, "
@@ -69,6 +75,7 @@ class SymbolHistory:
         self.name_bytes = 0
         self.dropped = 0
         self.names = NameStore()
+        self.lines = MapLines()
         self.sources: list[str] = []
         self._starts = array("Q")
         self._ends = array("Q")
@@ -84,42 +91,55 @@ class SymbolHistory:
     def add(self, start: int, size: int, name: str, source: str, stamp: float) -> None:
         self.add_many(((start, size, name),), source, stamp)
 
-    def add_many(self, entries: Iterable[tuple[int, int, str]], source: str, stamp: float) -> None:
-        """Append entries (in arrival order) that share a source and a stamp; those over the budget are
-        dropped and counted (the iterable is always consumed)."""
+    def keep_file(self, fd: int) -> int | None:
+        """Keep (a duplicate of) a perf map's descriptor so that its entries' names stay in it; the id to
+        pass to :meth:`add_many`, or None when the budget's descriptors are all in use."""
+        if self.budget.files >= self.budget.kept_files or len(self.lines.fds) >= TABLE_FILES:
+            return None
+        self.budget.files += 1
+        return self.lines.keep(fd)
+
+    def add_many(self, entries: Iterable[tuple], source: str, stamp: float, in_file: int | None = None) -> None:
+        """Append entries ``(start, size, name)`` (in arrival order) that share a source and a stamp; those
+        over the budget are dropped and counted (the iterable is always consumed). With ``in_file`` (from
+        :meth:`keep_file`), an entry ``(start, size, name, line_offset)`` keeps its name in that file
+        (a line_offset of None: copied)."""
         if source not in self.sources:
             self.sources.append(source)
         source_id = self.sources.index(source)
         items = iter(entries)
-        pending = self._append(items, source_id, stamp)
+        pending = self._append(items, source_id, stamp, in_file)
         if pending is not None and len(self._starts) - self._compacted_at >= self.budget.table_entries // 4:
             self.compact()
-            pending = self._append(chain((pending,), items), source_id, stamp)
+            pending = self._append(chain((pending,), items), source_id, stamp, in_file)
         if pending is not None:
             self._drop(1 + sum(1 for _ in items))
         self._index = None
         if len(self._starts) >= 2 * max(self._compacted_at, COMPACT_FROM):
             self.compact()
 
-    def _append(self, items: Iterator[tuple[int, int, str]], source_id: int,
-                stamp: float) -> tuple[int, int, str] | None:
+    def _append(self, items: Iterator[tuple], source_id: int, stamp: float,
+                in_file: int | None) -> tuple | None:
         """Append until the entry cap; the entry in hand when it stopped there (None: all appended)."""
         budget = self.budget
         room = min(budget.table_entries - len(self._starts), budget.total_entries - budget.entries)
         name_room = min(budget.table_name_bytes - self.name_bytes, budget.total_name_bytes - budget.name_bytes)
-        names = self.names
+        intern, refer = self.names.intern, self.lines.add
         starts, ends, name_idx = self._starts, self._ends, self._name_idx
         before, name_bytes, dropped, pending = len(starts), 0, 0, None
         for item in items:
             if len(starts) - before >= room:
                 pending = item
                 break
-            start, size, name = item
-            name_id, added = names.intern(name, name_room - name_bytes)
-            if name_id is None:
-                dropped += 1
-                continue
-            name_bytes += added
+            start, size, name = item[:3]
+            if in_file is not None and item[3] is not None:
+                name_id = IN_FILE | refer(in_file, item[3], name)
+            else:
+                name_id, added = intern(name, name_room - name_bytes)
+                if name_id is None:
+                    dropped += 1
+                    continue
+                name_bytes += added
             starts.append(start)
             ends.append(start + size)
             name_idx.append(name_id)
@@ -137,10 +157,23 @@ class SymbolHistory:
         self.budget.dropped += count
 
     def release(self) -> None:
-        """Give this table's share of the budget back (the table is being discarded)."""
+        """Give this table's share of the budget back and close its kept files (it is being discarded)."""
         self.budget.entries -= len(self._starts)
         self.budget.name_bytes -= self.name_bytes
+        self.budget.files -= len(self.lines.fds)
         self.name_bytes = 0
+        self.lines.close()
+
+    def _name(self, name_id: int) -> str | None:
+        if name_id & IN_FILE:
+            return self.lines.get(name_id ^ IN_FILE)
+        return self.names.get(name_id)
+
+    def _name_key(self, name_id: int) -> tuple[bool, int]:
+        """Equal for two entries with the same name: the NameStore id, or the hash of a name in a file."""
+        if name_id & IN_FILE:
+            return True, self.lines.key(name_id ^ IN_FILE)
+        return False, name_id
 
     def compact(self) -> None:
         """Drop entries that repeat the entry already at their start (keeps the first, older stamp)."""
@@ -162,8 +195,9 @@ class SymbolHistory:
         order = sorted(range(len(starts)), key=starts.__getitem__)
         by_start = array("Q", map(starts.__getitem__, order))
         same_start = compress(range(1, len(order)), map(eq, islice(by_start, 1, None), by_start))
-        repeats = [k for k in same_start
-                   if ends[order[k]] == ends[order[k - 1]] and names[order[k]] == names[order[k - 1]]]
+        key = self._name_key
+        repeats = [k for k in same_start if ends[order[k]] == ends[order[k - 1]]
+                   and key(names[order[k]]) == key(names[order[k - 1]])]
         if not repeats:
             return order, by_start
         keep = bytearray(b"\x01") * len(order)
@@ -175,16 +209,19 @@ class SymbolHistory:
         if self._index is None:
             self._index = _Index(self)
         best = self._index.best(address, time)
-        if best is None:
+        name = None if best is None else self._name(self._name_idx[best])
+        if name is None:  # none, or its name is no longer in its file
             return None
         start = self._starts[best]
-        return JitSymbol(start, self._ends[best] - start, self.names.get(self._name_idx[best]),
-                         self.sources[self._source_idx[best]], self._stamps[best])
+        return JitSymbol(start, self._ends[best] - start, name, self.sources[self._source_idx[best]],
+                         self._stamps[best])
 
     def entries(self) -> list[JitSymbol]:
-        """Every entry, in arrival order (for `jit show` and ELF conversion)."""
-        return [JitSymbol(s, e - s, self.names.get(n), self.sources[src], t) for s, e, n, src, t in
-                zip(self._starts, self._ends, self._name_idx, self._source_idx, self._stamps)]
+        """Every entry whose name is known, in arrival order (for `jit show` and ELF conversion)."""
+        named = ((s, e, self._name(n), src, t) for s, e, n, src, t in
+                 zip(self._starts, self._ends, self._name_idx, self._source_idx, self._stamps))
+        return [JitSymbol(s, e - s, name, self.sources[src], t) for s, e, name, src, t in named
+                if name is not None]
 
 
 class _Index:
@@ -203,7 +240,7 @@ class _Index:
             self.large = [i for i in order if ends[i] - starts[i] > MAX_SPAN]
             order = [i for i in order if ends[i] - starts[i] <= MAX_SPAN]
             by_start = array("Q", map(starts.__getitem__, order))
-        self.order = array("Q", order)  # not a list: one int object per entry would stay in the arenas
+        self.order = array("I", order)  # not a list: one int object per entry would stay in the arenas
         self.starts = by_start
         self.reach = array("Q", accumulate(map(ends.__getitem__, order), max))
 

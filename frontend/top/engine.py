@@ -42,7 +42,7 @@ class TopEngine:
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, call_graph=options.call_graph,
             programs_at_exec=False,
-            learn_at_exec=False, forget_exited=True, symbols_before_attach=True))
+            learn_at_exec=False, forget_exited=True, symbols_before_attach=True, jit_names_in_files=True))
         self.refreshes = 0
         self._last = 0.0
 

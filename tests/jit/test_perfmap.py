@@ -141,3 +141,45 @@ def test_parsing_a_piece_at_a_time_changes_nothing(tmp_path_factory, data, piece
             reader = PerfMapReader()
             results.append((read_all(reader, path, final=True), reader.lines, reader.bad_lines, reader.long_lines))
     assert results[0] == results[1]
+
+
+map_line = st.one_of(
+    st.builds(lambda start, size, name, blank: b"%s%x %x %s" % (blank, start, size, name),
+              st.integers(0, 1 << 48), st.integers(1, 1 << 20),
+              st.binary(min_size=1, max_size=30).map(lambda b: b.replace(b"\n", b"_")),
+              st.sampled_from([b"", b" ", b"\t "])),
+    st.binary(max_size=60).map(lambda b: b.replace(b"\n", b" ")))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(map_line, max_size=60), st.integers(min_value=1, max_value=64),
+       st.integers(min_value=1, max_value=400), st.booleans())
+def test_a_line_offset_reads_back_its_entry(tmp_path_factory, lines, piece, budget, last_newline):
+    """A reader ``with_offsets`` (serve keeps names in the file) gives the same entries, read in any
+    pieces and budgets, and each offset is that of a line that parses back to the entry."""
+    from unittest import mock
+
+    import optrace.jitmaps.perfmap as perfmap
+
+    data = b"\n".join(lines) + (b"\n" if last_newline else b"")
+    path = tmp_path_factory.mktemp("pm") / "perf-1.map"
+    write(path, data)
+    with mock.patch.object(perfmap, "PIECE", piece), mock.patch.object(perfmap, "MAX_LINE", 40):
+        plain = read_all(PerfMapReader(), path, final=True)
+        reader = PerfMapReader(with_offsets=True)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            found = []
+            while reader.offset < len(data):
+                before = reader.offset
+                found += reader.read_new(fd, final=True, budget=budget)
+                assert reader.offset > before
+        finally:
+            os.close(fd)
+        assert [entry[:3] for entry in found] == [entry[:3] for entry in plain]
+        for entry in found:
+            if entry.line_offset is not None:
+                line = data[entry.line_offset:].split(b"\n", 1)[0]
+                assert (parse_line(line) or ())[:3] == entry[:3]
+        if b"\n" not in data or max(map(len, data.split(b"\n"))) <= 40:
+            assert all(entry.line_offset is not None for entry in found)

@@ -217,7 +217,8 @@ def test_one_process_that_breaks_symbolization_costs_its_own_names_only():
                                          ("evil", "[unknown]", "[unknown]"): 3})
     assert delta.read_errors == Counter({"process_maps": 1, "symbolize": 1})
     assert all("pid 666" in w for w in delta.warnings) and len(delta.warnings) == 2
-    assert delta.caches == {"dsos": 2, "table_bytes": 4096, "jit_processes": 0, "jit_symbols": 0, "jit_names_bytes": 0}
+    assert delta.caches == {"dsos": 2, "table_bytes": 4096, "jit_processes": 0, "jit_symbols": 0, "jit_names_bytes": 0,
+                            "jit_files_kept": 0}
 
 
 def test_cache_sizes_are_gauges_on_the_page(expo):
