@@ -17,7 +17,8 @@ import functools
 import struct
 from dataclasses import dataclass
 
-VMLINUX = "/sys/kernel/btf/vmlinux"
+from optrace.kernel import VMLINUX_BTF as VMLINUX
+
 MAX_BTF = 64 << 20
 MAGIC = 0xEB9F
 HEADER = struct.Struct("<HBBIIIII")  # magic, version, flags, hdr_len, type_off, type_len, str_off, str_len

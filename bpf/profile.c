@@ -12,6 +12,7 @@
 // the epoch, then /proc/PID/maps, then stores the epoch in `known`; raw IPs are taken only while
 // the two agree, and the key carries the epoch, so each raw stack is read with the mappings it ran in.
 #include <uapi/linux/ptrace.h>
+#include <linux/ptrace.h>  // struct pt_regs: the syscall arguments at sys_exit (TRACK_MAPPINGS)
 #include <uapi/linux/bpf_perf_event.h>
 #include <linux/sched.h>
 
@@ -69,7 +70,6 @@ BPF_STACK_TRACE(kstacks0, STACK_SIZE);
 BPF_STACK_TRACE(kstacks1, STACK_SIZE);
 BPF_TABLE("lru_hash", u32, u64, epochs, PROCS_SIZE);  // pid -> when its executable mappings last changed
 BPF_TABLE("lru_hash", u32, u64, known, PROCS_SIZE);   // pid -> the epoch the frontend read its mappings at
-BPF_TABLE("lru_hash", u32, u8, exec_maps, 4096);      // thread -> in an mmap/mprotect asking for PROT_EXEC
 BPF_ARRAY(active, u32, 2);  // [0]: the set the sampler writes; [1]: non-zero once sampling is over (-d)
 BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
 BPF_HASH(targets, u32, u8, TARGETS_SIZE);
@@ -280,50 +280,34 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 #ifdef TRACK_MAPPINGS
 // New executable file mappings (dlopen) change the process's epoch once they exist: at the syscall's
 // exit, so a read of /proc/PID/maps that saw the old epoch cannot have missed them. Raw IPs and the
-// CFI unwinder's mapping tables (unwind.c) both rely on it.
+// CFI unwinder's mapping tables (unwind.c) both rely on it. Only the exit tracepoints: the call's
+// arguments are still in the registers saved at syscall entry (bpf_task_pt_regs), and each perf
+// tracepoint closed at the end waits for an RCU grace period under a kernel-wide lock (~46 ms here).
 #define PROT_EXEC_BIT 0x4
 
-static inline void exec_mapping_starts(u64 prot, int file_backed)
+static inline void exec_mapping_made(int is_mmap)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    if (!(prot & PROT_EXEC_BIT) || !file_backed || !is_target(id >> 32))
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (!is_target(tgid))
         return;
-    u32 tid = id;
-    u8 one = 1;
-    exec_maps.update(&tid, &one);
-}
-
-static inline void exec_mapping_done(void)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tid = id;
-    if (!exec_maps.lookup(&tid))
-        return;
-    exec_maps.delete(&tid);
-    new_epoch(id >> 32);
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
-{
-    exec_mapping_starts(args->prot, (int)args->fd >= 0);
-    return 0;
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+    u64 prot = 0, fd = 0;  // mprotect: the range may be a file's, it does not say: every PROT_EXEC counts
+    bpf_probe_read_kernel(&prot, sizeof(prot), &PT_REGS_PARM3(regs));
+    if (is_mmap)  // the fifth argument, -1 for an anonymous mapping
+        bpf_probe_read_kernel(&fd, sizeof(fd), &PT_REGS_PARM5(regs));
+    if ((prot & PROT_EXEC_BIT) && (int)fd >= 0)
+        new_epoch(tgid);
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
-    exec_mapping_done();
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_mprotect)
-{
-    exec_mapping_starts(args->prot, 1);  // the range may be a file's: mprotect does not say, so every PROT_EXEC counts
+    exec_mapping_made(1);
     return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 {
-    exec_mapping_done();
+    exec_mapping_made(0);
     return 0;
 }
 #endif

@@ -110,8 +110,9 @@ def check_syscall_tracepoints() -> CheckResult:
         return CheckResult(name, True, "raw user stacks once a process's maps are read", required=False)
     if any(os.path.isdir(root) and not os.access(root, os.X_OK) for root in kernel.TRACEFS_DIRS):
         return CheckResult(name, False, "cannot tell: tracefs is readable by root only", required=False)
-    return CheckResult(name, False, "none: every user stack is a build-id stack, slower per sample",
-                       "a kernel with CONFIG_FTRACE_SYSCALLS=y, tracefs mounted", required=False)
+    return CheckResult(name, False, "none usable: every user stack is a build-id stack, slower per sample",
+                       "a kernel with CONFIG_FTRACE_SYSCALLS=y and CONFIG_DEBUG_INFO_BTF=y, tracefs mounted",
+                       required=False)
 
 
 def check_off_cpu() -> CheckResult:

@@ -13,14 +13,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 
 from optrace import __version__
 from optrace.frontend.codecapture import capture_session
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
-from optrace.frontend.target import LAUNCHER_COMM, GatedChild
+from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
 from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
@@ -72,6 +72,7 @@ class Recorder:
         self.lost: Counter[str] = Counter()
         self.launcher_samples = 0
         self.child: GatedChild | None = None
+        self._exits = ExitWatch([])  # the targets whose end ends the recording, watched from the start
         self.exit_status: int | None = None
         self.stopped_command = False  # the recording ended first (-d, a signal) and stopped the command
         self.warnings: list[str] = []
@@ -96,6 +97,7 @@ class Recorder:
                 calls = self._start_call_counter(stack)
                 t0 = time.monotonic()
                 self._start_targets()
+                self._exits = stack.enter_context(closing(ExitWatch(self._watched_pids())))
                 if self.options.duration_s:
                     timer = threading.Timer(self.options.duration_s, self._time_up)
                     timer.start()
@@ -154,8 +156,22 @@ class Recorder:
             else:
                 self.session.poll(now)
             wake = min(next_drain, deadline or next_drain)
-            if stop.wait(min(POLL_SECONDS, wake - now)):
+            if self._sleep(stop, min(POLL_SECONDS, wake - now)):
                 break
+
+    def _sleep(self, stop: StopSignals, seconds: float) -> bool:
+        """Sleep up to ``seconds``, less when a target exits; True when a stop was requested (a signal
+        during the pidfd wait is seen when the wait ends: within POLL_SECONDS)."""
+        if not self._exits.fds:
+            return stop.wait(seconds)
+        self._exits.wait(seconds)
+        return stop.stopped.is_set()
+
+    def _watched_pids(self) -> list[int]:
+        """The processes whose end ends the recording (see :meth:`_targets_gone`)."""
+        if self.child:
+            return [self.child.pid]
+        return list(self.options.pids or []) if not self.options.system_wide else []
 
     def _targets_gone(self) -> bool:
         """Like perf: a command's recording ends with it; a -p recording ends when its processes have."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import time
@@ -101,6 +102,33 @@ class GatedChild:
                 os.kill(self.pid, signal.SIGKILL)
                 self.wait(timeout)
         return self.returncode if self.returncode is not None else -signal.SIGKILL
+
+
+class ExitWatch:
+    """Wakes a wait as soon as a watched process exits (a pidfd becomes readable), not at the next poll:
+    a recording that ends with its target is written that much sooner."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.fds: list[int] = []
+        for pid in pids:
+            try:
+                self.fds.append(os.pidfd_open(pid))
+            except OSError:  # already gone (the caller's own check sees it), or no pidfd here
+                pass
+
+    def wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, less if a watched process exits (it is not watched from then on)."""
+        poller = select.poll()  # not select(): descriptors past 1023 (many -p pids) are fine
+        for fd in self.fds:
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(max(seconds, 0.0) * 1000):
+            self.fds.remove(fd)
+            os.close(fd)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
 
 
 def describe_exit(status: int | None) -> str:

@@ -15,6 +15,7 @@ BPF_MAP_CREATE = 0
 BPF_MAP_TYPE_ARRAY = 2
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # how the sampler tells new executable mappings
+VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
 # Off-CPU time (bpf/offcpu.c): the sched_switch raw tracepoint, whose prev_state argument came in 5.18. Not
 # tp_btf (BCC 0.26 cannot attach it), not a kprobe on finish_task_switch as BCC's offcputime (no kprobes here).
 OFF_CPU_HOOK = "raw tracepoint sched_switch"
@@ -46,9 +47,10 @@ def bpf_map_create_errno() -> int:
 
 
 def syscall_events_available() -> bool:
-    """The mmap/mprotect exit tracepoints the sampler needs for raw user stacks."""
-    return any(all(os.path.exists(f"{root}/events/syscalls/{event}") for event in SYSCALL_EVENTS)
-               for root in TRACEFS_DIRS)
+    """The mmap/mprotect exit tracepoints the sampler needs for raw user stacks, and the kernel's BTF its
+    programs there need (bpf_get_current_task_btf, to read the call's arguments)."""
+    return os.path.exists(VMLINUX_BTF) and any(
+        all(os.path.exists(f"{root}/events/syscalls/{event}") for event in SYSCALL_EVENTS) for root in TRACEFS_DIRS)
 
 
 def tracefs_mount_points() -> list[str]:

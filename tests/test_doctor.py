@@ -175,3 +175,11 @@ def test_venv_without_system_site_packages_is_told_to_recreate_it(tmp_path) -> N
     assert proc.stdout.startswith("FAIL  BCC"), proc.stdout
     assert f"fix: recreate it: /usr/bin/python3 -m venv --system-site-packages {venv}" in proc.stdout
     assert "apt-get install" not in proc.stdout
+
+
+def test_without_btf_the_syscall_tracepoints_are_not_used(monkeypatch) -> None:
+    """Their programs read the call's arguments through bpf_get_current_task_btf: no BTF, no load."""
+    assert kernel.syscall_events_available()
+    monkeypatch.setattr(kernel, "VMLINUX_BTF", "/nonexistent")
+    assert not kernel.syscall_events_available()
+    assert "CONFIG_DEBUG_INFO_BTF" in doctor.check_syscall_tracepoints().fix
