@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 
 from optrace.bpf import perfevents
 from optrace.bpf.loader import counter_increments, import_bcc, load_bcc
+from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.perfevents import TaskEvents
 from optrace.errors import OptraceError
 from optrace.model import RawSample, UserFrame
@@ -44,6 +45,8 @@ BPF_NOEXIST = 1
 GRACE_SECONDS = 0.005  # a sampler run takes microseconds; this is long past any run that saw the old set
 PROC_EXEC, PROC_EXIT = 0, 1
 BUILD_ID_ENTRY = struct.Struct("<i20sQ")  # struct bpf_stack_build_id
+# struct key_t in profile.c: set, user_map, pid, user and kernel stack ids, tid, unused, epoch, cfi_stack, comm
+COUNT_KEY = struct.Struct("=HHIiiIIQQ16s")
 CLOSERS = 16
 SWEEP_EVERY = 30  # drains between two sweeps of the stack maps for stacks no count names
 # Stack maps: a new stack whose hash bucket holds another stack is a collision, so a map needs several
@@ -127,6 +130,7 @@ class Profiler:
         self.events_lost = 0
         self._pids: list[int] = []
         self._tasks: TaskEvents | None = None
+        self._counts: list[MapTaker] = []  # the two sets' count maps, once loaded
 
     def __enter__(self) -> "Profiler":
         self.start()
@@ -143,6 +147,9 @@ class Profiler:
         """Compile and load the programs and add the initial pids; nothing is sampled until :meth:`attach`
         (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
         self._bpf = load_bcc([PROGRAM, UNWINDER] if self.cfi_unwind else [PROGRAM], self._cflags)
+        self._counts = [MapTaker(self._bpf[f"counts{index}".encode()]) for index in (0, 1)]
+        if (self._counts[0].key_size, self._counts[0].value_size) != (COUNT_KEY.size, 8):
+            raise OptraceError("internal error: profile.c's count key is not the layout profiler.py reads")
         if self.cfi_unwind:
             from optrace.bpf.unwindmaps import UnwindMaps
 
@@ -259,30 +266,35 @@ class Profiler:
                       (USER_SPARE, "ustacks", "_alt", frames.build_id_frames),
                       (USER_RAW, "rawstacks", "", frames.raw_frames))}
         kstacks = StackReader(self._bpf[f"kstacks{index}".encode()], _decode_ips)
-        items = list(self._bpf[f"counts{index}".encode()].items_lookup_and_delete_batch())
+        keys, values, taken = self._counts[index].take()
         on_build_ids = set()  # processes whose maps the sampler still waits for
         cfi = self.unwind.read_stacks(index) if self.unwind else {}
         samples = []
-        for key, value in items:
-            kernel = kstacks.take(key.kernel_stack_id)
-            count = value  # a ctypes array of c_uint64 gives ints
-            comm = key.comm.decode("utf-8", "replace")
-            if key.user_map == USER_CFI:
-                unwound = cfi.get(key.cfi_stack)
+        comms: dict[bytes, str] = {}
+        kinds: Counter[str] = Counter()
+        for (_, user_map, pid, user_id, kernel_id, tid, _, epoch, cfi_stack, raw_comm), count in zip(
+                COUNT_KEY.iter_unpack(keys), array.array("Q", values)):
+            kernel = kstacks.take(kernel_id) if kernel_id >= 0 else ()  # most samples are in user space
+            comm = comms.get(raw_comm)
+            if comm is None:
+                comm = comms[raw_comm] = raw_comm.split(b"\0", 1)[0].decode("utf-8", "replace")
+            if user_map == USER_CFI:
+                unwound = cfi.get(cfi_stack)
                 user, stop = (unwound.frames, unwound.status) if unwound else ((), "")
-                samples.append(RawSample(key.pid, comm, user, kernel, count, now, tid=key.tid, stop=stop))
-                self.stats["cfi"] += count
+                samples.append(RawSample(pid, comm, user, kernel, count, now, tid=tid, stop=stop))
+                kinds["cfi"] += count
                 continue
-            user = stacks[key.user_map].take(key.user_stack_id) if key.user_map in stacks else ()
-            raw = bool(user) and key.user_map == USER_RAW
-            samples.append(RawSample(key.pid, comm, user, kernel, count, now, key.epoch if raw else 0, key.tid))
+            user = stacks[user_map].take(user_id) if user_map in stacks else ()
+            raw = bool(user) and user_map == USER_RAW
+            samples.append(RawSample(pid, comm, user, kernel, count, now, epoch if raw else 0, tid))
             if raw:
-                self.stats["raw"] += count
+                kinds["raw"] += count
             elif user:
-                self.stats["build_id"] += count
-                on_build_ids.add(key.pid)
+                kinds["build_id"] += count
+                on_build_ids.add(pid)
+        self.stats.update(kinds)
         self._sweeps += 1
-        if self._sweeps % SWEEP_EVERY == 0 or len(items) >= self._counts_size:
+        if self._sweeps % SWEEP_EVERY == 0 or taken >= self._counts_size:
             for reader in (*stacks.values(), kstacks):  # stacks whose count was lost (a full counts map)
                 _clear_stacks(reader.table)
         return samples, on_build_ids

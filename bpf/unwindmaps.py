@@ -24,6 +24,7 @@ frames come back as raw IPs.
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import mmap
 import struct
@@ -33,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.profiler import GRACE_SECONDS
 from optrace.model import UserFrame
 
@@ -102,6 +104,7 @@ class UnwindMaps:
         self._generation_started = clock()
         self.generation = 0  # bumped when every process's table was dropped (see the module docstring)
         self.stats: Counter[str] = Counter()
+        self._stacks: list[MapTaker] = []  # the two sets' cfistacks, taken whole at each drain
 
     def load_step(self) -> None:
         """Load the walking program (unwind_step) and put it where on_sample tail-calls it. The kernel takes
@@ -152,13 +155,18 @@ class UnwindMaps:
         and its read, in the one after)."""
         with self._lock:
             tables = [self._by_id, *(ids for _, ids in self._retired)]
+        if not self._stacks:
+            self._stacks = [MapTaker(self._bpf[f"cfistacks{i}".encode()]) for i in (0, 1)]
+        keys, values, count = self._stacks[index].take()
+        frame_of = _FrameCache(tables).__getitem__  # a drain's stacks share most of their frames
+        words, halves = memoryview(values).cast("Q"), memoryview(values).cast("I")  # struct unwind_stack
+        stride = self._stacks[index].value_size // 8  # len and status (one word), then the frames
         stacks = {}
-        decoded: dict[int, UserFrame] = {}  # a drain's stacks share most of their frames
-        for key, value in self._bpf[f"cfistacks{index}".encode()].items_lookup_and_delete_batch():
-            frames = tuple(decoded[ip] if ip in decoded else decoded.setdefault(ip, _decoded(ip, tables))
-                           for ip in value.frames[:min(value.len, len(value.frames))])
-            status = UNWIND_STATUSES[value.status] if value.status < len(UNWIND_STATUSES) else "read_fault"
-            stacks[key] = UnwoundStack(frames, status)  # a u64 key: BCC's batch read gives it as an int
+        for key, start in zip(array.array("Q", keys), range(0, count * stride, stride)):
+            length, status = min(halves[2 * start], stride - 1), halves[2 * start + 1]
+            frames = tuple(map(frame_of, words[start + 1:start + 1 + length]))
+            stacks[key] = UnwoundStack(frames, UNWIND_STATUSES[status] if status < len(UNWIND_STATUSES)
+                                       else "read_fault")
         with self._lock:
             self._reads += 1
             self._retired = [(at, ids) for at, ids in self._retired if self._reads - at < RETIRED_READS]
@@ -243,6 +251,18 @@ class UnwindMaps:
             self._last_id = self._last_id % MAX_FILE_IDS + 1
             if self._last_id not in self._by_id and not any(self._last_id in ids for _, ids in self._retired):
                 return self._last_id
+
+
+class _FrameCache(dict):
+    """Frame word -> UserFrame, each decoded once (a dict subclass: hits stay in C)."""
+
+    def __init__(self, tables: Sequence[dict[int, _LoadedFile]]) -> None:
+        super().__init__()
+        self._tables = tables
+
+    def __missing__(self, frame: int) -> UserFrame:
+        decoded = self[frame] = _decoded(frame, self._tables)
+        return decoded
 
 
 def _decoded(frame: int, tables: Sequence[dict[int, _LoadedFile]]) -> UserFrame:

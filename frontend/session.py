@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TypeVar
 
 from optrace.escape import escape_controls
@@ -34,6 +35,7 @@ PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit e
 TRIM_AFTER_RELEASE = 4 << 20  # bytes of unwind rows released at once that are worth giving back at once
 TRIM_EVERY = 60  # drains between two returns of the free heap to the system (forget_exited: serve, top)
 DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
+BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
 
 
 @dataclass
@@ -128,7 +130,8 @@ class ProcessTracker:
             if sample.pid in self._execs:
                 executables[sample.pid] = self._execs.pop(sample.pid)
             known = self._seen.setdefault(sample.pid, set())
-            new = {f.build_id for f in sample.user if f.build_id is not None} - known
+            new = set(map(BUILD_ID, sample.user)) - known
+            new.discard(None)
             if new:
                 known |= new
                 snapshot.add(sample.pid)
@@ -437,7 +440,10 @@ class ProfilingSession:
     def maybe_jit(self, sample: RawSample) -> bool:
         """A raw address outside every file mapping (and [vdso]) may be JIT code (its name depends on when
         it was sampled: the JIT reuses addresses)."""
-        for frame in sample.user if self.options.stacks else sample.user[:1]:
+        frames = sample.user if self.options.stacks else sample.user[:1]
+        if all(map(BUILD_ID, frames)):  # the common case, checked in C: every frame is in a file
+            return False
+        for frame in frames:
             if frame.build_id is None:
                 entry = self.symbolizer.machine.mapping_at(sample.pid, frame.offset)
                 if entry is None or not (entry.is_file or entry.path == "[vdso]"):

@@ -3,8 +3,10 @@ the BPF maps (no BCC, no root): rows full -> a new generation, live processes lo
 sampled, an old file id still decoded by the next drain, ids kept bounded, exited processes dropped."""
 from __future__ import annotations
 
+import array
 import ctypes
 import os
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -48,11 +50,22 @@ class Table(dict):
     def items(self):
         return [(SimpleNamespace(value=k), v) for k, v in super().items()]
 
-    def items_lookup_and_delete_batch(self):
-        """As BCC gives a u64-keyed map's entries: keys as ints."""
-        items = list(super().items())
-        self.clear()
-        return items
+
+
+class FakeTaker:
+    """bpf.maptaker.MapTaker over a Table of stacks: the bytes the kernel's batch read gives (struct
+    unwind_stack with room for 4 frames), the table emptied."""
+
+    value_size = 8 + 8 * 4
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def take(self) -> tuple[bytes, bytes, int]:
+        items = list(dict.items(self.table))
+        self.table.clear()
+        values = b"".join(struct.pack("=II4Q", v.len, v.status, *(list(v.frames) + [0] * 4)[:4]) for _, v in items)
+        return array.array("Q", [key for key, _ in items]).tobytes(), values, len(items)
 
 
 class Maps(dict):
@@ -102,7 +115,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def maps(clock) -> tuple[UnwindMaps, Maps]:
+def maps(clock, monkeypatch) -> tuple[UnwindMaps, Maps]:
+    monkeypatch.setattr(unwindmaps, "MapTaker", FakeTaker)
     bpf = Maps()
     return UnwindMaps(bpf, CAPACITY, clock=clock), bpf
 
