@@ -11,6 +11,7 @@ import ctypes
 import math
 import os
 import struct
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -131,6 +132,8 @@ class Profiler:
         self._pids: list[int] = []
         self._tasks: TaskEvents | None = None
         self._counts: list[MapTaker] = []  # the two sets' count maps, once loaded
+        self._closing_lock = threading.Lock()
+        self._tracepoints_closing: threading.Thread | None = None  # see stop_sampling
 
     def __enter__(self) -> "Profiler":
         self.start()
@@ -230,9 +233,21 @@ class Profiler:
 
     def stop_sampling(self) -> None:
         """Samples from now on are ignored (the events stay until :meth:`close`): a recording's end is kept
-        to the moment, even while a drain is still busy. Safe from another thread."""
+        to the moment, even while a drain is still busy. Safe from another thread. The syscall tracepoints,
+        which only keep the targets' mapping epochs for samples to come, start closing now, on a thread:
+        each close waits for RCU grace periods, which the final drain need not wait for."""
         active = self._bpf[b"active"]
         active[active.Key(1)] = active.Leaf(1)
+        with self._closing_lock:
+            if self._tracepoints_closing is None:
+                self._tracepoints_closing = threading.Thread(target=self._detach_tracepoints, args=(self._bpf,),
+                                                             name="optrace-tracepoints", daemon=True)
+                self._tracepoints_closing.start()
+
+    @staticmethod
+    def _detach_tracepoints(bpf) -> None:
+        with ThreadPoolExecutor(max_workers=CLOSERS) as pool:  # each close waits for an RCU grace period
+            list(pool.map(bpf.detach_tracepoint, list(bpf.tracepoint_fds)))
 
     def epoch(self, pid: int) -> int:
         """The process's mappings epoch (set now if it has none). To let the sampler take raw IPs of a
@@ -324,6 +339,8 @@ class Profiler:
         not wait; the syscall ones have no raw form but sys_enter and sys_exit, which run on every system
         call of the machine (measured: getppid 76 -> 121 ns, against 86 ns with 4 syscall tracepoints).
         The per-task sampling events, closed with them, do not wait."""
+        if self._tracepoints_closing is not None:
+            self._tracepoints_closing.join()
         closers: list[Callable[[], object]] = []
         if self._tasks is not None:
             closers += self._tasks.closers()
