@@ -1,11 +1,11 @@
 """A whole BPF hash map read and emptied in a few system calls, as bytes.
 
 Why not BCC's ``items_lookup_and_delete_batch``: it allocates key and value arrays for the whole map at every
-call and yields two ctypes objects per entry, whose fields are then read one attribute at a time. At 10,000
-samples a second with many distinct stacks (bench/bench_scale.py) that was a fifth of the recorder's CPU.
-Here the buffers are allocated once per map, and the caller decodes the bytes with :mod:`struct` and
-:class:`memoryview` (C loops). They are anonymous mappings: only the pages the kernel has filled are
-resident (16 MiB for a set of CFI stacks, of which a 99 Hz serve touches a few pages).
+call and yields two ctypes objects per entry, whose fields are then read one attribute at a time: at 10,000
+samples a second with many distinct stacks (bench/bench_scale.py), a large part of each drain. Here the
+buffers are allocated once per map and the caller decodes the bytes with :mod:`struct` and
+:class:`memoryview` (C loops). They are anonymous mappings whose filled pages are given back after each
+read, so a map's capacity (16 MiB for a set of CFI stacks) costs memory only while a drain reads it.
 """
 from __future__ import annotations
 
@@ -47,5 +47,9 @@ class MapTaker:
                 break
             if not count.value:  # no progress (a bucket larger than the room left): the rest waits
                 break
-        return (ctypes.string_at(self._keys, self.key_size * total),
-                ctypes.string_at(self._values, self.value_size * total), total)
+        taken = (ctypes.string_at(self._keys, self.key_size * total),
+                 ctypes.string_at(self._values, self.value_size * total), total)
+        for buffer, size in zip(self._buffers, (self.key_size, self.value_size)):
+            if total:  # the filled pages go back: a daemon keeps no high-water mark of its busiest drain
+                buffer.madvise(mmap.MADV_DONTNEED, 0, size * total)
+        return taken

@@ -47,6 +47,14 @@ class MapLines:
         self._hash.append(hash(name))
         return len(self._offset) - 1
 
+    def keep_only(self, refs: list[int]) -> dict[int, int]:
+        """Drop every reference not in ``refs``; returns old id -> new id for those kept."""
+        order = sorted(set(refs))
+        self._file = array("H", map(self._file.__getitem__, order))
+        self._offset = array("Q", map(self._offset.__getitem__, order))
+        self._hash = array("q", map(self._hash.__getitem__, order))
+        return {old: new for new, old in enumerate(order)}
+
     def key(self, ref: int) -> int:
         """What two references to the same name share (the name's hash, salted per process)."""
         return self._hash[ref]

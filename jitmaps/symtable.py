@@ -184,8 +184,17 @@ class SymbolHistory:
         self._stamps = array("d", map(self._stamps.__getitem__, keep))
         self._name_idx = array("I", map(self._name_idx.__getitem__, keep))
         self._source_idx = array("H", map(self._source_idx.__getitem__, keep))
+        if len(self.lines):
+            self._compact_lines()
         self._compacted_at = len(self._starts)
         self._index = None
+
+    def _compact_lines(self) -> None:
+        """Keep the line references the entries still use (a map rewritten again and again would grow them
+        without bound: unlike copied names, they are not interned)."""
+        renumbered = self.lines.keep_only([n ^ IN_FILE for n in self._name_idx if n & IN_FILE])
+        self._name_idx = array("I", (IN_FILE | renumbered[n ^ IN_FILE] if n & IN_FILE else n
+                                     for n in self._name_idx))
 
     def _sorted_order(self) -> tuple[list[int], array]:
         """Entry indices by start (then arrival), and their starts, without an entry that repeats the one

@@ -149,3 +149,23 @@ def test_closing_jit_symbols_closes_every_kept_map(spawn):
     assert open_fds() == before + 3
     jit.close()
     assert open_fds() == before and jit.budget.files == 0
+
+
+def test_a_map_read_again_and_again_keeps_references_to_its_distinct_entries_only(tmp_path):
+    """Line references are not interned like copied names: compacting the table must drop those of the
+    repeats, or a map rewritten every drain (jcmd) would grow them for as long as its process lives."""
+    path = tmp_path / "perf-1.map"
+    write(path, "".join(f"{0x1000 + 16 * i:x} 10 f{i}\n" for i in range(100)))
+    table = SymbolHistory()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        in_file = table.keep_file(fd)
+        for round_ in range(5):  # a new reader each time: the whole map again
+            table.add_many(PerfMapReader(with_offsets=True).read_new(fd, final=True), str(path), float(round_),
+                           in_file)
+    finally:
+        os.close(fd)
+    assert len(table.lines) == 500
+    table.compact()
+    assert len(table) == 100 and len(table.lines) == 100
+    assert [name_at(table, 0x1000 + 16 * i + 3, 9.0) for i in (0, 42, 99)] == ["f0", "f42", "f99"]
