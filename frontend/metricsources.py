@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from optrace.exporters.daemon import SERVE_CALL_GRAPH, ServeOptions, Source
 from optrace.exporters.totals import Delta, add_leaf_rows, add_off_cpu_rows
-from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
+from optrace.frontend.session import SCAN_SLICE_S, OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.model import UNKNOWN
 
@@ -54,7 +54,7 @@ class ProfileSource:
             programs_at_exec=False, learn_at_exec=False, forget_exited=True,
             off_cpu=OffCpuOptions() if off_cpu else None, call_graph=call_graph,
             unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False,
-            unwind_in_child=True, jit_names_in_files=True))
+            unwind_in_child=True, jit_names_in_files=True, scan_slice_s=SCAN_SLICE_S))
         self._refused_seen = 0
         self.event: str | None = None
 

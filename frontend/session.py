@@ -35,6 +35,7 @@ PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit e
 TRIM_AFTER_RELEASE = 4 << 20  # bytes of unwind rows released at once that are worth giving back at once
 TRIM_EVERY = 60  # drains between two returns of the free heap to the system (forget_exited: serve, top)
 DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
+SCAN_SLICE_S = 0.1  # SessionOptions.scan_slice_s for daemons and live views
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
 
 
@@ -84,6 +85,9 @@ class SessionOptions:
     # a 20,000-name map's copied names held 6-7 MB while its process lived). False: names are copied (record
     # names its samples at the end, and a map rewritten in place by then would have lost them).
     jit_names_in_files: bool = False
+    # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
+    # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
+    scan_slice_s: float | None = None
     # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
     # first rows come within a second of the attach)
     symbols_before_attach: bool = False
@@ -193,7 +197,8 @@ class ProfilingSession:
 
         opts = self.options
         cfi = opts.call_graph == "dwarf"
-        self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids)
+        self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids,
+                                     scan_slice_s=self.options.scan_slice_s)
         for pid in opts.pids or ():  # before the compile: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         self._kallsyms = KernelSymbolsLoader()  # parsed while BCC compiles (the compile releases the GIL)

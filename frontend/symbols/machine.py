@@ -3,7 +3,8 @@ each process's executable mappings over time (perf's ``thread`` -> ``maps``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from optrace.fileaccess import RefusedFile, open_file
@@ -70,6 +71,7 @@ class Machine:
         self._executables: LruCache[str, tuple[int, int, int]] = LruCache(MAX_EXECUTABLES)
         self._kept_fds: list[int] = []
         self._scanned = False
+        self._scan: Iterator[None] | None = None  # the standard dirs' scan, once started
         self._linker = Linker(self._problems)
 
     def trim(self) -> None:
@@ -155,12 +157,26 @@ class Machine:
         for problem in missing:
             self._warn(problem)
 
-    def scan_standard_dirs(self, dirs: Iterable[str] = SCAN_DIRS) -> None:
+    def scan_standard_dirs(self, dirs: Iterable[str] = SCAN_DIRS, budget_s: float | None = None) -> bool:
         """Index every ELF file directly in ``dirs`` by build-id (once; reads only the ELF notes). The
-        dirs are the system's own, so their symlinks are followed; bad files are skipped silently."""
-        if self._scanned:
-            return
+        dirs are the system's own, so their symlinks are followed; bad files are skipped silently. With
+        ``budget_s``, stop after about that long and go on from there at the next call (some 2,500 files:
+        seconds on a slow machine, which a daemon's drain must not wait for). True once it is complete."""
+        if self._scan is None:
+            self._scan = self._scan_files(tuple(dirs))
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        for _ in self._scan:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
         self._scanned = True
+        return True
+
+    @property
+    def scan_complete(self) -> bool:
+        return self._scanned
+
+    def _scan_files(self, dirs: tuple[str, ...]) -> Iterator[None]:
+        """The scan, one file per step."""
         seen: set[str] = set()
         for directory in dirs:
             try:
@@ -174,8 +190,9 @@ class Machine:
                     try:
                         self._index_file(FileRef(real, real, follow_symlinks=True))
                     except Exception:  # noqa: BLE001 - the scan's per-file boundary: a bad file is skipped
-                        continue
-        self._stats["scanned_files"] = len(seen)
+                        pass
+                    self._stats["scanned_files"] = len(seen)
+                    yield
 
     def _index(self, build_id: bytes, ref: FileRef) -> None:
         """The file to name frames of ``build_id`` for processes gone before their maps were read: the first

@@ -54,9 +54,11 @@ class CacheLimits:
 class Symbolizer:
     def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
                  jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits(),
-                 build_ids: BuildIdCache | None = None) -> None:
+                 build_ids: BuildIdCache | None = None, scan_slice_s: float | None = None) -> None:
         """``build_ids``: the cache the sampler's AddressSpaces read mapped files' build-ids through, so
-        each mapped file is read once for both."""
+        each mapped file is read once for both. ``scan_slice_s``: how long one call may spend on the scan of
+        the library dirs for an unknown build-id (None: all of it at once); the rest comes at later calls."""
+        self.scan_slice_s = scan_slice_s
         self.warnings: list[str] = []
         # bad_files: files that cost their names (refused, over a budget, malformed), each with one
         # warning; bad_files_<kind> splits them (see access.FileProblems)
@@ -230,7 +232,8 @@ class Symbolizer:
             return None
         dso = self._find_dso(build_id)
         if dso is None:
-            self._missing.put(build_id, self.machine.generation)
+            if self.machine.scan_complete:  # else the scan goes on at the next call: not known missing yet
+                self._missing.put(build_id, self.machine.generation)
             return None
         self._dsos.put(build_id, dso)
         return dso
@@ -247,7 +250,7 @@ class Symbolizer:
                 return Dso(name or f"[build-id {build_id.hex()[:12]}]", self._context,
                            source=FileRef(debug_path, debug_path, follow_symlinks=True), build_id=build_id,
                            debug_only=True)
-            self.machine.scan_standard_dirs()
+            self.machine.scan_standard_dirs(budget_s=self.scan_slice_s)
             ref = self.machine.by_build_id.get(build_id)
         if ref is None:
             return None

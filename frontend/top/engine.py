@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from optrace.frontend.report.toprows import Header, LiveTotals, TopSnapshot, ViewState, deep_stack_share
-from optrace.frontend.session import ProfilingSession, SessionOptions, leaf_only
+from optrace.frontend.session import SCAN_SLICE_S, ProfilingSession, SessionOptions, leaf_only
 
 
 @dataclass
@@ -42,7 +42,8 @@ class TopEngine:
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, call_graph=options.call_graph,
             programs_at_exec=False,
-            learn_at_exec=False, forget_exited=True, symbols_before_attach=True, jit_names_in_files=True))
+            learn_at_exec=False, forget_exited=True, symbols_before_attach=True, jit_names_in_files=True,
+            scan_slice_s=SCAN_SLICE_S))
         self.refreshes = 0
         self._last = 0.0
 

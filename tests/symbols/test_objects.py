@@ -228,3 +228,20 @@ def test_add_executable_skips_scripts_and_reports_missing_libraries(tmp_path: Pa
     symbolizer.add_executable(str(program))  # unchanged file: not read again, not warned twice
     assert symbolizer.warnings == [f"libgone.so (needed by {program}) not found"]
     assert elf.build_id(program) in symbolizer.machine.by_build_id
+
+
+def test_the_library_scan_goes_in_slices_for_a_daemon(elf) -> None:
+    """serve and top scan the library dirs for an unknown build-id a slice per drain (2,500 files held a
+    drain ~10 s on a slow machine): each call returns within about its slice, and the library is found
+    once the scan reaches it."""
+    libc = "/lib/x86_64-linux-gnu/libc.so.6"
+    offset = elf.file_offset(libc, elf.symbol(libc, "getpid", dynamic=True)[0])
+    symbolizer = Symbolizer(debug_roots=NO_DEBUG_ROOTS, scan_slice_s=0.0)  # one file per call
+    calls = 0
+    while True:
+        calls += 1
+        frame = symbolize_one(symbolizer, elf.build_id(libc), offset)
+        if frame.dso.endswith("libc.so.6") or symbolizer.machine.scan_complete:
+            break
+    assert frame.symbol in ("getpid", "__getpid") and calls > 10, (calls, frame)
+    assert symbolizer.stats["scanned_files"] == calls
