@@ -56,9 +56,11 @@ class Symbolizer:
                  jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits(),
                  build_ids: BuildIdCache | None = None, scan_slice_s: float | None = None) -> None:
         """``build_ids``: the cache the sampler's AddressSpaces read mapped files' build-ids through, so
-        each mapped file is read once for both. ``scan_slice_s``: how long one call may spend on the scan of
-        the library dirs for an unknown build-id (None: all of it at once); the rest comes at later calls."""
+        each mapped file is read once for both. ``scan_slice_s``: how long one :meth:`symbolize` call may
+        spend on the scan of the library dirs for an unknown build-id (None: all of it at once); the rest
+        comes at later calls."""
         self.scan_slice_s = scan_slice_s
+        self._scan_sliced = False  # this symbolize call had its slice of the scan
         self.warnings: list[str] = []
         # bad_files: files that cost their names (refused, over a budget, malformed), each with one
         # warning; bad_files_<kind> splits them (see access.FileProblems)
@@ -102,6 +104,7 @@ class Symbolizer:
         index: dict[Frame, int] = {}
         rows = []
         named = total = 0
+        self._scan_sliced = False
         for raw in samples:
             frames = [self._kernel_frame(ip) for ip in raw.kernel]
             frames += [self._user_frame(raw, frame) for frame in raw.user]
@@ -250,7 +253,9 @@ class Symbolizer:
                 return Dso(name or f"[build-id {build_id.hex()[:12]}]", self._context,
                            source=FileRef(debug_path, debug_path, follow_symlinks=True), build_id=build_id,
                            debug_only=True)
-            self.machine.scan_standard_dirs(budget_s=self.scan_slice_s)
+            if self.scan_slice_s is None or not self._scan_sliced:  # one slice per call, not per frame
+                self._scan_sliced = True
+                self.machine.scan_standard_dirs(budget_s=self.scan_slice_s)
             ref = self.machine.by_build_id.get(build_id)
         if ref is None:
             return None

@@ -245,3 +245,11 @@ def test_the_library_scan_goes_in_slices_for_a_daemon(elf) -> None:
             break
     assert frame.symbol in ("getpid", "__getpid") and calls > 10, (calls, frame)
     assert symbolizer.stats["scanned_files"] == calls
+
+
+def test_one_symbolize_call_takes_one_slice_of_the_scan_however_many_frames_miss(elf) -> None:
+    """Every frame of an unknown build-id misses: a slice per frame would be the whole scan again."""
+    symbolizer = Symbolizer(debug_roots=NO_DEBUG_ROOTS, scan_slice_s=0.0)
+    unknown = bytes(range(20))
+    symbolizer.symbolize([RawSample(1, "x", (UserFrame(unknown, 0x100 + i),), (), 1) for i in range(50)])
+    assert symbolizer.stats["scanned_files"] == 1 and not symbolizer.machine.scan_complete
