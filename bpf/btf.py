@@ -8,7 +8,8 @@ reads, but closing each one waits for RCU grace periods (32-70 ms on this VM, on
 made a recording end 0.3 s after its target.
 
 Only what the lookup needs is read: the string section is searched for the two names, then the type
-section is walked once (0.07 s for this kernel's 5.5 MB, 126,689 types), recursing into anonymous members.
+section is walked up to the struct, recursing into anonymous members (task_struct and linux_binprm are
+types 114 and 1,598 of this kernel's 126,689: 0.01 s, against 0.05 s for a walk of all 5.5 MB).
 The file is the kernel's own (sysfs), not another user's, so it is read with a plain open, size-capped.
 """
 from __future__ import annotations
@@ -70,7 +71,8 @@ class BtfTypes:
             raise BtfError("not BTF (or not this byte order)")
         self.types = memoryview(data)[hdr_len + type_off:hdr_len + type_off + type_len]
         self.strings = bytes(data[hdr_len + str_off:hdr_len + str_off + str_len])
-        self._starts: list[int] | None = None
+        self._starts: list[int] = []  # where each type starts, as far as the walk has gone
+        self._walked = 0  # where the next type starts
 
     def name_offset(self, name: str) -> int | None:
         """Where ``name`` starts in the string section (names are stored once, NUL-terminated)."""
@@ -82,21 +84,22 @@ class BtfTypes:
         struct_off, member_off = self.name_offset(struct_name), self.name_offset(member)
         if struct_off is None or member_off is None:
             return None
-        for type_id, start in enumerate(self._type_starts(), 1):
+        type_id = 1
+        while (start := self._start(type_id)) is not None:
             name_off, info, _ = TYPE.unpack_from(self.types, start)
             if name_off == struct_off and (info >> 24) & 0x1F == KIND_STRUCT and info & 0xFFFF:
                 bits = self._find(type_id, member_off, set())
                 return None if bits is None else bits // 8
+            type_id += 1
         return None
 
     def _find(self, type_id: int, member_off: int, seen: set[int]) -> int | None:
         """Bit offset of the member named at ``member_off`` in struct/union ``type_id``, looking into its
         anonymous members (each type once: a corrupt blob cannot make this loop)."""
-        starts = self._type_starts()
-        if not 0 < type_id <= len(starts) or type_id in seen:
+        start = self._start(type_id)
+        if start is None or type_id in seen:
             return None
         seen.add(type_id)
-        start = starts[type_id - 1]
         _, info, _ = TYPE.unpack_from(self.types, start)
         if (info >> 24) & 0x1F not in (KIND_STRUCT, KIND_UNION):
             return None
@@ -112,13 +115,13 @@ class BtfTypes:
                     return bits + inner
         return None
 
-    def _type_starts(self) -> list[int]:
-        if self._starts is None:
-            starts, pos, end, types = [], 0, len(self.types), self.types
-            while pos < end:
-                starts.append(pos)
-                _, info, _ = TYPE.unpack_from(types, pos)
-                kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
-                pos += TYPE.size + FIXED_TAIL.get(kind, 0) + ITEM_TAIL.get(kind, 0) * vlen
-            self._starts = starts
-        return self._starts
+    def _start(self, type_id: int) -> int | None:
+        """Where type ``type_id`` (1-based) starts; the types are walked only as far as asked (the structs
+        looked up come early: task_struct is type 114 of 126,689 here)."""
+        starts, types = self._starts, self.types
+        while len(starts) < type_id and self._walked < len(types):
+            starts.append(self._walked)
+            _, info, _ = TYPE.unpack_from(types, self._walked)
+            kind, vlen = (info >> 24) & 0x1F, info & 0xFFFF
+            self._walked += TYPE.size + FIXED_TAIL.get(kind, 0) + ITEM_TAIL.get(kind, 0) * vlen
+        return starts[type_id - 1] if 0 < type_id <= len(starts) else None

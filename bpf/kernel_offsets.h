@@ -1,8 +1,7 @@
 // Byte offsets of the kernel fields the raw tracepoints read. The frontend sets them right after loading,
 // from the running kernel's BTF (bpf/btf.py): the headers BCC compiles against may be another kernel's.
-// Without BTF they stay 0 and the headers' offsets are used. loader.py puts this file before the program.
-#include <linux/sched.h>
-#include <linux/binfmts.h>
+// Without BTF they stay 0 and the headers' offsets are used (compiled with KERNEL_HEADERS, kernel_types.h).
+// loader.py puts kernel_types.h and this file before the program.
 
 enum kernel_offset {
     TASK_TGID = 0,    // struct task_struct, tgid
@@ -17,7 +16,7 @@ static inline u32 kernel_offset(u32 index)
     u32 *known = kernel_offsets.lookup(&index);
     if (known && *known)
         return *known;
-    return index == TASK_TGID ? offsetof(struct task_struct, tgid) : offsetof(struct linux_binprm, filename);
+    return index == TASK_TGID ? HEADER_OFFSET(struct task_struct, tgid) : HEADER_OFFSET(struct linux_binprm, filename);
 }
 
 // sched_process_fork's child (raw tracepoint args: parent, child task_struct pointers): the id of the new

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import platform
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from optrace.bpf.btf import KernelOffsets, kernel_offsets
 from optrace.errors import OptraceError
+from optrace.kernel import VMLINUX_BTF
 from optrace.heap import release_free_memory
 
 
@@ -31,30 +34,49 @@ def counter_increments(table, reasons: tuple[str, ...], seen: list[int]) -> dict
     return delta
 
 
-PRELUDE = Path(__file__).with_name("kernel_offsets.h")
+PRELUDE = (Path(__file__).with_name("kernel_types.h"), Path(__file__).with_name("kernel_offsets.h"))
 
 
-def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = ()):
+def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = (), kernel_headers: bool | None = None):
     """``bcc.BPF`` of the sources (after :data:`PRELUDE`), with BCC's absence or a failed compile as an
     OptraceError; the kernel's field offsets (read from its BTF while clang compiles, which releases the
     GIL) are set before anything is attached by the caller.
+
+    The programs are compiled against kernel_types.h's own declarations, not the kernel headers (0.5 s
+    instead of 1.3 s here), where the kernel's BTF gives the offsets of the fields they read and the
+    layouts are x86_64's; else (or with ``kernel_headers=True``) against the headers.
 
     Clang and LLVM free what the compile took (about 60 MB here), but glibc keeps freed heap
     mapped: it is handed back to the system at once, and the compiler's code pages are dropped from
     this process's page tables, so a long-running `optrace serve` does not carry the compile's memory
     for its whole life (113 MB of RSS after the compile, 37 MB after both)."""
     bcc = import_bcc()
-    text = "".join(path.read_text() for path in (PRELUDE, *sources)).encode()
+    text = "".join(path.read_text() for path in (*PRELUDE, *sources)).encode()
+    if kernel_headers is None:
+        kernel_headers = not own_types_apply()
     with ThreadPoolExecutor(max_workers=1) as pool:
         offsets = pool.submit(kernel_offsets)
-        try:
-            program = bcc.BPF(text=text, cflags=list(cflags))
-        except Exception as exc:
-            raise OptraceError(f"cannot load the BPF program: {exc} (optrace doctor tells what is missing)") from exc
+        program = _compiled(bcc, text, cflags, kernel_headers)
+        if offsets.result() is None and not kernel_headers:  # unreadable BTF after all: the headers' offsets
+            program.cleanup()
+            program = _compiled(bcc, text, cflags, True)
         set_kernel_offsets(program, offsets.result())
     release_free_memory()
     release_compiler_code()
     return program
+
+
+def own_types_apply() -> bool:
+    """Whether kernel_types.h's declarations hold for this kernel: x86_64, with BTF for the offsets."""
+    return platform.machine() == "x86_64" and os.path.exists(VMLINUX_BTF)
+
+
+def _compiled(bcc, text: bytes, cflags: Sequence[str], kernel_headers: bool):
+    flags = [*cflags, "-DKERNEL_HEADERS"] if kernel_headers else list(cflags)
+    try:
+        return bcc.BPF(text=text, cflags=flags)
+    except Exception as exc:
+        raise OptraceError(f"cannot load the BPF program: {exc} (optrace doctor tells what is missing)") from exc
 
 
 def set_kernel_offsets(program, offsets: KernelOffsets | None) -> None:

@@ -12,8 +12,6 @@
 // flips it, waits a grace period, notes the old set's stacks a waiting thread's entry still names (in
 // `start`), reads the counts, then clears the old set's other stacks. Counts are keyed by the set their
 // stacks are in and read with lookup-and-delete, from both sets.
-#include <uapi/linux/ptrace.h>
-#include <linux/sched.h>
 
 // Kernel stacks start at __schedule: the program's own frame and bpf_trace_run4 are skipped.
 #define KERNEL_SKIP (2 & BPF_F_SKIP_FIELD_MASK)

@@ -11,10 +11,6 @@
 // have: at its first sample, at exec, at each mmap/mprotect asking for PROT_EXEC. The frontend reads
 // the epoch, then /proc/PID/maps, then stores the epoch in `known`; raw IPs are taken only while
 // the two agree, and the key carries the epoch, so each raw stack is read with the mappings it ran in.
-#include <uapi/linux/ptrace.h>
-#include <linux/ptrace.h>  // struct pt_regs: the syscall arguments at sys_exit (TRACK_MAPPINGS)
-#include <uapi/linux/bpf_perf_event.h>
-#include <linux/sched.h>
 
 // Where a key's user stack id points (keep in sync with profiler.py).
 enum user_map {

@@ -8,8 +8,6 @@
 // from `procs` to `exited`: no thread of it can hit a probe any more, so its rows are final and user
 // space folds them into its own totals and deletes them (the per-pid map stays as small as the set of
 // live processes), without racing a single increment.
-#include <uapi/linux/ptrace.h>
-#include <linux/sched.h>
 
 struct row_t {
     u32 probe;
