@@ -18,8 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -28,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (OPTRACE, WORKLOADS, Launched, ToolRun, md_table, median, quartiles,  # noqa: E402
                       run_timed, write_results)
 
-BENCH_BUDGET_S = 420  # read by bench/run.py; the slowdown stage adapts its pairs to fit
+BENCH_BUDGET_S = 720  # read by bench/run.py; the slowdown stage adapts its pairs to fit
 FREQUENCIES = (99, 999)
-SYSTEM_HZ = (99, 999)  # whole-machine runs, all tools at once
+SYSTEM_HZ = (99, 999)  # whole-machine runs, each tool alone
 WORK_ITERATIONS = 750_000_000  # about 1 s of CPU here
 SLOT_MS = 25.0  # bench-phases slot width: the resolution of the time to first sample
 PERF = "/usr/bin/perf"
@@ -80,6 +78,18 @@ TOOLS = {
         name="optrace record",
         record_pid=lambda pid, hz, out: [str(OPTRACE), "record", "-F", str(hz), "-g", "-p", str(pid), "-o", str(out)],
         record_system=lambda hz, out: [str(OPTRACE), "record", "-a", "-F", str(hz), "-g", "-o", str(out)],
+        writes_stdout=False,
+        stacks_text=lambda out: _stdout_of([str(OPTRACE), "report", "-i", str(out), "--format", "folded"]),
+        report=[str(OPTRACE), "report", "-i"],
+        report_shown="optrace report -i optrace.data",
+        sample_count=_optrace_samples,
+    ),
+    "optrace_fp": Tool(  # whole-machine runs only: frame pointers, as BCC's profile walks
+        name="optrace record --call-graph fp",
+        record_pid=lambda pid, hz, out: [str(OPTRACE), "record", "-F", str(hz), "--call-graph", "fp", "-p", str(pid),
+                                         "-o", str(out)],
+        record_system=lambda hz, out: [str(OPTRACE), "record", "-a", "-F", str(hz), "--call-graph", "fp", "-o",
+                                       str(out)],
         writes_stdout=False,
         stacks_text=lambda out: _stdout_of([str(OPTRACE), "report", "-i", str(out), "--format", "folded"]),
         report=[str(OPTRACE), "report", "-i"],
@@ -351,35 +361,26 @@ class BackgroundLoad:
 
 
 def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir: Path) -> dict:
-    """All tools record the whole machine at once, over the same window (started together, stopped
-    together with Ctrl-C once every one is attached), so on a shared machine they all see the same
-    processes: file sizes compare like for like."""
-    load = BackgroundLoad(seconds + 60)
+    """Each tool records the whole machine alone, one after another in random order, under the same
+    background load, for ``seconds`` from when it attached: none samples another's start-up (a BCC
+    tool's clang compile is thousands of deep, distinct LLVM stacks, which the tool attached first would
+    record, convert the unwind tables of and name)."""
     results: dict = {}
-    try:
-        with ExitStack() as stack:
-            recordings = {}
-            for key, tool in tools.items():
-                out = workdir / f"system-{key}-{hz}.data"
-                recordings[key] = stack.enter_context(Recording(tool, tool.record_system(hz, out), out))
-            for key, recording in list(recordings.items()):
-                try:
-                    recording.wait_attached()
-                except RuntimeError as exc:
-                    results[key] = {"error": f"{type(exc).__name__}: {exc}"}
-                    del recordings[key]
-            time.sleep(seconds)
-            for recording in recordings.values():
+    for key in random.sample(list(tools), len(tools)):
+        load = BackgroundLoad(seconds + 60)
+        out = workdir / f"system-{key}-{hz}.data"
+        try:
+            with Recording(tools[key], tools[key].record_system(hz, out), out) as recording:
+                recording.wait_attached()
+                time.sleep(seconds)
                 recording.launched.interrupt()
-            stopped = time.monotonic()
-            with ThreadPoolExecutor(len(recordings) or 1) as pool:  # reap each as it exits, not in turn
-                futures = {key: pool.submit(system_result, rec, stopped, load) for key, rec in recordings.items()}
-            results.update({key: future.result() for key, future in futures.items()})
-    finally:
-        load.stop()
-    for key, result in results.items():
-        log(f"system-wide {hz} Hz {key}: {result}")
-    return results
+                results[key] = system_result(recording, time.monotonic(), load)
+        except RuntimeError as exc:
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            load.stop()
+        log(f"system-wide {hz} Hz {key}: {results[key]}")
+    return {key: results[key] for key in tools}
 
 
 def system_result(recording: Recording, stopped: float, load: "BackgroundLoad") -> dict:
@@ -446,6 +447,17 @@ def targets(res: dict) -> list[dict]:
             out.append({"name": f"profile: file size ({res['config']['system_seconds']:.0f} s system-wide, {hz} Hz)",
                         "target": ">= 20x smaller than perf.data", "measured": f"{ratio:.1f}x smaller",
                         "met": ratio >= 20})
+    system = res.get("system_wide", {}).get("999", {})
+    for key in ("optrace", "optrace_fp"):
+        if ok(system, key, "bcc"):
+            mine, bcc = system[key], system["bcc"]
+            how = "CFI, the default" if key == "optrace" else "frame pointers, as BCC's profile"
+            cpu, rss = mine["tool_cpu_s"] / bcc["tool_cpu_s"], mine["tree_rss_kb"] / bcc["tree_rss_kb"]
+            out.append({"name": f"profile: own cost, {res['config']['system_seconds']:.0f} s system-wide at 999 Hz ({how})",
+                        "target": "CPU <= 1x BCC profile's, RSS <= 1.2x",
+                        "measured": f"CPU {mine['tool_cpu_s']:.2f} s vs {bcc['tool_cpu_s']:.2f} s ({cpu:.2f}x), "
+                                    f"RSS {mine['tree_rss_kb'] / 1024:.0f} vs {bcc['tree_rss_kb'] / 1024:.0f} MB ({rss:.2f}x)",
+                        "met": cpu <= 1.0 and rss <= 1.2})
     for hz, report in res.get("report", {}).items():
         if ok(report, "optrace", "perf"):
             mine, perf = report["optrace"]["wall_s"], report["perf"]["wall_s"]
@@ -495,7 +507,7 @@ def markdown(res: dict, tools: dict[str, Tool]) -> str:
               if "error" not in r]
     rows = [[f"{hz} Hz", tools[k].name, f"{r['maxrss_kb'] / 1024:.0f}", f"{r['tree_rss_kb'] / 1024:.0f}",
              f"{r['tool_cpu_s']:.2f}", f"{r['finish_s']:.1f}"] for hz, k, r in system]
-    parts += ["### (c) Peak RSS and cost of the profiler (the runs of (d))", "",
+    parts += ["### (c) Peak RSS and cost of the profiler (the runs of (d), each tool alone)", "",
               md_table(["freq", "tool", "peak RSS MB (its largest process)", "peak RSS MB (process tree)",
                         "tool CPU s", "Ctrl-C to exit s"], rows), ""]
     perf_bytes = {hz: by_tool["perf"]["file_bytes"] for hz, by_tool in res.get("system_wide", {}).items()
@@ -504,8 +516,8 @@ def markdown(res: dict, tools: dict[str, Tool]) -> str:
              f"{perf_bytes[hz] / r['file_bytes']:.1f}x" if hz in perf_bytes else "n/a"] for hz, k, r in system]
     parts += [f"### (d) File size ({cfg['system_seconds']:.0f} s system-wide, background load)", "",
               md_table(["freq", "tool", "KiB", "samples", "perf.data size / this"], rows), "",
-              "perf's samples include the idle task (swapper); optrace and BCC's profile leave idle out. A tool "
-              "that attached before the others also recorded a little longer than the common window.", ""]
+              "perf's samples include the idle task (swapper); optrace and BCC's profile leave idle out. Each tool "
+              "recorded alone (see Method): the machine's other load differs a little from one run to the next.", ""]
     rows = [[f"{hz} Hz", f"`{tools[k].report_shown}`", f"{r['wall_s']:.2f}", f"{r['cpu_s']:.2f}",
              f"{r['maxrss_kb'] / 1024:.0f}"]
             for hz, by_tool in res.get("report", {}).items() for k, r in by_tool.items() if "error" not in r]
@@ -553,14 +565,18 @@ METHOD = """### Method
 - (c) peak RSS from wait4 (`ru_maxrss` of the tool's largest process: exact, catches short peaks) and
   of the whole process tree (polled every 50 ms: the tool's VmHWM + its other processes' VmRSS; a child
   still running the tool's own executable, fork before exec, shares its pages and is not counted twice).
-- (d) the three tools record the whole machine at the same time, over the same window: started together
-  (`optrace record -a`, `perf record -a`, `profile-bpfcc -f`, its folded stdout being its file), and
-  {system_seconds:.0f} s after the last one attached all get Ctrl-C at once; once at 99 Hz, once at 999 Hz. So on
-  this shared machine every tool sees the same processes (other people's, JIT runtimes among them, plus
-  the same background load: `workloads/build/demo` on one CPU and a 20 ms `shortlived` process started
-  every 100 ms). Each tool also samples the other two; their steady-state cost is small (table (c)).
+- (d) each tool records the whole machine alone (`optrace record -a`, with `--call-graph fp` too, `perf record -a`,
+  `profile-bpfcc -f`, its folded stdout being its file), one after another in random order, for
+  {system_seconds:.0f} s from when it attached, then Ctrl-C; once at 99 Hz, once at 999 Hz. Each run has the same
+  background load (`workloads/build/demo` on one CPU and a 20 ms `shortlived` process started every
+  100 ms) on top of whatever else the shared machine runs. Alone, because a tool recording while
+  another starts records that one's start-up: a BCC tool's clang compile is thousands of deep, distinct
+  LLVM stacks, which optrace would unwind from CFI (converting libLLVM's tables) and name (a run where
+  all started together: optrace 4.9 s of CPU and 213 MB, against 1.2 s and 165 MB alone).
   "Ctrl-C to exit" is the work a tool does after recording (optrace and BCC symbolize then and write;
-  perf collects build-ids).
+  perf collects build-ids). Own cost (issue 11): the tool's CPU (its process tree's user + system time)
+  and peak RSS of the process tree in the 999 Hz runs against BCC's profile, which walks frame pointers:
+  optrace's default unwinds from CFI, so both are shown.
 - (e) `optrace report -i FILE` (table) vs `perf report --stdio -i perf.data` on the files of (d), output
   to /dev/null, median wall time of {report_repeats} runs. optrace symbolized at record time, perf
   symbolizes at report time: the costs are placed differently, see "Ctrl-C to exit" in (c). BCC's profile
@@ -577,6 +593,7 @@ def main() -> int:
     parser.add_argument("--tools", default="optrace,perf,bcc")
     args = parser.parse_args()
     tools = {key: TOOLS[key] for key in args.tools.split(",")}
+    system_tools = {**tools, "optrace_fp": TOOLS["optrace_fp"]} if "optrace" in tools else tools
     cfg = {
         "pairs": args.pairs or (MIN_PAIRS if args.quick else 7),
         "system_seconds": args.system_seconds or (8.0 if args.quick else 30.0),
@@ -595,16 +612,16 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="optrace-bench-") as tmp:
         workdir = Path(tmp)
         res["first_sample"] = measure_first_sample(tools, cfg["ttfs_repeats"], workdir)
-        later_stages_s = len(SYSTEM_HZ) * (cfg["system_seconds"] + 45)
+        later_stages_s = len(SYSTEM_HZ) * len(system_tools) * (cfg["system_seconds"] + 15)
         stage_s = max(60.0, args.budget - 45 - (time.monotonic() - started) - later_stages_s)
         res["slowdown"] = measure_slowdown(tools, cfg["pairs"], stage_s, workdir)
         res["system_wide"], res["report"] = {}, {}
         for hz in SYSTEM_HZ:
-            system = res["system_wide"][str(hz)] = measure_system_wide(tools, cfg["system_seconds"], hz, workdir)
+            system = res["system_wide"][str(hz)] = measure_system_wide(system_tools, cfg["system_seconds"], hz, workdir)
             res["report"][str(hz)] = measure_report_time(tools, system, hz, cfg["report_repeats"])
     res["targets"] = targets(res)
     write_results("profile", res)
-    print(markdown(res, tools))
+    print(markdown(res, system_tools))
     return 0
 
 
