@@ -71,6 +71,9 @@ class DrainResult:
     exits: list[int] = field(default_factory=list)
     time: float = 0.0
     build_id_pids: set[int] = field(default_factory=set)
+    # With ``fold_cfi``: (pid, comm, FoldedStack, kernel IPs, tid) -> samples, for CFI stacks all in files
+    # with a build-id (bpf/unwindmaps.py): what a recording sums and decodes once, at its end.
+    folded: dict[tuple, int] = field(default_factory=dict)
 
 
 class Profiler:
@@ -88,11 +91,14 @@ class Profiler:
         raw_stacks: bool = True,
         cfi_unwind: bool = False,
         unwind_rows: int = 1 << 20,
+        fold_cfi: bool = False,
     ) -> None:
         """``raw_stacks=False`` keeps every user stack as build-ids (what the sampler does anyway
         where the kernel has no syscall tracepoints to tell new executable mappings). ``cfi_unwind``:
         processes given to :attr:`unwind` are unwound from their files' CFI (unwind.c), up to
-        ``unwind_rows`` rows of all files together."""
+        ``unwind_rows`` rows of all files together. ``fold_cfi``: such stacks all in files with a build-id
+        come back undecoded, in :attr:`DrainResult.folded` (record: at 10k samples a second of distinct
+        stacks, decoding them at each drain was most of the drain's CPU)."""
         self.frequency_hz = frequency_hz
         self._initial_pids = None if pids is None else list(pids)
         self._follow = follow_children
@@ -120,6 +126,7 @@ class Profiler:
         if cfi_unwind:
             self._cflags += ["-DCFI_UNWIND", f"-DUNWIND_ROWS={unwind_rows}", f"-DCFI_STACKS={min(size, MAX_CFI_STACKS)}"]
         self._unwind_rows = unwind_rows
+        self._fold_cfi = fold_cfi
         self.unwind = None  # UnwindMaps once loaded, with cfi_unwind
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
         self.event = ""
@@ -226,8 +233,9 @@ class Profiler:
         active[active.Key(0)] = active.Leaf(self._set)
         time.sleep(GRACE_SECONDS)
         now = time.monotonic()
-        samples, build_id_pids = self._read_set(old, now)
-        result = DrainResult(samples=samples, lost=self._read_lost(), time=now, build_id_pids=build_id_pids)
+        samples, build_id_pids, folded = self._read_set(old, now)
+        result = DrainResult(samples=samples, lost=self._read_lost(), time=now, build_id_pids=build_id_pids,
+                             folded=folded)
         result.execs, result.exits = self.poll_events()
         return result
 
@@ -271,7 +279,7 @@ class Profiler:
         self._events.clear()
         return execs, exits
 
-    def _read_set(self, index: int, now: float) -> tuple[list[RawSample], set[int]]:
+    def _read_set(self, index: int, now: float) -> tuple[list[RawSample], set[int], dict[tuple, int]]:
         """The set's counts in one batched read-and-delete, then each stack they name read and deleted once
         (one syscall each; stack maps have no batch operations)."""
         frames = FrameDecoder()  # distinct stacks of a drain share most of their frames: each is made once
@@ -283,8 +291,10 @@ class Profiler:
         kstacks = StackReader(self._bpf[f"kstacks{index}".encode()], _decode_ips)
         keys, values, taken = self._counts[index].take()
         on_build_ids = set()  # processes whose maps the sampler still waits for
-        cfi = self.unwind.read_stacks(index) if self.unwind else {}
+        cfi = self.unwind.read_stacks(index, fold=self._fold_cfi) if self.unwind else {}
+        folded_type = _folded_stack_type() if self._fold_cfi else None
         samples = []
+        folded: dict[tuple, int] = {}
         comms: dict[bytes, str] = {}
         kinds: Counter[str] = Counter()
         for (_, user_map, pid, user_id, kernel_id, tid, _, epoch, cfi_stack, raw_comm), count in zip(
@@ -295,9 +305,13 @@ class Profiler:
                 comm = comms[raw_comm] = raw_comm.split(b"\0", 1)[0].decode("utf-8", "replace")
             if user_map == USER_CFI:
                 unwound = cfi.get(cfi_stack)
+                kinds["cfi"] += count
+                if type(unwound) is folded_type:
+                    key = (pid, comm, unwound, kernel, tid)
+                    folded[key] = folded.get(key, 0) + count
+                    continue
                 user, stop = (unwound.frames, unwound.status) if unwound else ((), "")
                 samples.append(RawSample(pid, comm, user, kernel, count, now, tid=tid, stop=stop))
-                kinds["cfi"] += count
                 continue
             user = stacks[user_map].take(user_id) if user_map in stacks else ()
             raw = bool(user) and user_map == USER_RAW
@@ -312,7 +326,7 @@ class Profiler:
         if self._sweeps % SWEEP_EVERY == 0 or taken >= self._counts_size:
             for reader in (*stacks.values(), kstacks):  # stacks whose count was lost (a full counts map)
                 _clear_stacks(reader.table)
-        return samples, on_build_ids
+        return samples, on_build_ids, folded
 
     def _read_lost(self) -> dict[str, int]:
         """Increments since the previous drain (the per-CPU counters themselves only grow)."""
@@ -351,6 +365,12 @@ class Profiler:
             list(pool.map(lambda close: close(), closers))
         if bpf is not None:
             bpf.cleanup()
+
+
+def _folded_stack_type() -> type:
+    from optrace.bpf.unwindmaps import FoldedStack  # unwindmaps imports this module
+
+    return FoldedStack
 
 
 def default_stack_storage(frequency_hz: int, cpus: int, drain_seconds: float = 1.0) -> int:

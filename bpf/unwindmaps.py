@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.profiler import GRACE_SECONDS
@@ -41,6 +42,7 @@ from optrace.model import UserFrame
 ROW_SIZE = 16  # struct unwind_row
 MAX_MAPPINGS = 256  # UNWIND_MAX_MAPPINGS
 FILE_FRAME = 1 << 63
+FILE_FRAME_TOP = FILE_FRAME >> 56  # in a frame word's most significant byte
 FILE_OFFSET_BITS = 40
 MAX_FILE_IDS = (1 << 23) - 1
 MAX_GENERATION_FILES = 8192  # files one generation keeps, with or without rows (a _LoadedFile each)
@@ -74,6 +76,41 @@ class UnwoundStack:
     status: str  # one of UNWIND_STATUSES
 
 
+class FileIds:
+    """The file ids a drain's stacks decode with: the retired generations still kept, then this one's.
+    An id is in one of them when it is handed out; this generation's may later get an id of a retired
+    one that has since been forgotten, but no stack of this drain names it then: searched last, it never
+    shadows the retired file. So the tables are kept as they are, not copied, and drains that saw the
+    same generations share one FileIds (their equal stacks are then one FoldedStack)."""
+
+    def __init__(self, current: dict[int, "_LoadedFile"], retired: Sequence[dict[int, "_LoadedFile"]]) -> None:
+        self.key = (id(current), *map(id, retired))
+        self.tables = (*retired, current)
+        self._folded_frames: _FrameCache | None = None  # for FoldedStack, made when the first is decoded
+
+    def folded_frames(self) -> "_FrameCache":
+        if self._folded_frames is None:
+            self._folded_frames = _FrameCache(self.tables)
+        return self._folded_frames
+
+
+class FoldedStack(NamedTuple):
+    """A CFI-unwound stack whose frames are all in files with a build-id, kept as the map gave it (the
+    length and status word, then the frames) and decoded once, when the recording ends: a recording
+    counts its samples by this, not by decoded frames (see Profiler's ``fold_cfi``). Equal stacks of
+    drains that saw the same file ids are one key. (A named tuple: one is made per distinct stack of a
+    drain, at 10k a second.)"""
+
+    words: bytes
+    ids: FileIds
+
+    def decoded(self) -> UnwoundStack:
+        view = memoryview(self.words)
+        length, status = view.cast("I")[:2]
+        frames = tuple(map(self.ids.folded_frames().__getitem__, view.cast("Q")[1:1 + length]))
+        return UnwoundStack(frames, _status(status))
+
+
 @dataclass
 class _LoadedFile:
     file_id: int
@@ -105,6 +142,7 @@ class UnwindMaps:
         self.generation = 0  # bumped when every process's table was dropped (see the module docstring)
         self.stats: Counter[str] = Counter()
         self._stacks: list[MapTaker] = []  # the two sets' cfistacks, taken whole at each drain
+        self._ids: FileIds | None = None  # the last drain's file ids
 
     def load_step(self) -> None:
         """Load the walking program (unwind_step) and put it where on_sample tail-calls it. The kernel takes
@@ -148,29 +186,40 @@ class UnwindMaps:
     def has_process(self, pid: int) -> bool:
         return self._procs.Key(pid) in self._procs
 
-    def read_stacks(self, index: int) -> dict[int, UnwoundStack]:
-        """The stacks of map set ``index`` by hash, decoded; the map is cleared. Each call is a drain: a
-        generation retired RETIRED_READS drains ago is forgotten after it (a stack sampled just before
-        the reset is in the set the next drain reads, or, when the reset came between that drain's flip
-        and its read, in the one after)."""
-        with self._lock:
-            tables = [self._by_id, *(ids for _, ids in self._retired)]
+    def read_stacks(self, index: int, fold: bool = False) -> dict[int, UnwoundStack | FoldedStack]:
+        """The stacks of map set ``index`` by hash, decoded (with ``fold``, a stack all in files with a
+        build-id is left as a :class:`FoldedStack`, which costs a slice where decoding costs a lookup per
+        frame); the map is cleared. Each call is a drain: a generation retired RETIRED_READS drains ago is
+        forgotten after it (a stack sampled just before the reset is in the set the next drain reads, or,
+        when the reset came between that drain's flip and its read, in the one after)."""
         if not self._stacks:
             self._stacks = [MapTaker(self._bpf[f"cfistacks{i}".encode()]) for i in (0, 1)]
         keys, values, count = self._stacks[index].take()
-        frame_of = _FrameCache(tables).__getitem__  # a drain's stacks share most of their frames
+        ids = self._file_ids()  # after the take: every id a stack names was handed out before it
+        frame_of = _FrameCache(ids.tables).__getitem__  # a drain's stacks share most of their frames
         words, halves = memoryview(values).cast("Q"), memoryview(values).cast("I")  # struct unwind_stack
+        top_bytes = values[7::8] if fold else b""  # each word's most significant byte: FILE_FRAME's
         stride = self._stacks[index].value_size // 8  # len and status (one word), then the frames
-        stacks = {}
+        stacks: dict[int, UnwoundStack | FoldedStack] = {}
         for key, start in zip(array.array("Q", keys), range(0, count * stride, stride)):
-            length, status = min(halves[2 * start], stride - 1), halves[2 * start + 1]
-            frames = tuple(map(frame_of, words[start + 1:start + 1 + length]))
-            stacks[key] = UnwoundStack(frames, UNWIND_STATUSES[status] if status < len(UNWIND_STATUSES)
-                                       else "read_fault")
+            length = halves[2 * start]
+            end = start + 1 + (length if length < stride else stride - 1)
+            if fold and length and min(top_bytes[start + 1:end]) >= FILE_FRAME_TOP:
+                stacks[key] = FoldedStack(values[8 * start:8 * end], ids)
+                continue
+            stacks[key] = UnwoundStack(tuple(map(frame_of, words[start + 1:end])), _status(halves[2 * start + 1]))
         with self._lock:
             self._reads += 1
             self._retired = [(at, ids) for at, ids in self._retired if self._reads - at < RETIRED_READS]
         return stacks
+
+    def _file_ids(self) -> FileIds:
+        """The ids as of now, the previous drain's object when they are the same."""
+        with self._lock:
+            current, retired = self._by_id, [ids for _, ids in self._retired]
+            if self._ids is None or self._ids.key != (id(current), *map(id, retired)):
+                self._ids = FileIds(current, retired)
+            return self._ids
 
     def counters(self) -> dict[str, int]:
         """unwind.c's counters (totals since the start)."""
@@ -263,6 +312,10 @@ class _FrameCache(dict):
     def __missing__(self, frame: int) -> UserFrame:
         decoded = self[frame] = _decoded(frame, self._tables)
         return decoded
+
+
+def _status(value: int) -> str:
+    return UNWIND_STATUSES[value] if value < len(UNWIND_STATUSES) else "read_fault"
 
 
 def _decoded(frame: int, tables: Sequence[dict[int, _LoadedFile]]) -> UserFrame:

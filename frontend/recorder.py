@@ -48,17 +48,29 @@ class RecordOptions:
 
 class SampleStore:
     """Raw samples summed over drains. The drain time is kept only for stacks that may be in JIT code
-    (a raw-IP frame in no file mapping), whose addresses get reused; other stacks merge across drains."""
+    (a raw-IP frame in no file mapping), whose addresses get reused; other stacks merge across drains.
+    Folded CFI stacks (Drain.folded) are summed as they came and decoded once, by :meth:`samples`."""
 
     def __init__(self) -> None:
         self._counts: Counter[tuple] = Counter()
+        self._folded: dict[tuple, int] = {}
 
     def add(self, sample: RawSample, timed: bool) -> None:
         key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0, sample.tid,
                sample.stop)
         self._counts[key] += sample.count
 
+    def add_folded(self, folded: Mapping[tuple, int]) -> None:
+        """``folded``: (pid, comm, FoldedStack, kernel IPs, tid) -> samples, as in Drain.folded."""
+        mine = self._folded
+        for key, count in folded.items():
+            mine[key] = mine.get(key, 0) + count
+
     def samples(self) -> list[RawSample]:
+        for (pid, comm, stack, kernel, tid), n in self._folded.items():
+            unwound = stack.decoded()
+            self.add(RawSample(pid, comm, unwound.frames, kernel, n, tid=tid, stop=unwound.status), timed=False)
+        self._folded.clear()
         return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop)
                 for (pid, comm, user, kernel, t, tid, stop), n in self._counts.items()]
 
@@ -84,7 +96,7 @@ class Recorder:
             frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
             programs_at_exec=True, learn_at_exec=not opts.system_wide, forget_exited=False,
             stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
-            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu, keep_jit_code=True,
+            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu, keep_jit_code=True, fold_cfi=True,
             call_graph=opts.call_graph if opts.stacks else "fp"))  # leaves only: nothing to unwind for
 
     def run(self) -> Record:
@@ -196,10 +208,15 @@ class Recorder:
         result = self.session.drain()
         self.lost.update(result.lost)
         for sample, timed in zip(result.samples, result.maybe_jit):
-            if is_launcher(sample):
+            if is_launcher(sample.comm):
                 self.launcher_samples += sample.count
             else:
                 self.store.add(sample, timed)
+        folded = result.folded
+        if any(is_launcher(comm) for comm in {key[1] for key in folded}):
+            self.launcher_samples += sum(n for key, n in folded.items() if is_launcher(key[1]))
+            folded = {key: n for key, n in folded.items() if not is_launcher(key[1])}
+        self.store.add_folded(folded)
         self.short_waits += result.off_cpu_short_waits
         for sample, timed in zip(result.off_cpu, result.off_cpu_maybe_jit):
             self.off_cpu_store.add(sample, timed)
@@ -283,11 +300,11 @@ def stackless_warning(lost: Mapping[str, int], total: int, stack_storage_size: i
             f"record with --stack-storage-size {min(max(4 * stack_storage_size, 1 << 13), 1 << 20)}"]
 
 
-def is_launcher(sample: RawSample) -> bool:
+def is_launcher(comm: str) -> bool:
     """A sample of a command forked by optrace before its exec: optrace's launcher, not the command. Any
     pid: under -a, other optrace runs' launchers are optrace's overhead too (a process that names itself
     optrace-exec is left out the same way, and counted)."""
-    return sample.comm == LAUNCHER_COMM
+    return comm == LAUNCHER_COMM
 
 
 def file_problems(symbol_stats: Mapping[str, int], jit_stats: Mapping[str, int],

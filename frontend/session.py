@@ -19,7 +19,7 @@ import gc
 import os
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -85,6 +85,9 @@ class SessionOptions:
     # a 20,000-name map's copied names held 6-7 MB while its process lived). False: names are copied (record
     # names its samples at the end, and a map rewritten in place by then would have lost them).
     jit_names_in_files: bool = False
+    # True: CFI stacks all in files with a build-id come back undecoded, in Drain.folded, to be counted as
+    # they are and decoded once when the recording ends (record: see bpf/profiler.py's fold_cfi)
+    fold_cfi: bool = False
     # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
     # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
     scan_slice_s: float | None = None
@@ -114,6 +117,8 @@ class Drain:
     off_cpu: list[RawSample] = field(default_factory=list)  # count: nanoseconds; user frames translated
     off_cpu_maybe_jit: list[bool] = field(default_factory=list)
     off_cpu_short_waits: int = 0  # waits under the minimum block time, left out
+    # (pid, comm, FoldedStack, kernel IPs, tid) -> samples: CFI stacks in files only (fold_cfi)
+    folded: dict[tuple, int] = field(default_factory=dict)
 
 
 class ProcessTracker:
@@ -127,19 +132,28 @@ class ProcessTracker:
     def exec(self, pid: int, path: str) -> None:
         self._execs[pid] = path
 
-    def sampled(self, samples: Iterable[RawSample]) -> tuple[dict[int, str], set[int]]:
-        """(pid -> exec'd path of processes sampled for the first time, processes to snapshot)."""
-        executables, snapshot = {}, set()
+    def sampled(self, samples: Iterable[RawSample], build_ids: Mapping[int, Iterable[bytes]] = {},
+                ) -> tuple[dict[int, str], set[int]]:
+        """(pid -> exec'd path of processes sampled for the first time, processes to snapshot), from the
+        samples' frames and, for processes whose samples are folded, the build-ids they may show."""
+        executables: dict[int, str] = {}
+        snapshot: set[int] = set()
         for sample in samples:
-            if sample.pid in self._execs:
-                executables[sample.pid] = self._execs.pop(sample.pid)
-            known = self._seen.setdefault(sample.pid, set())
-            new = set(map(BUILD_ID, sample.user)) - known
-            new.discard(None)
-            if new:
-                known |= new
-                snapshot.add(sample.pid)
+            self._note(sample.pid, map(BUILD_ID, sample.user), executables, snapshot)
+        for pid, ids in build_ids.items():
+            self._note(pid, ids, executables, snapshot)
         return executables, snapshot
+
+    def _note(self, pid: int, build_ids: Iterable[bytes | None], executables: dict[int, str],
+              snapshot: set[int]) -> None:
+        if pid in self._execs:
+            executables[pid] = self._execs.pop(pid)
+        known = self._seen.setdefault(pid, set())
+        new = set(build_ids) - known
+        new.discard(None)
+        if new:
+            known |= new
+            snapshot.add(pid)
 
     def forget(self, pid: int) -> None:
         self._seen.pop(pid, None)
@@ -179,6 +193,8 @@ class ProfilingSession:
         self._drains = 0
         self.unwinding = None  # ProcessUnwinding with call_graph "dwarf"
         self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
+        # fold_cfi: pid -> build-ids of every CFI table given for it (set before the table, on the worker)
+        self._table_build_ids: dict[int, frozenset[bytes]] = {}
         # Processes whose table was loaded since the last drain: the dynamic loader may still be mapping
         # their libraries (a new epoch makes the sampler ignore the table), so polls look at them too.
         self._young: set[int] = set()
@@ -204,7 +220,7 @@ class ProfilingSession:
         self._kallsyms = KernelSymbolsLoader()  # parsed while BCC compiles (the compile releases the GIL)
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
-                                 cfi_unwind=cfi)
+                                 cfi_unwind=cfi, fold_cfi=cfi and opts.fold_cfi)
         self.profiler.load()
         self._load_off_cpu()
 
@@ -303,11 +319,15 @@ class ProfilingSession:
         addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
         samples = [self._translated(s, translated, addresses) for s in result.samples
                    if not self.options.comms or s.comm in self.options.comms]
+        folded = result.folded
+        if self.options.comms:
+            folded = {key: n for key, n in folded.items() if key[1] in self.options.comms}
         self._note_execs(result.execs)
-        maybe_jit = self._learn_processes(samples, result.time)
+        maybe_jit = self._learn_processes(samples, result.time, {key[0] for key in folded})
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
             self.learn(pid)
-        drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time)
+        drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,
+                      folded=folded)
         if self.off_cpu is not None:
             self._drain_off_cpu(drain)
 
@@ -383,6 +403,9 @@ class ProfilingSession:
         if not epoch or mappings is None:
             return
         generation = maps.generation
+        if self.options.fold_cfi:  # before the table: a stack it unwinds may be drained at once
+            ids = frozenset(m.build_id for m in mappings if m.build_id)
+            self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
         maps.load_process(pid, epoch, mappings)
         if maps.generation != generation:  # every other table was dropped: loaded again once sampled
             self._unwound = {}
@@ -535,10 +558,13 @@ class ProfilingSession:
                 self._contain("executable", self.symbolizer.add_executable, path)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 
-    def _learn_processes(self, samples: list[RawSample], time: float) -> list[bool]:
+    def _learn_processes(self, samples: list[RawSample], time: float, folded_pids: set[int] = frozenset(),
+                         ) -> list[bool]:
         """What the symbolizer and JIT symbols must know before this drain's samples are named; returns
-        which samples may be in JIT code."""
-        executables, snapshot = self.tracker.sampled(samples)
+        which samples may be in JIT code. A folded stack's frames are in files of its process's CFI table:
+        those build-ids stand for its frames (:attr:`_table_build_ids`)."""
+        tables = {pid: self._table_build_ids.get(pid, ()) for pid in folded_pids}
+        executables, snapshot = self.tracker.sampled(samples, tables)
         for pid in snapshot:
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         for path in executables.values():  # for processes gone before their maps could be read
@@ -602,6 +628,7 @@ class ProfilingSession:
         """Drop what is kept about a process, so memory does not grow with every process that ever ran."""
         self.tracker.forget(pid)
         self._jit_pids.discard(pid)
+        self._table_build_ids.pop(pid, None)
         self.symbolizer.forget_process(pid)
         self.jit.forget_process(pid)
 

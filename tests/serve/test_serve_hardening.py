@@ -10,7 +10,6 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -19,6 +18,7 @@ from optrace.exporters.cardinality import CUT_MARK, MAX_LABEL_CHARS, bound_label
 from optrace.exporters.daemon import ServeDaemon, ServeOptions
 from optrace.exporters.httpserver import ListenAddress
 from optrace.exporters.prometheus import ExporterInfo, MetricsPage
+from optrace.bpf.profiler import DrainResult
 from optrace.frontend.metricsources import ProfileSource
 from optrace.exporters.totals import Delta, ExporterTotals
 from optrace.model import Frame, RawSample, Sample, UserFrame
@@ -171,21 +171,11 @@ class PickySymbolizer:
         return {"dsos": 2, "table_bytes": 4096}
 
 
-@dataclass
-class FakeDrain:
-    samples: list
-    lost: dict
-    execs: list
-    exits: list
-    time: float = 0.0
-    build_id_pids: set = field(default_factory=set)
-
-
 class FakeProfiler:
-    def __init__(self, result: FakeDrain) -> None:
+    def __init__(self, result: DrainResult) -> None:
         self.result = result
 
-    def drain(self) -> FakeDrain:
+    def drain(self) -> DrainResult:
         return self.result
 
 
@@ -209,7 +199,7 @@ def test_one_process_that_breaks_symbolization_costs_its_own_names_only():
     samples = [RawSample(pid, comm, (UserFrame(b"id%d" % pid, 0x10),), (), 3)
                for pid, comm in ((10, "good"), (666, "evil"), (11, "good2"))]
     session = source.session
-    session.profiler = FakeProfiler(FakeDrain(samples, {}, [], []))
+    session.profiler = FakeProfiler(DrainResult(samples, {}, [], []))
     session.symbolizer, session.jit = PickySymbolizer(), NoJit()
     delta = Delta()
     source.collect(delta)

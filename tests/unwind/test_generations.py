@@ -292,3 +292,76 @@ def test_optrace_itself_is_walked_by_frame_pointers(session, maps, monkeypatch):
     samples = [RawSample(pid, "p", (UserFrame(None, 0x10010),), (), 4) for pid in (os.getpid(), 1)]
     session._unwind_processes(samples)
     assert set(session._unwound) == {1} and not unwind.has_process(os.getpid())
+
+
+# -- folded stacks (record: counted as the map gave them, decoded once at the end) --------------------------
+
+def raw_stack(*frames: int, status: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(len=len(frames), status=status, frames=list(frames))
+
+
+def test_a_folded_stack_decodes_as_an_eager_read_does(maps):
+    unwind, bpf = maps
+    unwind.load_process(1, 7, mappings_of(1))
+    in_file = FILE_FRAME | file_id(unwind, "a") << FILE_OFFSET_BITS
+    stacks = {5: raw_stack(in_file | 0x10, in_file | 0x20, status=1), 6: raw_stack(in_file | 0x10, 0x7f00),
+              7: raw_stack()}
+    eager, folded = ({}, {})
+    for index, result in ((0, eager), (1, folded)):
+        for key, stack in stacks.items():
+            bpf[f"cfistacks{index}".encode()][SimpleNamespace(value=key)] = stack
+        result.update(unwind.read_stacks(index, fold=index == 1))
+    assert isinstance(folded[5], unwindmaps.FoldedStack)  # every frame in a file with a build-id
+    assert not isinstance(folded[6], unwindmaps.FoldedStack) and not isinstance(folded[7], unwindmaps.FoldedStack)
+    assert folded[5].decoded() == eager[5] == unwindmaps.UnwoundStack(
+        (UserFrame(b"a".ljust(20, b"\0"), 0x10), UserFrame(b"a".ljust(20, b"\0"), 0x20)), "chain_end")
+    assert folded[6] == eager[6] and folded[7] == eager[7]
+
+
+def test_equal_folded_stacks_of_drains_with_the_same_ids_are_one_key(maps):
+    unwind, bpf = maps
+    unwind.load_process(1, 7, mappings_of(1))
+    frame = FILE_FRAME | file_id(unwind, "a") << FILE_OFFSET_BITS | 0x10
+    drained = []
+    for _ in range(2):
+        bpf[b"cfistacks0"][SimpleNamespace(value=5)] = raw_stack(frame)
+        drained.append(unwind.read_stacks(0, fold=True)[5])
+    unwind.load_process(2, 7, mappings_of(2))  # a file more: the same generation, the same ids
+    bpf[b"cfistacks0"][SimpleNamespace(value=5)] = raw_stack(frame)
+    drained.append(unwind.read_stacks(0, fold=True)[5])
+    assert drained[0] == drained[1] == drained[2] and len({hash(stack) for stack in drained}) == 1
+    unwind.new_generation()  # other generations: the ids may mean other files
+    bpf[b"cfistacks0"][SimpleNamespace(value=5)] = raw_stack(frame)
+    assert unwind.read_stacks(0, fold=True)[5] != drained[0]
+
+
+def test_a_folded_stack_keeps_its_file_after_the_id_is_handed_out_again(maps, monkeypatch):
+    """Decoded when the recording ends: by then a retired generation's ids may name other files."""
+    monkeypatch.setattr(unwindmaps, "MAX_FILE_IDS", 2)
+    unwind, bpf = maps
+    unwind.load_process(1, 7, mappings_of(1))
+    old = file_id(unwind, "a")
+    bpf[b"cfistacks0"][SimpleNamespace(value=5)] = raw_stack(FILE_FRAME | old << FILE_OFFSET_BITS | 0x10)
+    folded = unwind.read_stacks(0, fold=True)[5]
+    given_old_id = []
+    for name in ("b", "c", "d"):  # ids 1 and 2 over and over, once the retired ones are forgotten
+        unwind.new_generation()
+        unwind.load_process(2, 7, [mapping(name, 1, 0x10000)])
+        given_old_id += [name] if file_id(unwind, name) == old else []
+        for _ in range(unwindmaps.RETIRED_READS):
+            unwind.read_stacks(1)
+    assert given_old_id  # another file has the id now
+    assert folded.decoded().frames == (UserFrame(b"a".ljust(20, b"\0"), 0x10),)
+
+
+def test_folded_stacks_count_their_tables_build_ids(session, monkeypatch):
+    """A folded stack's frames are not looked at before the end: its process's CFI tables' build-ids stand
+    for them, so a process showing a new file is snapshotted while it is alive."""
+    snapshots = []
+    session.options = SessionOptions(forget_exited=True, fold_cfi=True)
+    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path: None)
+    session.unwind(1)
+    assert session._table_build_ids[1] == {b"a".ljust(20, b"\0")}
+    session._learn_processes([], 0.0, {1})
+    session._learn_processes([], 0.0, {1})  # nothing new the second time
+    assert snapshots == [1]
