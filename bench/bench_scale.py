@@ -27,7 +27,7 @@ from benchlib import OPTRACE, WORKLOADS, md_table, median, quartiles, run_timed,
 
 BENCH_BUDGET_S = 900
 BYSTANDER_HZ = (999, 9999)
-BYSTANDER_ITERATIONS = 1_500_000_000
+BYSTANDER_ITERATIONS = 3_000_000_000  # about 3.7 s of CPU here
 SCALE_HZ = 4999
 SCALE_SECONDS = 10
 PERF = "/usr/bin/perf"
@@ -172,15 +172,32 @@ def _optrace_facts(out: Path) -> dict:
             "distinct_stacks": len(folded.splitlines()), "lost_detail": meta["lost"]}
 
 
-def measure_scale(workdir: Path) -> dict:
-    results = {}
-    for key in ("optrace", "perf"):
-        try:
-            results[key] = scale_run(key, workdir)
-        except Exception as exc:
-            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
-        log(f"scale {key}: {results[key]}")
-    return results
+def measure_scale(workdir: Path, rounds: int) -> dict:
+    """``rounds`` runs of each tool, interleaved in random order; each tool's median run (by CPU while
+    recording), with every run's CPU and RSS beside it."""
+    runs: dict[str, list[dict]] = {"optrace": [], "perf": []}
+    for _ in range(rounds):
+        for key in random.sample(list(runs), len(runs)):
+            try:
+                runs[key].append(scale_run(key, workdir))
+            except Exception as exc:
+                runs[key].append({"error": f"{type(exc).__name__}: {exc}"})
+            log(f"scale {key}: {runs[key][-1]}")
+    return {key: median_run(tool_runs) for key, tool_runs in runs.items()}
+
+
+def median_run(runs: list[dict]) -> dict:
+    ok = sorted((r for r in runs if "error" not in r), key=lambda r: r["cpu_while_recording"])
+    if not ok:
+        return runs[0]
+    middle = dict(ok[len(ok) // 2])
+    for field in ("cpu_while_recording", "cpu_s", "maxrss_mb"):
+        middle[f"{field}_runs"] = [r[field] for r in ok]
+    return middle
+
+
+def spread(runs: list[float], spec: str) -> str:
+    return f" ({format(min(runs), spec)}-{format(max(runs), spec)})" if len(runs) > 1 else ""
 
 
 def targets(res: dict) -> list[dict]:
@@ -231,13 +248,17 @@ def markdown(res: dict) -> str:
         if "error" in r:
             rows.append([key, r["error"][:120]] + [""] * 10)
             continue
+        cpu_pct = [100 * x for x in r.get("cpu_while_recording_runs", [])]
         rows.append([key, r.get("samples"), f"{r.get('stackless_pct', 0):.1f} %" if key == "optrace" else r["lost_line"][:60],
-                     r.get("distinct_stacks", ""), f"{100 * r['cpu_while_recording']:.0f} %", f"{r['cpu_s']:.1f} s",
-                     f"{r['maxrss_mb']:.0f} MB", f"{r.get('recorded_s', '')}", f"{r['attach_s']:.1f} s",
-                     f"{r['file_mb']:.1f} MB", f"{r['report_s']:.2f} s / {r['report_cpu_s']:.2f} s"])
+                     r.get("distinct_stacks", ""), f"{100 * r['cpu_while_recording']:.0f} %{spread(cpu_pct, '.0f')}",
+                     f"{r['cpu_s']:.1f} s{spread(r.get('cpu_s_runs', []), '.1f')}",
+                     f"{r['maxrss_mb']:.0f} MB{spread(r.get('maxrss_mb_runs', []), '.0f')}", f"{r.get('recorded_s', '')}",
+                     f"{r['attach_s']:.1f} s", f"{r['file_mb']:.1f} MB",
+                     f"{r['report_s']:.2f} s / {r['report_cpu_s']:.2f} s"])
     lines.append(md_table(["tool", "samples", "without stack", "distinct stacks (stacks comm)", "CPU while recording",
                            "CPU total", "peak RSS", "recorded s", "attach", "file", "flat report wall / CPU"], rows))
-    lines += ["", "CPU while recording: the profiler's CPU time over 90 % of the recording window divided by that "
+    lines += ["", f"Each tool's median of {res.get('scale_rounds', 1)} interleaved runs (by CPU while recording; the "
+              "range of all runs in brackets). CPU while recording: the profiler's CPU time over 90 % of the recording window divided by that "
               "window, read from /proc; a profiler starved of CPU by the machine's load shows little here and "
               "more in \"CPU total\". Flat report: `optrace report -i FILE` vs `perf report --stdio --no-children "
               "-g none -i perf.data`, median of 3, output to /dev/null."]
@@ -246,7 +267,8 @@ def markdown(res: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5, help="bystander runs per tool and frequency")
+    parser.add_argument("--scale-rounds", type=int, default=3, help="many-stacks runs per tool")
     parser.add_argument("--skip-bystander", action="store_true")
     args = parser.parse_args()
     subprocess.run(["make", "-s", "-C", str(WORKLOADS.parent)], check=True)
@@ -254,7 +276,8 @@ def main() -> int:
         workdir = Path(tmp)
         res = {"load": Path("/proc/loadavg").read_text().split()[0]}
         res["bystander"] = {} if args.skip_bystander else measure_bystander(args.rounds, workdir)
-        res["scale"] = measure_scale(workdir)
+        res["scale"] = measure_scale(workdir, args.scale_rounds)
+        res["scale_rounds"] = args.scale_rounds
     res["targets"] = targets(res)
     write_results("scale", res)
     print(markdown(res))

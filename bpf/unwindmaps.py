@@ -195,8 +195,8 @@ class UnwindMaps:
         if not self._stacks:
             self._stacks = [MapTaker(self._bpf[f"cfistacks{i}".encode()]) for i in (0, 1)]
         keys, values, count = self._stacks[index].take()
-        ids = self._file_ids()  # after the take: every id a stack names was handed out before it
-        frame_of = _FrameCache(ids.tables).__getitem__  # a drain's stacks share most of their frames
+        file_ids = self._file_ids()  # after the take: every id a stack names was handed out before it
+        frame_of = _FrameCache(file_ids.tables).__getitem__  # a drain's stacks share most of their frames
         words, halves = memoryview(values).cast("Q"), memoryview(values).cast("I")  # struct unwind_stack
         top_bytes = values[7::8] if fold else b""  # each word's most significant byte: FILE_FRAME's
         stride = self._stacks[index].value_size // 8  # len and status (one word), then the frames
@@ -205,7 +205,7 @@ class UnwindMaps:
             length = halves[2 * start]
             end = start + 1 + (length if length < stride else stride - 1)
             if fold and length and min(top_bytes[start + 1:end]) >= FILE_FRAME_TOP:
-                stacks[key] = FoldedStack(values[8 * start:8 * end], ids)
+                stacks[key] = FoldedStack(values[8 * start:8 * end], file_ids)
                 continue
             stacks[key] = UnwoundStack(tuple(map(frame_of, words[start + 1:end])), _status(halves[2 * start + 1]))
         with self._lock:
