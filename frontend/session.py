@@ -558,7 +558,7 @@ class ProfilingSession:
                 self._contain("executable", self.symbolizer.add_executable, path)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 
-    def _learn_processes(self, samples: list[RawSample], time: float, folded_pids: set[int] = frozenset(),
+    def _learn_processes(self, samples: list[RawSample], time: float, folded_pids: Iterable[int] = (),
                          ) -> list[bool]:
         """What the symbolizer and JIT symbols must know before this drain's samples are named; returns
         which samples may be in JIT code. A folded stack's frames are in files of its process's CFI table:

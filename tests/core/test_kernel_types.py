@@ -74,12 +74,9 @@ def test_the_profiler_compiles_without_the_kernel_headers(bpf_ready, monkeypatch
 
 def test_unreadable_btf_compiles_against_the_headers(bpf_ready, monkeypatch):
     """The fields the raw tracepoints read then have the headers' offsets: the program is compiled again."""
-    from optrace.bpf.profiler import Profiler
-
     spy = CompileSpy(monkeypatch)
     monkeypatch.setattr(loader, "kernel_offsets", lambda: None)
-    profiler = Profiler(99, pids=[], cfi_unwind=True)
-    profiler.load()  # also checks the count key's layout against profiler.py's
+    profiler = header_built("profiler")
     try:
         offsets = profiler._bpf[b"kernel_offsets"]
         assert [offsets[offsets.Key(i)].value for i in range(2)] == [0, 0]  # the headers' offsetof then
