@@ -1,9 +1,12 @@
-// CPU profile sampler: counts (process, comm, user stack, kernel stack) in the kernel.
+// CPU profile sampler: counts (process, thread, comm, user stack, kernel stack) in the kernel.
 //
-// Stack maps come in two sets (0 and 1); a count's key says which set its stack ids are in.
-// `active[0]` says which set the sampler writes; the frontend flips it, waits a grace period,
-// then reads and clears the other set's counts and stacks, so a drain never races with the
-// sampler and nothing is lost or counted twice.
+// Stacks go to the stack store (stackstore.c, loaded before this file) and keys name them by hash. Counts
+// come in two sets (0 and 1): `active[0]` says which set the sampler writes; the frontend flips it, waits
+// a grace period, then reads and clears the other set's counts, so a drain never races with the sampler
+// and nothing is lost or counted twice. Each set has two count maps: `counts` for keys whose stacks are
+// named from files (build-ids, CFI frames in files) or kernel IPs alone, which a recording sums as bytes
+// and decodes once at its end; `rawcounts` for keys with raw user IPs, named from the process's mappings
+// of the key's epoch (or JIT symbols of the drain's time), which each drain decodes.
 //
 // User stacks are taken as build-id + file offset (valid after the process is gone) until the
 // frontend has read the process's mappings, then as raw IPs, which cost the kernel far less (see
@@ -12,24 +15,14 @@
 // the epoch, then /proc/PID/maps, then stores the epoch in `known`; raw IPs are taken only while
 // the two agree, and the key carries the epoch, so each raw stack is read with the mappings it ran in.
 
-// Where a key's user stack id points (keep in sync with profiler.py).
-enum user_map {
-    USER_BUILD_ID = 0,  // the set's build-id map
-    USER_SPARE,         // the set's spare build-id map
-    USER_RAW,           // the set's raw-IP map, mappings as of `epoch`
-    USER_CFI,           // the set's cfistacks map, under `cfi_stack` (unwind.c)
-};
-
 struct key_t {
-    u16 set;       // which map set the stack ids belong to
-    u16 user_map;  // enum user_map
     u32 pid;
-    s32 user_stack_id;
-    s32 kernel_stack_id;
     u32 tid;       // the thread (the kernel's pid): report's tid key
-    u32 unused;    // explicit, so the hash key has no uninitialised padding before epoch
-    u64 epoch;     // USER_RAW only
-    u64 cfi_stack; // USER_CFI only
+    u64 user;      // the user stack's hash in the stack store, 0: none
+    u64 kernel;    // the kernel stack's hash, 0: none
+    u64 epoch;     // STACK_RAW only: the mappings' epoch
+    u32 user_kind; // STACK_* of the user stack (0: none)
+    u32 unused;    // explicit, so the hash key has no uninitialised padding
     char comm[TASK_COMM_LEN];
 };
 
@@ -41,29 +34,17 @@ struct proc_event_t {
 
 // Indices into `lost` (keep in sync with LOST_REASONS in profiler.py).
 enum lost_reason {
-    USER_STACK_COLLISION = 0,
-    KERNEL_STACK_COLLISION,
-    USER_STACK_MISSING,
+    USER_STACK_MISSING = 0,  // walked, but the stack store's half was full
     KERNEL_STACK_MISSING,
     COUNTS_MAP_FULL,
     IDLE,
     NR_LOST,
 };
 
-// One counts map per set: the frontend reads and deletes a whole map in one batch (BPF_MAP_LOOKUP_AND_DELETE_BATCH).
 BPF_HASH(counts0, struct key_t, u64, COUNTS_SIZE);
 BPF_HASH(counts1, struct key_t, u64, COUNTS_SIZE);
-BPF_STACK_TRACE_BUILDID(ustacks0, BUILD_ID_SIZE);
-BPF_STACK_TRACE_BUILDID(ustacks1, BUILD_ID_SIZE);
-// Spare user-stack maps take a stack whose bucket in the main map is taken: by a hash collision,
-// or by the same stack resolved differently (the kernel falls back from build-ids to raw IPs when
-// it cannot take the mm lock in interrupt context).
-BPF_STACK_TRACE_BUILDID(ustacks0_alt, SPARE_SIZE);
-BPF_STACK_TRACE_BUILDID(ustacks1_alt, SPARE_SIZE);
-BPF_STACK_TRACE(rawstacks0, STACK_SIZE);
-BPF_STACK_TRACE(rawstacks1, STACK_SIZE);
-BPF_STACK_TRACE(kstacks0, STACK_SIZE);
-BPF_STACK_TRACE(kstacks1, STACK_SIZE);
+BPF_HASH(rawcounts0, struct key_t, u64, COUNTS_SIZE);
+BPF_HASH(rawcounts1, struct key_t, u64, COUNTS_SIZE);
 BPF_TABLE("lru_hash", u32, u64, epochs, PROCS_SIZE);  // pid -> when its executable mappings last changed
 BPF_TABLE("lru_hash", u32, u64, known, PROCS_SIZE);   // pid -> the epoch the frontend read its mappings at
 BPF_ARRAY(active, u32, 2);  // [0]: the set the sampler writes; [1]: non-zero once sampling is over (-d)
@@ -87,25 +68,28 @@ static inline int is_target(u32 tgid)
 #endif
 }
 
-// Why a sample lost a stack it should have (NR_LOST: it did not); each sample counts once, under
-// its first loss (user stack before kernel stack), so `lost` adds up to samples, not stacks.
-static inline u32 stack_loss(s32 id, u32 collision, u32 missing, int expected)
-{
-    if (id == -EEXIST)
-        return collision;
-    if (id == -ENOMEM || (id < 0 && expected))  // -ENOMEM: the map has no free entry left
-        return missing;
-    return NR_LOST;
-}
-
-static inline void add_count(struct key_t *key)
+// `raw`: the key's user stack holds raw IPs (rawcounts), else counts. Written out per map: BCC accepts
+// map calls only literally, and a map cannot be picked at run time.
+static inline void add_count(struct key_t *key, u32 set, int raw)
 {
     u64 zero = 0;
     u64 *value;
-    if (key->set == 1) {  // written out per set: a map cannot be picked at run time
+    if (raw && set == 1) {
+        value = rawcounts1.lookup(key);
+        if (!value) {
+            rawcounts1.insert(key, &zero);  // fails harmlessly when another CPU created it first
+            value = rawcounts1.lookup(key);
+        }
+    } else if (raw) {
+        value = rawcounts0.lookup(key);
+        if (!value) {
+            rawcounts0.insert(key, &zero);
+            value = rawcounts0.lookup(key);
+        }
+    } else if (set == 1) {
         value = counts1.lookup(key);
         if (!value) {
-            counts1.insert(key, &zero);  // fails harmlessly when another CPU created it first
+            counts1.insert(key, &zero);
             value = counts1.lookup(key);
         }
     } else {
@@ -128,7 +112,8 @@ static inline void new_epoch(u32 tgid)
 }
 
 #ifdef CFI_UNWIND
-static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key);  // unwind.c
+static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set,
+                                     int kernel_missing);  // unwind.c
 #endif
 
 // The epoch under which this process's raw IPs can be read, or 0: build-id stacks then.
@@ -147,13 +132,12 @@ static inline u64 raw_epoch(u32 tgid)
 }
 
 // One loss per sample at most: the user stack's, else the kernel stack's.
-static inline void count_stack_loss(struct key_t *key, int in_kernel)
+static inline void count_stack_loss(int user_missing, int kernel_missing)
 {
-    u32 loss = stack_loss(key->user_stack_id, USER_STACK_COLLISION, USER_STACK_MISSING, !in_kernel);
-    if (loss == NR_LOST)
-        loss = stack_loss(key->kernel_stack_id, KERNEL_STACK_COLLISION, KERNEL_STACK_MISSING, in_kernel);
-    if (loss != NR_LOST)
-        count_lost(loss);
+    if (user_missing)
+        count_lost(USER_STACK_MISSING);
+    else if (kernel_missing)
+        count_lost(KERNEL_STACK_MISSING);
 }
 
 int on_sample(struct bpf_perf_event_data *ctx)
@@ -170,57 +154,35 @@ int on_sample(struct bpf_perf_event_data *ctx)
     if (stopped && *stopped)
         return 0;
     int in_kernel = (ctx->regs.cs & 3) == 0;
-    u32 *set = active.lookup(&zero);
-    struct key_t key = {.set = set ? *set : 0, .pid = tgid, .tid = (u32)id};
+    u32 *active_set = active.lookup(&zero);
+    u32 set = active_set ? *active_set : 0;
+    struct key_t key = {.pid = tgid, .tid = (u32)id};
     bpf_get_current_comm(&key.comm, sizeof(key.comm));
 
-    if (key.set == 1)
-        key.kernel_stack_id = in_kernel ? kstacks1.get_stackid(&ctx->regs, 0) : -EFAULT;
-    else
-        key.kernel_stack_id = in_kernel ? kstacks0.get_stackid(&ctx->regs, 0) : -EFAULT;
+    int kernel_missing = 0, user_missing = 0, files_only = 0;
+    if (in_kernel)
+        key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, &kernel_missing, &files_only);
 #ifdef CFI_UNWIND
-    unwind_user_stack(ctx, &key);  // processes with unwind tables: counted there, no return
+    unwind_user_stack(ctx, &key, set, kernel_missing);  // processes with unwind tables: counted there, no return
 #endif
 
-    // Raw IPs when the process's mappings are known, else (or when that bucket holds another stack)
-    // build-ids, then the spare build-id map. Written out per set: BCC accepts map calls only
-    // literally (not from a macro), and a map cannot be picked at run time.
+    // Raw IPs when the process's mappings are known, else build-ids.
     u64 epoch = raw_epoch(tgid);
-    key.user_stack_id = -EEXIST;
-    if (key.set == 1) {
-        if (epoch) {
-            key.user_map = USER_RAW;
-            key.epoch = epoch;
-            key.user_stack_id = rawstacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        }
-        if (key.user_stack_id == -EEXIST) {  // taken by another stack: build-id maps then
-            key.user_map = USER_BUILD_ID;
-            key.epoch = 0;
-            key.user_stack_id = ustacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        }
-        if (key.user_stack_id == -EEXIST) {
-            key.user_map = USER_SPARE;
-            key.user_stack_id = ustacks1_alt.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        }
+    if (epoch) {
+        key.user_kind = STACK_RAW;
+        key.epoch = epoch;
+        key.user = store_walked_stack(ctx, BPF_F_USER_STACK, STACK_RAW, &user_missing, &files_only);
     } else {
-        if (epoch) {
-            key.user_map = USER_RAW;
-            key.epoch = epoch;
-            key.user_stack_id = rawstacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        }
-        if (key.user_stack_id == -EEXIST) {
-            key.user_map = USER_BUILD_ID;
-            key.epoch = 0;
-            key.user_stack_id = ustacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        }
-        if (key.user_stack_id == -EEXIST) {
-            key.user_map = USER_SPARE;
-            key.user_stack_id = ustacks0_alt.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        }
+        key.user_kind = STACK_BUILD_ID;
+        key.user = store_walked_stack(ctx, BPF_F_USER_STACK | BPF_F_USER_BUILD_ID, STACK_BUILD_ID, &user_missing,
+                                      &files_only);
     }
-    count_stack_loss(&key, in_kernel);
-
-    add_count(&key);
+    if (!key.user) {
+        key.user_kind = 0;
+        key.epoch = 0;
+    }
+    count_stack_loss(user_missing, kernel_missing);
+    add_count(&key, set, key.user && !files_only);
     return 0;
 }
 

@@ -18,46 +18,89 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Callable, Iterable
+from operator import itemgetter
+from typing import Callable, Iterable, Mapping, Sequence
 
 from optrace.bpf import perfevents
 from optrace.bpf.loader import counter_increments, import_bcc, load_bcc
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.perfevents import TaskEvents
+from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
+from optrace.bpf.unwindmaps import FileIds, decode_cfi
 from optrace.errors import OptraceError
 from optrace.model import RawSample, UserFrame
 from optrace.kernel import syscall_events_available
 
+STACK_STORE = Path(__file__).with_name("stackstore.c")  # before profile.c: stacks by hash (stackstore.py)
 PROGRAM = Path(__file__).with_name("profile.c")
 UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
-MAX_CFI_STACKS = 16384  # distinct CFI-unwound stacks per drain period: 1 KiB each, preallocated, two sets
-LOST_REASONS = (
-    "user_stack_collision",
-    "kernel_stack_collision",
+LOST_REASONS = (  # enum lost_reason in profile.c
     "user_stack_missing",
     "kernel_stack_missing",
     "counts_map_full",
     "idle",
 )
-USER_BUILD_ID, USER_SPARE, USER_RAW, USER_CFI = 0, 1, 2, 3  # enum user_map in profile.c
 BUILD_ID_VALID = 1
 BUILD_ID_IP = 2
 BPF_NOEXIST = 1
-GRACE_SECONDS = 0.005  # a sampler run takes microseconds; this is long past any run that saw the old set
 PROC_EXEC, PROC_EXIT = 0, 1
 BUILD_ID_ENTRY = struct.Struct("<i20sQ")  # struct bpf_stack_build_id
-# struct key_t in profile.c: set, user_map, pid, user and kernel stack ids, tid, unused, epoch, cfi_stack, comm
-COUNT_KEY = struct.Struct("=HHIiiIIQQ16s")
+USER_KINDS = {STACK_RAW: "raw", STACK_BUILD_ID: "build_id", STACK_CFI: "cfi"}
+# struct key_t in profile.c: pid, tid, user and kernel stack hashes, epoch, user stack kind, unused, comm
+COUNT_KEY = struct.Struct("=IIQQQII16s")
+KEY_WORDS = COUNT_KEY.size // 4  # a key's u32 words: pid is word 0, the user stack's kind word 8
+COMM_OFFSET = COUNT_KEY.size - 16
+_KEY_BYTES = struct.Struct(f"{COUNT_KEY.size}s")
+_COMM = struct.Struct(f"{COMM_OFFSET}x16s")
 CLOSERS = 16
-SWEEP_EVERY = 30  # drains between two sweeps of the stack maps for stacks no count names
-# Stack maps: a new stack whose hash bucket holds another stack is a collision, so a map needs several
-# buckets per distinct stack of a drain period (at most CPUs x Hz per second): at 4 per sample a stack
-# finds its bucket taken about 1 time in 8, and then the next map in the chain (profile.c) takes it.
+# Stack storage: distinct stacks the stack store's index keeps (a stack met again while its entry lives is
+# not copied again), and the store's arena holds twice as many before it turns over (stackstore.py). At
+# most CPUs x Hz new stacks come a second: 4 per sample a second leaves 2 s between turnovers at worst.
 BUCKETS_PER_SAMPLE = 4
 MIN_STACKS = 8192
 MIN_COUNTS = 40960
-MAX_STACKS = 1 << 17  # 128 MiB per raw-IP or kernel map (1 KiB a stack), two sets
-MAX_BUILD_ID_STACKS = 1 << 14  # build-id stacks are 4 KiB each (127 x 32 bytes): 64 MiB per map
+MAX_STACKS = 1 << 17
+
+
+@dataclass
+class FoldedCounts:
+    """A drain's counts whose stacks are named from files or kernel IPs alone, as the kernel gave them:
+    ``keys`` (COUNT_KEY after COUNT_KEY, each a distinct key of the drain) and ``values`` (u64 counts);
+    ``records``: the stack records new in this drain (stackstore.parse_records), whose CFI frames decode
+    with ``ids``. A recording sums the keys as bytes over drains and decodes each distinct one once, with
+    the records its drains kept (:meth:`Profiler.decode_folded`)."""
+
+    keys: bytes = b""
+    values: bytes = b""
+    records: dict[int, bytes] = field(default_factory=dict)
+    ids: FileIds | None = None
+
+    def counts(self) -> dict[bytes, int]:
+        """Key bytes -> samples (built in C: no Python step per key)."""
+        return dict(zip(map(itemgetter(0), _KEY_BYTES.iter_unpack(self.keys)), array.array("Q", self.values)))
+
+    def pids(self) -> set[int]:
+        return set(memoryview(self.keys).cast("I")[0::KEY_WORDS])
+
+    def comms(self) -> set[str]:
+        return {raw.split(b"\0", 1)[0].decode("utf-8", "replace") for raw in set(map(itemgetter(0), _COMM.iter_unpack(self.keys)))}
+
+    def without_comm(self, comm: str) -> tuple["FoldedCounts", int]:
+        """These counts but ``comm``'s, and how many samples ``comm`` had."""
+        name = comm.encode()
+        kept_keys, kept_values, dropped = bytearray(), array.array("Q"), 0
+        for key, count in zip(map(itemgetter(0), _KEY_BYTES.iter_unpack(self.keys)), array.array("Q", self.values)):
+            if key[COMM_OFFSET:].split(b"\0", 1)[0] == name:
+                dropped += count
+            else:
+                kept_keys += key
+                kept_values.append(count)
+        return FoldedCounts(bytes(kept_keys), kept_values.tobytes(), self.records, self.ids), dropped
+
+    def build_id_pids(self) -> set[int]:
+        """Processes with build-id stacks here: their mappings are not known to the sampler yet."""
+        words = memoryview(self.keys).cast("I")
+        return {pid for pid, kind in set(zip(words[0::KEY_WORDS], words[8::KEY_WORDS])) if kind == STACK_BUILD_ID}
 
 
 @dataclass
@@ -71,9 +114,8 @@ class DrainResult:
     exits: list[int] = field(default_factory=list)
     time: float = 0.0
     build_id_pids: set[int] = field(default_factory=set)
-    # With ``fold_cfi``: (pid, comm, FoldedStack, kernel IPs, tid) -> samples, for CFI stacks all in files
-    # with a build-id (bpf/unwindmaps.py): what a recording sums and decodes once, at its end.
-    folded: dict[tuple, int] = field(default_factory=dict)
+    # With ``fold``: the counts named from files and kernel IPs alone, undecoded (see FoldedCounts).
+    folded: FoldedCounts = field(default_factory=FoldedCounts)
 
 
 class Profiler:
@@ -91,14 +133,14 @@ class Profiler:
         raw_stacks: bool = True,
         cfi_unwind: bool = False,
         unwind_rows: int = 1 << 20,
-        fold_cfi: bool = False,
+        fold: bool = False,
     ) -> None:
         """``raw_stacks=False`` keeps every user stack as build-ids (what the sampler does anyway
         where the kernel has no syscall tracepoints to tell new executable mappings). ``cfi_unwind``:
         processes given to :attr:`unwind` are unwound from their files' CFI (unwind.c), up to
-        ``unwind_rows`` rows of all files together. ``fold_cfi``: such stacks all in files with a build-id
-        come back undecoded, in :attr:`DrainResult.folded` (record: at 10k samples a second of distinct
-        stacks, decoding them at each drain was most of the drain's CPU)."""
+        ``unwind_rows`` rows of all files together. ``fold``: counts whose stacks are named from files or
+        kernel IPs alone come back undecoded, in :attr:`DrainResult.folded` (record: at 10k samples a
+        second of distinct stacks, decoding them at each drain was most of the drain's CPU)."""
         self.frequency_hz = frequency_hz
         self._initial_pids = None if pids is None else list(pids)
         self._follow = follow_children
@@ -106,10 +148,10 @@ class Profiler:
         size = self.stack_storage_size
         # a count per distinct (process, stacks) of a drain period: at most one per sample
         self._counts_size = counts_size or max(MIN_COUNTS, size // BUCKETS_PER_SAMPLE * 2)
+        self._store_chunks = chunks_for(size)
         self._cflags = [
-            f"-DSTACK_SIZE={size}",
-            f"-DBUILD_ID_SIZE={min(size, MAX_BUILD_ID_STACKS)}",
-            f"-DSPARE_SIZE={max(min(size, MAX_BUILD_ID_STACKS) // 4, 1)}",
+            f"-DSTORE_CHUNKS={self._store_chunks}",
+            f"-DSTORE_INDEX_SIZE={size}",
             f"-DCOUNTS_SIZE={self._counts_size}",
             f"-DTARGETS_SIZE={targets_size}",
             f"-DPROCS_SIZE={targets_size}",
@@ -124,21 +166,23 @@ class Profiler:
             self._cflags.append("-DTRACK_MAPPINGS")
         self.cfi_unwind = cfi_unwind
         if cfi_unwind:
-            self._cflags += ["-DCFI_UNWIND", f"-DUNWIND_ROWS={unwind_rows}", f"-DCFI_STACKS={min(size, MAX_CFI_STACKS)}"]
+            self._cflags += ["-DCFI_UNWIND", f"-DUNWIND_ROWS={unwind_rows}"]
         self._unwind_rows = unwind_rows
-        self._fold_cfi = fold_cfi
+        self._fold = fold
         self.unwind = None  # UnwindMaps once loaded, with cfi_unwind
+        self.store: StackStore | None = None
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
         self.event = ""
         self._bpf = None
         self._set = 0
         self._lost_seen = [0] * len(LOST_REASONS)
-        self._sweeps = 0
         self._events: list[tuple[int, int, str]] = []
         self.events_lost = 0
         self._pids: list[int] = []
         self._tasks: TaskEvents | None = None
         self._counts: list[MapTaker] = []  # the two sets' count maps, once loaded
+        self._rawcounts: list[MapTaker] = []
+        self._waiting: list[tuple[tuple, int]] = []  # counts whose stacks were not readable yet (see drain)
         self._closing_lock = threading.Lock()
         self._tracepoints_closing: threading.Thread | None = None  # see stop_sampling
 
@@ -156,10 +200,13 @@ class Profiler:
     def load(self) -> None:
         """Compile and load the programs and add the initial pids; nothing is sampled until :meth:`attach`
         (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
-        self._bpf = load_bcc([PROGRAM, UNWINDER] if self.cfi_unwind else [PROGRAM], self._cflags)
+        self._bpf = load_bcc([STACK_STORE, PROGRAM, UNWINDER] if self.cfi_unwind else [STACK_STORE, PROGRAM],
+                             self._cflags)
         self._counts = [MapTaker(self._bpf[f"counts{index}".encode()]) for index in (0, 1)]
+        self._rawcounts = [MapTaker(self._bpf[f"rawcounts{index}".encode()]) for index in (0, 1)]
         if (self._counts[0].key_size, self._counts[0].value_size) != (COUNT_KEY.size, 8):
             raise OptraceError("internal error: profile.c's count key is not the layout profiler.py reads")
+        self.store = StackStore(self._bpf, self._store_chunks, GRACE_SECONDS)
         if self.cfi_unwind:
             from optrace.bpf.unwindmaps import UnwindMaps
 
@@ -225,7 +272,8 @@ class Profiler:
         return {k.value for k in self._bpf[b"targets"].keys()}
 
     def drain(self) -> DrainResult:
-        """Flip the active map set, then read and clear the one the sampler no longer writes."""
+        """Flip the active count set, then read and clear the one the sampler no longer writes, with the
+        stack records stored since the last drain."""
         self._bpf.perf_buffer_poll(timeout=0)
         old = self._set
         self._set = 1 - old
@@ -233,11 +281,54 @@ class Profiler:
         active[active.Key(0)] = active.Leaf(self._set)
         time.sleep(GRACE_SECONDS)
         now = time.monotonic()
-        samples, build_id_pids, folded = self._read_set(old, now)
-        result = DrainResult(samples=samples, lost=self._read_lost(), time=now, build_id_pids=build_id_pids,
-                             folded=folded)
+        new = self.store.read()
+        ids = self.unwind.drain_ids() if self.unwind else None  # after the read (see drain_ids)
+        result = DrainResult(lost=self._read_lost(), time=now)
+        store = self.store
+        decoder = _Decoder(lambda stack_hash: (lambda record: record and (record, ids))(store.get(stack_hash)))
+        retried, self._waiting = self._waiting, []
+        samples = [decoder.sample(key, count, now, missing_ok=True) for key, count in retried]
+        keys, values, _ = self._counts[old].take()
+        if self._fold:
+            result.folded = FoldedCounts(keys, values, new, ids)
+        else:
+            samples += self._decoded(decoder, keys, values, now)
+        raw_keys, raw_values, _ = self._rawcounts[old].take()
+        samples += self._decoded(decoder, raw_keys, raw_values, now)
+        result.samples = samples
+        result.build_id_pids = decoder.build_id_pids | result.folded.build_id_pids()
+        self.stats.update(decoder.kinds)
         result.execs, result.exits = self.poll_events()
         return result
+
+    def _decoded(self, decoder: "_Decoder", keys: bytes, values: bytes, now: float) -> list[RawSample]:
+        """Samples of count entries whose stacks are read; an entry naming a stack not read yet (its record
+        was still being written when the store was read: rare) waits for the next drain, once."""
+        samples = []
+        for key, count in zip(COUNT_KEY.iter_unpack(keys), array.array("Q", values)):
+            sample = decoder.sample(key, count, now)
+            if sample is None:
+                self._waiting.append((key, count))
+            else:
+                samples.append(sample)
+        return samples
+
+    def decode_folded(self, counts: Mapping[bytes, int],
+                      records: Sequence[tuple[FileIds | None, Mapping[int, bytes]]]) -> list[RawSample]:
+        """A recording's folded counts (key bytes -> samples, over all its drains), each distinct key
+        decoded once, with the stack records its drains kept: (file ids, the records read with them),
+        usually one pair (file ids change with the unwinder's generations)."""
+        def lookup(stack_hash: int) -> tuple[bytes, FileIds | None] | None:
+            for ids, kept in records:
+                record = kept.get(stack_hash)
+                if record is not None:
+                    return record, ids
+            return None
+
+        decoder = _Decoder(lookup)
+        samples = [decoder.sample(COUNT_KEY.unpack(key), count, 0.0, missing_ok=True) for key, count in counts.items()]
+        self.stats.update(decoder.kinds)
+        return samples
 
     def stop_sampling(self) -> None:
         """Samples from now on are ignored (the events stay until :meth:`close`): a recording's end is kept
@@ -279,55 +370,6 @@ class Profiler:
         self._events.clear()
         return execs, exits
 
-    def _read_set(self, index: int, now: float) -> tuple[list[RawSample], set[int], dict[tuple, int]]:
-        """The set's counts in one batched read-and-delete, then each stack they name read and deleted once
-        (one syscall each; stack maps have no batch operations)."""
-        frames = FrameDecoder()  # distinct stacks of a drain share most of their frames: each is made once
-        stacks = {kind: StackReader(self._bpf[f"{name}{index}{suffix}".encode()], decode)
-                  for kind, name, suffix, decode in (
-                      (USER_BUILD_ID, "ustacks", "", frames.build_id_frames),
-                      (USER_SPARE, "ustacks", "_alt", frames.build_id_frames),
-                      (USER_RAW, "rawstacks", "", frames.raw_frames))}
-        kstacks = StackReader(self._bpf[f"kstacks{index}".encode()], _decode_ips)
-        keys, values, taken = self._counts[index].take()
-        on_build_ids = set()  # processes whose maps the sampler still waits for
-        cfi = self.unwind.read_stacks(index, fold=self._fold_cfi) if self.unwind else {}
-        folded_type = _folded_stack_type() if self._fold_cfi else None
-        samples = []
-        folded: dict[tuple, int] = {}
-        comms: dict[bytes, str] = {}
-        kinds: Counter[str] = Counter()
-        for (_, user_map, pid, user_id, kernel_id, tid, _, epoch, cfi_stack, raw_comm), count in zip(
-                COUNT_KEY.iter_unpack(keys), array.array("Q", values)):
-            kernel = kstacks.take(kernel_id) if kernel_id >= 0 else ()  # most samples are in user space
-            comm = comms.get(raw_comm)
-            if comm is None:
-                comm = comms[raw_comm] = raw_comm.split(b"\0", 1)[0].decode("utf-8", "replace")
-            if user_map == USER_CFI:
-                unwound = cfi.get(cfi_stack)
-                kinds["cfi"] += count
-                if type(unwound) is folded_type:
-                    key = (pid, comm, unwound, kernel, tid)
-                    folded[key] = folded.get(key, 0) + count
-                    continue
-                user, stop = (unwound.frames, unwound.status) if unwound else ((), "")
-                samples.append(RawSample(pid, comm, user, kernel, count, now, tid=tid, stop=stop))
-                continue
-            user = stacks[user_map].take(user_id) if user_map in stacks else ()
-            raw = bool(user) and user_map == USER_RAW
-            samples.append(RawSample(pid, comm, user, kernel, count, now, epoch if raw else 0, tid))
-            if raw:
-                kinds["raw"] += count
-            elif user:
-                kinds["build_id"] += count
-                on_build_ids.add(pid)
-        self.stats.update(kinds)
-        self._sweeps += 1
-        if self._sweeps % SWEEP_EVERY == 0 or taken >= self._counts_size:
-            for reader in (*stacks.values(), kstacks):  # stacks whose count was lost (a full counts map)
-                _clear_stacks(reader.table)
-        return samples, on_build_ids, folded
-
     def _read_lost(self) -> dict[str, int]:
         """Increments since the previous drain (the per-CPU counters themselves only grow)."""
         delta = counter_increments(self._bpf[b"lost"], LOST_REASONS, self._lost_seen)
@@ -367,47 +409,15 @@ class Profiler:
             bpf.cleanup()
 
 
-def _folded_stack_type() -> type:
-    from optrace.bpf.unwindmaps import FoldedStack  # unwindmaps imports this module
-
-    return FoldedStack
-
-
 def default_stack_storage(frequency_hz: int, cpus: int, drain_seconds: float = 1.0) -> int:
-    """Stacks per map: BUCKETS_PER_SAMPLE x the most samples of one drain period, a power of two (the
-    kernel rounds the buckets up to one), within [MIN_STACKS, MAX_STACKS]."""
+    """Distinct stacks the stack store keeps: BUCKETS_PER_SAMPLE x the most samples of one drain period, a
+    power of two (the kernel rounds a hash map's buckets up to one), within [MIN_STACKS, MAX_STACKS]."""
     wanted = BUCKETS_PER_SAMPLE * cpus * frequency_hz * drain_seconds
     return min(MAX_STACKS, max(MIN_STACKS, 1 << max(0, math.ceil(math.log2(max(wanted, 1))))))
 
 
 def online_cpus() -> list[int]:
     return list(import_bcc().utils.get_online_cpus())
-
-
-class StackReader:
-    """Reads and deletes stack ids of one stack map, each once per drain (a drain's samples share stacks)."""
-
-    def __init__(self, table, decode: Callable[[bytes], tuple]) -> None:
-        from bcc.libbcc import lib
-
-        self.table = table
-        self._lookup_and_delete = lib.bpf_lookup_and_delete
-        self._decode = decode
-        self._key = ctypes.c_uint32()
-        self._leaf = table.Leaf()
-        self._size = ctypes.sizeof(self._leaf)
-        self._taken: dict[int, tuple] = {}
-
-    def take(self, stack_id: int) -> tuple:
-        if stack_id < 0:
-            return ()
-        stack = self._taken.get(stack_id)
-        if stack is None:
-            self._key.value = stack_id
-            found = self._lookup_and_delete(self.table.map_fd, ctypes.byref(self._key), ctypes.byref(self._leaf)) == 0
-            stack = self._decode(ctypes.string_at(ctypes.addressof(self._leaf), self._size)) if found else ()
-            self._taken[stack_id] = stack
-        return stack
 
 
 def _raw_ips(table, stack_id: int) -> tuple[int, ...]:
@@ -477,10 +487,55 @@ def _insert_if_absent(table, pid: int, value: int) -> None:
     lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
 
 
-def _clear_stacks(table) -> None:
-    """BCC's StackTrace.clear() does nothing; delete every id so the map does not fill up."""
-    for key in list(table.keys()):
-        try:
-            del table[key]
-        except KeyError:
-            pass
+class _Decoder:
+    """Count keys (COUNT_KEY tuples) as RawSamples, each stack decoded once; ``lookup`` gives a stack
+    record by hash, with the CFI file ids it decodes with. ``kinds``: samples by user-stack kind."""
+
+    def __init__(self, lookup: Callable[[int], tuple[bytes, FileIds | None] | None]) -> None:
+        self._lookup = lookup
+        self._frames = FrameDecoder()
+        self._user: dict[int, tuple[tuple[UserFrame, ...], str] | None] = {}
+        self._kernel: dict[int, tuple[int, ...] | None] = {}
+        self._comms: dict[bytes, str] = {}
+        self.kinds: Counter[str] = Counter()
+        self.build_id_pids: set[int] = set()  # processes whose samples came with build-id stacks
+
+    def sample(self, key: tuple, count: int, now: float, missing_ok: bool = False) -> RawSample | None:
+        """None when a stack the key names is not known (unless ``missing_ok``: then it is left out)."""
+        pid, tid, user_hash, kernel_hash, epoch, kind, _, raw_comm = key
+        kernel = self._kernel_stack(kernel_hash) if kernel_hash else ()
+        unwound = self._user_stack(user_hash) if user_hash else ((), "")
+        if kernel is None or unwound is None:
+            if not missing_ok:
+                return None
+            kernel, unwound = kernel or (), unwound or ((), "")
+        comm = self._comms.get(raw_comm)
+        if comm is None:
+            comm = self._comms[raw_comm] = raw_comm.split(b"\0", 1)[0].decode("utf-8", "replace")
+        user, stop = unwound
+        if user:
+            self.kinds[USER_KINDS.get(kind, "raw")] += count
+            if kind == STACK_BUILD_ID:
+                self.build_id_pids.add(pid)
+        return RawSample(pid, comm, user, kernel, count, now, epoch if kind == STACK_RAW and user else 0, tid, stop)
+
+    def _kernel_stack(self, stack_hash: int) -> tuple[int, ...] | None:
+        if stack_hash not in self._kernel:
+            found = self._lookup(stack_hash)
+            self._kernel[stack_hash] = tuple(array.array("Q", stored(found[0]).words)) if found else None
+        return self._kernel[stack_hash]
+
+    def _user_stack(self, stack_hash: int) -> tuple[tuple[UserFrame, ...], str] | None:
+        if stack_hash not in self._user:
+            found = self._lookup(stack_hash)
+            self._user[stack_hash] = self._decoded_user(*found) if found else None
+        return self._user[stack_hash]
+
+    def _decoded_user(self, raw_record: bytes, ids: FileIds | None) -> tuple[tuple[UserFrame, ...], str]:
+        record = stored(raw_record)
+        if record.kind == STACK_RAW:
+            return self._frames.raw_frames(record.words), ""
+        if record.kind == STACK_BUILD_ID:
+            return self._frames.build_id_frames(record.words), ""
+        unwound = decode_cfi(record.words, record.status, ids)
+        return unwound.frames, unwound.status

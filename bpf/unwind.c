@@ -3,9 +3,9 @@
 // Appended to profile.c by profiler.py (compiled with -DCFI_UNWIND): profile.c's on_sample calls
 // unwind_user_stack() for processes whose mapping table user space has loaded (bpf/unwindmaps.py);
 // the walk itself runs in the tail-called program unwind_step, UNWIND_FRAMES_PER_PROG frames per
-// call, tail-calling itself until the stack ends or UNWIND_MAX_FRAMES frames are taken, then stores
-// the stack in cfistacks<set> under a 64-bit hash of its frames and counts the sample there, so stacks
-// stay aggregated in the kernel.
+// call, tail-calling itself until the stack ends or UNWIND_MAX_FRAMES frames are taken, then puts the
+// stack in the stack store (stackstore.c) under a 64-bit hash of its frames, salted with the mapping
+// tables' generation (a file id may name another file in the next one), and counts the sample.
 //
 // Per frame: find the mapping that holds the PC (binary search of the process's sorted mappings),
 // then the file's row that holds the PC's ELF address (binary search of its rows in unwind_rows),
@@ -56,7 +56,7 @@ enum unwind_status {
 
 // Indices into unwind_counters (keep in sync with UNWIND_COUNTERS in unwindmaps.py)
 enum unwind_counter {
-    UNWIND_STACKS_FULL = 0,  // cfistacks full: the sample went to the frame-pointer stack maps
+    UNWIND_STACKS_FULL = 0,  // the stack store was full: the sample kept no user stack
     UNWIND_NO_USER_REGS,     // a kernel thread, or no user registers saved
     UNWIND_NR_COUNTERS,
 };
@@ -97,19 +97,21 @@ struct unwind_stack {
 };
 
 struct unwind_state {
-    struct unwind_stack stack;  // stored as is
+    struct unwind_stack stack;  // its frames are stored
     struct key_t key;           // the sample's count key, completed and counted at the end
     u64 ip;
     u64 sp;
     u64 bp;
     u64 hash;
-    u32 in_kernel;  // the sample hit kernel mode
+    u32 set;             // the count set the sample belongs to
+    u32 raw_frames;      // frames outside files with a build-id (JIT code): the count goes to rawcounts
+    u32 kernel_missing;  // the sample's kernel stack could not be stored
+    u32 unused;
 };
 
 BPF_F_TABLE("array", u32, struct unwind_row, unwind_rows, UNWIND_ROWS, BPF_F_MMAPABLE);
 BPF_F_TABLE("hash", u32, struct unwind_proc, unwind_procs, UNWIND_PROCS, BPF_F_NO_PREALLOC);
-BPF_HASH(cfistacks0, u64, struct unwind_stack, CFI_STACKS);
-BPF_HASH(cfistacks1, u64, struct unwind_stack, CFI_STACKS);
+BPF_ARRAY(unwind_generation, u64, 1);  // the mapping tables' generation (UnwindMaps.generation)
 BPF_PERCPU_ARRAY(unwind_states, struct unwind_state, 1);
 BPF_PERCPU_ARRAY(unwind_counters, u64, UNWIND_NR_COUNTERS);
 BPF_PROG_ARRAY(unwind_progs, 1);
@@ -144,7 +146,7 @@ static inline int user_registers(struct bpf_perf_event_data *ctx, struct unwind_
 // Called by on_sample; returns only when the sample is not unwound here (the process has no mapping
 // table, or one older than its last exec or new executable mapping, or the tail call failed): the
 // caller then takes the frame-pointer stack as before.
-static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key)
+static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing)
 {
     u32 pid = key->pid;
     struct unwind_proc *proc = unwind_procs.lookup(&pid);
@@ -159,11 +161,14 @@ static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key
         unwind_count(UNWIND_NO_USER_REGS);
         return;
     }
+    u64 *generation = unwind_generation.lookup(&zero);
     st->key = *key;
-    st->in_kernel = (ctx->regs.cs & 3) == 0;
+    st->set = set;
+    st->raw_frames = 0;
+    st->kernel_missing = kernel_missing;
     st->stack.len = 0;
     st->stack.status = UNWIND_DEPTH;
-    st->hash = 0xcbf29ce484222325ULL;
+    st->hash = (FNV_BASIS ^ STACK_CFI ^ (generation ? *generation : 0) << 8) * FNV_PRIME;
     unwind_progs.call(ctx, 0);
 }
 
@@ -227,6 +232,8 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
     u64 frame = pc;
     if (m && m->file_id)
         frame = FILE_FRAME | ((u64)m->file_id << FILE_OFFSET_BITS) | ((pc + m->offset_adj) & ((1ULL << FILE_OFFSET_BITS) - 1));
+    else
+        st->raw_frames++;
     st->stack.frames[n & (UNWIND_MAX_FRAMES - 1)] = frame;
     st->stack.len = n + 1;
     st->hash = (st->hash ^ frame) * 0x100000001b3ULL;
@@ -289,27 +296,22 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
     return 0;
 }
 
-// The walk is over: store the stack (once per distinct stack) and count the sample under it; when
-// cfistacks is full, under the kernel's frame-pointer stack as profile.c would have.
+// The walk is over: store the stack (once per store epoch) and count the sample under it; when the store
+// is full, the sample keeps no user stack.
 static inline void unwind_done(struct bpf_perf_event_data *ctx, struct unwind_state *st)
 {
-    u64 hash = (st->hash ^ st->stack.len) * 0x100000001b3ULL;
-    hash = (hash ^ st->stack.status) * 0x100000001b3ULL;
-    int err = st->key.set ? cfistacks1.insert(&hash, &st->stack) : cfistacks0.insert(&hash, &st->stack);
-    if (err && err != -EEXIST) {
+    u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
+    hash = (hash ^ st->stack.status) * FNV_PRIME;
+    u32 len = st->stack.len;
+    if (len > UNWIND_MAX_FRAMES)
+        len = UNWIND_MAX_FRAMES;
+    st->key.user = store_stack(st->stack.frames, len, hash, STACK_CFI, st->stack.status);
+    st->key.user_kind = st->key.user ? STACK_CFI : 0;
+    st->key.epoch = 0;
+    if (!st->key.user)
         unwind_count(UNWIND_STACKS_FULL);
-        st->key.user_map = USER_BUILD_ID;
-        if (st->key.set)
-            st->key.user_stack_id = ustacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        else
-            st->key.user_stack_id = ustacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-    } else {
-        st->key.user_map = USER_CFI;
-        st->key.user_stack_id = 0;
-        st->key.cfi_stack = hash;
-    }
-    count_stack_loss(&st->key, st->in_kernel);
-    add_count(&st->key);
+    count_stack_loss(!st->key.user, st->kernel_missing);
+    add_count(&st->key, st->set, st->key.user && st->raw_frames);
 }
 
 int unwind_step(struct bpf_perf_event_data *ctx)
@@ -320,19 +322,17 @@ int unwind_step(struct bpf_perf_event_data *ctx)
         return 0;
     u32 pid = st->key.pid;
     struct unwind_proc *proc = unwind_procs.lookup(&pid);
+    int done = 0;
     if (!proc) {  // user space dropped the table meanwhile
         st->stack.status = UNWIND_NO_CFI;
-        unwind_done(ctx, st);
-        return 0;
+        done = 1;
     }
-    for (int i = 0; i < UNWIND_FRAMES_PER_PROG; i++) {
-        if (unwind_frame(st, proc)) {
-            unwind_done(ctx, st);
-            return 0;
-        }
+    for (int i = 0; i < UNWIND_FRAMES_PER_PROG && !done; i++)
+        done = unwind_frame(st, proc);
+    if (!done) {
+        unwind_progs.call(ctx, 0);
+        st->stack.status = UNWIND_DEPTH;  // out of tail calls
     }
-    unwind_progs.call(ctx, 0);
-    st->stack.status = UNWIND_DEPTH;  // out of tail calls
     unwind_done(ctx, st);
     return 0;
 }

@@ -17,10 +17,11 @@ gets no rows (its code is walked by frame pointers, counted in ``stats["rows_ful
 than the whole array never gets rows.
 
 Frames come back as (file id, file offset) for files with a build-id: a :class:`UserFrame` like the
-kernel's build-id stacks give, valid after the process exited. A retired generation's ids still decode
-for RETIRED_READS more drains (stacks sampled just before the reset are read then), and are not handed
-out again before; then they are dropped, so what is kept is at most a few generations' files. Other
-frames come back as raw IPs.
+kernel's build-id stacks give, valid after the process exited. The walker's stacks go to the stack store
+(stackstore.c), under a hash salted with the generation (`unwind_generation`): equal frames of two
+generations may name other files. A retired generation's ids still decode for RETIRED_READS more drains
+(stacks sampled just before the reset are read then), and are not handed out again before; then they are
+dropped, so what is kept is at most a few generations' files. Other frames come back as raw IPs.
 """
 from __future__ import annotations
 
@@ -33,10 +34,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
-from optrace.bpf.maptaker import MapTaker
-from optrace.bpf.profiler import GRACE_SECONDS
+from optrace.bpf.stackstore import GRACE_SECONDS
 from optrace.model import UserFrame
 
 ROW_SIZE = 16  # struct unwind_row
@@ -47,7 +46,7 @@ FILE_OFFSET_BITS = 40
 MAX_FILE_IDS = (1 << 23) - 1
 MAX_GENERATION_FILES = 8192  # files one generation keeps, with or without rows (a _LoadedFile each)
 MIN_GENERATION_SECONDS = 60.0
-RETIRED_READS = 2  # drains a retired generation's file ids still decode for (see read_stacks)
+RETIRED_READS = 2  # drains a retired generation's file ids still decode for (see drain_ids)
 # enum unwind_status in unwind.c, by value
 UNWIND_STATUSES = ("outermost", "chain_end", "no_cfi", "expression", "read_fault", "depth_limit")
 UNWIND_COUNTERS = ("stacks_full", "no_user_registers")  # enum unwind_counter
@@ -81,34 +80,26 @@ class FileIds:
     An id is in one of them when it is handed out; this generation's may later get an id of a retired
     one that has since been forgotten, but no stack of this drain names it then: searched last, it never
     shadows the retired file. So the tables are kept as they are, not copied, and drains that saw the
-    same generations share one FileIds (their equal stacks are then one FoldedStack)."""
+    same generations share one FileIds (and one cache of decoded frames)."""
 
     def __init__(self, current: dict[int, "_LoadedFile"], retired: Sequence[dict[int, "_LoadedFile"]]) -> None:
         self.key = (id(current), *map(id, retired))
         self.tables = (*retired, current)
-        self._folded_frames: _FrameCache | None = None  # for FoldedStack, made when the first is decoded
+        self._frames: _FrameCache | None = None
 
-    def folded_frames(self) -> "_FrameCache":
-        if self._folded_frames is None:
-            self._folded_frames = _FrameCache(self.tables)
-        return self._folded_frames
+    def frames(self) -> "_FrameCache":
+        if self._frames is None:
+            self._frames = _FrameCache(self.tables)
+        return self._frames
 
 
-class FoldedStack(NamedTuple):
-    """A CFI-unwound stack whose frames are all in files with a build-id, kept as the map gave it (the
-    length and status word, then the frames) and decoded once, when the recording ends: a recording
-    counts its samples by this, not by decoded frames (see Profiler's ``fold_cfi``). Equal stacks of
-    drains that saw the same file ids are one key. (A named tuple: one is made per distinct stack of a
-    drain, at 10k a second.)"""
-
-    words: bytes
-    ids: FileIds
-
-    def decoded(self) -> UnwoundStack:
-        view = memoryview(self.words)
-        length, status = view.cast("I")[:2]
-        frames = tuple(map(self.ids.folded_frames().__getitem__, view.cast("Q")[1:1 + length]))
-        return UnwoundStack(frames, _status(status))
+def decode_cfi(words: bytes, status: int, ids: FileIds | None) -> UnwoundStack:
+    """A CFI stack as the walker stored it (frame words) with the file ids of the drain that read it."""
+    frames = array.array("Q", words)
+    if ids is None:  # cannot happen: a CFI record always comes with its drain's ids
+        return UnwoundStack(tuple(UserFrame(None, 0) if f & FILE_FRAME else UserFrame(None, f) for f in frames),
+                            _status(status))
+    return UnwoundStack(tuple(map(ids.frames().__getitem__, frames)), _status(status))
 
 
 @dataclass
@@ -141,7 +132,6 @@ class UnwindMaps:
         self._generation_started = clock()
         self.generation = 0  # bumped when every process's table was dropped (see the module docstring)
         self.stats: Counter[str] = Counter()
-        self._stacks: list[MapTaker] = []  # the two sets' cfistacks, taken whole at each drain
         self._ids: FileIds | None = None  # the last drain's file ids
 
     def load_step(self) -> None:
@@ -186,32 +176,16 @@ class UnwindMaps:
     def has_process(self, pid: int) -> bool:
         return self._procs.Key(pid) in self._procs
 
-    def read_stacks(self, index: int, fold: bool = False) -> dict[int, UnwoundStack | FoldedStack]:
-        """The stacks of map set ``index`` by hash, decoded (with ``fold``, a stack all in files with a
-        build-id is left as a :class:`FoldedStack`, which costs a slice where decoding costs a lookup per
-        frame); the map is cleared. Each call is a drain: a generation retired RETIRED_READS drains ago is
-        forgotten after it (a stack sampled just before the reset is in the set the next drain reads, or,
-        when the reset came between that drain's flip and its read, in the one after)."""
-        if not self._stacks:
-            self._stacks = [MapTaker(self._bpf[f"cfistacks{i}".encode()]) for i in (0, 1)]
-        keys, values, count = self._stacks[index].take()
-        file_ids = self._file_ids()  # after the take: every id a stack names was handed out before it
-        frame_of = _FrameCache(file_ids.tables).__getitem__  # a drain's stacks share most of their frames
-        words, halves = memoryview(values).cast("Q"), memoryview(values).cast("I")  # struct unwind_stack
-        top_bytes = values[7::8] if fold else b""  # each word's most significant byte: FILE_FRAME's
-        stride = self._stacks[index].value_size // 8  # len and status (one word), then the frames
-        stacks: dict[int, UnwoundStack | FoldedStack] = {}
-        for key, start in zip(array.array("Q", keys), range(0, count * stride, stride)):
-            length = halves[2 * start]
-            end = start + 1 + (length if length < stride else stride - 1)
-            if fold and length and min(top_bytes[start + 1:end]) >= FILE_FRAME_TOP:
-                stacks[key] = FoldedStack(values[8 * start:8 * end], file_ids)
-                continue
-            stacks[key] = UnwoundStack(tuple(map(frame_of, words[start + 1:end])), _status(halves[2 * start + 1]))
+    def drain_ids(self) -> FileIds:
+        """The file ids the stacks a drain read decode with: call it after reading them (every id a stack
+        names was handed out before). Each call is a drain: a generation retired RETIRED_READS drains ago
+        is forgotten after it (a stack sampled just before the reset is read by the next drain, or, when
+        the reset came between that drain's flip and its read, by the one after)."""
+        ids = self._file_ids()
         with self._lock:
             self._reads += 1
             self._retired = [(at, ids) for at, ids in self._retired if self._reads - at < RETIRED_READS]
-        return stacks
+        return ids
 
     def _file_ids(self) -> FileIds:
         """The ids as of now, the previous drain's object when they are the same."""
@@ -245,6 +219,8 @@ class UnwindMaps:
         self._by_id, self._files, self._next_row = {}, {}, 0
         self._generation_started = self._clock()
         self.generation += 1
+        salt = self._bpf[b"unwind_generation"]  # before any new table: walks from now on hash with it
+        salt[salt.Key(0)] = salt.Leaf(self.generation)
         self.stats["generations"] += 1
 
     def _fits(self, mappings: Sequence[ProcessMapping]) -> bool:

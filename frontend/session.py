@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TypeVar
 
+from optrace.bpf.profiler import FoldedCounts
 from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
@@ -85,9 +86,10 @@ class SessionOptions:
     # a 20,000-name map's copied names held 6-7 MB while its process lived). False: names are copied (record
     # names its samples at the end, and a map rewritten in place by then would have lost them).
     jit_names_in_files: bool = False
-    # True: CFI stacks all in files with a build-id come back undecoded, in Drain.folded, to be counted as
-    # they are and decoded once when the recording ends (record: see bpf/profiler.py's fold_cfi)
-    fold_cfi: bool = False
+    # True: counts whose stacks are named from files or kernel IPs alone come back undecoded, in
+    # Drain.folded, to be summed as they are and decoded once when the recording ends (record: see
+    # bpf/profiler.py's fold)
+    fold: bool = False
     # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
     # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
     scan_slice_s: float | None = None
@@ -117,8 +119,8 @@ class Drain:
     off_cpu: list[RawSample] = field(default_factory=list)  # count: nanoseconds; user frames translated
     off_cpu_maybe_jit: list[bool] = field(default_factory=list)
     off_cpu_short_waits: int = 0  # waits under the minimum block time, left out
-    # (pid, comm, FoldedStack, kernel IPs, tid) -> samples: CFI stacks in files only (fold_cfi)
-    folded: dict[tuple, int] = field(default_factory=dict)
+    # With ``fold``: the counts named from files and kernel IPs alone, undecoded (bpf.profiler.FoldedCounts)
+    folded: FoldedCounts = field(default_factory=FoldedCounts)
 
 
 class ProcessTracker:
@@ -193,7 +195,7 @@ class ProfilingSession:
         self._drains = 0
         self.unwinding = None  # ProcessUnwinding with call_graph "dwarf"
         self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
-        # fold_cfi: pid -> build-ids of every CFI table given for it (set before the table, on the worker)
+        # fold: pid -> build-ids of every CFI table given for it (set before the table, on the worker)
         self._table_build_ids: dict[int, frozenset[bytes]] = {}
         # Processes whose table was loaded since the last drain: the dynamic loader may still be mapping
         # their libraries (a new epoch makes the sampler ignore the table), so polls look at them too.
@@ -220,7 +222,7 @@ class ProfilingSession:
         self._kallsyms = KernelSymbolsLoader()  # parsed while BCC compiles (the compile releases the GIL)
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
-                                 cfi_unwind=cfi, fold_cfi=cfi and opts.fold_cfi)
+                                 cfi_unwind=cfi, fold=opts.fold)
         self.profiler.load()
         self._load_off_cpu()
 
@@ -320,10 +322,8 @@ class ProfilingSession:
         samples = [self._translated(s, translated, addresses) for s in result.samples
                    if not self.options.comms or s.comm in self.options.comms]
         folded = result.folded
-        if self.options.comms:
-            folded = {key: n for key, n in folded.items() if key[1] in self.options.comms}
         self._note_execs(result.execs)
-        maybe_jit = self._learn_processes(samples, result.time, {key[0] for key in folded})
+        maybe_jit = self._learn_processes(samples, result.time, folded.pids())
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
             self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,
@@ -403,7 +403,7 @@ class ProfilingSession:
         if not epoch or mappings is None:
             return
         generation = maps.generation
-        if self.options.fold_cfi:  # before the table: a stack it unwinds may be drained at once
+        if self.options.fold:  # before the table: a stack it unwinds may be drained at once
             ids = frozenset(m.build_id for m in mappings if m.build_id)
             self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
         maps.load_process(pid, epoch, mappings)

@@ -45,7 +45,15 @@ Decoder = Callable[[Any], Any]
 
 
 def encode(value: Any) -> Any:
-    """A dataclass tree as JSON-ready values (bytes as hex, tuples as lists, dict keys as strings)."""
+    """A dataclass tree as JSON-ready values (bytes as hex, tuples as lists, dict keys as strings). A flat
+    dataclass (a record's frames and samples: 100k of them at 10k samples a second) is its own ``__dict__``,
+    copied, its tuples as lists."""
+    tuples = _flat_tuple_fields(type(value))
+    if tuples is not None:
+        document = dict(value.__dict__)
+        for name in tuples:
+            document[name] = list(document[name])
+        return document
     if dataclasses.is_dataclass(value):
         return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, bytes):
@@ -55,6 +63,32 @@ def encode(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(key): encode(item) for key, item in value.items()}
     return value
+
+
+_FLAT_SCALARS = (int, str, bool, float, type(None))
+
+
+@functools.cache
+def _flat_tuple_fields(cls: type) -> tuple[str, ...] | None:
+    """For a dataclass with a ``__dict__`` whose fields hold only numbers, strings, booleans, None and
+    tuples of those, its tuple fields; else None."""
+    if not dataclasses.is_dataclass(cls) or hasattr(cls, "__slots__"):
+        return None
+    hints = typing.get_type_hints(cls)
+    if not all(_flat_hint(hint) for hint in hints.values()):
+        return None
+    return tuple(name for name, hint in hints.items() if typing.get_origin(hint) is tuple)
+
+
+def _flat_hint(hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        return _flat_hint(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return all(_flat_hint(arg) for arg in args)
+    if origin is tuple:
+        return all(arg is Ellipsis or arg in _FLAT_SCALARS for arg in args)
+    return hint in _FLAT_SCALARS
 
 
 def decode(data: Any, hint: Any) -> Any:

@@ -40,7 +40,7 @@ def check_frequency(hz: int) -> None:
 @click.option("--jit-max-file-size", type=click.IntRange(1), default=256, show_default=True, metavar="MB",
               help="Larger perf maps and jitdumps are refused.")
 @click.option("--stack-storage-size", type=click.IntRange(1, 1 << 20), default=None,
-              help="Distinct stacks the kernel holds per drain period (more: fewer collisions, more memory). "
+              help="Distinct stacks the kernel's stack store keeps (more: fewer lost stacks, more memory). "
                    "Default: 4 x CPUs x Hz, 8192 to 131072.")
 @click.option("--off-cpu", "off_cpu", is_flag=True, help="Also record where threads wait off CPU (nanoseconds).")
 @click.option("--wall", is_flag=True, help="--off-cpu with the CPU samples: where wall-clock time goes.")

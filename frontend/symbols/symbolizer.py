@@ -101,17 +101,40 @@ class Symbolizer:
         self.machine.close()
 
     def symbolize(self, samples: Iterable[RawSample]) -> tuple[list[Frame], list[Sample]]:
+        """Each distinct frame is named once per call: a kernel address, a (pid, user frame), or for a raw
+        address a (pid, address, time) (JIT code is named as of its sample's time). A recording at 10k
+        samples a second of distinct stacks names 100k stacks of 10 frames from a few hundred frames."""
         index: dict[Frame, int] = {}
+        resolved: list[bool] = []
+        kernel_ids: dict[int, int] = {}
+        user_ids: dict[tuple, int] = {}
+
+        def interned(frame: Frame) -> int:
+            found = index.get(frame)
+            if found is None:
+                found = index[frame] = len(resolved)
+                resolved.append(frame.resolved)
+            return found
+
         rows = []
         named = total = 0
         self._scan_sliced = False
         for raw in samples:
-            frames = [self._kernel_frame(ip) for ip in raw.kernel]
-            frames += [self._user_frame(raw, frame) for frame in raw.user]
-            total += len(frames)
-            named += sum(frame.resolved for frame in frames)
-            rows.append(Sample(raw.pid, raw.comm, tuple(index.setdefault(f, len(index)) for f in frames), raw.count,
-                               raw.tid))
+            ids = []
+            for ip in raw.kernel:
+                found = kernel_ids.get(ip)
+                if found is None:
+                    found = kernel_ids[ip] = interned(self._kernel_frame(ip))
+                ids.append(found)
+            for frame in raw.user:
+                key = (raw.pid, frame) if frame.build_id is not None else (raw.pid, frame, raw.time)
+                found = user_ids.get(key)
+                if found is None:
+                    found = user_ids[key] = interned(self._user_frame(raw, frame))
+                ids.append(found)
+            total += len(ids)
+            named += sum(map(resolved.__getitem__, ids))
+            rows.append(Sample(raw.pid, raw.comm, tuple(ids), raw.count, raw.tid))
         self.stats["frames_resolved"] += named
         self.stats["frames_unresolved"] += total - named
         self._trim()

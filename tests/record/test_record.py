@@ -183,12 +183,11 @@ def test_no_stacks_keeps_only_the_leaf(tmp_path, workloads):
 
 
 def test_lost_stacks_are_counted_and_reported(tmp_path, workloads):
-    """A tiny stack map forces collisions and a full map. Every sample shown as [unknown] is counted in the
+    """A tiny stack store fills up between two drains. Every sample shown as [unknown] is counted in the
     lost line (each sample once); the only counted ones not [unknown] are kernel-mode samples that kept one
     of their two stacks. More than 1 % lost: a warning names the flag."""
-    loop = f"for i in $(seq 20); do {workloads / 'shortlived'} 20; done"
-    # frame-pointer stacks: the stack maps are then the only store (the CFI unwinder keeps its own)
-    data = record(tmp_path, "-F", "999", "--call-graph", "fp", "--stack-storage-size", "2", "--", "sh", "-c", loop)
+    # 262,144 possible stacks: nearly every sample's is new, and a store of 2 holds a few hundred
+    data = record(tmp_path, "-F", "999", "--stack-storage-size", "2", "--", str(workloads / "stacks"), "1.5")
     report = report_json(data)
     meta = report["meta"]
     lost_user_stacks = {k: n for k, n in meta["lost"].items() if k.startswith("user_stack")}
@@ -204,7 +203,7 @@ def test_lost_stacks_are_counted_and_reported(tmp_path, workloads):
     for reason in lost_user_stacks:
         assert reason in table
     share = 100 * stackless / meta["total_samples"]
-    assert f"# Warning: {share:.1f}% of samples lost their stack (stack maps of 2): " \
+    assert f"# Warning: {share:.1f}% of samples lost their stack (a stack store of 2 stacks): " \
            "record with --stack-storage-size 8192" in table.splitlines()
 
 

@@ -33,7 +33,7 @@ def synthetic_record(with_calls: bool = False) -> Record:
     meta = RecordMeta(
         optrace_version="0.1.0", hostname="testhost", kernel="6.18.0", started=1_795_000_000.0,
         duration_s=2.5, frequency_hz=499, event="cpu-clock", command=[DEMO, "3"], exit_status=0,
-        total_samples=1000, lost={"user_stack_collision": 3}, warnings=["one test warning"],
+        total_samples=1000, lost={"user_stack_missing": 3}, warnings=["one test warning"],
     )
     samples = [  # demo has two threads: 100 (hot_a, the write) and 101 (hot_b, lib_burn)
         Sample(100, "demo", (1, 0), 400, tid=100),

@@ -16,7 +16,7 @@ def test_table_header_columns_and_markers(record: Record) -> None:
     assert lines[0] == "# optrace report of optrace.data"
     assert "# Samples: 1000 of event 'cpu-clock', 499 Hz, 2.50 s" in lines
     assert "# Target: command /work/main/workloads/build/demo 3 (exit status 0)" in lines
-    assert "# Total Lost Samples: 0; samples without their stack: 3 (user_stack_collision: 3)" in lines
+    assert "# Total Lost Samples: 0; samples without their stack: 3 (user_stack_missing: 3)" in lines
     assert "# Warning: one test warning" in lines
     assert "# Overhead  Samples  Command  Shared Object      Symbol" in lines
     body = [line for line in lines if line and not line.startswith("#")]
@@ -57,7 +57,7 @@ def test_table_without_matching_rows(record: Record) -> None:
 
 def test_json_rows_meta_and_nulls(record: Record) -> None:
     doc = json.loads(render_report(record, ReportOptions(), "json", "f"))
-    assert doc["meta"]["frequency_hz"] == 499 and doc["meta"]["lost"]["user_stack_collision"] == 3
+    assert doc["meta"]["frequency_hz"] == 499 and doc["meta"]["lost"]["user_stack_missing"] == 3
     assert doc["calls"] == []
     assert doc["report"]["total_samples"] == 1000
     first = doc["rows"][0]

@@ -123,7 +123,7 @@ def test_hot_function_has_its_share_of_samples(workload_run, expo):
     shares = {symbol: increase(workload_run, expo, CPU, comm="srvdemo", symbol=symbol) / total
               for symbol in ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix(double)")}
     shares["lost"] = {reason: increase(workload_run, expo, "optrace_lost_samples_total", reason=reason)
-                      for reason in ("user_stack_collision", "kernel_stack_collision", "counts_map_full")}
+                      for reason in ("user_stack_missing", "kernel_stack_missing", "counts_map_full")}
     rows = {dict(key)["dso"] + " " + dict(key)["symbol"]: value for key, value in
             expo.samples(workload_run.after, CPU).items() if dict(key)["comm"] == "srvdemo"}
     shares["rows"] = rows  # all of srvdemo's, to tell where a missing share went

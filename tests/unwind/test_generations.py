@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from optrace.bpf import unwindmaps
-from optrace.bpf.unwindmaps import FILE_FRAME, FILE_OFFSET_BITS, ROW_SIZE, ProcessMapping, UnwindMaps
+from optrace.bpf.unwindmaps import FILE_FRAME, FILE_OFFSET_BITS, ROW_SIZE, ProcessMapping, UnwindMaps, decode_cfi
 from optrace.frontend import session as session_module
 from optrace.frontend.session import ProfilingSession, SessionOptions
 from optrace.frontend.unwind.cache import UnwindTableCache
@@ -52,20 +52,11 @@ class Table(dict):
 
 
 
-class FakeTaker:
-    """bpf.maptaker.MapTaker over a Table of stacks: the bytes the kernel's batch read gives (struct
-    unwind_stack with room for 4 frames), the table emptied."""
+class Array(dict):
+    """A BPF array as BCC shows it: ``a[a.Key(i)] = a.Leaf(v)``; values by index."""
 
-    value_size = 8 + 8 * 4
-
-    def __init__(self, table: Table) -> None:
-        self.table = table
-
-    def take(self) -> tuple[bytes, bytes, int]:
-        items = list(dict.items(self.table))
-        self.table.clear()
-        values = b"".join(struct.pack("=II4Q", v.len, v.status, *(list(v.frames) + [0] * 4)[:4]) for _, v in items)
-        return array.array("Q", [key for key, _ in items]).tobytes(), values, len(items)
+    Key = staticmethod(lambda value: value)
+    Leaf = staticmethod(lambda value: value)
 
 
 class Maps(dict):
@@ -75,7 +66,7 @@ class Maps(dict):
         fd = os.memfd_create("unwind_rows")
         os.ftruncate(fd, capacity * ROW_SIZE)
         super().__init__({b"unwind_rows": SimpleNamespace(map_fd=fd), b"unwind_procs": Table(),
-                          b"cfistacks0": Table(), b"cfistacks1": Table()})
+                          b"unwind_generation": Array()})
 
     def rows(self, start: int, count: int) -> bytes:
         return os.pread(self[b"unwind_rows"].map_fd, count * ROW_SIZE, start * ROW_SIZE)
@@ -115,8 +106,7 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def maps(clock, monkeypatch) -> tuple[UnwindMaps, Maps]:
-    monkeypatch.setattr(unwindmaps, "MapTaker", FakeTaker)
+def maps(clock) -> tuple[UnwindMaps, Maps]:
     bpf = Maps()
     return UnwindMaps(bpf, CAPACITY, clock=clock), bpf
 
@@ -131,9 +121,13 @@ def session(maps) -> ProfilingSession:
     return session
 
 
-def stack_of(file_id: int, offset: int) -> SimpleNamespace:
-    frame = FILE_FRAME | file_id << FILE_OFFSET_BITS | offset
-    return SimpleNamespace(len=1, status=0, frames=[frame])
+def words(*frames: int) -> bytes:
+    """A CFI stack's frames as the walker stores them in the stack store."""
+    return array.array("Q", frames).tobytes()
+
+
+def in_file(file_id: int, offset: int) -> int:
+    return FILE_FRAME | file_id << FILE_OFFSET_BITS | offset
 
 
 def file_id(unwind: UnwindMaps, name: str) -> int:
@@ -164,11 +158,17 @@ def test_a_retired_file_id_decodes_until_the_stacks_before_the_reset_are_read(ma
     unwind.load_process(3, 7, mappings_of(3))
     assert file_id(unwind, "c") != old  # not handed out again while it may be read
     for _ in range(unwindmaps.RETIRED_READS):
-        bpf[b"cfistacks0"][SimpleNamespace(value=5)] = stack_of(old, 0x123)
-        assert unwind.read_stacks(0)[5].frames == (UserFrame(b"a".ljust(20, b"\0"), 0x123),)
-    bpf[b"cfistacks0"][SimpleNamespace(value=5)] = stack_of(old, 0x123)
-    assert unwind.read_stacks(0)[5].frames == (UserFrame(None, 0),)  # forgotten: never guessed
-    assert not bpf[b"cfistacks0"]
+        stack = decode_cfi(words(in_file(old, 0x123)), 0, unwind.drain_ids())
+        assert stack.frames == (UserFrame(b"a".ljust(20, b"\0"), 0x123),)
+    assert decode_cfi(words(in_file(old, 0x123)), 0, unwind.drain_ids()).frames == (UserFrame(None, 0),)  # never guessed
+
+
+def test_a_new_generation_salts_the_walkers_stack_hashes(maps):
+    """Equal frame words of two generations may name other files: their stacks must not share a hash."""
+    unwind, bpf = maps
+    assert bpf[b"unwind_generation"].get(0, 0) == 0
+    unwind.new_generation()
+    assert bpf[b"unwind_generation"][0] == unwind.generation == 1
 
 
 def test_file_ids_stay_bounded_over_many_generations(maps):
@@ -176,7 +176,7 @@ def test_file_ids_stay_bounded_over_many_generations(maps):
     for generation in range(50):
         unwind.new_generation()
         unwind.load_process(1, 7, [mapping(f"file{generation}-{i}", 1, 0x10000 * (i + 1)) for i in range(10)])
-        unwind.read_stacks(generation % 2)
+        unwind.drain_ids()
     sizes = unwind.sizes()
     assert sizes["unwind_files"] == 10 and sizes["unwind_file_ids"] <= 10 * (1 + unwindmaps.RETIRED_READS)
     assert len(unwind._retired) <= unwindmaps.RETIRED_READS
@@ -294,71 +294,53 @@ def test_optrace_itself_is_walked_by_frame_pointers(session, maps, monkeypatch):
     assert set(session._unwound) == {1} and not unwind.has_process(os.getpid())
 
 
-# -- folded stacks (record: counted as the map gave them, decoded once at the end) --------------------------
+# -- CFI stacks decoded with their drain's file ids (record: once, at the end) ------------------------------
 
-def raw_stack(*frames: int, status: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(len=len(frames), status=status, frames=list(frames))
-
-
-def test_a_folded_stack_decodes_as_an_eager_read_does(maps):
-    unwind, bpf = maps
+def test_a_cfi_stack_decodes_file_frames_and_raw_addresses(maps):
+    unwind, _ = maps
     unwind.load_process(1, 7, mappings_of(1))
-    in_file = FILE_FRAME | file_id(unwind, "a") << FILE_OFFSET_BITS
-    stacks = {5: raw_stack(in_file | 0x10, in_file | 0x20, status=1), 6: raw_stack(in_file | 0x10, 0x7f00),
-              7: raw_stack()}
-    eager, folded = ({}, {})
-    for index, result in ((0, eager), (1, folded)):
-        for key, stack in stacks.items():
-            bpf[f"cfistacks{index}".encode()][SimpleNamespace(value=key)] = stack
-        result.update(unwind.read_stacks(index, fold=index == 1))
-    assert isinstance(folded[5], unwindmaps.FoldedStack)  # every frame in a file with a build-id
-    assert not isinstance(folded[6], unwindmaps.FoldedStack) and not isinstance(folded[7], unwindmaps.FoldedStack)
-    assert folded[5].decoded() == eager[5] == unwindmaps.UnwoundStack(
-        (UserFrame(b"a".ljust(20, b"\0"), 0x10), UserFrame(b"a".ljust(20, b"\0"), 0x20)), "chain_end")
-    assert folded[6] == eager[6] and folded[7] == eager[7]
+    frame = in_file(file_id(unwind, "a"), 0)
+    stack = decode_cfi(words(frame | 0x10, frame | 0x20, 0x7f00), 1, unwind.drain_ids())
+    assert stack == unwindmaps.UnwoundStack(
+        (UserFrame(b"a".ljust(20, b"\0"), 0x10), UserFrame(b"a".ljust(20, b"\0"), 0x20), UserFrame(None, 0x7f00)),
+        "chain_end")
 
 
-def test_equal_folded_stacks_of_drains_with_the_same_ids_are_one_key(maps):
-    unwind, bpf = maps
+def test_drains_of_one_generation_share_their_file_ids(maps):
+    """The recording keeps stack records by the file ids they were read with: one set while the generation
+    lasts, however many files it loads."""
+    unwind, _ = maps
     unwind.load_process(1, 7, mappings_of(1))
-    frame = FILE_FRAME | file_id(unwind, "a") << FILE_OFFSET_BITS | 0x10
-    drained = []
-    for _ in range(2):
-        bpf[b"cfistacks0"][SimpleNamespace(value=5)] = raw_stack(frame)
-        drained.append(unwind.read_stacks(0, fold=True)[5])
+    first = unwind.drain_ids()
     unwind.load_process(2, 7, mappings_of(2))  # a file more: the same generation, the same ids
-    bpf[b"cfistacks0"][SimpleNamespace(value=5)] = raw_stack(frame)
-    drained.append(unwind.read_stacks(0, fold=True)[5])
-    assert drained[0] == drained[1] == drained[2] and len({hash(stack) for stack in drained}) == 1
+    assert unwind.drain_ids() is first
     unwind.new_generation()  # other generations: the ids may mean other files
-    bpf[b"cfistacks0"][SimpleNamespace(value=5)] = raw_stack(frame)
-    assert unwind.read_stacks(0, fold=True)[5] != drained[0]
+    assert unwind.drain_ids() is not first
 
 
-def test_a_folded_stack_keeps_its_file_after_the_id_is_handed_out_again(maps, monkeypatch):
+def test_a_stack_keeps_its_file_after_the_id_is_handed_out_again(maps, monkeypatch):
     """Decoded when the recording ends: by then a retired generation's ids may name other files."""
     monkeypatch.setattr(unwindmaps, "MAX_FILE_IDS", 2)
-    unwind, bpf = maps
+    unwind, _ = maps
     unwind.load_process(1, 7, mappings_of(1))
     old = file_id(unwind, "a")
-    bpf[b"cfistacks0"][SimpleNamespace(value=5)] = raw_stack(FILE_FRAME | old << FILE_OFFSET_BITS | 0x10)
-    folded = unwind.read_stacks(0, fold=True)[5]
+    ids = unwind.drain_ids()
     given_old_id = []
     for name in ("b", "c", "d"):  # ids 1 and 2 over and over, once the retired ones are forgotten
         unwind.new_generation()
         unwind.load_process(2, 7, [mapping(name, 1, 0x10000)])
         given_old_id += [name] if file_id(unwind, name) == old else []
         for _ in range(unwindmaps.RETIRED_READS):
-            unwind.read_stacks(1)
+            unwind.drain_ids()
     assert given_old_id  # another file has the id now
-    assert folded.decoded().frames == (UserFrame(b"a".ljust(20, b"\0"), 0x10),)
+    assert decode_cfi(words(in_file(old, 0x10)), 0, ids).frames == (UserFrame(b"a".ljust(20, b"\0"), 0x10),)
 
 
 def test_folded_stacks_count_their_tables_build_ids(session, monkeypatch):
     """A folded stack's frames are not looked at before the end: its process's CFI tables' build-ids stand
     for them, so a process showing a new file is snapshotted while it is alive."""
     snapshots = []
-    session.options = SessionOptions(forget_exited=True, fold_cfi=True)
+    session.options = SessionOptions(forget_exited=True, fold=True)
     session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path: None)
     session.unwind(1)
     assert session._table_build_ids[1] == {b"a".ljust(20, b"\0")}
