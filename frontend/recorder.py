@@ -47,15 +47,21 @@ class RecordOptions:
     call_graph: str = "dwarf"  # or "fp" (see SessionOptions.call_graph)
 
 
+FOLD_BATCH_KEYS = 1 << 18  # folded keys kept as the drains gave them before they are summed (16 MiB of bytes)
+
+
 class SampleStore:
     """Raw samples summed over drains. The drain time is kept only for stacks that may be in JIT code
     (a raw-IP frame in no file mapping), whose addresses get reused; other stacks merge across drains.
-    Folded counts (Drain.folded) are summed as the kernel gave them, with the stack records their drains
-    read, and decoded once, by :meth:`samples`."""
+    Folded counts (Drain.folded) are kept as the kernel gave them, summed by key bytes once
+    FOLD_BATCH_KEYS of them wait (and at the end), with the stack records their drains read, and decoded
+    once, by :meth:`samples`: a drain adds two list items, however many stacks it read."""
 
     def __init__(self) -> None:
         self._counts: Counter[tuple] = Counter()
         self._folded: dict[bytes, int] = {}
+        self._waiting: list[FoldedCounts] = []
+        self._waiting_keys = 0
         self._records: list[tuple[object, dict[int, bytes]]] = []  # (file ids, stack records read with them)
 
     def add(self, sample: RawSample, timed: bool) -> None:
@@ -64,19 +70,29 @@ class SampleStore:
         self._counts[key] += sample.count
 
     def add_folded(self, folded: FoldedCounts) -> None:
-        """A drain's folded counts: at 10k samples a second of distinct stacks, dict operations in C and no
-        Python step per key; its stack records join those read with the same file ids."""
-        drained, mine = folded.counts(), self._folded
-        for key in drained.keys() & mine.keys():
-            drained[key] += mine[key]
-        mine.update(drained)
-        if not self._records or self._records[-1][0] is not folded.ids:
-            self._records.append((folded.ids, {}))
-        self._records[-1][1].update(folded.records)  # a stack read again is the same bytes
+        self._waiting.append(folded)
+        self._waiting_keys += len(folded.values) // 8
+        if self._waiting_keys >= FOLD_BATCH_KEYS:
+            self._sum_waiting()
+
+    def _sum_waiting(self) -> None:
+        """The waiting drains' counts summed into :attr:`_folded` (dict operations in C, a Python step only
+        per key seen before), their records joined to those read with the same file ids."""
+        mine = self._folded
+        for folded in self._waiting:
+            drained = folded.counts()
+            for key in drained.keys() & mine.keys():
+                drained[key] += mine[key]
+            mine.update(drained)
+            if not self._records or self._records[-1][0] is not folded.ids:
+                self._records.append((folded.ids, {}))
+            self._records[-1][1].update(folded.records)  # a stack read again is the same bytes
+        self._waiting, self._waiting_keys = [], 0
 
     def samples(self, decode: Callable[[Mapping[bytes, int], Sequence[tuple[object, Mapping[int, bytes]]]],
                                        list[RawSample]] = lambda counts, records: []) -> list[RawSample]:
         """Every sample, the folded counts decoded by ``decode`` (Profiler.decode_folded)."""
+        self._sum_waiting()
         for sample in decode(self._folded, self._records):
             self.add(sample, timed=False)
         self._folded, self._records = {}, []

@@ -399,7 +399,8 @@ class ProfilingSession:
         epoch = self.profiler.epoch(pid)
         maps = self.profiler.unwind
         loaded = None if self.options.keep_unwind_rows else maps.is_loaded
-        mappings = self.unwinding.mappings(pid, loaded)
+        own = pid == os.getpid()  # walked by frame pointers (see _unwind_later)
+        mappings = self.unwinding.frame_pointer_mappings(pid) if own else self.unwinding.mappings(pid, loaded)
         if not epoch or mappings is None:
             return
         generation = maps.generation
@@ -409,7 +410,7 @@ class ProfilingSession:
         maps.load_process(pid, epoch, mappings)
         if maps.generation != generation:  # every other table was dropped: loaded again once sampled
             self._unwound = {}
-            if loaded is not None:  # and this one's files that came without rows got none: ask again
+            if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
                 mappings = self.unwinding.mappings(pid, loaded) or []
                 maps.load_process(pid, epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
@@ -422,11 +423,13 @@ class ProfilingSession:
         With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
         (a compiler's first cc1 is: the next one finds them ready).
 
-        optrace's own process is walked by frame pointers only: BCC maps libLLVM, libclang-cpp and libz3,
-        2.3 M unwind rows, more than the kernel's row array holds (bpf/unwindmaps.py). Unwinding it cost
-        serve 2 s of conversion and 40 MB of transient memory at start and after every new generation,
-        and its rows filled 80 % of the array, so other processes' files started new generations sooner."""
-        if self._unwind_worker is None or pid in self._unwind_queued or pid == os.getpid():
+        optrace's own process is walked by frame pointers only, through a table without rows (its frames
+        named by file, so its samples fold like others': at 10k samples a second, decoding its raw stacks at
+        every drain was a sixth of the drain): BCC maps libLLVM, libclang-cpp and libz3, 2.3 M unwind rows,
+        more than the kernel's row array holds (bpf/unwindmaps.py). Unwinding it cost serve 2 s of
+        conversion and 40 MB of transient memory at start and after every new generation, and its rows
+        filled 80 % of the array, so other processes' files started new generations sooner."""
+        if self._unwind_worker is None or pid in self._unwind_queued:
             return
         self._unwind_queued.add(pid)
         try:

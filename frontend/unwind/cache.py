@@ -53,7 +53,7 @@ from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 from optrace.frontend.unwind.builder import InProcessBuilder, TableBuilder
 from optrace.frontend.unwind.cfi import CfiError
 from optrace.frontend.unwind.table import EMPTY, UnwindTable
-from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file
+from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file, file_without_rows
 from optrace.procfs import MapEntry
 
 DEFAULT_MAX_BYTES = 256 << 20
@@ -128,6 +128,17 @@ class UnwindTableCache:
             return self.file_of_open_file(fd, entry.file_path, need_rows)
         finally:
             os.close(fd)
+
+    def file_without_rows(self, pid: int, entry: MapEntry) -> UnwindFile:
+        """The file ``pid`` maps at ``entry``, its build-id and load segments only (not converted, not kept):
+        NO_FILE when it is gone or bad (counted)."""
+        def read() -> UnwindFile:
+            fd = open_mapped_file(pid, entry, ELF_POLICY)
+            if fd is None:
+                return NO_FILE
+            with reader_for(fd, ELF_POLICY, entry.file_path) as reader:
+                return file_without_rows(reader, file_identity(fd))
+        return self._problems.contained(entry.file_path, CONSEQUENCE, read) or NO_FILE
 
     def file_of_ref(self, ref: FileRef) -> UnwindFile:
         """A file the symbol layer names (a debug file, a library by path)."""

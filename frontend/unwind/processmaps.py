@@ -56,6 +56,26 @@ class ProcessUnwinding:
                 found.append(mapping)
         return found
 
+    def frame_pointer_mappings(self, pid: int) -> list[ProcessMapping] | None:
+        """The process's executable file mappings without rows: the BPF walker follows frame pointers in
+        them, as the kernel's walk would, and names its frames by file and offset (folded in a recording
+        like any CFI stack, where raw addresses are decoded at every drain). For optrace's own process,
+        whose BCC libraries alone hold more rows than the kernel's array (see ProfilingSession). The
+        files get keys of their own, so a process with rows for the same file is not walked without them."""
+        try:
+            entries = parse_maps(read_maps_text(pid))
+        except OSError:
+            return None
+        found = []
+        for entry in entries:
+            if not (entry.is_file and entry.executable):
+                continue
+            unwind = self.tables.file_without_rows(pid, entry)
+            if unwind.identity is not None:
+                found.append(ProcessMapping(entry.start, entry.end, entry.offset, unwind.bias(entry),
+                                            ("frame pointers", unwind.identity), b"", unwind.build_id))
+        return found
+
     def warm(self, executable: str) -> None:
         """Build the tables of ``executable`` (a path as passed to execve) and the libraries it needs
         before it runs, so its first samples are unwound too (the build takes a fraction of a second per

@@ -11,7 +11,7 @@ from typing import BinaryIO
 
 from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
-from optrace.frontend.unwind.table import UnwindTable, build_table
+from optrace.frontend.unwind.table import EMPTY, UnwindTable, build_table
 from optrace.procfs import MapEntry
 
 MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per file (linkers write 2-5)
@@ -50,3 +50,11 @@ def convert_file(stream: BinaryIO, identity: FileIdentity | None = None,
     loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
     build_id = read_build_id(stream)  # first: the table's build may take a while, the reader has a time budget
     return UnwindFile(build_table(elf, stop=stop), build_id, loads, identity)
+
+
+def file_without_rows(stream: BinaryIO, identity: FileIdentity | None = None) -> UnwindFile:
+    """The PT_LOAD segments and build-id of the ELF file ``stream``, no table: its code is walked by frame
+    pointers, its frames still named by file and offset."""
+    elf = ElfFile(stream)
+    loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
+    return UnwindFile(EMPTY, read_build_id(stream), loads, identity)

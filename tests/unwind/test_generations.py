@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import dataclasses
 import os
 import struct
 import subprocess
@@ -286,12 +287,16 @@ def _waiting_on_stdin(pid: int) -> bool:
 
 
 def test_optrace_itself_is_walked_by_frame_pointers(session, maps, monkeypatch):
-    """Its BCC libraries alone hold more rows than the kernel's array (see ProfilingSession._unwind_later)."""
+    """Its BCC libraries alone hold more rows than the kernel's array (see ProfilingSession._unwind_later):
+    its table has no rows, and keys of its own, so no other process is walked without rows for its files."""
     unwind, _ = maps
     monkeypatch.setitem(PROCESSES, os.getpid(), ["a"])
+    session.unwinding.frame_pointer_mappings = lambda pid: [
+        dataclasses.replace(m, rows=b"", file_key=("frame pointers", m.file_key)) for m in mappings_of(pid)]
     samples = [RawSample(pid, "p", (UserFrame(None, 0x10010),), (), 4) for pid in (os.getpid(), 1)]
     session._unwind_processes(samples)
-    assert set(session._unwound) == {1} and not unwind.has_process(os.getpid())
+    assert set(session._unwound) == {1, os.getpid()}
+    assert unwind._files["a"].row_count == 40 and unwind._files[("frame pointers", "a")].row_count == 0
 
 
 # -- CFI stacks decoded with their drain's file ids (record: once, at the end) ------------------------------
