@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import time
+from collections import Counter
 from typing import NamedTuple
 
 STACK_KERNEL, STACK_RAW, STACK_BUILD_ID, STACK_CFI = 1, 2, 3, 4  # keep in sync with stackstore.c
@@ -63,7 +64,7 @@ class StackStore:
         self._cursor = [0, 0]
         self._records: list[dict[int, bytes]] = [{}, {}]  # by half, as parse_records keeps them
         self.epoch = 0
-        self.turnovers = 0
+        self.stats: Counter[str] = Counter()  # "records" (distinct per read) and "words" read, "turnovers"
 
     def get(self, stack_hash: int) -> bytes | None:
         """A stack record (see :func:`stored`) of either half."""
@@ -88,7 +89,7 @@ class StackStore:
         self._records[other] = {}
         self.epoch += 1
         self._set(0, self.epoch)
-        self.turnovers += 1
+        self.stats["turnovers"] += 1
         time.sleep(self._grace_s)  # programs that saw the old epoch finish their records in the old half
 
     def _set(self, slot: int, value: int) -> None:
@@ -106,11 +107,13 @@ class StackStore:
                 break
             words = self._copy(half, start, end)
             done = parse_records(words, epoch_bits, records)
-            self._records[half].update(records)
             self._cursor[half] = start + done
+            self.stats["words"] += done
             if start + done >= end:
                 break
             time.sleep(UNCOMMITTED_PAUSE_S)
+        self._records[half].update(records)
+        self.stats["records"] += len(records)
         return records
 
     def _copy(self, half: int, start: int, end: int) -> bytes:
