@@ -284,8 +284,7 @@ class Profiler:
         new = self.store.read()
         ids = self.unwind.drain_ids() if self.unwind else None  # after the read (see drain_ids)
         result = DrainResult(lost=self._read_lost(), time=now)
-        store = self.store
-        decoder = _Decoder(lambda stack_hash: (lambda record: record and (record, ids))(store.get(stack_hash)))
+        decoder = _Decoder(partial(_with_ids, self.store.get, ids))
         retried, self._waiting = self._waiting, []
         samples = [decoder.sample(key, count, now, missing_ok=True) for key, count in retried]
         keys, values, _ = self._counts[old].take()
@@ -485,6 +484,11 @@ def _insert_if_absent(table, pid: int, value: int) -> None:
 
     key, leaf = table.Key(pid), table.Leaf(value)
     lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)
+
+
+def _with_ids(get: Callable[[int], bytes | None], ids: FileIds | None, stack_hash: int) -> tuple[bytes, FileIds | None] | None:
+    record = get(stack_hash)
+    return None if record is None else (record, ids)
 
 
 class _Decoder:
