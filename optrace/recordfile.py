@@ -28,11 +28,13 @@ times larger, so long recordings stay readable.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
 import zlib
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import NoReturn
 
 from optrace.fileaccess import FilePolicy, RefusedFile, open_file, printable, reader_for
@@ -126,11 +128,41 @@ def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 
+SERIALIZE_CHUNK = 4096  # list items encoded, written and compressed at a time
+
+
 def _serialize(record: Record) -> bytes:
-    payload = json.dumps(encode(record), separators=(",", ":")).encode("ascii")
-    compressed = zlib.compress(payload, 6)
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, zlib.crc32(compressed), len(compressed), len(payload))
+    """The file's bytes. The JSON is made and compressed a piece at a time (a list's items a chunk at a
+    time): a record of 100k samples held whole as encoded dicts and one JSON string was 35 MB of peak RSS
+    on top of the record; the bytes are those of ``json.dumps(encode(record))``, compressed."""
+    compressor = zlib.compressobj(6)
+    pieces: list[bytes] = []
+    length = 0
+    for text in _json_pieces(record):
+        data = text.encode("ascii")
+        length += len(data)
+        pieces.append(compressor.compress(data))
+    pieces.append(compressor.flush())
+    compressed = b"".join(pieces)
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, zlib.crc32(compressed), len(compressed), length)
     return header + compressed
+
+
+def _json_pieces(record: Record) -> Iterator[str]:
+    dumps = json.JSONEncoder(separators=(",", ":")).encode
+    yield "{"
+    for i, field in enumerate(dataclasses.fields(record)):
+        yield f'{"," if i else ""}{dumps(field.name)}:'
+        value = getattr(record, field.name)
+        if not isinstance(value, list):
+            yield dumps(encode(value))
+            continue
+        yield "["
+        for start in range(0, len(value), SERIALIZE_CHUNK):
+            chunk = dumps([encode(item) for item in value[start:start + SERIALIZE_CHUNK]])
+            yield ("," if start else "") + chunk[1:-1]
+        yield "]"
+    yield "}"
 
 
 def _read_payload(path: str, shown: str) -> bytearray:

@@ -311,3 +311,16 @@ def test_write_over_a_device_is_refused(tmp_path: Path, record: Record) -> None:
         write_record(record, device)
     assert stat.S_ISCHR(device.lstat().st_mode)
     assert [p.name for p in tmp_path.iterdir()] == ["null"]
+
+
+def test_the_json_written_a_piece_at_a_time_is_the_whole_documents(record: Record, monkeypatch) -> None:
+    """Lists are encoded and compressed a chunk at a time (peak memory): the payload is still exactly
+    json.dumps of the encoded record, whatever the chunk size against the lists' lengths."""
+    for chunk in (1, 2, 3, 1000):
+        monkeypatch.setattr(recordfile, "SERIALIZE_CHUNK", chunk)
+        data = recordfile._serialize(record)
+        _, _, crc, compressed_len, payload_len = HEADER.unpack(data[:HEADER.size])
+        payload = zlib.decompress(data[HEADER.size:])
+        assert payload == json.dumps(encode(record), separators=(",", ":")).encode()
+        assert (len(payload), compressed_len, crc) == (payload_len, len(data) - HEADER.size,
+                                                       zlib.crc32(data[HEADER.size:]))
