@@ -30,6 +30,7 @@ BYSTANDER_HZ = (999, 9999)
 BYSTANDER_ITERATIONS = 3_000_000_000  # about 3.7 s of CPU here
 SCALE_HZ = 4999
 SCALE_SECONDS = 10
+STARTED_AFTER_S = 2.0  # "once started": the window less its first seconds (the unwinder's start, first drains)
 PERF = "/usr/bin/perf"
 CLK_TCK = 100
 
@@ -138,15 +139,20 @@ def scale_run(tool_key: str, workdir: Path) -> dict:
         recording = Recording(TOOLS[tool_key], argv, out)
         attach_s = recording.wait_attached()
         cpu0, t0 = cpu_seconds(recording.launched.pid), time.monotonic()
-        time.sleep(SCALE_SECONDS * 0.9)
-        cpu_while = (cpu_seconds(recording.launched.pid) - cpu0) / (time.monotonic() - t0)
+        time.sleep(STARTED_AFTER_S)
+        cpu1, t1 = cpu_seconds(recording.launched.pid), time.monotonic()
+        time.sleep(SCALE_SECONDS * 0.9 - STARTED_AFTER_S)
+        cpu2, t2 = cpu_seconds(recording.launched.pid), time.monotonic()
+        cpu_while = (cpu2 - cpu0) / (t2 - t0)
+        cpu_started = (cpu2 - cpu1) / (t2 - t1)
         run, samples = recording.stop(interrupt=False)
         stderr = recording.stderr()
         recording.__exit__(None, None, None)
     finally:
         load.kill()
         load.wait()
-    result = {"attach_s": attach_s, "cpu_while_recording": cpu_while, "cpu_s": run.cpu_s, "wall_s": run.wall_s,
+    result = {"attach_s": attach_s, "cpu_while_recording": cpu_while, "cpu_once_started": cpu_started,
+              "cpu_s": run.cpu_s, "wall_s": run.wall_s,
               "maxrss_mb": run.maxrss_kb / 1024, "samples": samples, "file_mb": out.stat().st_size / 2**20}
     if tool_key == "optrace":
         result.update(_optrace_facts(out))
@@ -191,7 +197,7 @@ def median_run(runs: list[dict]) -> dict:
     if not ok:
         return runs[0]
     middle = dict(ok[len(ok) // 2])
-    for field in ("cpu_while_recording", "cpu_s", "maxrss_mb"):
+    for field in ("cpu_while_recording", "cpu_once_started", "cpu_s", "maxrss_mb"):
         middle[f"{field}_runs"] = [r[field] for r in ok]
     return middle
 
@@ -219,7 +225,8 @@ def targets(res: dict) -> list[dict]:
         out.append({"name": "scale: samples without a stack (10k samples/s)", "target": "<= 1%",
                     "measured": f"{scale['stackless_pct']:.1f}%", "met": scale["stackless_pct"] <= 1})
         out.append({"name": "scale: profiler CPU while recording", "target": "<= 5% of one core",
-                    "measured": f"{100 * scale['cpu_while_recording']:.0f}% ({scale['cpu_s']:.1f} s in all)",
+                    "measured": f"{100 * scale['cpu_while_recording']:.0f}% (once started: "
+                                f"{100 * scale.get('cpu_once_started', 0):.0f}%; {scale['cpu_s']:.1f} s in all)",
                     "met": scale["cpu_while_recording"] <= 0.05})
         out.append({"name": "scale: peak RSS", "target": "<= 250 MB", "measured": f"{scale['maxrss_mb']:.0f} MB",
                     "met": scale["maxrss_mb"] <= 250})
@@ -246,20 +253,24 @@ def markdown(res: dict) -> str:
     rows = []
     for key, r in res["scale"].items():
         if "error" in r:
-            rows.append([key, r["error"][:120]] + [""] * 10)
+            rows.append([key, r["error"][:120]] + [""] * 11)
             continue
         cpu_pct = [100 * x for x in r.get("cpu_while_recording_runs", [])]
         rows.append([key, r.get("samples"), f"{r.get('stackless_pct', 0):.1f} %" if key == "optrace" else r["lost_line"][:60],
                      r.get("distinct_stacks", ""), f"{100 * r['cpu_while_recording']:.0f} %{spread(cpu_pct, '.0f')}",
+                     f"{100 * r.get('cpu_once_started', 0):.0f} %"
+                     f"{spread([100 * x for x in r.get('cpu_once_started_runs', [])], '.0f')}",
                      f"{r['cpu_s']:.1f} s{spread(r.get('cpu_s_runs', []), '.1f')}",
                      f"{r['maxrss_mb']:.0f} MB{spread(r.get('maxrss_mb_runs', []), '.0f')}", f"{r.get('recorded_s', '')}",
                      f"{r['attach_s']:.1f} s", f"{r['file_mb']:.1f} MB",
                      f"{r['report_s']:.2f} s / {r['report_cpu_s']:.2f} s"])
     lines.append(md_table(["tool", "samples", "without stack", "distinct stacks (stacks comm)", "CPU while recording",
-                           "CPU total", "peak RSS", "recorded s", "attach", "file", "flat report wall / CPU"], rows))
+                           f"CPU once started (from {STARTED_AFTER_S:.0f} s on)", "CPU total", "peak RSS", "recorded s", "attach", "file", "flat report wall / CPU"], rows))
     lines += ["", f"Each tool's median of {res.get('scale_rounds', 1)} interleaved runs (by CPU while recording; the "
               "range of all runs in brackets). CPU while recording: the profiler's CPU time over 90 % of the recording window divided by that "
-              "window, read from /proc; a profiler starved of CPU by the machine's load shows little here and "
+              "window, read from /proc (\"once started\": the same less its first "
+              f"{STARTED_AFTER_S:.0f} s, where optrace loads its CFI walker and the workload's unwind tables and its "
+              "first drains learn the processes); a profiler starved of CPU by the machine's load shows little here and "
               "more in \"CPU total\". Flat report: `optrace report -i FILE` vs `perf report --stdio --no-children "
               "-g none -i perf.data`, median of 3, output to /dev/null."]
     return "\n".join(lines) + "\n"
