@@ -223,6 +223,9 @@ static inline int read_user(u64 *value, u64 address)
 static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc)
 {
     u32 n = st->stack.len;
+    // Hides n's range from clang: knowing it (< UNWIND_MAX_FRAMES, one more per inlined frame), the optimizer
+    // spent 0.6 s of the 1.5 s compile on this file here (0.15 s without); the verifier still sees the check.
+    asm volatile("" : "+r"(n));
     if (n >= UNWIND_MAX_FRAMES) {
         st->stack.status = UNWIND_DEPTH;
         return 1;
