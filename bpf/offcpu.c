@@ -13,6 +13,15 @@
 // `start`), reads the counts, then clears the old set's other stacks. Counts are keyed by the set their
 // stacks are in and read with lookup-and-delete, from both sets.
 
+// WAIT_EVERY > 1: one wait in WAIT_EVERY (on average) is recorded and counted WAIT_EVERY times (its
+// time, and the lost counters it adds to), so the sums stay estimates of all the waits' time while only
+// one switch-out in WAIT_EVERY pays for stacks. Chosen at random: a counter (perf's -c for tracepoint
+// events) would always pick the same one of two threads that alternate on a CPU. WAIT_THRESHOLD is
+// 2^32 / WAIT_EVERY, against bpf_get_prandom_u32().
+#ifndef WAIT_EVERY
+#define WAIT_EVERY 1
+#endif
+
 // Kernel stacks start at __schedule: the program's own frame and bpf_trace_run4 are skipped.
 #define KERNEL_SKIP (2 & BPF_F_SKIP_FIELD_MASK)
 
@@ -66,7 +75,7 @@ static inline void count_lost(u32 reason)
 {
     u64 *slot = lost.lookup(&reason);
     if (slot)
-        (*slot)++;
+        *slot += WAIT_EVERY;
 }
 
 static inline int kept_state(u64 preempt, u32 state)
@@ -104,6 +113,10 @@ static inline void switch_out(struct bpf_raw_tracepoint_args *ctx, u64 task)
     }
     if ((state & STATE_DEAD) || !kept_state(ctx->args[0], state))
         return;
+#if WAIT_EVERY > 1
+    if (bpf_get_prandom_u32() >= WAIT_THRESHOLD)
+        return;
+#endif
     u32 zero = 0;
     u32 *set = active.lookup(&zero);
     struct start_t entry = {.ts = bpf_ktime_get_ns()};
@@ -152,7 +165,7 @@ static inline void switch_in(u64 task)
         value = counts.lookup(&key);
     }
     if (value)
-        __sync_fetch_and_add(value, delta);
+        __sync_fetch_and_add(value, delta * WAIT_EVERY);
     else
         count_lost(COUNTS_MAP_FULL);
     // Only now: a drain that finds no entry for this wait finds its count (see offcpu.py's drain).

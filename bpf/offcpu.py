@@ -47,8 +47,10 @@ class OffCpuTracer:
         start_size: int = 32768,
         targets_size: int = 65536,
         kernel_stacks: bool = True,
+        wait_every: int = 1,
     ) -> None:
-        """``kernel_stacks=False``: user stacks only, about 60% cheaper per context switch."""
+        """``kernel_stacks=False``: user stacks only, about 60% cheaper per context switch. ``wait_every`` N:
+        one wait in N, chosen at random, is recorded and counted N times (see offcpu.c)."""
         mask = sum(STATES[state] for state in set(states)) if states else ALL_STATES
         self._cflags = [
             f"-DSTACK_SIZE={stack_storage_size}",
@@ -57,7 +59,10 @@ class OffCpuTracer:
             f"-DTARGETS_SIZE={targets_size}",
             f"-DMIN_BLOCK_NS={min_block_us * 1000}ULL",
             f"-DKEEP_STATES={mask}",
+            f"-DWAIT_EVERY={wait_every}ULL",
         ]
+        if wait_every > 1:
+            self._cflags.append(f"-DWAIT_THRESHOLD={(1 << 32) // wait_every}U")
         if pids is not None:
             self._cflags.append("-DFILTER_PIDS")
         if not kernel_stacks:

@@ -103,6 +103,8 @@ def event_lines(profile: Profile) -> list[str]:
     states = ", ".join(off_cpu.states) or "all"
     lines = [f"# Off CPU measured on the {off_cpu.source}: waits of {off_cpu.min_block_us} us or more,"
              f" states: {states}; percentages are of all the event's time"]
+    if off_cpu.every > 1:
+        lines.append(f"# One wait in {off_cpu.every} recorded (at random), counted {off_cpu.every} times: times are estimates")
     if profile.parts:
         total = sum(profile.parts.values())
         lines.append("# " + ", ".join(f"{part} {human_time(ns)} ({percent(ns, total):.2f}%)"

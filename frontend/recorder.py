@@ -297,7 +297,7 @@ class Recorder:
 
         return OffCpuMeta(source=ATTACHMENT, min_block_us=opts.min_block_us, states=sorted(opts.states),
                           total_ns=sum(s.count for s in off_cpu), short_waits=self.short_waits,
-                          kernel_stacks=opts.kernel_stacks, wall=self.options.wall)
+                          kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every)
 
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:

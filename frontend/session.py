@@ -103,6 +103,7 @@ class OffCpuOptions:
     min_block_us: int = 1  # shorter waits are left out, like BCC's offcputime
     states: frozenset[str] = frozenset()  # of optrace.bpf.offcpu.STATES; empty: every wait
     kernel_stacks: bool = True  # False: user stacks only (the kernel stack is most of the cost)
+    every: int = 1  # N: one wait in N (at random) recorded, counted N times
 
 
 @dataclass
@@ -344,7 +345,7 @@ class ProfilingSession:
         opts = self.options
         self.off_cpu = OffCpuTracer(None if opts.pids is None else [], min_block_us=opts.off_cpu.min_block_us,
                                     states=opts.off_cpu.states, stack_storage_size=self.profiler.stack_storage_size,
-                                    kernel_stacks=opts.off_cpu.kernel_stacks)
+                                    kernel_stacks=opts.off_cpu.kernel_stacks, wait_every=opts.off_cpu.every)
         self.off_cpu.load()
 
     def _drain_off_cpu(self, drain: Drain) -> None:

@@ -119,6 +119,7 @@ class OffCpuMeta:
     kernel_stacks: bool = True  # False: recorded with user stacks only
     # True (record --wall): the CPU samples were taken of the same threads, to be shown as time with it
     wall: bool = False
+    every: int = 1  # N: one wait in N recorded (at random), counted N times: times are estimates
 
 
 @dataclass

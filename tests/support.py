@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -141,3 +142,12 @@ def system_user(name: str) -> Iterator[pwd.struct_passwd]:
     finally:
         if created:
             subprocess.run(["userdel", name], check=False)
+
+
+def leaf_samples(record, comm: str) -> Counter[str]:
+    """Samples per leaf symbol of ``comm``'s samples in a Record (``[unknown]`` for a stackless one)."""
+    leaves: Counter[str] = Counter()
+    for sample in record.samples:
+        if sample.comm == comm:
+            leaves[record.frames[sample.frames[0]].symbol if sample.frames else "[unknown]"] += sample.count
+    return leaves

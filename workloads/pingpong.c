@@ -1,7 +1,8 @@
 /* Context-switch-heavy benchmark target: two threads pass a byte back and forth over two pipes, so
  * each round trip is two blocking reads and (on a busy or single CPU) two context switches. Prints
  * "elapsed_s round_trips_per_s cpu_s" on stdout (cpu_s: the process's user + system time, where the
- * BPF programs run at its switches are counted). Usage: pingpong ROUND_TRIPS */
+ * BPF programs run at its switches are counted). Usage: pingpong ROUND_TRIPS [WORK]: each thread runs WORK
+ * steps of an integer recurrence before each write (the bench sets it so the pair switches at a given rate). */
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -11,13 +12,23 @@
 
 static int ping[2], pong[2];
 static long trips = 100000;
+static long work;
+static volatile unsigned long sink;
+
+static void busy(void)
+{
+    unsigned long x = sink;
+    for (long i = 0; i < work; i++)
+        x = x * 6364136223846793005UL + 1442695040888963407UL;
+    sink = x;
+}
 
 static void *responder(void *arg)
 {
     char byte;
     (void)arg;
     for (long i = 0; i < trips; i++)
-        if (read(ping[0], &byte, 1) != 1 || write(pong[1], &byte, 1) != 1)
+        if (read(ping[0], &byte, 1) != 1 || (busy(), write(pong[1], &byte, 1)) != 1)
             exit(2);
     return NULL;
 }
@@ -26,6 +37,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1)
         trips = atol(argv[1]);
+    if (argc > 2)
+        work = atol(argv[2]);
     if (pipe(ping) != 0 || pipe(pong) != 0)
         return 2;
     pthread_t thread;
@@ -35,7 +48,7 @@ int main(int argc, char **argv)
         return 2;
     char byte = 'x';
     for (long i = 0; i < trips; i++)
-        if (write(ping[1], &byte, 1) != 1 || read(pong[0], &byte, 1) != 1)
+        if ((busy(), write(ping[1], &byte, 1)) != 1 || read(pong[0], &byte, 1) != 1)
             return 2;
     pthread_join(thread, NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -14,6 +14,7 @@ from optrace.escape import escape_controls
 from optrace.kernel import max_sample_rate
 
 MAX_MIN_BLOCK_US = 3_600_000_000  # an hour
+MAX_OFF_CPU_EVERY = 1_000_000
 
 
 def check_frequency(hz: int) -> None:
@@ -50,16 +51,19 @@ def check_frequency(hz: int) -> None:
               help="With --off-cpu: only waits that began in this state (repeat; default: all).")
 @click.option("--off-cpu-user-stacks", "user_stacks_only", is_flag=True,
               help="With --off-cpu: user stacks only, like perf's --off-cpu (the kernel stack is most of the cost).")
+@click.option("--off-cpu-every", "every", type=int, default=1, show_default=True, metavar="N",
+              help="With --off-cpu: record one wait in N (at random) and count it N times; N times fewer stacks taken.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx: click.Context, output, frequency, stacks, call_graph, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
-            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only,
+            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every,
             command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
 
     With a command, exits with the command's status (128+N when signal N ended it), like perf; when the
     recording ends first (-d) and stops the command, exits 0."""
-    off_cpu_options = off_cpu_settings(off_cpu or wall, min_block, states, stacks, not user_stacks_only)
+    wanted = OffCpuOptions(min_block, frozenset(states), kernel_stacks=not user_stacks_only, every=every)
+    off_cpu_options = off_cpu_settings(off_cpu or wall, wanted, stacks)
     options = RecordOptions(
         frequency_hz=frequency,
         stacks=stacks,
@@ -89,19 +93,20 @@ def command(ctx: click.Context, output, frequency, stacks, call_graph, pids, sys
         ctx.exit(shell_status(status))
 
 
-def off_cpu_settings(enabled: bool, min_block_us: int, states: tuple[str, ...], stacks: bool,
-                     kernel_stacks: bool = True) -> OffCpuOptions | None:
+def off_cpu_settings(enabled: bool, wanted: OffCpuOptions, stacks: bool) -> OffCpuOptions | None:
     """--off-cpu's settings, refused when they make no sense: an off-CPU leaf frame is the scheduler,
     so without stacks every wait would be one row (`--off-cpu --no-stacks` is an error)."""
     if not enabled:
-        if min_block_us != 1 or states or not kernel_stacks:
-            raise OptraceError("--min-block, --state and --off-cpu-user-stacks need --off-cpu or --wall")
+        if wanted != OffCpuOptions():
+            raise OptraceError("--min-block, --state, --off-cpu-user-stacks and --off-cpu-every need --off-cpu or --wall")
         return None
     if not stacks:
         raise OptraceError("--off-cpu needs stacks (its leaf is always the scheduler): drop --no-stacks")
-    if not 0 <= min_block_us <= MAX_MIN_BLOCK_US:
-        raise OptraceError(f"--min-block takes 0..{MAX_MIN_BLOCK_US} microseconds, not {min_block_us}")
-    return OffCpuOptions(min_block_us=min_block_us, states=frozenset(states), kernel_stacks=kernel_stacks)
+    if not 0 <= wanted.min_block_us <= MAX_MIN_BLOCK_US:
+        raise OptraceError(f"--min-block takes 0..{MAX_MIN_BLOCK_US} microseconds, not {wanted.min_block_us}")
+    if not 1 <= wanted.every <= MAX_OFF_CPU_EVERY:
+        raise OptraceError(f"--off-cpu-every takes 1..{MAX_OFF_CPU_EVERY} (1: every wait), not {wanted.every}")
+    return wanted
 
 
 def validate(options: RecordOptions) -> None:

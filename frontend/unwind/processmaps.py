@@ -38,9 +38,8 @@ class ProcessUnwinding:
         ``loaded`` (whether the kernel holds a file's rows), a file whose rows were released (see
         :meth:`release`) comes without them when it is loaded, and is converted again when it is not."""
         need_rows = rows_always_needed if loaded is None else (lambda identity: not loaded(identity))
-        try:
-            entries = parse_maps(read_maps_text(pid))
-        except OSError:
+        entries = maps_entries(pid)
+        if entries is None:
             return None
         found = []
         for entry in entries:
@@ -62,9 +61,8 @@ class ProcessUnwinding:
         like any CFI stack, where raw addresses are decoded at every drain). For optrace's own process,
         whose BCC libraries alone hold more rows than the kernel's array (see ProfilingSession). The
         files get keys of their own, so a process with rows for the same file is not walked without them."""
-        try:
-            entries = parse_maps(read_maps_text(pid))
-        except OSError:
+        entries = maps_entries(pid)
+        if entries is None:
             return None
         found = []
         for entry in entries:
@@ -118,3 +116,11 @@ def _is_elf(ref: FileRef) -> bool:
             return stream.read(len(ELF_MAGIC)) == ELF_MAGIC
     except OSError:
         return False
+
+
+def maps_entries(pid: int) -> list[MapEntry] | None:
+    """The process's /proc/PID/maps entries; None when it is gone."""
+    try:
+        return parse_maps(read_maps_text(pid))
+    except OSError:
+        return None

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import threading
-from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from optrace.bpf.profiler import Profiler
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.model import Record
-from support import bpf_prog_ids, perf_event_fds
+from support import bpf_prog_ids, leaf_samples, perf_event_fds
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
@@ -41,14 +40,6 @@ def record_killed_soon(monkeypatch, argv: list[str]) -> tuple[Record, int]:
         target.kill()
         target.wait()
     return record, target.returncode
-
-
-def leaf_samples(record: Record, comm: str) -> Counter[str]:
-    leaves: Counter[str] = Counter()
-    for sample in record.samples:
-        if sample.comm == comm:
-            leaves[record.frames[sample.frames[0]].symbol if sample.frames else "[unknown]"] += sample.count
-    return leaves
 
 
 def test_everything_is_released_before_the_recording_returns(monkeypatch):

@@ -3,13 +3,11 @@ epoch however often it is sampled, and a store much smaller than the stacks of a
 without losing one."""
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.model import Record
-from support import WORKLOADS
+from support import WORKLOADS, leaf_samples
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
@@ -19,14 +17,6 @@ def recorded(argv: list[str], **options) -> tuple[Record, Recorder]:
     return recorder.run(), recorder
 
 
-def leaves(record: Record, comm: str) -> Counter[str]:
-    found: Counter[str] = Counter()
-    for sample in record.samples:
-        if sample.comm == comm:
-            found[record.frames[sample.frames[0]].symbol if sample.frames else "[unknown]"] += sample.count
-    return found
-
-
 def test_a_small_store_turns_over_and_keeps_every_stack():
     """A store sized for 256 stacks, fed ~1,000 new stacks a second (workloads/stacks): it turns over at
     every drain, and no sample loses its stack; the leaf the workload burns in is ~every sample's."""
@@ -34,7 +24,7 @@ def test_a_small_store_turns_over_and_keeps_every_stack():
     store = recorder.session.profiler.store
     assert store.stats["turnovers"] >= 2, store.stats
     assert not {reason: n for reason, n in record.meta.lost.items() if "stack" in reason}, record.meta.lost
-    found = leaves(record, "stacks")
+    found = leaf_samples(record, "stacks")
     total = sum(found.values())
     assert total > 0.8 * 3 * 999 and found["leaf_burn"] > 0.95 * total, found
     assert len({s.frames for s in record.samples if s.comm == "stacks"}) > 1000  # distinct stacks kept
@@ -47,4 +37,4 @@ def test_a_stack_sampled_again_is_not_copied_again():
     samples = sum(s.count for s in record.samples if s.comm == "shares")
     words = recorder.session.profiler.store.stats["words"]
     assert samples > 1500 and words < 2 * samples, (samples, recorder.session.profiler.store.stats)
-    assert abs(leaves(record, "shares")["share_a"] / samples - 0.5) < 0.05
+    assert abs(leaf_samples(record, "shares")["share_a"] / samples - 0.5) < 0.05
