@@ -24,7 +24,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (OPTRACE, WORKLOADS, Launched, ToolRun, md_table, median, quartiles,  # noqa: E402
-                      run_timed, write_results)
+                      optrace_system_wide_fds, run_timed, write_results)
 
 BENCH_BUDGET_S = 720  # read by bench/run.py; the slowdown stage adapts its pairs to fit
 FREQUENCIES = (99, 999)
@@ -197,9 +197,9 @@ class Recording:
         self._stderr.seek(0)
         return self._stderr.read().decode(errors="replace")
 
-    def wait_attached(self, settle_s: float = 0.3) -> float:
+    def wait_attached(self, settle_s: float = 0.3, min_count: int = 1) -> float:
         try:
-            return self.launched.wait_attached(settle_s)
+            return self.launched.wait_attached(settle_s, min_count=min_count)
         except (RuntimeError, TimeoutError) as exc:
             raise RuntimeError(f"{exc}: {self.stderr().strip()[-400:]}") from exc
 
@@ -371,7 +371,7 @@ def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir
         out = workdir / f"system-{key}-{hz}.data"
         try:
             with Recording(tools[key], tools[key].record_system(hz, out), out) as recording:
-                recording.wait_attached()
+                recording.wait_attached(min_count=optrace_system_wide_fds() if key.startswith("optrace") else 1)
                 time.sleep(seconds)
                 recording.launched.interrupt()
                 results[key] = system_result(recording, time.monotonic(), load)

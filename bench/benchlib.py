@@ -44,6 +44,14 @@ class ToolRun:
     processes: int  # processes seen in its tree (itself included)
 
 
+def optrace_system_wide_fds() -> int:
+    """The perf events `optrace record -a` holds once sampling: its exec and exit tracepoints, a perf
+    buffer per CPU, then the sampler's event per CPU. The sampler comes last and, since the busiest
+    processes' unwind tables load before it (SessionOptions.unwind_busy_first), up to seconds after the
+    rest: waiting for a count that stays put would start the window before sampling does."""
+    return 2 + 2 * (os.cpu_count() or 1)
+
+
 @dataclass
 class Launched:
     """A process started by the benchmark: its tree's RSS is polled until it is reaped."""
@@ -87,9 +95,9 @@ class Launched:
         """Open perf events in the tree: a sampling profiler is attached once these exist."""
         return sum(count_fds(pid, PERF_EVENT_FD) for pid in process_tree(self.pid))
 
-    def wait_attached(self, settle_s: float = 0.5, timeout_s: float = 60.0) -> float:
-        """Wait until the tree holds perf events and their number has not changed for settle_s;
-        returns the time from launch to the last change (when the profiler finished attaching)."""
+    def wait_attached(self, settle_s: float = 0.5, timeout_s: float = 60.0, min_count: int = 1) -> float:
+        """Wait until the tree holds at least ``min_count`` perf events and their number has not changed for
+        settle_s; returns the time from launch to the last change (when the profiler finished attaching)."""
         deadline = time.monotonic() + timeout_s
         count, changed = 0, time.monotonic()
         while time.monotonic() < deadline:
@@ -98,7 +106,7 @@ class Launched:
             now_count = self.perf_event_fds()
             if now_count != count:
                 count, changed = now_count, time.monotonic()
-            elif count and time.monotonic() - changed >= settle_s:
+            elif count >= min_count and time.monotonic() - changed >= settle_s:
                 return changed - self.started
             time.sleep(0.01)
         raise TimeoutError(f"{self.popen.args[0]} did not attach within {timeout_s:.0f} s")

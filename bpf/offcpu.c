@@ -69,7 +69,51 @@ BPF_STACK_TRACE(kstacks0, STACK_SIZE);
 BPF_STACK_TRACE(kstacks1, STACK_SIZE);
 BPF_ARRAY(active, u32, 1);
 BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
+#ifdef TARGETS_BY_PID
+// A byte per pid (offcpu.py: when pid_max is small enough): every switch-out on the machine asks whether
+// the thread leaving belongs to a target, and an array read costs nothing next to a hash lookup (about
+// 100 ns here, most of what a switch of another process paid).
+BPF_ARRAY(targets, u8, TARGETS_SIZE);
+
+static inline int is_target(u32 tgid)
+{
+    u8 *target = targets.lookup(&tgid);
+    return target && *target;
+}
+#else
 BPF_HASH(targets, u32, u8, TARGETS_SIZE);
+
+static inline int is_target(u32 tgid)
+{
+    return targets.lookup(&tgid) != 0;
+}
+#endif
+// How many open waits (`start` entries) hash to each slot. Every switch on the machine asks whether the
+// thread coming in has an open wait: a slot at 0 answers no with one array read instead of a hash
+// lookup. Counted up after an entry is added and down after one is deleted, so a slot is never below its
+// entries (the task that owns an entry is not switched in on another CPU while it is being switched
+// out); an entry the LRU evicts leaves its slot counted: that only costs a lookup.
+#define OPEN_SLOTS 65536
+BPF_ARRAY(open_waits, u32, OPEN_SLOTS);
+
+static inline u32 *open_slot(u64 task)
+{
+    u32 slot = (u32)((task * 0x9E3779B97F4A7C15ULL) >> 48);  // task_structs are slab objects: spread them
+    return open_waits.lookup(&slot);
+}
+
+static inline int may_have_wait(u64 task)
+{
+    u32 *slot = open_slot(task);
+    return !slot || *slot != 0;
+}
+
+static inline void forget_wait(u64 task)
+{
+    u32 *slot = open_slot(task);
+    if (start.delete(&task) == 0 && slot)
+        __sync_fetch_and_add(slot, -1);
+}
 
 static inline void count_lost(u32 reason)
 {
@@ -100,16 +144,16 @@ static inline void switch_out(struct bpf_raw_tracepoint_args *ctx, u64 task)
     if ((u32)id == 0)
         return;
 #ifdef FILTER_PIDS
-    if (!targets.lookup(&tgid))
+    if (!is_target(tgid))
         return;
 #endif
     // Leaving the CPU while its last wait is still open: the switch that ended that wait was not seen.
     // (This machine's kernel emits no sched_switch when its VM agent's threads leave a CPU, ftrace
     // neither, so a thread switched in from one of them comes back unseen.) The wait is counted as
     // lost rather than stretched over the time the thread ran since; a dead thread's entry goes too.
-    if (start.lookup(&task)) {
+    if (may_have_wait(task) && start.lookup(&task)) {
         count_lost(MISSED_SWITCH_INS);
-        start.delete(&task);
+        forget_wait(task);
     }
     if ((state & STATE_DEAD) || !kept_state(ctx->args[0], state))
         return;
@@ -143,18 +187,22 @@ static inline void switch_out(struct bpf_raw_tracepoint_args *ctx, u64 task)
         count_lost(USER_STACK_COLLISION);
     if (entry.key.kernel_stack_id == -EEXIST)
         count_lost(KERNEL_STACK_COLLISION);
-    start.update(&task, &entry);
+    u32 *slot = open_slot(task);
+    if (start.update(&task, &entry) == 0 && slot)
+        __sync_fetch_and_add(slot, 1);
 }
 
 static inline void switch_in(u64 task)
 {
+    if (!may_have_wait(task))
+        return;
     struct start_t *entry = start.lookup(&task);
     if (!entry)
         return;
     u64 delta = bpf_ktime_get_ns() - entry->ts;
     struct key_t key = entry->key;
     if (delta < MIN_BLOCK_NS) {
-        start.delete(&task);
+        forget_wait(task);
         count_lost(SHORT_WAITS);
         return;
     }
@@ -169,7 +217,7 @@ static inline void switch_in(u64 task)
     else
         count_lost(COUNTS_MAP_FULL);
     // Only now: a drain that finds no entry for this wait finds its count (see offcpu.py's drain).
-    start.delete(&task);
+    forget_wait(task);
 }
 
 // args: bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state
@@ -187,7 +235,7 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
 #ifdef FILTER_PIDS
     u32 parent = bpf_get_current_pid_tgid() >> 32;
-    if (!targets.lookup(&parent))
+    if (!is_target(parent))
         return 0;
     u32 child = forked_process(ctx, parent);
     if (child) {

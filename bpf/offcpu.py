@@ -25,6 +25,18 @@ LOST_REASONS = ("user_stack_collision", "kernel_stack_collision", "counts_map_fu
 # --state names -> the KEEP_* bits of offcpu.c
 STATES = {"running": 0x1, "sleeping": 0x2, "disk": 0x4}
 ALL_STATES = 0xF
+TARGETS_HASH_SIZE = 65536  # target processes, when pid_max is too large for a byte per pid
+MAX_PID_ARRAY = 1 << 18  # the most pids a byte-per-pid target array covers (8 bytes each in the kernel)
+PID_MAX = Path("/proc/sys/kernel/pid_max")
+
+
+def pid_array_size() -> int | None:
+    """pid_max when a byte per pid fits (TARGETS_BY_PID in offcpu.c), else None."""
+    try:
+        pid_max = int(PID_MAX.read_text())
+    except (OSError, ValueError):
+        return None
+    return pid_max if 0 < pid_max <= MAX_PID_ARRAY else None
 
 
 @dataclass
@@ -45,18 +57,18 @@ class OffCpuTracer:
         stack_storage_size: int = 8192,
         counts_size: int = 40960,
         start_size: int = 32768,
-        targets_size: int = 65536,
+        targets_by_pid: bool = True,
         kernel_stacks: bool = True,
         wait_every: int = 1,
     ) -> None:
         """``kernel_stacks=False``: user stacks only, about 60% cheaper per context switch. ``wait_every`` N:
-        one wait in N, chosen at random, is recorded and counted N times (see offcpu.c)."""
+        one wait in N, chosen at random, is recorded and counted N times (see offcpu.c). ``targets_by_pid``:
+        the target processes in a byte-per-pid array when pid_max allows, else (and when False) a hash."""
         mask = sum(STATES[state] for state in set(states)) if states else ALL_STATES
         self._cflags = [
             f"-DSTACK_SIZE={stack_storage_size}",
             f"-DCOUNTS_SIZE={counts_size}",
             f"-DSTART_SIZE={start_size}",
-            f"-DTARGETS_SIZE={targets_size}",
             f"-DMIN_BLOCK_NS={min_block_us * 1000}ULL",
             f"-DKEEP_STATES={mask}",
             f"-DWAIT_EVERY={wait_every}ULL",
@@ -65,6 +77,11 @@ class OffCpuTracer:
             self._cflags.append(f"-DWAIT_THRESHOLD={(1 << 32) // wait_every}U")
         if pids is not None:
             self._cflags.append("-DFILTER_PIDS")
+        pid_slots = pid_array_size() if targets_by_pid else None
+        if pid_slots:
+            self._cflags += ["-DTARGETS_BY_PID", f"-DTARGETS_SIZE={pid_slots}"]
+        else:
+            self._cflags.append(f"-DTARGETS_SIZE={TARGETS_HASH_SIZE}")
         if not kernel_stacks:
             self._cflags.append("-DUSER_STACKS_ONLY")
         self._initial_pids = list(pids or ())

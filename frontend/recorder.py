@@ -126,7 +126,8 @@ class Recorder:
             programs_at_exec=True, learn_at_exec=not opts.system_wide, forget_exited=False,
             stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
             jitdumps=opts.jitdumps, off_cpu=opts.off_cpu, keep_jit_code=True, fold=True,
-            call_graph=opts.call_graph if opts.stacks else "fp"))  # leaves only: nothing to unwind for
+            call_graph=opts.call_graph if opts.stacks else "fp",  # leaves only: nothing to unwind for
+            unwind_busy_first=opts.system_wide))
 
     def run(self) -> Record:
         started = time.time()

@@ -21,6 +21,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TypeVar
@@ -29,7 +30,7 @@ from optrace.bpf.profiler import FoldedCounts
 from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
-from optrace.procfs import exec_path
+from optrace.procfs import exec_path, process_cpu_ticks
 
 T = TypeVar("T")
 PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
@@ -37,6 +38,8 @@ TRIM_AFTER_RELEASE = 4 << 20  # bytes of unwind rows released at once that are w
 TRIM_EVERY = 60  # drains between two returns of the free heap to the system (forget_exited: serve, top)
 DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
 SCAN_SLICE_S = 0.1  # SessionOptions.scan_slice_s for daemons and live views
+BUSY_PROCESSES = 32  # SessionOptions.unwind_busy_first: the busiest processes whose tables load before the attach
+BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
 
 
@@ -93,6 +96,11 @@ class SessionOptions:
     # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
     # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
     scan_slice_s: float | None = None
+    # True (record -a): the walker and the unwind tables of the processes that used CPU while BCC compiled
+    # are in place before the sampler attaches, so the recording's first seconds cost what later ones do
+    # (else the walker is verified and those tables converted while sampling, and their stacks are raw
+    # IPs decoded at each drain until then). The attach comes that much later.
+    unwind_busy_first: bool = False
     # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
     # first rows come within a second of the attach)
     symbols_before_attach: bool = False
@@ -221,6 +229,7 @@ class ProfilingSession:
         for pid in opts.pids or ():  # before the compile: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         self._kallsyms = KernelSymbolsLoader()  # parsed while BCC compiles (the compile releases the GIL)
+        cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
                                  cfi_unwind=cfi, fold=opts.fold)
@@ -245,6 +254,8 @@ class ProfilingSession:
             self._unwind_later(pid)
             if opts.symbols_before_attach:
                 self._contain("symbols", self.symbolizer.load_symbols, pid)
+        if cpu_before is not None:
+            self._unwind_busy(cpu_before)
         self.profiler.attach()
         if self.off_cpu is not None:
             self.off_cpu.attach()
@@ -445,6 +456,20 @@ class ProfilingSession:
             self._contain("unwind_tables", self.unwind, pid)
         finally:
             self._unwind_queued.discard(pid)
+
+    def _unwind_busy(self, cpu_before: Mapping[int, int]) -> None:
+        """Wait for the walker, then load the tables of the processes that used CPU since ``cpu_before``
+        (the busiest first, at most BUSY_PROCESSES) and optrace's own, for up to BUSY_UNWIND_SECONDS:
+        what is not loaded by then is loaded once sampled, as without this."""
+        self._unwind_step.result()
+        cpu_after = process_cpu_ticks()
+        used = {pid: ticks - cpu_before.get(pid, 0) for pid, ticks in cpu_after.items()}
+        busy = sorted((pid for pid, ticks in used.items() if ticks > 0), key=used.__getitem__, reverse=True)
+        for pid in [os.getpid(), *busy[:BUSY_PROCESSES]]:
+            self.learn(pid)
+            self._unwind_later(pid)
+        done = self._unwind_worker.submit(lambda: None)  # after the jobs above (one worker thread)
+        futures_wait([done], timeout=BUSY_UNWIND_SECONDS)
 
     def prepare_unwind(self, executable: str) -> None:
         """Build the unwind tables of a program about to be started (and its libraries) now, and wait for

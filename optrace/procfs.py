@@ -104,6 +104,21 @@ def stat_fields(pid: int) -> list[str] | None:
         return None
 
 
+def cpu_ticks(fields: list[str]) -> int:
+    """User + system time (fields 14 and 15) from :func:`stat_fields`, in clock ticks."""
+    return int(fields[11]) + int(fields[12])
+
+
+def process_cpu_ticks() -> dict[int, int]:
+    """Every process's CPU time so far, in clock ticks (those that vanish meanwhile are left out)."""
+    ticks = {}
+    for name in os.listdir("/proc"):
+        fields = stat_fields(int(name)) if name.isdigit() else None
+        if fields and len(fields) > 12:
+            ticks[int(name)] = cpu_ticks(fields)
+    return ticks
+
+
 def is_alive(pid: int) -> bool:
     """The process exists and is not a zombie (exited, not yet reaped by its parent)."""
     fields = stat_fields(pid)

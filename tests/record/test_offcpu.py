@@ -12,10 +12,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from optrace.bpf import offcpu
+from optrace.bpf.offcpu import OffCpuTracer, pid_array_size
 from support import OPTRACE, assert_no_programs_of, assert_one_line_error, run_optrace
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
@@ -243,3 +246,36 @@ def test_report_of_a_cpu_only_record_refuses_off_cpu(tmp_path, workloads):
     run_optrace("record", "-o", str(out), "--", "true", check=True)
     assert_one_line_error(run_optrace("report", "-i", str(out), "--event", "off-cpu"), "--off-cpu")
     assert_one_line_error(run_optrace("report", "-i", str(out), "--event", "cycles"), "--event")
+
+
+@pytest.mark.parametrize("by_pid", [True, False])
+def test_a_target_and_its_children_are_found_by_either_filter(by_pid):
+    """offcpu.c keeps the target processes in a byte per pid when pid_max allows (32768 here), else in a
+    hash: either way a target's waits and its children's (added at fork) are counted, nobody else's."""
+    target = subprocess.Popen(["sh", "-c", "read line; sleep 0.3; sleep 0.3"], stdin=subprocess.PIPE)
+    tracer = OffCpuTracer([target.pid], targets_by_pid=by_pid)
+    try:
+        tracer.load()
+        tracer.attach()
+        target.communicate(b"go\n", timeout=60)
+        samples = tracer.drain().samples
+    finally:
+        tracer.close()
+    assert ("-DTARGETS_BY_PID" in tracer._cflags) == (by_pid and pid_array_size() is not None)
+    waited: Counter[int] = Counter()
+    for sample in samples:
+        waited[sample.pid] += sample.count
+    children = {pid: ns / NS for pid, ns in waited.items() if pid != target.pid}
+    assert len(children) == 2 and all(0.29 <= seconds <= 3 for seconds in children.values()), children
+    assert waited[target.pid] / NS >= 0.59  # the shell waits for each sleep
+    assert all(sample.comm in ("sh", "sleep") for sample in samples)
+
+
+def test_pid_array_only_for_a_small_pid_max(tmp_path, monkeypatch):
+    pid_max = tmp_path / "pid_max"
+    monkeypatch.setattr(offcpu, "PID_MAX", pid_max)
+    for text, expected in (("32768\n", 32768), ("4194304\n", None), ("x", None)):
+        pid_max.write_text(text)
+        assert offcpu.pid_array_size() == expected
+    pid_max.unlink()
+    assert offcpu.pid_array_size() is None

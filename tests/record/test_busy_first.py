@@ -1,0 +1,42 @@
+"""record -a (SessionOptions.unwind_busy_first): the walker and the tables of the processes that used CPU
+while BCC compiled are loaded before the sampler attaches, so the recording's first seconds are not
+spent verifying and converting while the machine is sampled (real BPF)."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.procfs import process_cpu_ticks
+from support import WORKLOADS
+
+pytestmark = pytest.mark.usefixtures("bpf_ready")
+
+
+@pytest.mark.parametrize("busy_first", [True, False])
+def test_busy_processes_have_their_tables_when_sampling_starts(busy_first):
+    busy = subprocess.Popen([str(WORKLOADS / "stacks"), "30", "1"], stdout=subprocess.DEVNULL)
+    try:
+        with ProfilingSession(SessionOptions(unwind_busy_first=busy_first, fold=True)) as session:
+            loaded = session.profiler.unwind.has_process(busy.pid), session.profiler.unwind.has_process(os.getpid())
+            step = session._unwind_step.done()
+    finally:
+        busy.kill()
+        busy.wait()
+    assert loaded == (busy_first, busy_first)
+    assert step or not busy_first
+
+
+def test_process_cpu_ticks_sees_a_busy_process():
+    busy = subprocess.Popen(["python3", "-c", "while True: pass"])
+    try:
+        before = process_cpu_ticks()
+        subprocess.run(["sleep", "0.3"], check=True)
+        after = process_cpu_ticks()
+    finally:
+        busy.kill()
+        busy.wait()
+    assert after[busy.pid] - before.get(busy.pid, 0) >= 10  # clock ticks: 0.1 s at 100 Hz
+    assert 1 in after
