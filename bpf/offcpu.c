@@ -72,7 +72,8 @@ BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
 #ifdef TARGETS_BY_PID
 // A byte per pid (offcpu.py: when pid_max is small enough): every switch-out on the machine asks whether
 // the thread leaving belongs to a target, and an array read costs nothing next to a hash lookup (about
-// 100 ns here, most of what a switch of another process paid).
+// 100 ns here, most of what a switch of another process paid). Sized from pid_max at load: were pid_max
+// raised during the recording, a child given a pid beyond the array would not be profiled.
 BPF_ARRAY(targets, u8, TARGETS_SIZE);
 
 static inline int is_target(u32 tgid)
