@@ -52,6 +52,7 @@ class ServeOptions:
     web: WebConfig = field(default_factory=WebConfig)
     drain_interval_s: float = 1.0
     off_cpu: bool = False  # also export optrace_offcpu_seconds_total
+    off_cpu_every: int = 1  # N: one wait in N recorded, counted N times (OffCpuOptions.every)
     call_graph: str = SERVE_CALL_GRAPH  # how user stacks are walked (SessionOptions.call_graph)
 
 

@@ -33,7 +33,8 @@ SERVE_UNWIND_CACHE_BYTES = 32 << 20
 
 
 def build_sources(options: ServeOptions) -> list[Source]:
-    profile = ProfileSource(options.frequency_hz, options.pids, options.comms, options.off_cpu, options.call_graph)
+    off_cpu = OffCpuOptions(every=options.off_cpu_every) if options.off_cpu else None
+    profile = ProfileSource(options.frequency_hz, options.pids, options.comms, off_cpu, options.call_graph)
     sources: list[Source] = [profile]
     if options.uprobes:
         targets = profile.target_pids if options.pids else None
@@ -46,13 +47,13 @@ class ProfileSource:
     daemon asks for them: a /debug/pprof/profile collection) and forgets exited processes (serve runs
     for months), turned into per-drain rows."""
 
-    def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: bool = False,
+    def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: OffCpuOptions | None = None,
                  call_graph: str = SERVE_CALL_GRAPH) -> None:
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
             raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks
             programs_at_exec=False, learn_at_exec=False, forget_exited=True,
-            off_cpu=OffCpuOptions() if off_cpu else None, call_graph=call_graph,
+            off_cpu=off_cpu, call_graph=call_graph,
             unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False,
             unwind_in_child=True, jit_names_in_files=True, scan_slice_s=SCAN_SLICE_S))
         self._refused_seen = 0

@@ -32,6 +32,7 @@ from optrace.exporters.webconfig import CONFIG_POLICY, TlsFiles, WebConfig, load
 from optrace.fileaccess import RefusedFile, read_file
 from optrace.frontend.cliopts import CALL_GRAPHS
 from optrace.frontend.commands.record import check_frequency
+from optrace.frontend.session import check_off_cpu_every
 from optrace.errors import OptraceError
 from optrace.frontend.target import check_pids, parse_pids
 from optrace.frontend.uprobes.spec import parse_spec
@@ -49,6 +50,7 @@ SETTING_TYPES: dict[str, type] = {
     "tls_cert": str,
     "tls_key": str,
     "off_cpu": bool,
+    "off_cpu_every": int,
     "call_graph": str,
 }
 
@@ -107,6 +109,13 @@ def web_settings(web_config: str | None, cert: str | None, key: str | None) -> W
     return web
 
 
+def off_cpu_every(every: int, off_cpu: bool) -> int:
+    if every != 1 and not off_cpu:
+        raise OptraceError("--off-cpu-every needs --off-cpu")
+    check_off_cpu_every(every)
+    return every
+
+
 def build_options(settings: dict[str, Any], reloading: bool = False) -> ServeOptions:
     """Validated ServeOptions from merged settings (keys as in SETTING_TYPES)."""
     options = ServeOptions()
@@ -131,6 +140,7 @@ def build_options(settings: dict[str, Any], reloading: bool = False) -> ServeOpt
     if options.series_idle_s < 0:
         raise OptraceError("--series-idle-expiry must be 0 (never) or a number of seconds")
     options.off_cpu = settings.get("off_cpu", False)
+    options.off_cpu_every = off_cpu_every(settings.get("off_cpu_every", 1), options.off_cpu)
     options.call_graph = settings.get("call_graph", options.call_graph)
     if options.call_graph not in CALL_GRAPHS:
         raise OptraceError(f"bad call_graph {options.call_graph!r}: expected {' or '.join(CALL_GRAPHS)}")

@@ -27,6 +27,7 @@ from operator import attrgetter
 from typing import TypeVar
 
 from optrace.bpf.profiler import FoldedCounts
+from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
@@ -104,6 +105,15 @@ class SessionOptions:
     # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
     # first rows come within a second of the attach)
     symbols_before_attach: bool = False
+
+
+MAX_OFF_CPU_EVERY = 1_000_000  # OffCpuOptions.every
+
+
+def check_off_cpu_every(every: int) -> None:
+    """record's and serve's --off-cpu-every, refused outside 1..MAX_OFF_CPU_EVERY."""
+    if not 1 <= every <= MAX_OFF_CPU_EVERY:
+        raise OptraceError(f"--off-cpu-every takes 1..{MAX_OFF_CPU_EVERY} (1: every wait), not {every}")
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,12 @@ import click
 from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.frontend.cliopts import pid_option, unwind_option
-from optrace.frontend.session import OffCpuOptions
+from optrace.frontend.session import OffCpuOptions, check_off_cpu_every
 from optrace.frontend.target import check_command, check_pids, describe_exit, shell_status
 from optrace.escape import escape_controls
 from optrace.kernel import max_sample_rate
 
 MAX_MIN_BLOCK_US = 3_600_000_000  # an hour
-MAX_OFF_CPU_EVERY = 1_000_000
 
 
 def check_frequency(hz: int) -> None:
@@ -104,8 +103,7 @@ def off_cpu_settings(enabled: bool, wanted: OffCpuOptions, stacks: bool) -> OffC
         raise OptraceError("--off-cpu needs stacks (its leaf is always the scheduler): drop --no-stacks")
     if not 0 <= wanted.min_block_us <= MAX_MIN_BLOCK_US:
         raise OptraceError(f"--min-block takes 0..{MAX_MIN_BLOCK_US} microseconds, not {wanted.min_block_us}")
-    if not 1 <= wanted.every <= MAX_OFF_CPU_EVERY:
-        raise OptraceError(f"--off-cpu-every takes 1..{MAX_OFF_CPU_EVERY} (1: every wait), not {wanted.every}")
+    check_off_cpu_every(wanted.every)
     return wanted
 
 

@@ -48,6 +48,8 @@ def say(message: str) -> None:
 @unwind_option(default=SERVE_CALL_GRAPH)
 @click.option("--off-cpu", "off_cpu", is_flag=True,
               help="Also export optrace_offcpu_seconds_total: where threads wait off CPU.")
+@click.option("--off-cpu-every", "off_cpu_every", type=int, default=1, show_default=True, metavar="N",
+              help="With --off-cpu: record one wait in N (at random) and count it N times.")
 @click.option("--config", type=click.Path(dir_okay=False), help="YAML or TOML file with the same settings.")
 @click.option("--web-config", type=click.Path(dir_okay=False),
               help="TLS and basic auth (bcrypt) for /metrics: a Prometheus exporter-toolkit web config file.")

@@ -15,6 +15,8 @@ comms: [nginx]
 max_series: 500
 series_idle_expiry: 90
 call_graph: fp
+off_cpu: true
+off_cpu_every: 16
 tls_cert: {cert}
 tls_key: {key}
 """
@@ -26,6 +28,8 @@ comms = ["nginx"]
 max_series = 500
 series_idle_expiry = 90
 call_graph = "fp"
+off_cpu = true
+off_cpu_every = 16
 tls_cert = "{cert}"
 tls_key = "{key}"
 """
@@ -46,7 +50,7 @@ def test_yaml_and_toml_hold_the_same_settings(tmp_path, self_signed):
     (tmp_path / "a.toml").write_text(TOML.format(cert=cert, key=key))
     expected = ServeOptions(listen=ListenAddress("::1", 9555), frequency_hz=49, uprobes=["c:malloc", "c:free"],
                             comms=["nginx"], max_series=500, series_idle_s=90, web=WebConfig(TlsFiles(cert, key)),
-                            call_graph="fp")
+                            call_graph="fp", off_cpu=True, off_cpu_every=16)
     assert build_options(load_config_file(str(tmp_path / "a.yaml"))) == expected
     assert build_options(load_config_file(str(tmp_path / "a.toml"))) == expected
 
@@ -102,6 +106,8 @@ def test_bad_config_files(tmp_path, optrace, config_text, suffix, message):
     (["--config", "/dev/null"], "unknown format"),
     (["--config", "/proc/self/status.yaml"], "cannot read config /proc/self/status.yaml"),
     (["--series-idle-expiry", "-1"], "--series-idle-expiry must be 0 (never) or a number of seconds"),
+    (["--off-cpu-every", "4"], "--off-cpu-every needs --off-cpu"),
+    (["--off-cpu", "--off-cpu-every", "0"], "--off-cpu-every takes 1..1000000"),
     (["--series-idle-expiry", "soon"], "'soon' is not a valid integer"),
     (["--web-config", "/nonexistent.yml"], "cannot read web config /nonexistent.yml: it does not exist"),
     (["--web-config", "/"], "File '/' is a directory"),

@@ -62,3 +62,40 @@ def test_off_cpu_series_are_bounded(tmp_path, expo):
         assert 'optrace_cardinality_overflow_total{metric="optrace_offcpu_seconds_total"}' in expo.scrape(served.url)
     finally:
         assert served.stop() == 0
+
+
+SLEEPS = """
+import ctypes, json, sys, time
+ctypes.CDLL(None).prctl(15, b"sleeps_srv", 0, 0, 0)  # PR_SET_NAME: a comm no other process has
+total = 0.0
+for _ in range(int(sys.argv[1])):
+    start = time.perf_counter()
+    time.sleep(0.0005)
+    total += time.perf_counter() - start
+print(json.dumps({"slept": total}))
+"""
+
+
+def test_off_cpu_every_estimates_the_seconds(tmp_path, expo):
+    """serve --off-cpu-every 4 on Debian's python3 sleeping 2000 x 0.5 ms: its clock_nanosleep series is an
+    estimate of the sleeps' own clock (one wait in 4 counted 4 times: 3 standard deviations are ~13 %), and
+    each of its series a whole multiple of 4 ns."""
+    script = tmp_path / "sleeps.py"
+    script.write_text(SLEEPS)
+    served = start_serve(["--off-cpu", "--off-cpu-every", "4", "--comm", "sleeps_srv"], tmp_path)
+    try:
+        run = subprocess.run(["python3", str(script), "2000"], capture_output=True, text=True, timeout=120, check=True)
+        slept = json.loads(run.stdout)["slept"]
+        wait_for_drains(served.url, expo)
+
+        def sleeps() -> float:
+            series = expo.samples(expo.scrape(served.url), OFFCPU)
+            return sum(seconds for labels, seconds in series.items()
+                       if dict(labels) == {"comm": "sleeps_srv", "dso": dict(labels)["dso"], "symbol": "clock_nanosleep"})
+
+        assert wait_for(sleeps, 30, "the sleeps' series") == pytest.approx(slept, rel=0.25)
+        ours = [seconds for labels, seconds in expo.samples(expo.scrape(served.url), OFFCPU).items()
+                if dict(labels)["comm"] == "sleeps_srv"]
+        assert all(round(seconds * 1e9) % 4 == 0 for seconds in ours), ours  # sums of waits counted 4 times
+    finally:
+        assert served.stop() == 0
