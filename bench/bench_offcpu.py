@@ -241,9 +241,10 @@ def markdown(res: dict) -> str:
         md_table(header, mode_rows(flat_out)),
         "",
         "CPU is the workload's user + system time (getrusage), where the switch-out half of the BPF program"
-        " runs. The BPF time splits (measured separately, same workload, Nov 30): kernel stack about 1.9 us a"
-        " switch (the ORC unwinder from the tracepoint), user stack (frame pointers) 0.6 us, maps and filters"
-        f" 0.6 us: hence --off-cpu-user-stacks, and --off-cpu-every {EVERY}, which takes stacks at one switch-out"
+        " runs. A recorded wait's BPF time splits (program variants, same workload, Dec 1): no stack 1.0 us"
+        " (maps, two clock reads, comm), the user stack (frame pointers, bpf_get_stackid) 1.3 us more, the kernel"
+        " stack (the ORC unwinder from the tracepoint) 2.5 us more: hence --off-cpu-user-stacks, and"
+        f" --off-cpu-every {EVERY}, which takes stacks at one switch-out"
         f" in {EVERY} (at random) and counts that wait {EVERY} times: its BPF time per call is the filters' (the"
         " target lookup and the open-wait lookups at both ends of every switch) plus 1/32 of the stacks'."
         " perf record -g's row is the floor of any recorder whose events are bound to the workload's threads"
