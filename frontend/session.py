@@ -474,8 +474,10 @@ class ProfilingSession:
         self._unwind_step.result()
         cpu_after = process_cpu_ticks()
         used = {pid: ticks - cpu_before.get(pid, 0) for pid, ticks in cpu_after.items()}
-        busy = sorted((pid for pid, ticks in used.items() if ticks > 0), key=used.__getitem__, reverse=True)
-        for pid in [os.getpid(), *busy[:BUSY_PROCESSES]]:
+        own = os.getpid()
+        busy = sorted((pid for pid, ticks in used.items() if ticks > 0 and pid != own), key=used.__getitem__,
+                      reverse=True)
+        for pid in [own, *busy[:BUSY_PROCESSES]]:
             self.learn(pid)
             self._unwind_later(pid)
         done = self._unwind_worker.submit(lambda: None)  # after the jobs above (one worker thread)

@@ -82,6 +82,15 @@ def maps_text_or_empty(pid: int | str) -> str:
         return ""
 
 
+def maps_entries(pid: int) -> list[MapEntry] | None:
+    """The process's /proc/PID/maps entries; None when it cannot be read (unlike :func:`maps_text_or_empty`,
+    a process that is gone is told from one with no mappings, a kernel thread)."""
+    try:
+        return parse_maps(read_maps_text(pid))
+    except OSError:
+        return None
+
+
 JITDUMP_NAME = re.compile(r"(?:^|/)jit-(\d+)\.dump$")
 
 

@@ -18,7 +18,7 @@ from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.unwind.cache import RELEASED, UnwindTableCache, rows_always_needed
 from optrace.frontend.unwind.trampolines import trampoline_rows
-from optrace.procfs import MapEntry, parse_maps, read_maps_text
+from optrace.procfs import MapEntry, maps_entries
 
 
 class ProcessUnwinding:
@@ -116,11 +116,3 @@ def _is_elf(ref: FileRef) -> bool:
             return stream.read(len(ELF_MAGIC)) == ELF_MAGIC
     except OSError:
         return False
-
-
-def maps_entries(pid: int) -> list[MapEntry] | None:
-    """The process's /proc/PID/maps entries; None when it is gone."""
-    try:
-        return parse_maps(read_maps_text(pid))
-    except OSError:
-        return None
