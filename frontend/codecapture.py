@@ -8,9 +8,10 @@ bytes whose process was gone) is left out; annotate lists what was kept.
 """
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from optrace.frontend.session import ProfilingSession
 from optrace.model import Frame, FunctionCode, Sample, SourceLine
@@ -36,11 +37,12 @@ class Code:
     frame_start: int  # the same point in the frame's address space (file offset for ELF frames)
     code: bytes
     size: int  # the whole function's size
-    lines: list[SourceLine] = field(default_factory=list)
 
 
 NativeReader = Callable[[Frame, int], "Code | None"]
 JitReader = Callable[[int, int, str], "Code | None"]  # pid, address, name
+# build-id, link-time [start, end) ranges -> the object's line rows there (.address, .file, .line), by address
+LinesReader = Callable[[str, Sequence[tuple[int, int]]], list]
 
 
 def is_jit(frame: Frame) -> bool:
@@ -48,8 +50,9 @@ def is_jit(frame: Frame) -> bool:
 
 
 def capture(frames: list[Frame], samples: list[Sample], native: NativeReader, jit: JitReader,
-            budget: CodeBudget = CodeBudget()) -> list[FunctionCode]:
-    """The hottest functions' code with their leaf-IP hits, hottest first."""
+            budget: CodeBudget = CodeBudget(), lines: LinesReader | None = None) -> list[FunctionCode]:
+    """The hottest functions' code with their leaf-IP hits, hottest first; with ``lines``, the source lines
+    of the ELF functions' code."""
     leaves: Counter[tuple[int, int]] = Counter()  # (frame index, pid) -> samples
     for sample in samples:
         if sample.frames:
@@ -82,13 +85,30 @@ def capture(frames: list[Frame], samples: list[Sample], native: NativeReader, ji
                 spent += len(code.code)
                 entry = kept[key, code.shown_start] = FunctionCode(
                     frame.symbol, frame.dso, code.shown_start, code.code, build_id=frame.build_id, pid=pid,
-                    truncated=len(code.code) < code.size, lines=code.lines)
+                    truncated=len(code.code) < code.size)
             offset = frame.address - code.frame_start
             if 0 <= offset < len(entry.code):
                 entry.hits[offset] = entry.hits.get(offset, 0) + count
     functions = [entry for entry in kept.values() if entry.hits]
     functions.sort(key=lambda entry: -sum(entry.hits.values()))
+    if lines is not None:
+        add_source_lines(functions, lines)
     return functions
+
+
+def add_source_lines(functions: list[FunctionCode], lines: LinesReader) -> None:
+    """Each ELF function's source lines, one read of its object's line table for all of them (a big
+    library's takes a second or more: once per function, a record of libpython took 30 s to write)."""
+    by_object: defaultdict[str, list[FunctionCode]] = defaultdict(list)
+    for function in functions:
+        if function.build_id is not None and not function.dso.startswith(JIT_PREFIX):
+            by_object[function.build_id].append(function)
+    for build_id, group in by_object.items():
+        rows = lines(build_id, [(f.start, f.start + len(f.code)) for f in group])
+        addresses = [row.address for row in rows]
+        for function in group:
+            first, last = (bisect_left(addresses, a) for a in (function.start, function.start + len(function.code)))
+            function.lines = source_lines(rows[first:last], function.start)
 
 
 class _ReadOnce:
@@ -129,11 +149,10 @@ def capture_session(session: ProfilingSession, frames: list[Frame], samples: lis
         found = session.symbolizer.function_code(frame, max_bytes)
         if found is None:
             return None
-        lines = source_lines(found.lines, found.vaddr)
-        return Code(found.vaddr, found.offset, found.code, found.size, lines)
+        return Code(found.vaddr, found.offset, found.code, found.size)
 
     def jit(pid: int, address: int, name: str) -> Code | None:
         found = session.jit.code.find(pid, address, name) if session.jit.code is not None else None
         return None if found is None else Code(found.start, found.start, found.code, found.size)
 
-    return capture(frames, samples, native, jit, budget)
+    return capture(frames, samples, native, jit, budget, session.symbolizer.source_lines)

@@ -18,6 +18,7 @@ import dataclasses
 import gc
 import os
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,6 +42,7 @@ DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
 SCAN_SLICE_S = 0.1  # SessionOptions.scan_slice_s for daemons and live views
 BUSY_PROCESSES = 32  # SessionOptions.unwind_busy_first: the busiest processes whose tables load before the attach
 BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
+YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
 
 
@@ -216,9 +218,11 @@ class ProfilingSession:
         self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
         # fold: pid -> build-ids of every CFI table given for it (set before the table, on the worker)
         self._table_build_ids: dict[int, frozenset[bytes]] = {}
-        # Processes whose table was loaded since the last drain: the dynamic loader may still be mapping
-        # their libraries (a new epoch makes the sampler ignore the table), so polls look at them too.
-        self._young: set[int] = set()
+        # pid -> when its table was loaded (monotonic), for YOUNG_SECONDS: the dynamic loader may still be
+        # mapping its libraries (a new epoch makes the sampler ignore the table), so polls look at it too.
+        # By age, not until the next drain: a table loaded at exec just before a drain would otherwise
+        # wait a whole drain interval for the libraries mapped after it (seen: 0.9 s of frame-pointer stacks).
+        self._young: dict[int, float] = {}
         # Tables are built off the drain loop (a JVM's libraries take seconds): one worker thread, at most
         # one queued job per process.
         self._unwind_worker: ThreadPoolExecutor | None = None
@@ -335,7 +339,14 @@ class ProfilingSession:
         execs, exits = self.profiler.poll_events()
         self._note_execs(execs)
         self._note_exits(exits, now)
-        self._reload_changed(set(self._young))
+        self._reload_changed(self._young_pids(now))
+
+    def _young_pids(self, now: float) -> set[int]:
+        """The processes whose table was loaded in the last YOUNG_SECONDS (older ones are dropped)."""
+        for pid, loaded in list(self._young.items()):  # the worker adds entries meanwhile
+            if now - loaded > YOUNG_SECONDS:
+                self._young.pop(pid, None)
+        return set(self._young)
 
     def drain(self) -> Drain:
         result = self.profiler.drain()
@@ -438,7 +449,7 @@ class ProfilingSession:
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         self._unwound[pid] = epoch
-        self._young.add(pid)
+        self._young[pid] = time.monotonic()
 
     def _unwind_later(self, pid: int, program: str | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
@@ -495,7 +506,6 @@ class ProfilingSession:
         table was loaded (exec, dlopen), get their tables now."""
         if self.unwinding is None:
             return
-        self._young.clear()
         for pid in {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}:
             self._unwind_later(pid)
         self._reload_changed(set(self._unwound))
@@ -632,7 +642,7 @@ class ProfilingSession:
         PRUNE_EVERY drains, those whose exit event was lost (the kernel's event buffer overflowed)."""
         self._note_exits(exits, now)
         for pid in self._exited:  # with those poll() saw: the unwinder's table goes at once
-            self._young.discard(pid)
+            self._young.pop(pid, None)
             if self._unwound.pop(pid, None) is not None:
                 self.profiler.unwind.forget_process(pid)
         retired, self._exited = self._exited, []

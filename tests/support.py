@@ -110,6 +110,21 @@ def bpf_prog_ids(pid: int) -> set[int]:
     return ids
 
 
+def perf_event_fds(pid: int) -> int:
+    """The perf events a process holds open (its samplers, tracepoints and perf buffers)."""
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return 0
+    count = 0
+    for fd in fds:
+        try:
+            count += os.readlink(fd) == "anon_inode:[perf_event]"
+        except OSError:
+            continue
+    return count
+
+
 def loaded_prog_ids() -> set[int]:
     """Every BPF program loaded on the machine."""
     out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True).stdout

@@ -37,7 +37,6 @@ class FunctionBytes:
     offset: int
     code: bytes
     size: int  # the function's whole size (``code`` may be cut short)
-    lines: list[LineRow] = field(default_factory=list)  # source lines of the code's addresses, if known
 
 
 @dataclass
@@ -120,30 +119,35 @@ class Dso:
                 if start_offset < segment.offset or size <= 0:
                     return None
                 kept = min(size, max_bytes)
-                read = self._context.problems.contained(self.shown, "its code is not kept for annotate",
-                                                        lambda: self._read_code(start_offset, kept, start))
-                if read is None or len(read[0]) != kept:
+                code = self._context.problems.contained(self.shown, "its code is not kept for annotate",
+                                                        lambda: self._read_code(start_offset, kept))
+                if code is None or len(code) != kept:
                     return None
-                return FunctionBytes(demangle(name), start, start_offset, read[0], size, read[1])
+                return FunctionBytes(demangle(name), start, start_offset, code, size)
         return None
 
-    def _read_code(self, offset: int, size: int, vaddr: int) -> tuple[bytes, list[LineRow]]:
-        """The bytes, and the source lines of their addresses when the object has a small enough
-        ``.debug_line`` (a bad one costs the lines only)."""
+    def _read_code(self, offset: int, size: int) -> bytes:
         with self._open() as stream:
             if not self._build_id_matches(stream):
-                return b"", []
+                return b""
             stream.seek(offset)
-            code = stream.read(size)
-            stream.seek(0)
-            lines = self._context.problems.contained(self.shown, "its source lines are not kept for annotate",
-                                                     lambda: line_rows(ElfFile(stream), [(vaddr, vaddr + size)]))
-            return code, lines or []
+            return stream.read(size)
+
+    def source_lines(self, ranges: Sequence[tuple[int, int]]) -> list[LineRow]:
+        """The object's ``.debug_line`` rows in these link-time address ranges, by address, read in one pass
+        however many ranges (a big library's line program takes a second or more); [] when the object has
+        none, a large one, or a bad one (which costs the lines only)."""
+        def read() -> list[LineRow]:
+            with self._open() as stream:
+                return line_rows(ElfFile(stream), ranges) if self._build_id_matches(stream) else []
+        if self._debug_only or not self._readable:
+            return []
+        return self._context.problems.contained(self.shown, "its source lines are not kept for annotate", read) or []
 
     def _load(self) -> None:
         self._segments = []
         self._context.count("dsos_loaded")
-        if self._image is None and (self.source is None or (self.source.read_path is None and self.source.fd is None)):
+        if not self._readable:
             return  # nothing to read: the file was reported when it was indexed
         loaded = self._context.problems.contained(self.shown, f"its frames show as {self.basename}+0xOFFSET",
                                                   self._read)
@@ -159,6 +163,11 @@ class Dso:
             elf = ElfFile(stream)
             segments = reconstruct_segments(elf) if self._debug_only else load_segments(elf)
             return segments, SymbolTable(self._read_symbols(elf, identity))
+
+    @property
+    def _readable(self) -> bool:
+        return self._image is not None or (self.source is not None and (self.source.read_path is not None
+                                                                        or self.source.fd is not None))
 
     def _open(self) -> BinaryIO:
         return io.BytesIO(self._image) if self._image is not None else open_ref(self.source)

@@ -27,6 +27,7 @@ from optrace.frontend.symbols import debuginfo
 from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
 from optrace.frontend.symbols.demangle import demangle
 from optrace.frontend.symbols.dso import Dso, DsoContext, FunctionBytes
+from optrace.frontend.symbols.srcline import LineRow
 from optrace.frontend.symbols.kallsyms import Kallsyms
 from optrace.heap import release_free_memory
 from optrace.frontend.symbols.lru import LruCache
@@ -155,6 +156,11 @@ class Symbolizer:
             return None
         dso = self._dso_for_build_id(bytes.fromhex(frame.build_id))
         return None if dso is None else dso.function_code(frame.address, max_bytes)
+
+    def source_lines(self, build_id: str, ranges: Sequence[tuple[int, int]]) -> list[LineRow]:
+        """The source lines of these link-time address ranges of the object with this build-id."""
+        dso = self._dso_for_build_id(bytes.fromhex(build_id))
+        return [] if dso is None else dso.source_lines(ranges)
 
     def cache_sizes(self) -> dict[str, int]:
         return {"dsos": len(self._dsos), "table_bytes": sum(dso.table_bytes for dso in self._dsos.values()),

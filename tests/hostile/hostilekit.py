@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import bpf_prog_ids, loaded_prog_ids  # noqa: F401 - loaded_prog_ids is used by the rows
+from support import bpf_prog_ids, loaded_prog_ids, perf_event_fds  # noqa: F401 - loaded_prog_ids is used by the rows
 
 # OPTRACE_UNDER_TEST: another optrace build to hold to the same rows (e.g. one from before issue 8's fixes).
 OPTRACE = Path(os.environ.get("OPTRACE_UNDER_TEST") or Path(sys.executable).parent / "optrace")
@@ -118,8 +118,10 @@ class Measured:
     attached_s: float | None = None  # seconds from start until its first BPF program was seen
     prog_ids: set[int] = field(default_factory=set)
     stop_s: float | None = None  # seconds from the stop signal to its exit
-    # seconds until its last BPF program was seen: programs load one after another (the CFI unwinder's
-    # step program takes the verifier seconds), and a recording's time starts after the last one
+    # seconds until its last BPF program or perf event was seen: programs load one after another (the CFI
+    # unwinder's step program takes the verifier seconds), `record -a` loads the busiest processes' unwind
+    # tables before its sampler's events (SessionOptions.unwind_busy_first), and a recording's time starts
+    # after the last one
     loaded_s: float | None = None
 
     def describe(self) -> str:
@@ -153,6 +155,7 @@ class Running:
         self.attached_s: float | None = None
         self.loaded_s: float | None = None
         self.prog_ids: set[int] = set()
+        self.perf_events = 0  # the most perf event fds seen open at once
         self._pid: int | None = None
 
     @property
@@ -178,11 +181,13 @@ class Running:
 
     def poll_programs(self) -> None:
         found = bpf_prog_ids(self.pid) if self.pid else set()
+        events = perf_event_fds(self.pid) if self.pid else 0
         if found and self.attached_s is None:
             self.attached_s = time.monotonic() - self.started
-        if found - self.prog_ids:
+        if found - self.prog_ids or events > self.perf_events:
             self.loaded_s = time.monotonic() - self.started
         self.prog_ids |= found
+        self.perf_events = max(self.perf_events, events)
 
     def wait_attached(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

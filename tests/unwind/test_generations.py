@@ -352,3 +352,18 @@ def test_folded_stacks_count_their_tables_build_ids(session, monkeypatch):
     session._learn_processes([], 0.0, {1})
     session._learn_processes([], 0.0, {1})  # nothing new the second time
     assert snapshots == [1]
+
+
+def test_polls_reload_a_young_table_whose_process_mapped_more_after_a_drain(session, maps):
+    """A table loaded at exec, just before a drain: the libraries the dynamic loader maps after that drain
+    change the epoch, and the polls of the next YOUNG_SECONDS load the table again (not the next drain)."""
+    unwind, _ = maps
+    session.profiler.poll_events = lambda: ([], [])
+    session.unwind(1)
+    session._unwind_processes([])  # a drain
+    session.profiler.epoch = lambda pid: 8  # ld.so mapped libpython
+    session.poll(time.monotonic())
+    assert session._unwound[1] == 8
+    session.profiler.epoch = lambda pid: 9  # a dlopen long after the start: left to the drains
+    session.poll(time.monotonic() + session_module.YOUNG_SECONDS + 1)
+    assert session._unwound[1] == 8 and not session._young

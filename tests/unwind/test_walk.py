@@ -95,7 +95,9 @@ def c_source(tmp_path_factory) -> Path:
 ], ids=["python3.11", "xz", "cc1"])
 def test_debian_programs_walk_to_their_root(argv: list[str], expected: list[str], c_source: Path):
     """Debian's python3.11, xz (liblzma) and gcc's cc1, unmodified, no frame pointers: every stop walks
-    to the return address left undefined by _start's CFI, through the functions named."""
+    to the return address left undefined by _start's CFI, through the functions named; except, at most a
+    quarter of the stops, in code that has no CFI at all (seen: cc1 in libgmp's __gmpn_copyi, assembly
+    without an FDE, whose caller frame pointers cannot find)."""
     if not all(Path(arg).exists() for arg in argv if arg.startswith("/")):
         pytest.skip("not installed")
     argv = [str(c_source) if arg == "SOURCE" else arg for arg in argv]
@@ -112,7 +114,9 @@ def test_debian_programs_walk_to_their_root(argv: list[str], expected: list[str]
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    for names, why in walks:
-        assert why == "complete", (names, why)
+    complete = [names for names, why in walks if why == "complete"]
+    assert all(why == "no cfi" for _, why in walks if why != "complete"), walks
+    assert len(complete) >= STOPS - STOPS // 4, walks
+    for names in complete:
         assert "__libc_start_main" in names[-3:], names  # then __libc_start_call_main, main (not exported)
     assert sum(all(name in names for name in expected) for names, _ in walks) >= STOPS // 2, walks

@@ -44,8 +44,9 @@ def sample(pid: int, cache: UnwindTableCache) -> tuple[list[Frame], str]:
 
 
 def walk(pid: int, regs: dict[str, int], cache: UnwindTableCache, max_frames: int = 64) -> tuple[list[Frame], str]:
-    """(frames, why it stopped: "complete", "expression", "no mapping", "read fault", "depth"), from the
-    registers of the stopped process ``pid``."""
+    """(frames, why it stopped: "complete", "expression", "no mapping", "no cfi", "read fault", "depth"),
+    from the registers of the stopped process ``pid``. "no cfi": frame pointers could not go on from code
+    without CFI (as the BPF walker's UNWIND_NO_CFI), e.g. libgmp's hand-written mpn_* routines."""
     maps = [entry for entry in parse_maps(read_maps_text(pid)) if entry.executable]
     pc, sp, bp = regs["rip"], regs["rsp"], regs["rbp"]
     frames: list[Frame] = []
@@ -76,5 +77,5 @@ def walk(pid: int, regs: dict[str, int], cache: UnwindTableCache, max_frames: in
                     return frames, "expression"
                 pc, sp, bp = read(cfa - 8), cfa, caller_bp
             except (OSError, struct.error):
-                return frames, "read fault"
+                return frames, "no cfi" if rule is None else "read fault"
     return frames, "depth"
