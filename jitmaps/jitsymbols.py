@@ -12,9 +12,10 @@ are read for it. What one process (and all of them together) may add is bounded 
 from __future__ import annotations
 
 import os
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from time import monotonic
 
 from optrace.fileaccess import printable
 from optrace.errors import OptraceError
@@ -31,7 +32,9 @@ from optrace.jitmaps.trust import (DEFAULT_MAX_SIZE, RefusedFile, jit_file_polic
 MAX_JITDUMPS = 16  # per process: a runtime maps one (perf's agents: one per process and exec)
 
 READ_BUDGET = 2 << 20  # bytes of one JIT file read per poll: about 50 ms of parsing here
-FINAL_READ_BUDGET = 8 << 20  # and at the recording's end, once: about 0.2 s
+# and at the recording's end, READ_BUDGET at a time, for this long in all (wall time: on a loaded machine a
+# byte budget of 8 MiB took 2.8 s)
+FINAL_READ_SECONDS = 0.5
 
 @dataclass
 class _Source:
@@ -99,9 +102,7 @@ class JitSymbols:
             self._process(pid)
         for pid in list(self._procs):
             self.process_exited(pid, time)
-        for generations in self._procs.values():  # the recording is over: a last, larger read of what is left
-            for proc in generations:
-                self._read_all(proc, time, final=True, budget=FINAL_READ_BUDGET)
+        self._read_rest(time)
         for generations in self._procs.values():
             for proc in generations:
                 for source in proc.sources.values():
@@ -110,6 +111,19 @@ class JitSymbols:
                     if bad:
                         self._warn(source.display, "bad_lines", f"{bad} malformed lines skipped",
                                    stat="files_with_bad_lines")
+
+    def _read_rest(self, time: float) -> None:
+        """The recording is over: a last read of every file, then more of those not read to their end, in
+        turn, until FINAL_READ_SECONDS have passed."""
+        deadline = monotonic() + FINAL_READ_SECONDS
+        pending = deque((proc, source) for generations in self._procs.values() for proc in generations
+                        for source in proc.sources.values())
+        while pending and monotonic() < deadline:
+            proc, source = pending.popleft()
+            if not source.broken:
+                self._read(proc, source, time, True, READ_BUDGET)
+                if source.reader.size_seen > source.reader.offset:
+                    pending.append((proc, source))
 
     def forget_process(self, pid: int) -> None:
         """Drop an exited process's symbols (for long-running consumers; the recorder keeps them)."""

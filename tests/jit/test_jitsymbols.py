@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from jithelpers import PROGRAMS, PYTHON, needs_root, wait_for
+from optrace.jitmaps import jitsymbols
 from optrace.jitmaps.jitsymbols import JitSymbols
 
 
@@ -48,6 +49,29 @@ def test_last_line_without_newline_counts_at_finish(spawn):
     assert jit.lookup(proc.pid, 0x1000, 1.0) is None
     jit.finish(2.0)
     assert jit.lookup(proc.pid, 0x1000, 1.0)[0] == "no_newline"
+
+
+@pytest.mark.parametrize("seconds", [0.0, 60.0])
+def test_the_end_reads_more_of_a_big_map_for_a_bounded_time(spawn, monkeypatch, seconds):
+    """At the recording's end, a map larger than a drain's read is read on, READ_BUDGET at a time, for
+    FINAL_READ_SECONDS: with no time left only the drain's and the exit's reads are made (the rest counted unread), with
+    time, the whole map."""
+    monkeypatch.setattr(jitsymbols, "FINAL_READ_SECONDS", seconds)
+    proc = spawn(["sleep", "30"])
+    lines = 6 * jitsymbols.READ_BUDGET // 40
+    with open(f"/tmp/perf-{proc.pid}.map", "w") as f:
+        f.writelines(f"{0x100000 + 16 * i:x} 10 function_{i:09d}_padding_\n" for i in range(lines))  # 40 bytes
+    reference = JitSymbols()
+    reference.poll(proc.pid, 1.0)
+    reference.process_exited(proc.pid, 2.0)
+    jit = JitSymbols()
+    jit.poll(proc.pid, 1.0)  # a drain's read
+    jit.finish(2.0)  # the exit's read, then the rest's
+    read = jit.stats["perfmap_lines"]
+    if seconds:
+        assert read == lines and not jit.stats["unread_bytes"]
+    else:
+        assert read == reference.stats["perfmap_lines"] < lines and jit.stats["unread_bytes"] > 0
 
 
 def test_jitdump_found_in_proc_maps(spawn, tmp_path):
