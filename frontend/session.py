@@ -509,6 +509,7 @@ class ProfilingSession:
         for pid in {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}:
             self._unwind_later(pid)
         self._reload_changed(set(self._unwound))
+        self._young_pids(time.monotonic())  # drops the old ones (serve does not poll)
 
     def _reload_changed(self, pids: set[int]) -> None:
         """Load again the tables of processes whose mappings changed since (exec, dlopen)."""

@@ -367,3 +367,7 @@ def test_polls_reload_a_young_table_whose_process_mapped_more_after_a_drain(sess
     session.profiler.epoch = lambda pid: 9  # a dlopen long after the start: left to the drains
     session.poll(time.monotonic() + session_module.YOUNG_SECONDS + 1)
     assert session._unwound[1] == 8 and not session._young
+    session.unwind(2)
+    session._young[2] -= session_module.YOUNG_SECONDS + 1
+    session._unwind_processes([])  # drains forget old entries too (serve's loop does not poll)
+    assert 2 not in session._young
