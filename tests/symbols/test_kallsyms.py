@@ -8,10 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from optrace.errors import OptraceError
 from optrace.model import KERNEL_DSO, Frame, RawSample
 from optrace.frontend.symbols import Kallsyms, Symbolizer
+from optrace.frontend.symbols.kallsyms import KernelSymbol
+from optrace.frontend.symbols.symbol import name_preference
 
 SAMPLE = """\
 ffffffff81000000 T _stext
@@ -140,3 +144,19 @@ def test_compact_table_answers_like_a_naive_one_on_the_real_kallsyms(tmp_path: P
             mismatches.append(hex(address))
     assert mismatches == []
     assert any(compact.find(address).module == "bpf" for address in starts[-100:])  # our program at least
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.from_regex(rb"_{0,3}[a-c]{1,3}", fullmatch=True),
+                          st.sampled_from([None, "ext4", "xfs"])), max_size=60))
+def test_one_symbol_per_address_the_preferred_alias_first_in_file_order(rows) -> None:
+    """Against the rule written plainly: per address, the alias with the fewest leading underscores, then
+    the longest name, the first in file order among equals; addresses sorted; modules kept."""
+    table = Kallsyms((address, KernelSymbol(name.decode(), module)) for address, name, module in rows)
+    expected = {}
+    for address, name, module in rows:
+        if address not in expected or name_preference(name) > name_preference(expected[address][0]):
+            expected[address] = (name, module)
+    assert list(table._addresses) == sorted(expected)
+    for address, (name, module) in expected.items():
+        assert table.find(address) == KernelSymbol(name.decode(), module)
