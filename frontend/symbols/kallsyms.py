@@ -10,9 +10,7 @@ from __future__ import annotations
 import bisect
 import re
 from array import array
-from collections.abc import Iterable
-from itertools import accumulate, compress, islice, repeat
-from operator import eq, not_
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from optrace.errors import OptraceError
@@ -21,7 +19,6 @@ from optrace.frontend.symbols.symbol import name_preference
 KALLSYMS = "/proc/kallsyms"
 # ADDRESS TYPE NAME [\t[MODULE]], for the text types tTwW only (perf's kallsyms__is_function)
 TEXT_LINE = re.compile(rb"^([0-9a-fA-F]+) [tTwW] ([^\s]+)(?:\s+\[([^\]\s]+)\])?[ \t]*$", re.M)
-LINES_SLICE = 1 << 20  # bytes of /proc/kallsyms matched at a time (5.4 MB here)
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,7 @@ class Kallsyms:
         except OSError as err:
             raise OptraceError(f"cannot read {path}: {err.strerror}") from None
         table = cls()
-        table._pack_columns(*_text_columns(text))
+        table._pack(_text_rows(text))
         if len(table) and table._addresses[-1] == 0:  # sorted: the largest is 0 only if all are
             raise OptraceError("kernel symbols are hidden (kptr_restrict): run as root")
         return table
@@ -69,67 +66,48 @@ class Kallsyms:
         return KernelSymbol(name, self._modules[self._module_ids[index]])
 
     def _pack(self, rows: Iterable[tuple[int, bytes, str | None]]) -> None:
-        addresses, names, modules = array("Q"), [], []
-        for address, name, module in rows:
-            addresses.append(address)
-            names.append(name)
-            modules.append(module)
-        self._pack_columns(addresses, names, modules)
-
-    def _pack_columns(self, addresses: array, names: list[bytes], modules: list[str | None]) -> None:
-        """The symbols (in file order) sorted by address, one per address (see :func:`_preferred`), in C
-        where it can be: 120k symbols are loaded at every start, beside the compile."""
-        kept = _preferred(addresses, names)
-        self._addresses = array("Q", map(addresses.__getitem__, kept))
-        kept_names = list(map(names.__getitem__, kept))
-        self._names = b"".join(kept_names)
-        self._name_ends = array("I", accumulate(map(len, kept_names)))
-        kept_modules = list(map(modules.__getitem__, kept))
         module_ids: dict[str | None, int] = {None: 0}
-        for module in dict.fromkeys(kept_modules):
-            module_ids.setdefault(module, len(module_ids))
-        self._modules = list(module_ids)
-        self._module_ids = array("H", map(module_ids.__getitem__, kept_modules))
+        blob = bytearray()
+        for address, name, module in _preferred_aliases(rows):
+            if module not in module_ids:
+                module_ids[module] = len(self._modules)
+                self._modules.append(module)
+            blob += name
+            self._addresses.append(address)
+            self._name_ends.append(len(blob))
+            self._module_ids.append(module_ids[module])
+        self._names = bytes(blob)
 
 
-def _preferred(addresses: array, names: list[bytes]) -> list[int]:
-    """Indices of the symbols to keep, in address order: one per address, the preferred alias (the first
-    in file order among equally preferred ones)."""
+def _preferred_aliases(rows: Iterable[tuple[int, bytes, str | None]]) -> Iterator[tuple[int, bytes, str | None]]:
+    """``rows`` in address order, one per address: the preferred alias (the first in file order among
+    equally preferred ones)."""
+    addresses = array("Q")
+    names: list[bytes] = []
+    modules: list[str | None] = []
+    for address, name, module in rows:
+        addresses.append(address)
+        names.append(name)
+        modules.append(module)
     order = sorted(range(len(addresses)), key=addresses.__getitem__)  # stable: aliases in file order
-    ordered = list(map(addresses.__getitem__, order))
-    same_as_next = list(map(eq, ordered, islice(ordered, 1, None))) + [False]
-    kept = list(order)
-    run_start = None
-    for position in compress(range(len(order)), same_as_next):  # aliases: a few hundred of 120k
-        if run_start is None:
-            run_start = position
-        if not same_as_next[position + 1]:  # position + 1 ends the run
-            best = order[run_start]
-            for alias in order[run_start + 1:position + 2]:
-                if name_preference(names[alias]) > name_preference(names[best]):
-                    best = alias
-            kept[position + 1] = best
-            run_start = None
-    return list(compress(kept, map(not_, same_as_next)))
+    run_start = 0
+    for position, index in enumerate(order):
+        if position + 1 < len(order) and addresses[order[position + 1]] == addresses[index]:
+            continue  # the last of a run of aliases yields the run's winner
+        best = order[run_start]
+        for alias in order[run_start + 1:position + 1]:
+            if name_preference(names[alias]) > name_preference(names[best]):
+                best = alias
+        run_start = position + 1
+        yield addresses[best], names[best], modules[best]
 
 
-def _text_columns(text: bytes) -> tuple[array, list[bytes], list[str | None]]:
-    """(addresses, names, modules) of the text symbol lines ``ADDRESS TYPE NAME [\\t[MODULE]]``, in file
-    order; matched a slice of lines at a time (no list of every line's match at once)."""
-    addresses, names, modules = array("Q"), [], []
-    decoded: dict[bytes, str | None] = {b"": None}
-    start = 0
-    while start < len(text):
-        end = text.find(b"\n", start + LINES_SLICE)
-        end = len(text) if end < 0 else end + 1
-        rows = TEXT_LINE.findall(text, start, end)
-        start = end
-        if not rows:
-            continue
-        hexes, chunk_names, chunk_modules = zip(*rows)
-        addresses.extend(map(int, hexes, repeat(16)))
-        names.extend(chunk_names)
-        for module in set(chunk_modules).difference(decoded):
-            decoded[module] = module.decode("utf-8", "replace")
-        modules.extend(map(decoded.__getitem__, chunk_modules))
-    return addresses, names, modules
+def _text_rows(text: bytes) -> Iterable[tuple[int, bytes, str | None]]:
+    """(address, name, module) of each text symbol line ``ADDRESS TYPE NAME [\\t[MODULE]]``."""
+    modules: dict[bytes, str] = {}
+    for match in TEXT_LINE.finditer(text):  # not findall: no list of every line at once
+        address, name, module = match.groups()
+        if module and module not in modules:
+            modules[module] = module.decode("utf-8", "replace")
+        yield int(address, 16), name, modules[module] if module else None
+
