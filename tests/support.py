@@ -30,9 +30,14 @@ def run_optrace(*args: str, check: bool = False, timeout: float = 120, **kw) -> 
 
 
 def perf_event_fds(pid: int) -> int:
-    """How many perf events a process holds open (a sampler holds one or more per CPU once attached)."""
+    """How many perf events a process holds open (a sampler holds one or more per CPU once attached); 0
+    once it is gone."""
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return 0
     count = 0
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
+    for fd in fds:
         try:
             count += os.readlink(fd) == "anon_inode:[perf_event]"
         except OSError:
@@ -108,21 +113,6 @@ def bpf_prog_ids(pid: int) -> set[int]:
         if found:
             ids.add(int(found.group(1)))
     return ids
-
-
-def perf_event_fds(pid: int) -> int:
-    """The perf events a process holds open (its samplers, tracepoints and perf buffers)."""
-    try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return 0
-    count = 0
-    for fd in fds:
-        try:
-            count += os.readlink(fd) == "anon_inode:[perf_event]"
-        except OSError:
-            continue
-    return count
 
 
 def loaded_prog_ids() -> set[int]:
