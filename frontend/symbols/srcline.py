@@ -77,9 +77,10 @@ def line_rows(elf: ElfFile, ranges: Sequence[tuple[int, int]]) -> list[LineRow]:
     data = elf.section_data(section, MAX_SECTION_BYTES)
     strings = _strings(elf, ".debug_line_str"), _strings(elf, ".debug_str")
     rows: list[LineRow] = []
+    inside = _Ranges(ranges)
     pos = 0
     while pos < len(data) and len(rows) < MAX_ROWS:
-        pos = _unit(data, pos, elf.endian, strings, ranges, rows)
+        pos = _unit(data, pos, elf.endian, strings, inside, rows)
     rows.sort(key=lambda row: row.address)
     return rows[:MAX_ROWS]
 
@@ -89,7 +90,7 @@ def _strings(elf: ElfFile, name: str) -> bytes:
     return elf.section_data(section, MAX_SECTION_BYTES) if section is not None else b""
 
 
-def _unit(data: bytes, pos: int, endian: str, strings: tuple[bytes, bytes], ranges: Sequence[tuple[int, int]],
+def _unit(data: bytes, pos: int, endian: str, strings: tuple[bytes, bytes], inside: _Ranges,
           rows: list[LineRow]) -> int:
     """Read one line-program unit at ``pos`` into ``rows``; returns where the next unit starts."""
     head = _Reader(data, pos, len(data), endian)
@@ -119,7 +120,7 @@ def _unit(data: bytes, pos: int, endian: str, strings: tuple[bytes, bytes], rang
     lengths = list(r.take(opcode_base - 1))
     files = _files_v5(r, offset_size, strings) if version >= 5 else _files_v4(r)
     r.pos = program
-    _run(r, files, min_inst, line_base, line_range, opcode_base, lengths, ranges, rows, version)
+    _run(r, files, min_inst, line_base, line_range, opcode_base, lengths, inside, rows)
     return end
 
 
@@ -186,11 +187,10 @@ def _join(directory: str, name: str) -> str:
 
 
 def _run(r: _Reader, files: list[str], min_inst: int, line_base: int, line_range: int, opcode_base: int,
-         lengths: list[int], ranges: Sequence[tuple[int, int]], rows: list[LineRow], version: int) -> None:
-    """The line-number state machine (DWARF 5, 6.2.5), emitting rows inside ``ranges``. Written for speed
+         lengths: list[int], inside: _Ranges, rows: list[LineRow]) -> None:
+    """The line-number state machine (DWARF 5, 6.2.5), emitting rows at addresses ``inside``. Written for speed
     (a big library's program is megabytes): bytes read in place, one-byte LEB128s inline."""
     data, pos, end, order = r.data, r.pos, r.end, "little" if r.endian == "<" else "big"
-    inside = _Ranges(ranges)
     address, file, line = 0, 1, 1
     try:
         while pos < end:
