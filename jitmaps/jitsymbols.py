@@ -31,7 +31,7 @@ from optrace.jitmaps.trust import (DEFAULT_MAX_SIZE, RefusedFile, jit_file_polic
 
 MAX_JITDUMPS = 16  # per process: a runtime maps one (perf's agents: one per process and exec)
 
-READ_BUDGET = 2 << 20  # bytes of one JIT file read per poll: 0.1-0.15 s of parsing and adding here (200-byte names)
+READ_BUDGET = 2 << 20  # bytes of one JIT file read per poll: 0.13-0.17 s of parsing and adding here (~100-byte lines)
 # and at the recording's end, READ_BUDGET at a time, for this long in all (wall time: on a loaded machine a
 # byte budget of 8 MiB took 2.8 s)
 FINAL_READ_SECONDS = 0.5
