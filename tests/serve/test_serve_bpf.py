@@ -208,8 +208,20 @@ def prometheus_address(process: subprocess.Popen) -> str:
     return ""
 
 
+def prometheus_ready(process: subprocess.Popen) -> str:
+    """Prometheus listens before its storage is open and answers queries 503 until then: wait for /-/ready."""
+    base = prometheus_address(process)
+    if not base:
+        return ""
+    try:
+        with urllib.request.urlopen(f"{base}/-/ready", timeout=5) as response:
+            return base if response.status == 200 else ""
+    except OSError:  # HTTPError 503 is an OSError too
+        return ""
+
+
 def test_real_prometheus_ingests_the_counters(workload_run, prometheus, unique_workloads, expo):
-    base = wait_for(lambda: prometheus_address(prometheus), 30, "prometheus to listen")
+    base = wait_for(lambda: prometheus_ready(prometheus), 60, "prometheus to be ready")
     binary = str(unique_workloads / "srvcalls")
     calls = wait_for(lambda: prometheus_query(base, f'{CALLS}{{binary="{binary}"}}'), 30, "prometheus to scrape")
     assert [(r["metric"]["symbol"], r["metric"]["comm"], r["value"][1]) for r in calls] == [("target", "srvcalls", "1234")]
