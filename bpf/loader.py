@@ -34,7 +34,7 @@ def counter_increments(table, reasons: tuple[str, ...], seen: list[int]) -> dict
     return delta
 
 
-PRELUDE = (Path(__file__).with_name("kernel_types.h"), Path(__file__).with_name("kernel_offsets.h"))
+PRELUDE = tuple(Path(__file__).with_name(name) for name in ("kernel_types.h", "kernel_offsets.h", "table_bytes.h"))
 
 
 def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = (), kernel_headers: bool | None = None):

@@ -47,10 +47,12 @@ struct stack_scratch {
     u64 words[512];  // STORE_MAX_WORDS used
 };
 
-BPF_F_TABLE("array", u32, struct store_chunk, store_arena, 2 * STORE_CHUNKS, BPF_F_MMAPABLE);
+TABLE_BYTES(store_chunk);  // see table_bytes.h
+TABLE_BYTES(stack_scratch);
+BPF_F_TABLE("array", u32, struct store_chunk_bytes, store_arena, 2 * STORE_CHUNKS, BPF_F_MMAPABLE);
 BPF_ARRAY(store_state, u64, 3);  // [0]: the epoch; [1 + half]: words reserved in that half
 BPF_TABLE("lru_hash", u64, u32, store_index, STORE_INDEX_SIZE);  // stack hash -> epoch it was stored in
-BPF_PERCPU_ARRAY(stack_scratch, struct stack_scratch, 1);
+BPF_PERCPU_ARRAY(stack_scratch, struct stack_scratch_bytes, 1);
 
 // FNV-1a over the first `words` words of `scratch` (whose words after them bpf_get_stack zeroed) and the
 // count: every word up to `limit` is hashed, so the loop has one path (a loop that stops at `words` has
@@ -70,7 +72,7 @@ static inline u64 hash_scratch(struct stack_scratch *scratch, u32 words, u32 lim
 static inline struct store_chunk *store_chunk_at(u64 half, u64 word)
 {
     u32 index = half * STORE_CHUNKS + word / STORE_CHUNK_WORDS;
-    return store_arena.lookup(&index);
+    return (struct store_chunk *)store_arena.lookup(&index);
 }
 
 // Reserves `total` words in the half that do not cross a chunk's end; the reservation's first word, or
@@ -136,7 +138,7 @@ static inline u64 store_stack(u64 *words, u32 n, u64 hash, u32 kind, u32 status)
 static inline u64 store_walked_stack(void *ctx, u64 flags, u32 kind, int *missing, int *files_only)
 {
     u32 zero = 0;
-    struct stack_scratch *scratch = stack_scratch.lookup(&zero);
+    struct stack_scratch *scratch = (struct stack_scratch *)stack_scratch.lookup(&zero);
     if (!scratch)
         return 0;
     u32 size = kind == STACK_BUILD_ID ? 127 * 32 : 127 * 8;

@@ -110,9 +110,11 @@ struct unwind_state {
 };
 
 BPF_F_TABLE("array", u32, struct unwind_row, unwind_rows, UNWIND_ROWS, BPF_F_MMAPABLE);
-BPF_F_TABLE("hash", u32, struct unwind_proc, unwind_procs, UNWIND_PROCS, BPF_F_NO_PREALLOC);
+TABLE_BYTES(unwind_proc);  // see table_bytes.h
+TABLE_BYTES(unwind_state);
+BPF_F_TABLE("hash", u32, struct unwind_proc_bytes, unwind_procs, UNWIND_PROCS, BPF_F_NO_PREALLOC);
 BPF_ARRAY(unwind_generation, u64, 1);  // the mapping tables' generation (UnwindMaps.generation)
-BPF_PERCPU_ARRAY(unwind_states, struct unwind_state, 1);
+BPF_PERCPU_ARRAY(unwind_states, struct unwind_state_bytes, 1);
 BPF_PERCPU_ARRAY(unwind_counters, u64, UNWIND_NR_COUNTERS);
 BPF_PROG_ARRAY(unwind_progs, 1);
 
@@ -149,12 +151,12 @@ static inline int user_registers(struct bpf_perf_event_data *ctx, struct unwind_
 static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing)
 {
     u32 pid = key->pid;
-    struct unwind_proc *proc = unwind_procs.lookup(&pid);
+    struct unwind_proc *proc = (struct unwind_proc *)unwind_procs.lookup(&pid);
     u64 *epoch = epochs.lookup(&pid);
     if (!proc || !epoch || *epoch != proc->epoch)
         return;
     u32 zero = 0;
-    struct unwind_state *st = unwind_states.lookup(&zero);
+    struct unwind_state *st = (struct unwind_state *)unwind_states.lookup(&zero);
     if (!st)
         return;
     if (!user_registers(ctx, st)) {
@@ -320,11 +322,11 @@ static inline void unwind_done(struct bpf_perf_event_data *ctx, struct unwind_st
 int unwind_step(struct bpf_perf_event_data *ctx)
 {
     u32 zero = 0;
-    struct unwind_state *st = unwind_states.lookup(&zero);
+    struct unwind_state *st = (struct unwind_state *)unwind_states.lookup(&zero);
     if (!st)
         return 0;
     u32 pid = st->key.pid;
-    struct unwind_proc *proc = unwind_procs.lookup(&pid);
+    struct unwind_proc *proc = (struct unwind_proc *)unwind_procs.lookup(&pid);
     int done = 0;
     if (!proc) {  // user space dropped the table meanwhile
         st->stack.status = UNWIND_NO_CFI;
