@@ -32,6 +32,7 @@ from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
+from optrace.kernel import CAP_SYS_NICE, effective_capabilities
 from optrace.procfs import exec_path, process_cpu_ticks
 
 T = TypeVar("T")
@@ -249,6 +250,7 @@ class ProfilingSession:
                                  cfi_unwind=cfi, fold=opts.fold)
         self.profiler.load()
         self._load_off_cpu()
+        self._kallsyms.compile_done()
 
         if cfi:
             from optrace.frontend.unwind.builder import ChildProcessBuilder
@@ -697,27 +699,49 @@ class ProfilingSession:
 
 
 class KernelSymbolsLoader:
-    """/proc/kallsyms parsed in a thread started now (0.3-0.5 s of CPU here, at nice 19: beside BCC's compile
-    it takes only a CPU the compile leaves), handed to the symbolizer when it first names samples; a failure
-    becomes the symbolizer's own warning (it loads them again itself)."""
+    """/proc/kallsyms parsed in a thread started now (0.3-0.5 s of CPU here), handed to the symbolizer when it
+    first names samples; a failure becomes the symbolizer's own warning (it loads them again itself).
+
+    Until :meth:`compile_done` the thread runs at nice 19: beside BCC's compile, which is on the way to the
+    first sample, it takes only a CPU the compile leaves (the bench's target keeps one of two busy). Only
+    where its priority can be set back (CAP_SYS_NICE): left at nice 19 on a machine whose CPUs are all busy it
+    would get ~1.5 % of one, tens of seconds for the parse."""
 
     def __init__(self) -> None:
         self._table = None
+        self._lock = threading.Lock()
+        self._yielding = bool(effective_capabilities() & (1 << CAP_SYS_NICE))
+        self._priority = os.getpriority(os.PRIO_PROCESS, 0)  # the starting thread's
+        self._niced_tid: int | None = None  # set while the thread is at nice 19 and alive
         self._thread: threading.Thread | None = threading.Thread(target=self._load, name="kallsyms", daemon=True)
         self._thread.start()
 
     def _load(self) -> None:
         from optrace.frontend.symbols.kallsyms import Kallsyms
 
-        lower_thread_priority()
+        with self._lock:
+            if self._yielding and _set_thread_priority(threading.get_native_id(), YIELDING_NICE):
+                self._niced_tid = threading.get_native_id()
         try:
             self._table = Kallsyms.load()
         except Exception:  # the symbolizer's own load gives the warning
             self._table = None
+        finally:
+            with self._lock:
+                self._niced_tid = None  # the thread id is not ours to renice once the thread ends
+
+    def compile_done(self) -> None:
+        """The parse goes on at the starting thread's priority."""
+        with self._lock:
+            self._yielding = False
+            if self._niced_tid is not None:
+                _set_thread_priority(self._niced_tid, self._priority)
+                self._niced_tid = None
 
     def hand_to(self, symbolizer) -> None:
         if self._thread is None:
             return
+        self.compile_done()
         self._thread.join()
         self._thread = None
         if self._table is not None:
@@ -725,13 +749,16 @@ class KernelSymbolsLoader:
             self._table = None
 
 
-def lower_thread_priority() -> None:
-    """Nice 19 for the calling thread alone (Linux nices threads one by one): its work gets a CPU only when
-    nothing else wants it, such as BCC's compile, which is on the way to the first sample."""
+YIELDING_NICE = 19
+
+
+def _set_thread_priority(tid: int, nice: int) -> bool:
+    """Linux nices threads one by one: PRIO_PROCESS with a thread id sets that thread's alone."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
     except OSError:
-        pass
+        return False
+    return True
 
 
 def leaf_only(sample: RawSample) -> RawSample:

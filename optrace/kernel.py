@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 CAP_SYS_ADMIN = 21
+CAP_SYS_NICE = 23
 CAP_PERFMON = 38
 CAP_BPF = 39
 SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
