@@ -114,15 +114,17 @@ class JitSymbols:
 
     def _read_rest(self, time: float) -> None:
         """The recording is over: a last read of every file, then more of those not read to their end, in
-        turn, until FINAL_READ_SECONDS have passed."""
+        turn, until FINAL_READ_SECONDS have passed. A read that did not move on (an incomplete last record)
+        is the file's last."""
         deadline = monotonic() + FINAL_READ_SECONDS
         pending = deque((proc, source) for generations in self._procs.values() for proc in generations
                         for source in proc.sources.values())
         while pending and monotonic() < deadline:
             proc, source = pending.popleft()
             if not source.broken:
+                offset = source.reader.offset
                 self._read(proc, source, time, True, READ_BUDGET)
-                if source.reader.size_seen > source.reader.offset:
+                if offset < source.reader.offset < source.reader.size_seen:
                     pending.append((proc, source))
 
     def forget_process(self, pid: int) -> None:

@@ -74,6 +74,25 @@ def test_the_end_reads_more_of_a_big_map_for_a_bounded_time(spawn, monkeypatch, 
         assert read == reference.stats["perfmap_lines"] < lines and jit.stats["unread_bytes"] > 0
 
 
+def test_the_end_does_not_read_again_what_cannot_be_read_further(tmp_path, monkeypatch):
+    """A jitdump whose last record is incomplete (its JIT killed mid-write) keeps bytes past what it read even
+    at the final read: the end reads it once more, then leaves it (it was re-opened in a loop for all of
+    FINAL_READ_SECONDS)."""
+    from jithelpers import dump_bytes, load
+
+    monkeypatch.setattr(jitsymbols, "FINAL_READ_SECONDS", 60.0)
+    whole = dump_bytes([load(0x7000, 0x10, "complete_fn", 1), load(0x8000, 0x10, "cut_fn", 2)], pid=999999)
+    path = tmp_path / "cut.dump"
+    path.write_bytes(whole[:-10])
+    reads = []
+    original = JitSymbols._read
+    monkeypatch.setattr(JitSymbols, "_read", lambda self, *args: reads.append(1) or original(self, *args))
+    jit = JitSymbols(jitdumps=[str(path)])
+    jit.finish(9.0)
+    assert jit.lookup(999999, 0x7004, 6.0) == ("complete_fn", str(path))
+    assert len(reads) <= 3
+
+
 def test_jitdump_found_in_proc_maps(spawn, tmp_path):
     proc = spawn([PYTHON, str(PROGRAMS / "agent_child.py"), str(tmp_path), "dumped_fn:5000:80"],
                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
