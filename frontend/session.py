@@ -31,8 +31,8 @@ from optrace.bpf.profiler import FoldedCounts
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
-from optrace.model import Frame, RawSample, Sample, UserFrame
 from optrace.kernel import CAP_SYS_NICE, effective_capabilities
+from optrace.model import Frame, RawSample, Sample, UserFrame
 from optrace.procfs import exec_path, process_cpu_ticks
 
 T = TypeVar("T")
