@@ -164,9 +164,10 @@ def _list_decoder(args: tuple[Any, ...]) -> Decoder:
     if ints is not None:
         return lambda data: list(data) if _all_ints_in(data, ints) else _items(data, item)
     columns = _columns_decoder(args[0]) if dataclasses.is_dataclass(args[0]) else None
-    if columns is not None:
-        return lambda data: _table_items(data, item, columns)
-    return lambda data: _items(data, item)
+    if columns is None:
+        return lambda data: _items(data, item)
+    table = _table_decoder(args[0], item)
+    return lambda data: table(data) if type(data) is dict else _table_items(data, item, columns)
 
 
 Columns = Callable[[list[Any]], "list[Any] | None"]
@@ -231,6 +232,138 @@ def _adopt(cls: type, fields: dict[str, Any]) -> Any:
     instance = object.__new__(cls)
     object.__setattr__(instance, "__dict__", fields)
     return instance
+
+
+# A record file (format 2) holds a list of flat dataclasses (its frames and samples) as a table: one JSON list
+# per field, in row order, and for a tuple field the rows' lengths and all their items in one list:
+#     {"pid": [7, 7], "comm": ["a", "a"], "frames": {"lengths": [2, 1], "values": [4, 0, 4]}, ...}
+# 91k samples of 83k distinct stacks: 9.0 MB of JSON as objects (json.loads 0.07 s, their checks 0.09 s), 5.6 MB
+# as a table (0.04 s, 0.05 s with the objects built). A list of objects (format 1) is still read.
+TABLE_LENGTHS, TABLE_VALUES = "lengths", "values"
+
+
+@functools.cache
+def table_class(hint: Any) -> type | None:
+    """The item class when a record file holds a field of this hint as a table, else None."""
+    if typing.get_origin(hint) is not list:
+        return None
+    (cls,) = typing.get_args(hint)
+    if not dataclasses.is_dataclass(cls) or _flat_tuple_fields(cls) is None or _columns_decoder(cls) is None:
+        return None
+    return cls
+
+
+def table_columns(items: list[Any], cls: type) -> dict[str, Any]:
+    """The table of `items`, each column an iterator (a writer streams them); see :data:`TABLE_LENGTHS`."""
+    tuples = _flat_tuple_fields(cls) or ()
+    table: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        get = operator.attrgetter(f.name)
+        if f.name in tuples:
+            table[f.name] = {TABLE_LENGTHS: map(len, map(get, items)),
+                             TABLE_VALUES: itertools.chain.from_iterable(map(get, items))}
+        else:
+            table[f.name] = map(get, items)
+    return table
+
+
+def encode_record(record: Record) -> dict[str, Any]:
+    """The JSON document a record file holds: :func:`encode`, with the lists of flat dataclasses as tables."""
+    hints = typing.get_type_hints(Record)
+    document = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        cls = table_class(hints[f.name])
+        document[f.name] = encode(value) if cls is None else _listed(table_columns(value, cls))
+    return document
+
+
+def _listed(table: dict[str, Any]) -> dict[str, Any]:
+    return {name: _listed(column) if isinstance(column, dict) else list(column) for name, column in table.items()}
+
+
+def _table_decoder(cls: type, item: Decoder) -> Decoder:
+    """A table's rows: every column checked whole, in C; a column that does not pass (or a row's value the
+    checks cannot judge) sends the rows to the item decoder, which names the first problem."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    tuples = _flat_tuple_fields(cls) or ()
+    fields = [(f.name, f.default, _column_check(hints[f.name])) for f in dataclasses.fields(cls)]
+    names = [name for name, *_ in fields]
+    adopt = cls.__dataclass_params__.frozen and not hasattr(cls, "__post_init__")  # else its __init__ is fast
+    build = _adopted_rows(cls, names) if adopt else lambda values: list(map(cls, *values))
+
+    def decode_table(data: dict[str, Any]) -> list[Any]:
+        raw = {}
+        for name, _, _ in fields:
+            if name in data:
+                raw[name] = _table_column(data.pop(name), name, name in tuples, hints[name])
+        rows = _table_length(raw)
+        values = []
+        for name, default, check in fields:
+            if name not in raw and default is dataclasses.MISSING:
+                raise SchemaError(f"missing column {name!r}")
+            column = raw[name] if name in raw else [default] * rows
+            checked = column if isinstance(column, _Rows) and column.checked else check(column)
+            if checked is None:
+                return _items(_row_objects(raw, names, rows), item)
+            values.append(checked)
+        data.clear()
+        return build(values)
+
+    return decode_table
+
+
+class _Rows(list):
+    """A tuple field's column split into its rows: tuples when every item passed its check (``checked``),
+    else lists, for the item decoder to judge."""
+
+    checked = False
+
+
+def _table_column(column: Any, name: str, is_tuple: bool, hint: Any) -> list[Any]:
+    try:
+        if not is_tuple:
+            _expect(column, list)
+            return column
+        return _split_rows(column, _int_bounds(typing.get_args(hint)[0]) or DEFAULT_BOUNDS)
+    except SchemaError as exc:
+        raise exc.at(f".{name}") from None
+
+
+def _split_rows(column: Any, bounds: Bounds) -> _Rows:
+    _expect(column, dict)
+    lengths, values = column.get(TABLE_LENGTHS), column.get(TABLE_VALUES)
+    if type(lengths) is not list or type(values) is not list or set(column) != {TABLE_LENGTHS, TABLE_VALUES}:
+        raise SchemaError(f"expected an object of {TABLE_LENGTHS!r} and {TABLE_VALUES!r} lists")
+    if not _all_ints_in(lengths, Bounds(0, len(values))) or sum(lengths) != len(values):
+        raise SchemaError(f"its {TABLE_LENGTHS} do not add up to its {TABLE_VALUES}")
+    ends = list(itertools.accumulate(lengths))
+    rows = map(values.__getitem__, map(slice, [0, *ends[:-1]], ends))
+    checked = _all_ints_in(values, bounds)
+    split = _Rows(map(tuple, rows) if checked else rows)
+    split.checked = checked
+    return split
+
+
+def _table_length(raw: dict[str, list[Any]]) -> int:
+    lengths = set(map(len, raw.values()))
+    if len(lengths) > 1:
+        raise SchemaError(f"its columns have different lengths ({min(lengths)} to {max(lengths)})")
+    return lengths.pop() if lengths else 0
+
+
+def _row_objects(raw: dict[str, list[Any]], names: list[str], rows: int) -> list[dict[str, Any]]:
+    """The table as the objects of format 1, each without the fields the table left out."""
+    columns = [raw.get(name, [_ABSENT] * rows) for name in names]
+    columns = [list(map(list, column)) if isinstance(column, _Rows) else column for column in columns]
+    return [{name: value for name, value in zip(names, row) if value is not _ABSENT} for row in zip(*columns)]
+
+
+def _adopted_rows(cls: type, names: list[str]) -> Callable[[list[list[Any]]], list[Any]]:
+    """Rows of a frozen dataclass from its checked columns, without its slow ``__init__`` (see _adopt)."""
+    def build(values: list[list[Any]]) -> list[Any]:
+        return list(map(_adopt, itertools.repeat(cls), map(dict, map(zip, itertools.repeat(names), zip(*values)))))
+    return build
 
 
 def _column_check(hint: Any) -> Callable[[list[Any]], "list[Any] | None"] | None:

@@ -20,7 +20,7 @@ import pytest
 from optrace import recordfile
 from optrace.model import Record, Sample
 from optrace.recordfile import HEADER, MAGIC, FOREIGN_LIMITS, OWN_LIMITS, Limits, RecordFileError, read_record
-from optrace.schema import encode
+from optrace.schema import encode_record
 from support import OPTRACE
 
 ROOT = os.geteuid() == 0
@@ -87,7 +87,7 @@ def record_with_samples(record: Record, count: int) -> Record:
 
 def counted(record: Record) -> tuple[int, int]:
     """(containers, values) of the record's JSON, counted the way the reader counts them."""
-    text = json.dumps(encode(record), separators=(",", ":")).encode()
+    text = json.dumps(encode_record(record), separators=(",", ":")).encode()
     containers = text.count(b"[") + text.count(b"{")
     return containers, containers + text.count(b",")
 

@@ -19,7 +19,7 @@ from optrace.model import CallCount, Record
 from optrace.recordfile import HEADER, MAGIC, RecordFileError, read_record
 from profiletext import FORMATS, render_report
 from optrace.frontend.report.rows import ReportOptions
-from optrace.schema import encode
+from optrace.schema import encode, encode_record
 
 OPTIONS = [ReportOptions(), ReportOptions(sort=("pid", "symbol"), children=True, percent_limit=1.0)]
 
@@ -100,18 +100,25 @@ def read_and_render(tmp_path: Path, document: Any) -> None:
                 assert "\n" not in str(exc), (fmt, exc)
 
 
+# The two shapes a record's frames and samples can have: tables (what record writes, format 2) and objects
+# (format 1, still read).
+SHAPES = pytest.mark.parametrize("shape", [encode_record, encode], ids=["tables", "objects"])
+
+
+@SHAPES
 @PROPERTY
 @given(data=st.data())
-def test_one_value_swapped_anywhere(tmp_path: Path, base: Record, data) -> None:
-    document = encode(base)
+def test_one_value_swapped_anywhere(tmp_path: Path, base: Record, shape, data) -> None:
+    document = shape(base)
     path = data.draw(st.sampled_from(leaf_paths(document)))
     read_and_render(tmp_path, replaced(document, path, data.draw(HOSTILE)))
 
 
+@SHAPES
 @PROPERTY
 @given(data=st.data())
-def test_several_values_swapped(tmp_path: Path, base: Record, data) -> None:
-    document = encode(base)
+def test_several_values_swapped(tmp_path: Path, base: Record, shape, data) -> None:
+    document = shape(base)
     for _ in range(data.draw(st.integers(min_value=2, max_value=6))):
         places = leaf_paths(document)
         if not places:
