@@ -26,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import (OPTRACE, WORKLOADS, Launched, ToolRun, md_table, median, quartiles,  # noqa: E402
                       optrace_system_wide_fds, run_timed, write_results)
 
-BENCH_BUDGET_S = 720  # read by bench/run.py; the slowdown stage adapts its pairs to fit
+BENCH_BUDGET_S = 1260  # read by bench/run.py; the slowdown stage adapts its pairs to fit
 FREQUENCIES = (99, 999)
 SYSTEM_HZ = (99, 999)  # whole-machine runs, each tool alone
+OWN_COST_ROUNDS = 3  # of the 999 Hz whole-machine runs, whose CPU and RSS are the own-cost verdicts
 WORK_ITERATIONS = 750_000_000  # about 1 s of CPU here
 SLOT_MS = 25.0  # bench-phases slot width: the resolution of the time to first sample
 PERF = "/usr/bin/perf"
@@ -49,6 +50,12 @@ class Tool:
     report: list[str] | None  # argv prefix of its report command, the file path appended; None: no report step
     report_shown: str  # the report command as the README shows it
     sample_count: Callable[[str, Path], int | None]  # (stderr, out) -> samples in the file
+
+
+def _without_stored_tables(out: Path) -> list[str]:
+    """An argv prefix that runs optrace with an empty store of unwind tables of its own (tablestore.py):
+    every file it unwinds is converted, as in its first run on a machine."""
+    return ["env", f"OPTRACE_CACHE_DIR={tempfile.mkdtemp(prefix=out.name + '-store-', dir=out.parent)}"]
 
 
 def _stdout_of(argv: list[str]) -> str:
@@ -90,6 +97,18 @@ TOOLS = {
                                          "-o", str(out)],
         record_system=lambda hz, out: [str(OPTRACE), "record", "-a", "-F", str(hz), "--call-graph", "fp", "-o",
                                        str(out)],
+        writes_stdout=False,
+        stacks_text=lambda out: _stdout_of([str(OPTRACE), "report", "-i", str(out), "--format", "folded"]),
+        report=[str(OPTRACE), "report", "-i"],
+        report_shown="optrace report -i optrace.data",
+        sample_count=_optrace_samples,
+    ),
+    "optrace_cold": Tool(  # whole-machine runs only: the default, with no unwind table stored by an earlier run
+        name="optrace record (first run: no stored unwind tables)",
+        record_pid=lambda pid, hz, out: [*_without_stored_tables(out), str(OPTRACE), "record", "-F", str(hz), "-g",
+                                         "-p", str(pid), "-o", str(out)],
+        record_system=lambda hz, out: [*_without_stored_tables(out), str(OPTRACE), "record", "-a", "-F", str(hz),
+                                       "-g", "-o", str(out)],
         writes_stdout=False,
         stacks_text=lambda out: _stdout_of([str(OPTRACE), "report", "-i", str(out), "--format", "folded"]),
         report=[str(OPTRACE), "report", "-i"],
@@ -360,27 +379,41 @@ class BackgroundLoad:
         self.demo.wait()
 
 
-def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir: Path) -> dict:
-    """Each tool records the whole machine alone, one after another in random order, under the same
-    background load, for ``seconds`` from when it attached: none samples another's start-up (a BCC
-    tool's clang compile is thousands of deep, distinct LLVM stacks, which the tool attached first would
-    record, convert the unwind tables of and name)."""
-    results: dict = {}
-    for key in random.sample(list(tools), len(tools)):
-        load = BackgroundLoad(seconds + 60)
-        out = workdir / f"system-{key}-{hz}.data"
-        try:
-            with Recording(tools[key], tools[key].record_system(hz, out), out) as recording:
-                recording.wait_attached(min_count=optrace_system_wide_fds() if key.startswith("optrace") else 1)
-                time.sleep(seconds)
-                recording.launched.interrupt()
-                results[key] = system_result(recording, time.monotonic(), load)
-        except RuntimeError as exc:
-            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            load.stop()
-        log(f"system-wide {hz} Hz {key}: {results[key]}")
-    return {key: results[key] for key in tools}
+def measure_system_wide(tools: dict[str, Tool], seconds: float, hz: int, workdir: Path, rounds: int = 1) -> dict:
+    """Each tool records the whole machine alone, one after another in random order (new in each of
+    ``rounds``), under the same background load, for ``seconds`` from when it attached: none samples
+    another's start-up (a BCC tool's clang compile is thousands of deep, distinct LLVM stacks, which the
+    tool attached first would record, convert the unwind tables of and name). A tool's result is its last
+    run's, with the median CPU and RSS of all its runs (each run's in ``runs_*``)."""
+    runs: dict[str, list[dict]] = {key: [] for key in tools}
+    for round_ in range(rounds):
+        for key in random.sample(list(tools), len(tools)):
+            load = BackgroundLoad(seconds + 60)
+            out = workdir / f"system-{key}-{hz}-{round_}.data"
+            try:
+                with Recording(tools[key], tools[key].record_system(hz, out), out) as recording:
+                    recording.wait_attached(min_count=optrace_system_wide_fds() if key.startswith("optrace") else 1)
+                    time.sleep(seconds)
+                    recording.launched.interrupt()
+                    result = system_result(recording, time.monotonic(), load)
+            except RuntimeError as exc:
+                result = {"error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                load.stop()
+            runs[key].append(result)
+            log(f"system-wide {hz} Hz {key} (round {round_ + 1}/{rounds}): {result}")
+    return {key: combined_runs(runs[key]) for key in tools}
+
+
+def combined_runs(runs: list[dict]) -> dict:
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        return failed[0]
+    result = dict(runs[-1])
+    for field in ("tool_cpu_s", "tree_rss_kb", "file_bytes"):
+        result[f"runs_{field}"] = [run[field] for run in runs]
+        result[field] = median(result[f"runs_{field}"])
+    return result
 
 
 def system_result(recording: Recording, stopped: float, load: "BackgroundLoad") -> dict:
@@ -448,15 +481,17 @@ def targets(res: dict) -> list[dict]:
                         "target": ">= 20x smaller than perf.data", "measured": f"{ratio:.1f}x smaller",
                         "met": ratio >= 20})
     system = res.get("system_wide", {}).get("999", {})
-    for key in ("optrace", "optrace_fp"):
+    for key, how in OWN_COST_RUNS.items():
         if ok(system, key, "bcc"):
             mine, bcc = system[key], system["bcc"]
-            how = "CFI, the default" if key == "optrace" else "frame pointers, as BCC's profile"
             cpu, rss = mine["tool_cpu_s"] / bcc["tool_cpu_s"], mine["tree_rss_kb"] / bcc["tree_rss_kb"]
+            spread = (f"; medians of {len(mine['runs_tool_cpu_s'])} runs, optrace {cpu_range(mine)}, BCC {cpu_range(bcc)}"
+                      if len(mine.get("runs_tool_cpu_s", ())) > 1 else "")
             out.append({"name": f"profile: own cost, {res['config']['system_seconds']:.0f} s system-wide at 999 Hz ({how})",
                         "target": "CPU <= 1x BCC profile's, RSS <= 1.2x",
                         "measured": f"CPU {mine['tool_cpu_s']:.2f} s vs {bcc['tool_cpu_s']:.2f} s ({cpu:.2f}x), "
-                                    f"RSS {mine['tree_rss_kb'] / 1024:.0f} vs {bcc['tree_rss_kb'] / 1024:.0f} MB ({rss:.2f}x)",
+                                    f"RSS {mine['tree_rss_kb'] / 1024:.0f} vs {bcc['tree_rss_kb'] / 1024:.0f} MB ({rss:.2f}x)"
+                                    f"{spread}",
                         "met": cpu <= 1.0 and rss <= 1.2})
     for hz, report in res.get("report", {}).items():
         if ok(report, "optrace", "perf"):
@@ -464,6 +499,17 @@ def targets(res: dict) -> list[dict]:
             out.append({"name": f"profile: report time ({hz} Hz files)", "target": "faster than perf's flat report",
                         "measured": f"{mine:.2f} s vs {perf:.2f} s", "met": mine < perf})
     return out
+
+
+OWN_COST_RUNS = {
+    "optrace": "CFI, the default; unwind tables stored by an earlier run",
+    "optrace_cold": "CFI, first run: every unwind table converted",
+    "optrace_fp": "frame pointers, as BCC's profile",
+}
+
+
+def cpu_range(result: dict) -> str:
+    return f"{min(result['runs_tool_cpu_s']):.2f}-{max(result['runs_tool_cpu_s']):.2f} s"
 
 
 def fmt(value, spec: str, missing: str = "n/a") -> str:
@@ -527,7 +573,7 @@ def markdown(res: dict, tools: dict[str, Tool]) -> str:
     parts += ["### Targets", "", md_table(["what", "target", "measured", "verdict"], rows), ""]
     if errors:
         parts += ["### Failures in this run", ""] + errors + [""]
-    parts += [METHOD.format(**cfg)]
+    parts += [METHOD.format(**cfg, own_cost_rounds=cfg["system_rounds"]["999"])]
     return "\n".join(parts)
 
 
@@ -565,9 +611,11 @@ METHOD = """### Method
 - (c) peak RSS from wait4 (`ru_maxrss` of the tool's largest process: exact, catches short peaks) and
   of the whole process tree (polled every 50 ms: the tool's VmHWM + its other processes' VmRSS; a child
   still running the tool's own executable, fork before exec, shares its pages and is not counted twice).
-- (d) each tool records the whole machine alone (`optrace record -a`, with `--call-graph fp` too, `perf record -a`,
-  `profile-bpfcc -f`, its folded stdout being its file), one after another in random order, for
-  {system_seconds:.0f} s from when it attached, then Ctrl-C; once at 99 Hz, once at 999 Hz. Each run has the same
+- (d) each tool records the whole machine alone (`optrace record -a`, with `--call-graph fp` too, and with
+  an empty store of unwind tables, as in its first run on a machine; `perf record -a`, `profile-bpfcc -f`,
+  its folded stdout being its file), one after another in random order, for {system_seconds:.0f} s from
+  when it attached, then Ctrl-C; once at 99 Hz, then {own_cost_rounds} rounds at 999 Hz (a new random
+  order each), whose medians are shown, with each tool's range in the own-cost rows. Each run has the same
   background load (`workloads/build/demo` on one CPU and a 20 ms `shortlived` process started every
   100 ms) on top of whatever else the shared machine runs. Alone, because a tool recording while
   another starts records that one's start-up: a BCC tool's clang compile is thousands of deep, distinct
@@ -576,7 +624,9 @@ METHOD = """### Method
   "Ctrl-C to exit" is the work a tool does after recording (optrace and BCC symbolize then and write;
   perf collects build-ids). Own cost (issue 11): the tool's CPU (its process tree's user + system time)
   and peak RSS of the process tree in the 999 Hz runs against BCC's profile, which walks frame pointers:
-  optrace's default unwinds from CFI, so both are shown.
+  optrace's default unwinds from CFI, so both are shown. `optrace record` keeps the unwind tables it
+  converts (frontend/unwind/tablestore.py) and reads them back in later runs: the default row is a run
+  after the 99 Hz one stored them, the first-run row converts every table again.
 - (e) `optrace report -i FILE` (table) vs `perf report --stdio -i perf.data` on the files of (d), output
   to /dev/null, median wall time of {report_repeats} runs. optrace symbolized at record time, perf
   symbolizes at report time: the costs are placed differently, see "Ctrl-C to exit" in (c). BCC's profile
@@ -593,11 +643,13 @@ def main() -> int:
     parser.add_argument("--tools", default="optrace,perf,bcc")
     args = parser.parse_args()
     tools = {key: TOOLS[key] for key in args.tools.split(",")}
-    system_tools = {**tools, "optrace_fp": TOOLS["optrace_fp"]} if "optrace" in tools else tools
+    extra = ("optrace_cold", "optrace_fp") if "optrace" in tools else ()
+    system_tools = {**tools, **{key: TOOLS[key] for key in extra}}
     cfg = {
         "pairs": args.pairs or (MIN_PAIRS if args.quick else 7),
         "system_seconds": args.system_seconds or (8.0 if args.quick else 30.0),
         "system_hz": list(SYSTEM_HZ),
+        "system_rounds": {"999": 1 if args.quick else OWN_COST_ROUNDS},
         "report_repeats": 3,
         "ttfs_repeats": 1 if args.quick else 2,
         "iterations": WORK_ITERATIONS,
@@ -612,12 +664,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="optrace-bench-") as tmp:
         workdir = Path(tmp)
         res["first_sample"] = measure_first_sample(tools, cfg["ttfs_repeats"], workdir)
-        later_stages_s = len(SYSTEM_HZ) * len(system_tools) * (cfg["system_seconds"] + 15)
+        runs = len(SYSTEM_HZ) - 1 + max(cfg["system_rounds"].values())
+        later_stages_s = runs * len(system_tools) * (cfg["system_seconds"] + 15)
         stage_s = max(60.0, args.budget - 45 - (time.monotonic() - started) - later_stages_s)
         res["slowdown"] = measure_slowdown(tools, cfg["pairs"], stage_s, workdir)
         res["system_wide"], res["report"] = {}, {}
         for hz in SYSTEM_HZ:
-            system = res["system_wide"][str(hz)] = measure_system_wide(system_tools, cfg["system_seconds"], hz, workdir)
+            rounds = cfg["system_rounds"].get(str(hz), 1)
+            system = res["system_wide"][str(hz)] = measure_system_wide(system_tools, cfg["system_seconds"], hz,
+                                                                       workdir, rounds)
             res["report"][str(hz)] = measure_report_time(tools, system, hz, cfg["report_repeats"])
     res["targets"] = targets(res)
     write_results("profile", res)

@@ -3,12 +3,20 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from support import IN_CI, REPO, WORKLOADS, run_optrace
+
+
+def pytest_configure(config) -> None:
+    """The suite's stored unwind tables are its own (a fresh directory per run), never those of root's
+    real runs: a table converted by an older checkout is not one a test may meet."""
+    if "OPTRACE_CACHE_DIR" not in os.environ:
+        os.environ["OPTRACE_CACHE_DIR"] = tempfile.mkdtemp(prefix="optrace-test-cache-")
 
 
 def missing_capability(reason: str) -> None:

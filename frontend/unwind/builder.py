@@ -32,15 +32,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Protocol
 
 from optrace.fileaccess import BoundedFile, BudgetExceeded
 from optrace.frontend.symbols.buildid import FileIdentity
-from optrace.frontend.symbols.elffile import ElfFormatError, ProgramHeader
+from optrace.frontend.symbols.elffile import ElfFormatError
 from optrace.frontend.unwind.cfi import CfiError
-from optrace.frontend.unwind.table import MAX_ROWS, ROW, UnwindTable
-from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file
+from optrace.frontend.unwind.table import MAX_ROWS, ROW
+from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file, decode_unwind_file, encode_unwind_file
 
 IDLE_SECONDS = 30.0
 # Wall time the parent waits for one answer: the child's CPU budget (BUILD_SECONDS) and read budget are
@@ -101,7 +100,7 @@ class ChildProcessBuilder:
                 raise
         if "error" in header:
             raise _ERRORS.get(header["kind"], CfiError)(str(header["error"]))
-        return _decoded(header, rows, identity)
+        return decode_unwind_file(header, rows, identity)
 
     def close(self) -> None:
         with self._lock:
@@ -188,24 +187,6 @@ def _exactly(sock: socket.socket, size: int, stop: Callable[[], bool], deadline:
     return bytes(buffer)
 
 
-def _decoded(header: dict, rows: bytes, identity: FileIdentity | None) -> UnwindFile:
-    if len(rows) != header["count"] * ROW.size:
-        raise CfiError("the table builder's answer does not add up")
-    table = UnwindTable(rows, header["count"], header["source"], header["unsupported"], header["problems"],
-                        header["problem"])
-    build_id = bytes.fromhex(header["build_id"]) if header["build_id"] is not None else None
-    return UnwindFile(table, build_id, tuple(ProgramHeader(**load) for load in header["loads"]), identity)
-
-
-def _encoded(unwind: UnwindFile) -> tuple[dict, bytes]:
-    table = unwind.table
-    header = {"count": table.count, "source": table.source, "unsupported": table.unsupported,
-              "problems": table.problems, "problem": table.problem,
-              "build_id": unwind.build_id.hex() if unwind.build_id is not None else None,
-              "loads": [asdict(load) for load in unwind.loads]}
-    return header, table.rows
-
-
 # -- the child ----------------------------------------------------------------------------------------
 def _error_kind(err: Exception) -> str:
     for kind, cls in (("budget", BudgetExceeded), ("unreadable", OSError), ("elf", ElfFormatError)):
@@ -244,7 +225,7 @@ def _serve_one(sock: socket.socket, idle_seconds: float) -> bool:
     request = json.loads(message[_FRAME.size:])
     try:
         with BoundedFile(fds[0], int(request["size"]), float(request["seconds"]), str(request["name"])) as reader:
-            header, rows = _encoded(convert_file(reader))
+            header, rows = encode_unwind_file(convert_file(reader))
     except Exception as err:  # noqa: BLE001 - the per-file boundary: the parent reports it
         header, rows = {"error": str(err)[:500], "kind": _error_kind(err)}, None
     sock.sendall(_framed(json.dumps(header).encode()))

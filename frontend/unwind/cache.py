@@ -25,6 +25,8 @@ kernel lost them (a new generation of bpf/unwindmaps.py) converts the file again
 
 Conversions run on the cache's builder (:mod:`optrace.frontend.unwind.builder`): in the calling thread, or
 (serve) in an unprivileged child process, so a long conversion never competes with the caller's own work.
+With a :class:`~optrace.frontend.unwind.tablestore.TableStore` (sessions have one), a table converted in
+an earlier run is read back instead, and a new one is stored.
 
 The cache is thread-safe (serve's reload thread and its drain loop may both ask), and two threads asking
 for the same file wait for one conversion.
@@ -53,6 +55,7 @@ from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 from optrace.frontend.unwind.builder import InProcessBuilder, TableBuilder
 from optrace.frontend.unwind.cfi import CfiError
 from optrace.frontend.unwind.table import EMPTY, UnwindTable
+from optrace.frontend.unwind.tablestore import TableStore, store_key
 from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file, file_without_rows
 from optrace.procfs import MapEntry
 
@@ -75,7 +78,8 @@ class UnwindTableCache:
     bad file."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, warn: Callable[[str], None] | None = None,
-                 debug_roots: Sequence[str] = ("/usr/lib/debug",), builder: TableBuilder | None = None) -> None:
+                 debug_roots: Sequence[str] = ("/usr/lib/debug",), builder: TableBuilder | None = None,
+                 store: TableStore | None = None) -> None:
         self.max_bytes = max_bytes
         self.debug_roots = tuple(debug_roots)
         self.stats: Counter[str] = Counter()
@@ -87,11 +91,14 @@ class UnwindTableCache:
         self.cancelled = threading.Event()  # set when the session ends: builds in progress stop early
         self._vdso: UnwindFile | None = None
         self._builder = builder or InProcessBuilder()
+        self.store = store or TableStore(None)
 
     def close(self) -> None:
-        """Stop the builder (its child process, if any); lookups after this convert in this process."""
+        """Stop the builder (its child process, if any); lookups after this convert in this process and
+        store nothing."""
         self._builder.close()
         self._builder = InProcessBuilder()
+        self.store.close()
 
     @property
     def held_bytes(self) -> int:
@@ -197,11 +204,10 @@ class UnwindTableCache:
                 pending = self._building.get(identity)
                 if pending is None:
                     pending = self._building[identity] = threading.Event()
-                    self.stats["conversions"] += 1
                     break
             pending.wait()  # another thread converts this file: use its result
         try:
-            unwind = self._problems.contained(name, CONSEQUENCE, lambda: self._builder.convert(reader, identity, self.cancelled.is_set)) or NO_FILE
+            unwind = self._problems.contained(name, CONSEQUENCE, lambda: self._converted(reader, identity)) or NO_FILE
             if not unwind.table.count and unwind.build_id is not None:
                 unwind = self._from_debug_file(unwind)
             if unwind.table.problems:
@@ -214,6 +220,18 @@ class UnwindTableCache:
             with self._lock:
                 del self._building[identity]
             pending.set()
+
+    def _converted(self, reader: BoundedFile, identity: FileIdentity) -> UnwindFile:
+        """The file's table as stored by an earlier run, else converted now (and stored)."""
+        key = store_key(reader.fd) if self.store.usable else None
+        stored = self.store.load(key, identity) if key is not None else None
+        if stored is not None:
+            return stored
+        self.stats["conversions"] += 1
+        unwind = self._builder.convert(reader, identity, self.cancelled.is_set)
+        if key is not None:
+            self.store.save(key, unwind)
+        return unwind
 
     def _from_debug_file(self, unwind: UnwindFile) -> UnwindFile:
         """``unwind`` with the rows of its separate debug file's .debug_frame, when there is one."""

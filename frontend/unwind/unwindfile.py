@@ -1,17 +1,19 @@
 """One file's unwind information (:class:`UnwindFile`) and its conversion from an ELF file.
 
-Kept apart from the cache because both the cache and the table builder's child process
-(:mod:`optrace.frontend.unwind.builder`) make them.
+Kept apart from the cache because the cache, the table builder's child process
+(:mod:`optrace.frontend.unwind.builder`) and the stored tables (:mod:`optrace.frontend.unwind.tablestore`)
+all make them; the last two carry them as :func:`encode_unwind_file`'s header and rows.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import BinaryIO
 
 from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
-from optrace.frontend.unwind.table import EMPTY, UnwindTable, build_table
+from optrace.frontend.unwind.cfi import CfiError
+from optrace.frontend.unwind.table import EMPTY, ROW, UnwindTable, build_table
 from optrace.procfs import MapEntry
 
 MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per file (linkers write 2-5)
@@ -58,3 +60,24 @@ def file_without_rows(stream: BinaryIO, identity: FileIdentity | None = None) ->
     elf = ElfFile(stream)
     loads = tuple(seg for seg in elf.segments() if seg.type == PT_LOAD)[:MAX_LOAD_SEGMENTS]
     return UnwindFile(EMPTY, read_build_id(stream), loads, identity)
+
+
+def encode_unwind_file(unwind: UnwindFile) -> tuple[dict, bytes]:
+    """A JSON-able header and the rows: what :func:`decode_unwind_file` takes back."""
+    table = unwind.table
+    header = {"count": table.count, "source": table.source, "unsupported": table.unsupported,
+              "problems": table.problems, "problem": table.problem,
+              "build_id": unwind.build_id.hex() if unwind.build_id is not None else None,
+              "loads": [asdict(load) for load in unwind.loads]}
+    return header, table.rows
+
+
+def decode_unwind_file(header: dict, rows: bytes, identity: FileIdentity | None) -> UnwindFile:
+    """Raises CfiError when the rows are not the header's count, KeyError, TypeError or ValueError when
+    the header is not one :func:`encode_unwind_file` wrote."""
+    if len(rows) != header["count"] * ROW.size:
+        raise CfiError("the table builder's answer does not add up")
+    table = UnwindTable(rows, header["count"], header["source"], header["unsupported"], header["problems"],
+                        header["problem"])
+    build_id = bytes.fromhex(header["build_id"]) if header["build_id"] is not None else None
+    return UnwindFile(table, build_id, tuple(ProgramHeader(**load) for load in header["loads"]), identity)
