@@ -176,6 +176,7 @@ def test_the_store_keeps_at_most_its_bytes_the_least_recently_used_go(omit_fp_bi
     os.utime(entry, ns=(1, 1))  # the first is the oldest...
     _lookup(_session(store_dir), copies[0])  # ...until it is read again: the second is now
     _lookup(_session(store_dir), copies[2])
+    assert len(_entries(store_dir)) == 2  # the third save listed the directory again: over the bound
     survivors = _session(store_dir)
     for path in (copies[0], copies[2]):
         _lookup(survivors, path)
@@ -194,16 +195,34 @@ def test_where_tables_are_stored(monkeypatch):
 
 def test_a_second_recording_reads_the_first_ones_tables(bpf_ready, workloads: Path, tmp_path: Path, optrace):
     """Two `optrace record` runs of one workload: the first stores the tables of what it unwound, the
-    second reads them back (each hit refreshes its entry) and stores nothing new."""
+    second reads them back (each hit refreshes its entry) and stores nothing new: a table converted and
+    stored again would be a new file (a rename), not the same inode with a new mtime."""
     env = {**os.environ, "OPTRACE_CACHE_DIR": str(tmp_path / "cache")}
     store = tmp_path / "cache" / "unwind"
     command = ["record", "-F", "499", "-o", str(tmp_path / "run.data"), "--", str(workloads / "demo"), "0.5"]
     optrace(*command, env=env, check=True)
-    first = {path.name: path.stat().st_mtime_ns for path in _entries(store)}
+    first = {path.name: path.stat().st_ino for path in _entries(store)}
     assert len(first) >= 2  # the program and libc at least
     for path in _entries(store):
         os.utime(path, ns=(1, 1))
     optrace(*command, env=env, check=True)
-    second = {path.name: path.stat().st_mtime_ns for path in _entries(store)}
-    assert set(second) == set(first) and all(mtime > 1 for mtime in second.values())
+    second = {path.name: path.stat() for path in _entries(store)}
+    assert {name: info.st_ino for name, info in second.items()} == first
+    assert all(info.st_mtime_ns > 1 for info in second.values())
 
+
+
+def test_one_session_saving_many_tables_stays_in_bound(tmp_path: Path, monkeypatch):
+    """The directory is listed at the first save, then counted: a save that would pass the bound lists it
+    again and trims."""
+    store = TableStore(tmp_path)
+    table = UnwindFile(UnwindTable(bytes(16 * 100), 100, ".eh_frame", 0))
+    store.save("first", table)
+    (entry,) = _entries(tmp_path)
+    monkeypatch.setattr(tablestore, "MAX_STORE_BYTES", 2 * entry.stat().st_size)
+    for index, key in enumerate(("second", "third", "fourth")):
+        store.save(key, table)
+        os.utime(tmp_path / key, ns=(10 + index, 10 + index))
+    os.utime(entry, ns=(1, 1))
+    store.save("fifth", table)
+    assert [path.name for path in _entries(tmp_path)] == ["fifth", "fourth"]
