@@ -66,6 +66,16 @@ def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = (), kernel_headers
     return program
 
 
+def load_function(program, name: bytes, prog_type: int, **kw):
+    """``program.load_func``: the kernel's refusal of a program is an OptraceError that names it (BCC
+    compiles a program's functions, the kernel verifies each when it is loaded)."""
+    try:
+        return program.load_func(name, prog_type, **kw)
+    except Exception as exc:
+        raise OptraceError(f"the kernel did not load the BPF program {name.decode()}: {exc} "
+                           "(optrace doctor tells what is missing)") from exc
+
+
 def own_types_apply() -> bool:
     """Whether kernel_types.h's declarations hold for this kernel: x86_64, with BTF for the offsets."""
     return platform.machine() == "x86_64" and os.path.exists(VMLINUX_BTF)

