@@ -53,8 +53,8 @@ class Tool:
 
 
 def _without_stored_tables(out: Path) -> list[str]:
-    """An argv prefix that runs optrace with an empty store of unwind tables of its own (tablestore.py):
-    every file it unwinds is converted, as in its first run on a machine."""
+    """An argv prefix that runs optrace with an empty cache directory of its own (optrace/cachedir.py):
+    every file it unwinds is converted and /proc/kallsyms parsed, as in its first run on a machine."""
     return ["env", f"OPTRACE_CACHE_DIR={tempfile.mkdtemp(prefix=out.name + '-store-', dir=out.parent)}"]
 
 
@@ -103,8 +103,8 @@ TOOLS = {
         report_shown="optrace report -i optrace.data",
         sample_count=_optrace_samples,
     ),
-    "optrace_cold": Tool(  # whole-machine runs only: the default, with no unwind table stored by an earlier run
-        name="optrace record (first run: no stored unwind tables)",
+    "optrace_cold": Tool(  # whole-machine runs only: the default, nothing stored by an earlier run
+        name="optrace record (first run: no stored unwind tables or kernel symbols)",
         record_pid=lambda pid, hz, out: [*_without_stored_tables(out), str(OPTRACE), "record", "-F", str(hz), "-g",
                                          "-p", str(pid), "-o", str(out)],
         record_system=lambda hz, out: [*_without_stored_tables(out), str(OPTRACE), "record", "-a", "-F", str(hz),
@@ -502,8 +502,8 @@ def targets(res: dict) -> list[dict]:
 
 
 OWN_COST_RUNS = {
-    "optrace": "CFI, the default; unwind tables stored by an earlier run",
-    "optrace_cold": "CFI, first run: every unwind table converted",
+    "optrace": "CFI, the default; unwind tables and kernel symbols stored by an earlier run",
+    "optrace_cold": "CFI, first run: every unwind table converted, kallsyms parsed",
     "optrace_fp": "frame pointers, as BCC's profile",
 }
 
@@ -612,7 +612,7 @@ METHOD = """### Method
   of the whole process tree (polled every 50 ms: the tool's VmHWM + its other processes' VmRSS; a child
   still running the tool's own executable, fork before exec, shares its pages and is not counted twice).
 - (d) each tool records the whole machine alone (`optrace record -a`, with `--call-graph fp` too, and with
-  an empty store of unwind tables, as in its first run on a machine; `perf record -a`, `profile-bpfcc -f`,
+  an empty cache directory, as in its first run on a machine; `perf record -a`, `profile-bpfcc -f`,
   its folded stdout being its file), one after another in random order, for {system_seconds:.0f} s from
   when it attached, then Ctrl-C; once at 99 Hz, then {own_cost_rounds} rounds at 999 Hz (a new random
   order each), whose medians are shown, with each tool's range in the own-cost rows. Each run has the same
@@ -625,8 +625,8 @@ METHOD = """### Method
   perf collects build-ids). Own cost (issue 11): the tool's CPU (its process tree's user + system time)
   and peak RSS of the process tree in the 999 Hz runs against BCC's profile, which walks frame pointers:
   optrace's default unwinds from CFI, so both are shown. `optrace record` keeps the unwind tables it
-  converts (frontend/unwind/tablestore.py) and reads them back in later runs: the default row is a run
-  after the 99 Hz one stored them, the first-run row converts every table again.
+  converts and the kernel symbols it parses (optrace/cachedir.py) and reads them back in later runs: the
+  default row is a run after the 99 Hz one stored them, the first-run row converts and parses again.
 - (e) `optrace report -i FILE` (table) vs `perf report --stdio -i perf.data` on the files of (d), output
   to /dev/null, median wall time of {report_repeats} runs. optrace symbolized at record time, perf
   symbolizes at report time: the costs are placed differently, see "Ctrl-C to exit" in (c). BCC's profile

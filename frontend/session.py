@@ -703,7 +703,7 @@ class ProfilingSession:
 
 
 class KernelSymbolsLoader:
-    """/proc/kallsyms parsed in a thread started now (0.09-0.5 s of CPU, by machine), handed to the symbolizer when it
+    """/proc/kallsyms parsed (or its table read back, see kallsyms.py) in a thread started now, handed to the symbolizer when it
     first names samples; a failure becomes the symbolizer's own warning (it loads them again itself).
 
     Until :meth:`compile_done` the thread runs at nice 19: beside BCC's compile, which is on the way to the
@@ -721,16 +721,20 @@ class KernelSymbolsLoader:
         self._thread.start()
 
     def _load(self) -> None:
-        from optrace.frontend.symbols.kallsyms import Kallsyms
+        from optrace.frontend.symbols.kallsyms import Kallsyms, stored_symbols
 
         with self._lock:
             if self._yielding and _set_thread_priority(threading.get_native_id(), YIELDING_NICE):
                 self._niced_tid = threading.get_native_id()
+        stored = None
         try:
-            self._table = Kallsyms.load()
+            stored = stored_symbols()
+            self._table = Kallsyms.load(stored=stored)
         except Exception:  # the symbolizer's own load gives the warning
             self._table = None
         finally:
+            if stored is not None:
+                stored.close()
             with self._lock:
                 self._niced_tid = None  # the thread id is not ours to renice once the thread ends
 

@@ -4,10 +4,20 @@ The table stays for the whole life of a long-running exporter, so it is compact:
 ``array('Q')``, all names in one bytes blob cut by an offsets array, a module index per symbol
 (about 5 MB for 120k symbols where a list of Python objects took about 55 MB). A name is decoded when
 it is looked up.
+
+Parsing the text is most of a load (0.08 of 0.12 s of CPU here, in every run; the kernel writing the
+text is the rest). The kernel writes its image's symbols, then its modules', then those that come and go
+(JITed BPF programs, ftrace trampolines, kprobe slots: DYNAMIC_MODULES), optrace's own programs among
+them. That tail is parsed in every load. The table of the rest is kept in the cache directory
+``kallsyms`` (optrace/cachedir.py) under a SHA-256 of that text itself and of this parser's source: a
+run that reads the same text (same boot, same modules) reads the table back (5 ms) instead; any other
+text is parsed and kept (at most MAX_STORED_BYTES of tables, the least recently used out first).
 """
 from __future__ import annotations
 
 import bisect
+import functools
+import hashlib
 import sys
 from array import array
 from collections import Counter
@@ -15,10 +25,17 @@ from collections.abc import Iterable, MutableSequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from optrace import __version__
+from optrace.cachedir import CacheDirectory, default_directory
 from optrace.errors import OptraceError
+from optrace.frontend.symbols import symbol
 from optrace.frontend.symbols.symbol import name_preference
 
 KALLSYMS = "/proc/kallsyms"
+STORE_MAGIC = b"optrace kernel symbols 1\n"
+MAX_TABLE_BYTES = 64 << 20
+MAX_STORED_BYTES = 32 << 20  # a few kernels' tables: 4.7 MB for 120k symbols here
+DYNAMIC_MODULES = (b"\t[bpf]", b"\t[__builtin__ftrace]", b"\t[__builtin__kprobes]")
 
 
 @dataclass(frozen=True)
@@ -38,18 +55,32 @@ class Kallsyms:
         self._module_ids = array("H")  # index in _modules; 0 is the kernel image (None)
         self._modules: list[str | None] = [None]
         self._names = b""
+        self._dynamic: Kallsyms | None = None  # the symbols of the text's tail that comes and goes
         rows = [(address, symbol.name.encode(), symbol.module) for address, symbol in symbols]
         modules = {index: row[2] for index, row in enumerate(rows) if row[2] is not None}
         self._pack(array("Q", [row[0] for row in rows]), [row[1] for row in rows], modules)
 
     @classmethod
-    def load(cls, path: str = KALLSYMS) -> "Kallsyms":
-        """Parse ``path``. Raises OptraceError when it cannot be read or its addresses are hidden."""
+    def load(cls, path: str = KALLSYMS, stored: CacheDirectory | None = None) -> "Kallsyms":
+        """Parse ``path``, or read the table of the same text back from ``stored``. Raises OptraceError
+        when it cannot be read or its addresses are hidden."""
         try:
             with open(path, "rb") as handle:
                 text = handle.read()
         except OSError as err:
             raise OptraceError(f"cannot read {path}: {err.strerror}") from None
+        fixed, dynamic = _dynamic_tail(text)
+        key = _stored_key(fixed) if stored is not None and stored.usable else None
+        table = cls._stored(stored, key) if key else None
+        if table is None:
+            table = cls._parsed(fixed, path)
+            if key:
+                stored.write(key, *table._encoded())
+        table._dynamic = cls._parsed(dynamic, path) if dynamic else None
+        return table
+
+    @classmethod
+    def _parsed(cls, text: bytes, path: str) -> "Kallsyms":
         table = cls()
         try:
             table._pack(*_text_columns(text))
@@ -59,16 +90,65 @@ class Kallsyms:
             raise OptraceError("kernel symbols are hidden (kptr_restrict): run as root")
         return table
 
+    @classmethod
+    def _stored(cls, stored: CacheDirectory, key: str) -> "Kallsyms | None":
+        entry = stored.read(key)
+        if entry is None:
+            return None
+        try:
+            table = cls._decoded(*entry)
+        except (KeyError, TypeError, ValueError):
+            stored.rejected()
+            return None
+        stored.accepted(key)
+        return table
+
+    def _encoded(self) -> tuple[dict, bytes]:
+        header = {"count": len(self), "names": len(self._names), "modules": self._modules[1:],
+                  "byteorder": sys.byteorder}
+        columns = (self._addresses, self._name_ends, self._module_ids)
+        return header, b"".join(column.tobytes() for column in columns) + self._names
+
+    @classmethod
+    def _decoded(cls, header: dict, payload: bytes) -> "Kallsyms":
+        """The table :meth:`_encoded` wrote; ValueError (or KeyError, TypeError) when it is not one."""
+        count, names, modules = header["count"], header["names"], header["modules"]
+        if (header["byteorder"] != sys.byteorder or not all(isinstance(name, str) for name in modules)
+                or not isinstance(count, int) or not isinstance(names, int) or min(count, names) < 0):
+            raise ValueError("not this machine's table")
+        table = cls()
+        columns = (array("Q"), array("I"), array("H"))
+        view, start = memoryview(payload), 0
+        for column in columns:
+            end = start + count * column.itemsize
+            column.frombytes(view[start:end])
+            start = end
+        if len(payload) != start + names or (count and (columns[1][-1] != names or max(columns[2]) > len(modules))):
+            raise ValueError("the columns do not match")
+        table._addresses, table._name_ends, table._module_ids = columns
+        table._names = payload[start:]
+        table._modules = [None, *modules]
+        return table
+
     def __len__(self) -> int:
-        return len(self._addresses)
+        return len(self._addresses) + (len(self._dynamic) if self._dynamic is not None else 0)
 
     def find(self, address: int) -> KernelSymbol | None:
         index = bisect.bisect_right(self._addresses, address) - 1
-        if index < 0:
-            return None
-        start = self._name_ends[index - 1] if index else 0
-        name = self._names[start:self._name_ends[index]].decode("utf-8", "replace")
-        return KernelSymbol(name, self._modules[self._module_ids[index]])
+        dynamic = self._dynamic
+        if dynamic is not None:
+            other = bisect.bisect_right(dynamic._addresses, address) - 1
+            if other >= 0 and (index < 0 or dynamic._addresses[other] > self._addresses[index]
+                               or (dynamic._addresses[other] == self._addresses[index]
+                                   and name_preference(dynamic._name(other)) > name_preference(self._name(index)))):
+                return dynamic._symbol(other)
+        return self._symbol(index) if index >= 0 else None
+
+    def _name(self, index: int) -> bytes:
+        return self._names[self._name_ends[index - 1] if index else 0:self._name_ends[index]]
+
+    def _symbol(self, index: int) -> KernelSymbol:
+        return KernelSymbol(self._name(index).decode("utf-8", "replace"), self._modules[self._module_ids[index]])
 
     def _pack(self, addresses: array, names: list[bytes], modules: dict[int, str]) -> None:
         """Keep one symbol per address, sorted by address. The columns are in file order; ``modules``
@@ -119,6 +199,34 @@ def _without(column: MutableSequence, cut: list[int]) -> MutableSequence:
     for start, end in zip([-1, *cut], [*cut, len(column)]):
         kept += column[start + 1:end]
     return kept
+
+
+def stored_symbols() -> CacheDirectory:
+    """This user's directory of parsed tables."""
+    return CacheDirectory(default_directory("kallsyms"), STORE_MAGIC, MAX_TABLE_BYTES, MAX_STORED_BYTES)
+
+
+@functools.cache
+def _parser_fingerprint() -> bytes:
+    """optrace's version and the source of what decides a table: this parser and the alias preference."""
+    digest = hashlib.sha256(__version__.encode())
+    for module in (sys.modules[__name__], symbol):
+        with open(module.__file__, "rb") as source:
+            digest.update(source.read())
+    return digest.digest()
+
+
+def _dynamic_tail(text: bytes) -> tuple[bytes, bytes]:
+    """``text`` cut at the start of the first line of a module that comes and goes."""
+    first = min((at for at in map(text.find, DYNAMIC_MODULES) if at >= 0), default=-1)
+    if first < 0:
+        return text, b""
+    start = text.rfind(b"\n", 0, first) + 1
+    return text[:start], text[start:]
+
+
+def _stored_key(text: bytes) -> str:
+    return hashlib.sha256(_parser_fingerprint() + text).hexdigest()[:40]
 
 
 TEXT_TYPES = b"tTwW"  # perf's kallsyms__is_function

@@ -12,9 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from optrace.cachedir import CacheDirectory
 from optrace.errors import OptraceError
 from optrace.model import KERNEL_DSO, Frame, RawSample
 from optrace.frontend.symbols import Kallsyms, Symbolizer
+from optrace.frontend.symbols import kallsyms as kallsyms_module
 from optrace.frontend.symbols.kallsyms import KernelSymbol
 from optrace.frontend.symbols.symbol import name_preference
 
@@ -84,6 +86,108 @@ def test_kallsyms_as_nobody_is_hidden() -> None:
          "from optrace.frontend.symbols import Kallsyms; Kallsyms.load()"],
         capture_output=True, text=True, cwd="/", timeout=60)
     assert result.returncode != 0 and "kernel symbols are hidden (kptr_restrict): run as root" in result.stderr
+
+
+def _store(directory: Path) -> CacheDirectory:
+    return CacheDirectory(directory, kallsyms_module.STORE_MAGIC, kallsyms_module.MAX_TABLE_BYTES,
+                          kallsyms_module.MAX_STORED_BYTES)
+
+
+def _same_table(one: Kallsyms, other: Kallsyms) -> bool:
+    return all(getattr(one, name) == getattr(other, name)
+               for name in ("_addresses", "_name_ends", "_module_ids", "_modules", "_names"))
+
+
+def test_a_stored_table_is_read_back_for_the_same_text_only(tmp_path: Path) -> None:
+    """The first load parses and stores; a load of the same text reads the table back; a text that
+    differs anywhere (a symbol renamed, a module loaded) is parsed again, so no name goes stale."""
+    source = tmp_path / "kallsyms"
+    source.write_text(SAMPLE)
+    parsed = Kallsyms.load(str(source))
+    first, second = _store(tmp_path / "store"), _store(tmp_path / "store")
+    assert _same_table(Kallsyms.load(str(source), stored=first), parsed)
+    assert first.stats == {"hits": 0, "misses": 1, "writes": 1, "bad": 0}
+    again = Kallsyms.load(str(source), stored=second)
+    assert second.stats["hits"] == 1 and _same_table(again, parsed)
+    assert (again.find(0xFFFFFFFFC0201004).name, again.find(0xFFFFFFFFC0201004).module) == ("ext4_thing", "ext4")
+    source.write_text(SAMPLE.replace("do_one", "do_two") + "ffffffffc0301000 t xfs_thing\t[xfs]\n")
+    third = _store(tmp_path / "store")
+    changed = Kallsyms.load(str(source), stored=third)
+    assert third.stats["misses"] == 1 and third.stats["writes"] == 1
+    assert changed.find(0xFFFFFFFF81001008).name == "do_two" and changed.find(0xFFFFFFFFC0301000).module == "xfs"
+
+
+def test_programs_that_come_and_go_are_read_in_every_load(tmp_path: Path) -> None:
+    """BPF programs (optrace's own among them) and trampolines differ from run to run: a text that differs
+    only there reads the stored table back and names the programs of its own text, not the last run's."""
+    source = tmp_path / "kallsyms"
+    tail = "ffffffffc0400000 t bpf_prog_{}_on_sample\t[bpf]\nffffffffc0500000 t ftrace_trampoline\t[__builtin__ftrace]\n"
+    source.write_text(SAMPLE + tail.format("aaaa"))
+    Kallsyms.load(str(source), stored=_store(tmp_path / "store"))
+    source.write_text(SAMPLE + tail.format("bbbb").replace("c0400000", "c0410000"))
+    store = _store(tmp_path / "store")
+    table = Kallsyms.load(str(source), stored=store)
+    assert store.stats["hits"] == 1 and len(table) == 6
+    assert table.find(0xFFFFFFFFC0400010) == KernelSymbol("ext4_thing", "ext4")  # the old program is gone
+    assert table.find(0xFFFFFFFFC0410010) == KernelSymbol("bpf_prog_bbbb_on_sample", "bpf")
+    assert table.find(0xFFFFFFFFC0500001) == KernelSymbol("ftrace_trampoline", "__builtin__ftrace")
+    assert table.find(0xFFFFFFFF81001001).name == "do_one"
+
+
+def test_an_alias_in_the_changing_tail_loses_to_a_preferred_one_before_it(tmp_path: Path) -> None:
+    (tmp_path / "kallsyms").write_text("ffffffff81000000 T alpha\nffffffffc0000000 t kept_name\t[mod]\n"
+                                       "ffffffffc0000000 t __other\t[bpf]\nffffffffc0001000 t longer_name\t[mod]\n"
+                                       "ffffffffc0001000 t longest_name\t[bpf]\n")
+    table = Kallsyms.load(str(tmp_path / "kallsyms"))
+    assert table.find(0xFFFFFFFFC0000001) == KernelSymbol("kept_name", "mod")
+    assert table.find(0xFFFFFFFFC0001001) == KernelSymbol("longest_name", "bpf")
+    assert table.find(0xFFFFFFFF80000000) is None
+
+
+@pytest.mark.parametrize("damage", ["flipped name byte", "columns that do not match"])
+def test_a_damaged_stored_table_is_parsed_again_and_replaced(tmp_path: Path, damage: str) -> None:
+    source = tmp_path / "kallsyms"
+    source.write_text(SAMPLE)
+    Kallsyms.load(str(source), stored=_store(tmp_path / "store"))
+    (entry,) = (tmp_path / "store").iterdir()
+    if damage == "flipped name byte":  # the checksum no longer holds
+        data = entry.read_bytes()
+        entry.write_bytes(data[:-3] + bytes([data[-3] ^ 1]) + data[-2:])
+    else:  # a well-formed entry, checksum and all, whose header does not describe its columns
+        header, payload = _store(tmp_path / "store").read(entry.name)
+        _store(tmp_path / "store").write(entry.name, {**header, "count": header["count"] + 1}, payload)
+    store = _store(tmp_path / "store")
+    table = Kallsyms.load(str(source), stored=store)
+    assert store.stats["bad"] == 1 and store.stats["writes"] == 1 and _same_table(table, Kallsyms.load(str(source)))
+    later = _store(tmp_path / "store")
+    Kallsyms.load(str(source), stored=later)
+    assert later.stats["hits"] == 1
+
+
+def test_hidden_symbols_are_not_stored(tmp_path: Path) -> None:
+    (tmp_path / "kallsyms").write_text("".join("0000000000000000" + line[16:] + "\n" for line in SAMPLE.splitlines()))
+    store = _store(tmp_path / "store")
+    with pytest.raises(OptraceError, match="hidden"):
+        Kallsyms.load(str(tmp_path / "kallsyms"), stored=store)
+    assert list((tmp_path / "store").iterdir()) == [] and store.stats["writes"] == 0
+
+
+def test_the_loader_thread_stores_the_real_table(tmp_path: Path, monkeypatch) -> None:
+    """What a session starts: a second loader reads back the table the first one parsed."""
+    from optrace.frontend import session
+
+    if os.geteuid() != 0:
+        pytest.skip("/proc/kallsyms shows addresses to root only")
+    monkeypatch.setenv("OPTRACE_CACHE_DIR", str(tmp_path))
+    copy = tmp_path / "kallsyms.txt"  # one text for both: BPF programs come and go between reads
+    copy.write_bytes(Path("/proc/kallsyms").read_bytes())
+    monkeypatch.setattr(Kallsyms.load.__func__, "__defaults__", (str(copy), None))
+    tables = []
+    for _ in range(2):
+        loader = session.KernelSymbolsLoader()
+        loader.hand_to(type("Symbolizer", (), {"use_kernel_symbols": lambda self, table: tables.append(table)})())
+    assert len(list((tmp_path / "kallsyms").iterdir())) == 1
+    assert len(tables) == 2 and len(tables[0]) > 10000 and _same_table(*tables)
 
 
 def naive_table(text: str) -> tuple[list[int], list[tuple[str, str | None]]]:
@@ -172,7 +276,7 @@ class ParseSpy:
         self.priorities: list[int] = []
         self.go_on = threading.Event()
 
-        def load(path=None):
+        def load(path=None, stored=None):
             own = lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
             self.priorities.append(own())
             self.go_on.wait(10)

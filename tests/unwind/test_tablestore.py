@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import struct
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def _stored_entry(omit_fp_binary: Path, directory: Path) -> Path:
     return entry
 
 
-@pytest.mark.parametrize("damage", ["garbage", "flipped row", "truncated", "bad header"])
+@pytest.mark.parametrize("damage", ["garbage", "flipped row", "truncated", "bad header", "nested header"])
 def test_a_damaged_entry_is_converted_again_and_replaced(omit_fp_binary: Path, tmp_path: Path, damage: str):
     entry = _stored_entry(omit_fp_binary, tmp_path)
     data = entry.read_bytes()
@@ -90,6 +91,8 @@ def test_a_damaged_entry_is_converted_again_and_replaced(omit_fp_binary: Path, t
         data = data[:-5] + bytes([data[-5] ^ 1]) + data[-4:]
     elif damage == "truncated":
         data = data[:len(data) // 2]
+    elif damage == "nested header":  # json.loads would raise RecursionError, not ValueError
+        data = tablestore.MAGIC + struct.pack("<I", 60_000) + b"[" * 60_000
     else:
         data = data.replace(b'"count"', b'"cuont"', 1)
     entry.write_bytes(data)
@@ -212,14 +215,14 @@ def test_a_second_recording_reads_the_first_ones_tables(bpf_ready, workloads: Pa
 
 
 
-def test_one_session_saving_many_tables_stays_in_bound(tmp_path: Path, monkeypatch):
+def test_one_session_saving_many_tables_stays_in_bound(tmp_path: Path):
     """The directory is listed at the first save, then counted: a save that would pass the bound lists it
     again and trims."""
     store = TableStore(tmp_path)
     table = UnwindFile(UnwindTable(bytes(16 * 100), 100, ".eh_frame", 0))
     store.save("first", table)
     (entry,) = _entries(tmp_path)
-    monkeypatch.setattr(tablestore, "MAX_STORE_BYTES", 2 * entry.stat().st_size)
+    store.entries.max_bytes = 2 * entry.stat().st_size
     for index, key in enumerate(("second", "third", "fourth")):
         store.save(key, table)
         os.utime(tmp_path / key, ns=(10 + index, 10 + index))

@@ -1,0 +1,180 @@
+"""A private directory of checksummed entries kept between runs, as perf keeps ~/.debug: the unwind
+tables converted from files' CFI (frontend/unwind/tablestore.py) and the parsed kernel symbols
+(frontend/symbols/kallsyms.py).
+
+Root's entries live in ``/var/cache/optrace/<kind>`` (``$XDG_CACHE_HOME/optrace/<kind>`` or
+``~/.cache/optrace/<kind>`` for another user; ``$OPTRACE_CACHE_DIR/<kind>`` when that is set, and
+nothing is kept when it is set empty). A directory is used only if it is a real directory owned by the
+user running optrace that nobody else can write. Entries are opened relative to it without following
+symlinks or blocking, must be regular files of that user of bounded size, and carry a SHA-256 of their
+payload: anything else is a miss, and the entry is replaced. New entries are written under a temporary
+name and renamed into place; the directory holds at most its byte bound, the least recently used
+entries out first (a hit refreshes an entry's mtime).
+
+An entry is MAGIC, a 32-bit little-endian header length, a JSON header (an object) and the payload.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import struct
+import threading
+from pathlib import Path
+
+CACHE_DIR_VARIABLE = "OPTRACE_CACHE_DIR"
+MAX_HEADER_BYTES = 1 << 16
+_LENGTH = struct.Struct("<I")
+
+Entry = tuple[dict, bytes]  # header (without its checksum), payload
+
+
+def default_directory(kind: str) -> Path | None:
+    """Where this user's entries of ``kind`` are kept (None: not at all)."""
+    chosen = os.environ.get(CACHE_DIR_VARIABLE)
+    if chosen is not None:
+        return Path(chosen) / kind if chosen else None
+    if os.geteuid() == 0:
+        return Path("/var/cache/optrace") / kind
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "optrace" / kind
+
+
+class CacheDirectory:
+    """The entries of one directory. ``problem`` says why it is not used (None when it is); ``stats``
+    counts ``hits``, ``misses``, ``writes`` and ``bad`` (entries that were not what this module writes,
+    or that their reader rejected)."""
+
+    def __init__(self, directory: Path | None, magic: bytes, max_payload_bytes: int, max_bytes: int) -> None:
+        self.directory = directory
+        self.magic = magic
+        self.max_bytes = max_bytes
+        self.max_entry_bytes = len(magic) + _LENGTH.size + MAX_HEADER_BYTES + max_payload_bytes
+        self.problem: str | None = None
+        self.stats: dict[str, int] = {"hits": 0, "misses": 0, "writes": 0, "bad": 0}
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+        self._bytes: int | None = None  # what the directory holds, as listed at the last trim and added since
+        if directory is not None:
+            self._fd = self._open_directory(directory)
+
+    @property
+    def usable(self) -> bool:
+        return self._fd is not None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def read(self, key: str) -> Entry | None:
+        """The entry under ``key`` if it is a good one; the caller says :meth:`accepted` or
+        :meth:`rejected` once it has decoded it."""
+        if self._fd is None:
+            return None
+        data = self._read(key)
+        entry = self._parsed(data) if data is not None else None
+        if entry is None:
+            self.stats["bad" if data is not None else "misses"] += 1
+        return entry
+
+    def accepted(self, key: str) -> None:
+        """The entry read under ``key`` was used: a hit, and the most recently used now."""
+        self.stats["hits"] += 1
+        try:
+            os.utime(key, dir_fd=self._fd, follow_symlinks=False)
+        except OSError:
+            pass
+
+    def rejected(self) -> None:
+        self.stats["bad"] += 1
+
+    def write(self, key: str, header: dict, payload: bytes) -> None:
+        """Keep ``payload`` under ``key``; a failure only costs the entry."""
+        encoded = json.dumps({**header, "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+        size = len(self.magic) + _LENGTH.size + len(encoded) + len(payload)
+        if self._fd is None or len(encoded) > MAX_HEADER_BYTES or size > self.max_entry_bytes:
+            return
+        temporary = f".new-{os.getpid()}-{threading.get_native_id()}-{key}"
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=self._fd)
+            with open(fd, "wb") as out:
+                out.write(self.magic + _LENGTH.pack(len(encoded)) + encoded)
+                out.write(payload)
+            os.replace(temporary, key, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        except OSError:
+            self._unlink(temporary)
+            return
+        self.stats["writes"] += 1
+        with self._lock:  # the directory is listed once, then again only when it may be over its bound
+            if self._bytes is None or self._bytes + size > self.max_bytes:
+                self._bytes = self._trim()
+            else:
+                self._bytes += size
+
+    # -- the directory and its entries ------------------------------------------------------------------
+    def _open_directory(self, directory: Path) -> int | None:
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            self.problem = f"cannot use {directory}: {err.strerror or err}"
+            return None
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            os.close(fd)
+            self.problem = f"{directory} is not used: it must belong to uid {os.geteuid()} and be writable by it alone"
+            return None
+        return fd
+
+    def _read(self, key: str) -> bytes | None:
+        try:
+            fd = os.open(key, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self._fd)
+        except OSError:
+            return None
+        with open(fd, "rb") as entry:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > self.max_entry_bytes:
+                return b""
+            return entry.read(self.max_entry_bytes + 1)
+
+    def _parsed(self, data: bytes) -> Entry | None:
+        start = len(self.magic) + _LENGTH.size
+        if not data.startswith(self.magic) or len(data) < start:
+            return None
+        (length,) = _LENGTH.unpack_from(data, len(self.magic))
+        try:
+            header = json.loads(data[start:start + length])
+        except (ValueError, RecursionError):  # RecursionError: a header of nested brackets
+            return None
+        payload = data[start + length:]
+        if not isinstance(header, dict) or header.pop("sha256", None) != hashlib.sha256(payload).hexdigest():
+            return None
+        return header, payload
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self._fd)
+        except OSError:
+            pass
+
+    def _trim(self) -> int:
+        """Least recently used entries out until the directory holds at most ``max_bytes``; the bytes left
+        (other sessions may write meanwhile: a later write lists the directory again)."""
+        entries = []
+        with os.scandir(self._fd) as listing:
+            for item in listing:
+                try:
+                    info = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append((info.st_mtime_ns, info.st_size, item.name))
+        total = sum(size for _, size, _ in entries)
+        for _, size, name in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            self._unlink(name)
+            total -= size
+        return total
