@@ -28,7 +28,7 @@ from itertools import accumulate
 from optrace import __version__
 from optrace.cachedir import CacheDirectory, default_directory
 from optrace.errors import OptraceError
-from optrace.frontend.symbols import symbol
+from optrace.frontend.symbols import symbol as symbol_module
 from optrace.frontend.symbols.symbol import name_preference
 
 KALLSYMS = "/proc/kallsyms"
@@ -104,7 +104,7 @@ class Kallsyms:
         return table
 
     def _encoded(self) -> tuple[dict, bytes]:
-        header = {"count": len(self), "names": len(self._names), "modules": self._modules[1:],
+        header = {"count": len(self._addresses), "names": len(self._names), "modules": self._modules[1:],
                   "byteorder": sys.byteorder}
         columns = (self._addresses, self._name_ends, self._module_ids)
         return header, b"".join(column.tobytes() for column in columns) + self._names
@@ -210,7 +210,7 @@ def stored_symbols() -> CacheDirectory:
 def _parser_fingerprint() -> bytes:
     """optrace's version and the source of what decides a table: this parser and the alias preference."""
     digest = hashlib.sha256(__version__.encode())
-    for module in (sys.modules[__name__], symbol):
+    for module in (sys.modules[__name__], symbol_module):
         with open(module.__file__, "rb") as source:
             digest.update(source.read())
     return digest.digest()
@@ -226,7 +226,9 @@ def _dynamic_tail(text: bytes) -> tuple[bytes, bytes]:
 
 
 def _stored_key(text: bytes) -> str:
-    return hashlib.sha256(_parser_fingerprint() + text).hexdigest()[:40]
+    digest = hashlib.sha256(_parser_fingerprint())
+    digest.update(text)
+    return digest.hexdigest()[:40]
 
 
 TEXT_TYPES = b"tTwW"  # perf's kallsyms__is_function
