@@ -52,7 +52,7 @@ class Tool:
     sample_count: Callable[[str, Path], int | None]  # (stderr, out) -> samples in the file
 
 
-def _without_stored_tables(out: Path) -> list[str]:
+def _with_empty_cache(out: Path) -> list[str]:
     """An argv prefix that runs optrace with an empty cache directory of its own (optrace/cachedir.py):
     every file it unwinds is converted and /proc/kallsyms parsed, as in its first run on a machine."""
     return ["env", f"OPTRACE_CACHE_DIR={tempfile.mkdtemp(prefix=out.name + '-store-', dir=out.parent)}"]
@@ -105,9 +105,9 @@ TOOLS = {
     ),
     "optrace_cold": Tool(  # whole-machine runs only: the default, nothing stored by an earlier run
         name="optrace record (first run: no stored unwind tables or kernel symbols)",
-        record_pid=lambda pid, hz, out: [*_without_stored_tables(out), str(OPTRACE), "record", "-F", str(hz), "-g",
+        record_pid=lambda pid, hz, out: [*_with_empty_cache(out), str(OPTRACE), "record", "-F", str(hz), "-g",
                                          "-p", str(pid), "-o", str(out)],
-        record_system=lambda hz, out: [*_without_stored_tables(out), str(OPTRACE), "record", "-a", "-F", str(hz),
+        record_system=lambda hz, out: [*_with_empty_cache(out), str(OPTRACE), "record", "-a", "-F", str(hz),
                                        "-g", "-o", str(out)],
         writes_stdout=False,
         stacks_text=lambda out: _stdout_of([str(OPTRACE), "report", "-i", str(out), "--format", "folded"]),

@@ -246,7 +246,8 @@ class Profiler:
         return attempts
 
     def _attach_sampler(self, bcc) -> None:
-        load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT)  # what attach_perf_event loads: its errors are not the event's
+        # Loaded here, not inside attach_perf_event: a refused program is not a perf event that failed to open.
+        load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT)
         for name, ev_type, ev_config in self._event_choices(bcc):
             try:
                 self._bpf.attach_perf_event(

@@ -19,7 +19,8 @@
 // search's midpoint goes through memory (forget()): known exactly, it made the verifier follow every
 // path through the halvings apart (160k instructions verified, 0.11 s of kernel CPU at start-up here);
 // forgotten, the paths meet again at each step (17k, 0.015 s). The verifier's time now grows with the
-// frames a program walks (0.031 s with 8), and fewer tail calls would save little BPF time per sample.
+// frames a program walks: 0.031 s with 8, which would take about 4% off the BPF time per sample (xz at
+// 999 Hz: 5.0 -> 4.8 us, measured when 8 was the default).
 
 #ifndef UNWIND_MAX_FRAMES
 #define UNWIND_MAX_FRAMES 128  // a power of two

@@ -137,9 +137,9 @@ class UnwindMaps:
 
     def load_step(self) -> None:
         """Load the walking program (unwind_step) and put it where on_sample tail-calls it. This runs off
-        the start-up path (the kernel's verification took 0.1-1 s before forget() in unwind.c, 0.015 s
-        now): until it is in place the tail call fails and samples take frame-pointer stacks (unwind.c).
-        Safe to call twice."""
+        the start-up path (the kernel's verification took 0.11 s here before forget() in unwind.c,
+        0.015 s now): until it is in place the tail call fails and samples take frame-pointer stacks
+        (unwind.c). Safe to call twice."""
         from bcc import BPF  # bpf/ is the one folder that imports BCC
 
         step = load_function(self._bpf, b"unwind_step", BPF.PERF_EVENT)

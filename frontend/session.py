@@ -703,8 +703,9 @@ class ProfilingSession:
 
 
 class KernelSymbolsLoader:
-    """/proc/kallsyms parsed (or its table read back, see kallsyms.py) in a thread started now, handed to the symbolizer when it
-    first names samples; a failure becomes the symbolizer's own warning (it loads them again itself).
+    """/proc/kallsyms loaded (its table read back when stored, see kallsyms.py) in a thread started now,
+    handed to the symbolizer when it first names samples; a failure becomes the symbolizer's own warning
+    (it loads them again itself).
 
     Until :meth:`compile_done` the thread runs at nice 19: beside BCC's compile, which is on the way to the
     first sample, it takes only a CPU the compile leaves (the bench's target keeps one of two busy). Only
