@@ -5,7 +5,7 @@ Keys are the file's identity as the symbol layer keys files (:class:`~optrace.fr
 BuildIdCache`): (st_dev, st_ino, st_size, st_mtime_ns), so a rebuilt or replaced file is converted
 again. The build-id (read in the same open, kept with the table) is deliberately not a key: it is a
 claim made by the file's owner, and a file forging libc's build-id must not hand its rows to every
-process that maps the real libc (the conversion is cheap next to that risk: libc takes 35 ms of CPU).
+process that maps the real libc (the conversion is cheap next to that risk: libc takes 21 ms of CPU).
 
 A file without any CFI of its own (its .eh_frame and .debug_frame stripped) gets the ``.debug_frame`` of
 its separate debug file, found by build-id under the debug roots (``/usr/lib/debug/.build-id/xx/rest.debug``,

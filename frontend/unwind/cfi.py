@@ -10,7 +10,7 @@ few prologue/epilogue shapes) and keeps only three registers' rules. pyelftools 
 reference in the tests.
 
 Everything in the section comes from the file's owner: every length is checked against the section,
-the entry count, the instructions per FDE and the remember-state depth are capped, an FDE must point
+the entry count, the length of an FDE's program and the remember-state depth are capped, an FDE must point
 at a CIE (never at another FDE or outside the section), and any inconsistency raises
 :class:`CfiError` (a ValueError), after which the caller keeps what was decoded so far.
 """
@@ -19,11 +19,11 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
-# Limits (real files: cc1 has 45,201 FDEs; the longest FDE program in Debian's libc, cc1 and
-# libpython3.11 is a few hundred bytes).
+# Limits (real files: cc1 has 45,201 FDEs; most FDE programs are a few dozen bytes).
 MAX_ENTRIES = 1 << 21  # CIEs + FDEs in one section
-MAX_INSTRUCTIONS = 1 << 14  # decoded per FDE (CIE initial instructions included)
+MAX_PROGRAM_BYTES = 1 << 18  # of an FDE's or a CIE's instructions, so at most as many (cc1's longest: 20,051)
 MAX_STATE_DEPTH = 64  # DW_CFA_remember_state nesting
 MAX_AUGMENTATION = 16  # characters of a CIE's augmentation string
 
@@ -68,8 +68,7 @@ class Cie:
     signal_frame: bool
 
 
-@dataclass(frozen=True, slots=True)
-class Fde:
+class Fde(NamedTuple):  # a tuple: made once per FDE, tens of thousands per file
     start: int  # ELF virtual address
     end: int
     cie: Cie
@@ -88,10 +87,11 @@ def read_fdes(section: Section) -> Iterator[Fde]:
     """Every FDE of the section, in section order. Raises CfiError at the first malformed entry (the
     FDEs yielded before it are sound)."""
     data = section.data
+    size = len(data)
     cies: dict[int, Cie] = {}
     pos = 0
     for _ in range(MAX_ENTRIES):
-        if pos + 4 > len(data):
+        if pos + 4 > size:
             return
         start = pos
         length, pos, offset_size = _entry_length(data, pos)
@@ -100,9 +100,9 @@ def read_fdes(section: Section) -> Iterator[Fde]:
                 return  # the terminator libgcc and binutils stop at
             continue
         end = pos + length
-        if end > len(data) or length < offset_size:
+        if end > size or length < offset_size:
             raise CfiError(f"entry at {start:#x} runs past the section")
-        cie_id = int.from_bytes(data[pos:pos + offset_size], "little")
+        cie_id = _U32.unpack_from(data, pos)[0] if offset_size == 4 else _U64.unpack_from(data, pos)[0]
         if _is_cie(cie_id, offset_size, section.eh_frame):
             cies[start] = _read_cie(data, start, pos + offset_size, end)
         else:

@@ -23,19 +23,25 @@ the C runtime's start files in .eh_frame).
 from __future__ import annotations
 
 import io
+import struct
+import sys
 import time
+from array import array
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import islice
 from typing import BinaryIO
 
 from optrace.fileaccess import BudgetExceeded
+from optrace.heap import gc_paused
 from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, ElfFormatError, SectionHeader
 from optrace.frontend.unwind.cfi import CfiError, Section, read_fdes
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, END,
                                          RBP_AT_CFA, RBP_SAME, RBP_UNSUPPORTED, ROW, UNSUPPORTED, Rule)
-from optrace.frontend.unwind.rules import PLT_EXPAND, ProgramRunner
+from optrace.frontend.unwind.rules import PLT_EXPAND, UNSUPPORTED_PROGRAM, Program, ProgramRunner
 
 __all__ = ["ROW", "CFA_RSP", "CFA_RBP", "CFA_PLT", "CFA_END", "CFA_UNSUPPORTED", "CFA_OUTERMOST", "RBP_SAME",
            "RBP_AT_CFA", "RBP_UNSUPPORTED", "Rule", "UnwindTable", "build_table", "EMPTY"]
@@ -48,7 +54,13 @@ MAX_PLT_ENTRIES = 1 << 16  # entries written out for a PLT expression with an un
 # takes 0.6 s). The decoding is linear in the section's size, which MAX_SECTION_BYTES bounds already:
 # this bounds what a crafted section of that size could cost.
 BUILD_SECONDS = 10.0
-_CHECK_EVERY = 1024  # FDEs between two looks at the clock
+# Work between two looks at the clock and at ``stop``: an FDE counts its program's bytes (at most one
+# instruction each) and FDE_WORK for the rest, so that is every 1024 FDEs of a compiler's output and
+# every 64 KiB of instructions of a crafted file's long programs.
+CHECK_WORK = 1 << 16
+FDE_WORK = 64
+_RULE = struct.Struct("<ihBB")  # ROW without its pc
+assert ROW.format == "<Q" + _RULE.format[1:]
 
 
 @dataclass(frozen=True)
@@ -108,9 +120,13 @@ def build_table(source: bytes | BinaryIO | ElfFile, seconds: float = BUILD_SECON
     elf = source if isinstance(source, ElfFile) else ElfFile(io.BytesIO(source) if isinstance(source, bytes) else source)
     if elf.machine != EM_X86_64 or elf.elfclass != 64:
         return EMPTY  # not a fault of the file: rows are for x86-64 only (its code is walked by frame pointers)
-    deadline = time.thread_time() + seconds
+    with gc_paused():
+        return _build(elf, time.thread_time() + seconds, stop)
+
+
+def _build(elf: ElfFile, deadline: float, stop: Callable[[], bool]) -> UnwindTable:
     problems: list[str] = []
-    fdes: list[tuple[int, int, list]] = []
+    fdes: list[tuple[int, int, Program]] = []
     names = []
     for name in (".eh_frame", ".debug_frame"):
         header = elf.section_by_name(name)
@@ -136,7 +152,7 @@ def _section(elf: ElfFile, header: SectionHeader) -> Section:
     return Section(data, header.addr if eh_frame else 0, eh_frame, got.addr if got else 0)
 
 
-def _merge(primary: list[tuple[int, int, list]], extra: list[tuple[int, int, list]]) -> list[tuple[int, int, list]]:
+def _merge(primary: list[tuple[int, int, Program]], extra: list[tuple[int, int, Program]]) -> list[tuple[int, int, Program]]:
     """Both lists' FDEs sorted by start, without those of ``extra`` that overlap one of ``primary``."""
     if not primary:
         return extra
@@ -150,71 +166,72 @@ def _merge(primary: list[tuple[int, int, list]], extra: list[tuple[int, int, lis
     return sorted(primary + kept, key=lambda fde: fde[0])
 
 
-def _table(fdes: list[tuple[int, int, list]], source: str, problems: list[str]) -> UnwindTable:
+def _table(fdes: list[tuple[int, int, Program]], source: str, problems: list[str]) -> UnwindTable:
     pcs, rules = _assemble(fdes, problems)
-    rows = bytearray(len(pcs) * ROW.size)  # packed in place: a list of row objects would triple the peak
-    pack_into = ROW.pack_into
-    offset = 0
-    for pc, (cfa_type, cfa_offset, rbp_type, rbp_offset) in zip(pcs, rules):
-        pack_into(rows, offset, pc, cfa_offset, rbp_offset, cfa_type, rbp_type)
-        offset += ROW.size
-    unsupported = sum(1 for rule in rules if rule.unsupported)
+    words = _RuleWords()
+    rows = bytearray(len(pcs) * ROW.size)  # filled as two interleaved columns of u64: pcs and rules
+    view = memoryview(rows).cast("Q")
+    for column, values in ((view[0::2], array("Q", pcs)), (view[1::2], array("Q", map(words.__getitem__, rules)))):
+        if sys.byteorder != "little":
+            values.byteswap()
+        column[:] = values
+    counts = Counter(rules)
+    unsupported = sum(count for rule, count in counts.items() if rule.unsupported)
     return UnwindTable(bytes(rows), len(pcs), source, unsupported, len(problems), problems[0] if problems else "")
 
 
+class _RuleWords(dict):
+    """Rule -> the last 8 bytes of its rows (ROW after the pc) as a little-endian u64, each packed once."""
+
+    def __missing__(self, rule: Rule) -> int:
+        word = self[rule] = int.from_bytes(_RULE.pack(rule.cfa_offset, rule.rbp_offset, rule.cfa_type, rule.rbp_type),
+                                           "little")
+        return word
+
+
 def _decode(section: Section, deadline: float, problems: list[str],
-            stop: Callable[[], bool] = _never) -> list[tuple[int, int, list]]:
+            stop: Callable[[], bool] = _never) -> list[tuple[int, int, Program]]:
     """(start, end, rows) of every FDE with a non-empty range, decoded until the first fault, sorted."""
     runner = ProgramRunner()
     fdes = []
     try:
-        for count, fde in enumerate(read_fdes(section), 1):
-            if count % _CHECK_EVERY == 0 and time.thread_time() > deadline:
-                raise CfiError(f"over its CPU time budget after {count} FDEs")
-            if count % _CHECK_EVERY == 0 and stop():
-                raise CfiError(f"stopped after {count} FDEs: the session is ending")
+        count = work = 0
+        for fde in read_fdes(section):
+            count += 1
+            work += FDE_WORK + len(fde.program)
+            if work >= CHECK_WORK:
+                work = 0
+                if time.thread_time() > deadline:
+                    raise CfiError(f"over its CPU time budget after {count} FDEs")
+                if stop():
+                    raise CfiError(f"stopped after {count} FDEs: the session is ending")
             if fde.end <= fde.start:
                 continue
             try:
-                rows = runner.rows(fde.cie, fde.program)
+                program = runner.rows(fde.cie, fde.program)
             except CfiError as err:
                 problems.append(f"FDE at {fde.start:#x}: {err}")
-                rows = [(0, UNSUPPORTED)]
-            fdes.append((fde.start, fde.end, rows))
+                program = UNSUPPORTED_PROGRAM
+            fdes.append((fde.start, fde.end, program))
     except CfiError as err:
         problems.append(str(err))
     fdes.sort(key=lambda fde: fde[0])
     return fdes
 
 
-def _assemble(fdes: list[tuple[int, int, list]], problems: list[str]) -> tuple[list[int], list[Rule]]:
+def _assemble(fdes: list[tuple[int, int, Program]], problems: list[str]) -> tuple[list[int], list[Rule]]:
     """The rows of the FDEs (sorted by start) as one sorted list: CFA_END in gaps and after the last one,
     a later FDE overlapping an earlier one cuts it, identical consecutive rules merged."""
     pcs: list[int] = []
     rules: list[Rule] = []
     prev_end = -1
-    for start, end, rows in fdes:
+    for start, end, program in fdes:
         if start > prev_end >= 0:
             _append(pcs, rules, prev_end, END)
-        elif start < prev_end:
-            while pcs and pcs[-1] >= start:
-                pcs.pop()
-                rules.pop()
-        for index, (offset, rule) in enumerate(rows):
-            pc = start + offset
-            if pc >= end:
-                break
-            if rule.cfa_type == PLT_EXPAND:
-                limit = min(end, start + rows[index + 1][0]) if index + 1 < len(rows) else end
-                _expand_plt(pcs, rules, pc, limit, rule)
-            elif pcs and pcs[-1] == pc:
-                rules[-1] = rule
-                if len(rules) > 1 and rules[-2] == rule:
-                    pcs.pop()
-                    rules.pop()
-            elif not rules or rules[-1] != rule:
-                pcs.append(pc)
-                rules.append(rule)
+        if start >= prev_end and not program.expand_plt and program.offsets[-1] < end - start:
+            _extend(pcs, rules, start, program)
+        else:
+            _add_rows(pcs, rules, start, end, program.rows)
         prev_end = end
         if len(pcs) > MAX_ROWS:
             problems.append(f"more than {MAX_ROWS} rows")
@@ -223,6 +240,38 @@ def _assemble(fdes: list[tuple[int, int, list]], problems: list[str]) -> tuple[l
     if prev_end >= 0:
         _append(pcs, rules, prev_end, END)
     return pcs, rules
+
+
+def _extend(pcs: list[int], rules: list[Rule], start: int, program: Program) -> None:
+    """The common case: an FDE after the previous one's end, all its rows inside it, no PLT to write out.
+    Its merged rows go in as they are (every pc so far is below ``start``), the first one merged with the
+    rule before it."""
+    first = 1 if rules and rules[-1] == program.rules[0] else 0
+    pcs.extend(map(start.__add__, islice(program.offsets, first, None)))
+    rules.extend(islice(program.rules, first, None))
+
+
+def _add_rows(pcs: list[int], rules: list[Rule], start: int, end: int, rows: list[tuple[int, Rule]]) -> None:
+    """An FDE's rows one by one: cutting the rows of an earlier FDE it overlaps, stopping at its end,
+    writing out PLT rules."""
+    while pcs and pcs[-1] >= start:
+        pcs.pop()
+        rules.pop()
+    for index, (offset, rule) in enumerate(rows):
+        pc = start + offset
+        if pc >= end:
+            break
+        if rule.cfa_type == PLT_EXPAND:
+            limit = min(end, start + rows[index + 1][0]) if index + 1 < len(rows) else end
+            _expand_plt(pcs, rules, pc, limit, rule)
+        elif pcs and pcs[-1] == pc:
+            rules[-1] = rule
+            if len(rules) > 1 and rules[-2] == rule:
+                pcs.pop()
+                rules.pop()
+        elif not rules or rules[-1] != rule:
+            pcs.append(pc)
+            rules.append(rule)
 
 
 def _append(pcs: list[int], rules: list[Rule], pc: int, rule: Rule) -> None:

@@ -82,9 +82,9 @@ def test_fde_pointing_at_an_fde_or_itself():
 
 
 def test_bad_programs_cost_their_fde_only():
-    """Unbalanced restore_state, deep remember_state, too many instructions, an unknown opcode, a ULEB
+    """Unbalanced restore_state, deep remember_state, too long a program, an unknown opcode, a ULEB
     without end: that FDE's PCs are CFA_UNSUPPORTED, the others are kept."""
-    programs = [bytes([0x0B]), bytes([0x0A]) * 100, bytes([0x00]) * (cfi.MAX_INSTRUCTIONS + 1),
+    programs = [bytes([0x0B]), bytes([0x0A]) * 100, bytes([0x00]) * (cfi.MAX_PROGRAM_BYTES + 1),
                 bytes([0x3F]), bytes([0x0E]) + b"\xff" * 20, bytes([0x01, 0, 0, 0, 0])]
     frame = EhFrame()
     cie = frame.cie()
