@@ -7,6 +7,7 @@ shapes over and over (in gcc's cc1 most of its 45,201 FDEs repeat an earlier one
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from optrace.frontend.unwind.cfi import MAX_PROGRAM_BYTES, MAX_STATE_DEPTH, Cie, CfiError, plt_threshold, sleb128, uleb128
@@ -28,22 +29,21 @@ _RA_OK, _RA_UNDEFINED, _RA_OTHER = "ok", "undefined", "other"
 _START = (_EXPR, 0, 0, _RBP_SAME, _RA_OTHER)  # before a CIE's initial instructions
 
 State = tuple  # (cfa_register, cfa_offset, plt_threshold, rbp, ra)
-Rows = list[tuple[int, Rule]]  # (byte offset from the FDE's start, rule), the first at 0
 
 
 @dataclass(frozen=True, slots=True)
 class Program:
-    """An FDE program's rows: ``rows`` as the program wrote them, and the same rows merged (each offset
-    once, no two consecutive rules alike) as ``offsets`` and ``rules``, which the table takes as they are
-    unless ``expand_plt`` (a PLT rule to write out per entry)."""
+    """An FDE program's rows merged (each offset once, no two consecutive rules alike) as ``offsets`` and
+    ``rules``, which the table takes as they are unless ``expand_plt`` (a PLT rule to write out per entry)
+    or the FDE overlaps another."""
 
-    rows: Rows
     offsets: tuple[int, ...]
     rules: tuple[Rule, ...]
     expand_plt: bool
 
     @classmethod
-    def of(cls, rows: Rows) -> "Program":
+    def of(cls, rows: Iterable[tuple[int, Rule]]) -> "Program":
+        """From (byte offset from the FDE's start, rule) pairs as the program wrote them, the first at 0."""
         offsets: list[int] = []
         rules: list[Rule] = []
         for offset, rule in rows:
@@ -55,7 +55,7 @@ class Program:
             elif not rules or rules[-1] != rule:
                 offsets.append(offset)
                 rules.append(rule)
-        return cls(rows, tuple(offsets), tuple(rules), any(rule.cfa_type == PLT_EXPAND for rule in rules))
+        return cls(tuple(offsets), tuple(rules), any(rule.cfa_type == PLT_EXPAND for rule in rules))
 
 
 class _Rules(dict):
@@ -77,14 +77,14 @@ class ProgramRunner:
     def rows(self, cie: Cie, program: bytes) -> Program:
         """Raises CfiError when the program is malformed."""
         key = (cie.offset, program)
-        rows = self._programs.get(key)
-        if rows is None:
+        found = self._programs.get(key)
+        if found is None:
             initial = self._initial.get(cie.offset)
             if initial is None:
                 initial = self._initial[cie.offset] = _run(cie, cie.initial, _START, None)[2]
             locations, states, _ = _run(cie, program, initial, initial)
-            rows = self._programs[key] = Program.of(list(zip(locations, map(self._rules.__getitem__, states))))
-        return rows
+            found = self._programs[key] = Program.of(zip(locations, map(self._rules.__getitem__, states)))
+        return found
 
 
 UNSUPPORTED_PROGRAM = Program.of([(0, UNSUPPORTED)])

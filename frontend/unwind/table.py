@@ -168,16 +168,22 @@ def _merge(primary: list[tuple[int, int, Program]], extra: list[tuple[int, int, 
 
 def _table(fdes: list[tuple[int, int, Program]], source: str, problems: list[str]) -> UnwindTable:
     pcs, rules = _assemble(fdes, problems)
-    words = _RuleWords()
-    rows = bytearray(len(pcs) * ROW.size)  # filled as two interleaved columns of u64: pcs and rules
+    count = len(pcs)
+    unsupported = sum(n for rule, n in Counter(rules).items() if rule.unsupported)
+    rows = bytearray(count * ROW.size)  # filled as two interleaved columns of u64: pcs and rules
     view = memoryview(rows).cast("Q")
-    for column, values in ((view[0::2], array("Q", pcs)), (view[1::2], array("Q", map(words.__getitem__, rules)))):
-        if sys.byteorder != "little":
-            values.byteswap()
-        column[:] = values
-    counts = Counter(rules)
-    unsupported = sum(count for rule, count in counts.items() if rule.unsupported)
-    return UnwindTable(bytes(rows), len(pcs), source, unsupported, len(problems), problems[0] if problems else "")
+    view[0::2] = _little(pcs)
+    del pcs  # each column is freed before the next one is made: cc1's pcs and rules take 8 MB as arrays
+    words = _RuleWords()
+    view[1::2] = _little(array("Q", map(words.__getitem__, rules)))
+    del rules, view
+    return UnwindTable(bytes(rows), count, source, unsupported, len(problems), problems[0] if problems else "")
+
+
+def _little(values: array) -> array:
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
 
 
 class _RuleWords(dict):
@@ -219,10 +225,12 @@ def _decode(section: Section, deadline: float, problems: list[str],
     return fdes
 
 
-def _assemble(fdes: list[tuple[int, int, Program]], problems: list[str]) -> tuple[list[int], list[Rule]]:
-    """The rows of the FDEs (sorted by start) as one sorted list: CFA_END in gaps and after the last one,
-    a later FDE overlapping an earlier one cuts it, identical consecutive rules merged."""
-    pcs: list[int] = []
+def _assemble(fdes: list[tuple[int, int, Program]], problems: list[str]) -> tuple[array, list[Rule]]:
+    """The rows of the FDEs (sorted by start) as pcs and rules: CFA_END in gaps and after the last one,
+    a later FDE overlapping an earlier one cuts it, identical consecutive rules merged. The pcs are an
+    array of u64 (a list of ints would be 4 times as large: cc1's 0.48 M rows took 17 MB that way); every
+    pc is below an FDE's end, which is a u64."""
+    pcs = array("Q")
     rules: list[Rule] = []
     prev_end = -1
     for start, end, program in fdes:
@@ -231,7 +239,7 @@ def _assemble(fdes: list[tuple[int, int, Program]], problems: list[str]) -> tupl
         if start >= prev_end and not program.expand_plt and program.offsets[-1] < end - start:
             _extend(pcs, rules, start, program)
         else:
-            _add_rows(pcs, rules, start, end, program.rows)
+            _add_rows(pcs, rules, start, end, program)
         prev_end = end
         if len(pcs) > MAX_ROWS:
             problems.append(f"more than {MAX_ROWS} rows")
@@ -242,7 +250,7 @@ def _assemble(fdes: list[tuple[int, int, Program]], problems: list[str]) -> tupl
     return pcs, rules
 
 
-def _extend(pcs: list[int], rules: list[Rule], start: int, program: Program) -> None:
+def _extend(pcs: array, rules: list[Rule], start: int, program: Program) -> None:
     """The common case: an FDE after the previous one's end, all its rows inside it, no PLT to write out.
     Its merged rows go in as they are (every pc so far is below ``start``), the first one merged with the
     rule before it."""
@@ -251,18 +259,19 @@ def _extend(pcs: list[int], rules: list[Rule], start: int, program: Program) -> 
     rules.extend(islice(program.rules, first, None))
 
 
-def _add_rows(pcs: list[int], rules: list[Rule], start: int, end: int, rows: list[tuple[int, Rule]]) -> None:
+def _add_rows(pcs: array, rules: list[Rule], start: int, end: int, program: Program) -> None:
     """An FDE's rows one by one: cutting the rows of an earlier FDE it overlaps, stopping at its end,
     writing out PLT rules."""
     while pcs and pcs[-1] >= start:
         pcs.pop()
         rules.pop()
-    for index, (offset, rule) in enumerate(rows):
+    offsets = program.offsets
+    for index, (offset, rule) in enumerate(zip(offsets, program.rules)):
         pc = start + offset
         if pc >= end:
             break
         if rule.cfa_type == PLT_EXPAND:
-            limit = min(end, start + rows[index + 1][0]) if index + 1 < len(rows) else end
+            limit = min(end, start + offsets[index + 1]) if index + 1 < len(offsets) else end
             _expand_plt(pcs, rules, pc, limit, rule)
         elif pcs and pcs[-1] == pc:
             rules[-1] = rule
@@ -274,7 +283,7 @@ def _add_rows(pcs: list[int], rules: list[Rule], start: int, end: int, rows: lis
             rules.append(rule)
 
 
-def _append(pcs: list[int], rules: list[Rule], pc: int, rule: Rule) -> None:
+def _append(pcs: array, rules: list[Rule], pc: int, rule: Rule) -> None:
     """Add a row at ``pc`` (replacing one already there), merged with an identical previous rule."""
     if pcs and pcs[-1] == pc:
         pcs.pop()
@@ -284,7 +293,7 @@ def _append(pcs: list[int], rules: list[Rule], pc: int, rule: Rule) -> None:
         rules.append(rule)
 
 
-def _expand_plt(pcs: list[int], rules: list[Rule], pc: int, limit: int, rule: Rule) -> None:
+def _expand_plt(pcs: array, rules: list[Rule], pc: int, limit: int, rule: Rule) -> None:
     """CFA = rsp + N + ((pc & 15) >= K) * 8 over [pc, limit) as explicit rows (K in rule.rbp_offset)."""
     if (limit - pc) // 16 > MAX_PLT_ENTRIES:
         _append(pcs, rules, pc, UNSUPPORTED)
