@@ -36,6 +36,7 @@ PERF = "/usr/bin/perf"
 BCC_PROFILE = "/usr/sbin/profile-bpfcc"
 SLOT_NAME = re.compile(r"slot_(\d{3})")
 MIN_PAIRS = 3
+PAIRS = 15  # 7 were too few: at 999 Hz perf's and optrace's medians swapped places from run to run
 
 
 @dataclass(frozen=True)
@@ -270,22 +271,37 @@ def fixed_work(tool: Tool | None, hz: int, out: Path) -> dict:
             "tool_maxrss_kb": run.maxrss_kb, "samples": samples, "attached_s": attached_s}
 
 
-def paired_runs(tool: Tool, hz: int, out: Path, pairs: int, deadline: float) -> dict:
-    """Baseline and profiled back to back in random order, so machine noise that lasts longer than one
-    pair cancels in the ratio; the median ratio is the slowdown. Past the deadline it stops after
-    MIN_PAIRS pairs (the number done is reported)."""
-    rows, errors = [], []
+def one_pair(tool: Tool, hz: int, out: Path) -> dict:
+    """A baseline and a profiled run back to back, in random order."""
+    order = [None, tool]
+    random.shuffle(order)
+    return {("profiled" if t else "baseline"): fixed_work(t, hz, out) for t in order}
+
+
+def interleaved_pairs(tools: dict[str, Tool], hz: int, workdir: Path, pairs: int, deadline: float) -> dict:
+    """Rounds of one pair per tool, the tools in a new random order each round, so machine noise that
+    lasts longer than a pair cancels in its ratio and noise that lasts longer than a round falls on every
+    tool alike (tools measured one after another, in blocks, swapped places from run to run). Past the
+    deadline it stops after MIN_PAIRS rounds (the number done is reported)."""
+    rows: dict[str, list[dict]] = {key: [] for key in tools}
+    errors: dict[str, list[str]] = {key: [] for key in tools}
     for i in range(pairs):
         if i >= MIN_PAIRS and time.monotonic() > deadline:
             break
-        order = [None, tool]
-        random.shuffle(order)
-        try:
-            rows.append({("profiled" if t else "baseline"): fixed_work(t, hz, out) for t in order})
-        except Exception as exc:  # a failed pair is counted, the others still measure
-            errors.append(f"{type(exc).__name__}: {exc}")
-    if not rows:
-        raise RuntimeError(f"every pair failed: {errors[-1]}")
+        for key in random.sample(list(tools), len(tools)):
+            try:
+                rows[key].append(one_pair(tools[key], hz, workdir / f"slowdown-{key}-{hz}.out"))
+            except Exception as exc:  # a failed pair is counted, the others still measure
+                errors[key].append(f"{type(exc).__name__}: {exc}")
+    results = {}
+    for key in tools:
+        results[key] = slowdown(rows[key], errors[key], hz) if rows[key] else {"error": f"every pair failed: {errors[key][-1]}"}
+        log(f"slowdown {hz} Hz {key}: {results[key]}")
+    return results
+
+
+def slowdown(rows: list[dict], errors: list[str], hz: int) -> dict:
+    """The median ratio of profiled to baseline over the pairs ``rows`` is the slowdown."""
     wall = [r["profiled"]["wall_s"] / r["baseline"]["wall_s"] for r in rows]
     cpu = [r["profiled"]["cpu_s"] / r["baseline"]["cpu_s"] for r in rows]
     profiled = [r["profiled"] for r in rows]
@@ -306,15 +322,12 @@ def paired_runs(tool: Tool, hz: int, out: Path, pairs: int, deadline: float) -> 
 
 
 def measure_slowdown(tools: dict[str, Tool], pairs: int, stage_s: float, workdir: Path) -> dict:
-    """Each (frequency, tool) gets an equal share of the stage's time; see paired_runs."""
-    combos = [(hz, key) for hz in FREQUENCIES for key in tools]
+    """Each frequency gets an equal share of the stage's time; see interleaved_pairs."""
     stage_end = time.monotonic() + stage_s
-    results: dict = {str(hz): {} for hz in FREQUENCIES}
-    for n, (hz, key) in enumerate(combos):
-        deadline = time.monotonic() + (stage_end - time.monotonic()) / (len(combos) - n)
-        out = workdir / f"slowdown-{key}-{hz}.out"
-        results[str(hz)].update(per_tool({key: tools[key]}, f"slowdown {hz} Hz",
-                                         lambda _, tool: paired_runs(tool, hz, out, pairs, deadline)))
+    results: dict = {}
+    for n, hz in enumerate(FREQUENCIES):
+        deadline = time.monotonic() + (stage_end - time.monotonic()) / (len(FREQUENCIES) - n)
+        results[str(hz)] = interleaved_pairs(tools, hz, workdir, pairs, deadline)
     return results
 
 
@@ -594,8 +607,9 @@ METHOD = """### Method
   `perf record -e cpu-clock -g -p`, `profile-bpfcc -f -p`); the go line is sent once the tool's perf
   events are open and unchanged for 0.3 s, so start-up cost is not counted here (it is in (b) and in
   "tool CPU s"). Each pair is one baseline and one profiled run in random order (targets at nice -20 in
-  their own autogroup); slowdown = median over pairs of profiled/baseline - 1, up to {pairs} pairs per
-  tool and frequency (at least 3; fewer than {pairs} when the stage ran out of its time share).
+  their own autogroup); the tools take turns, one pair each per round in a new random order;
+  slowdown = median over pairs of profiled/baseline - 1, up to {pairs} rounds per frequency (at least 3;
+  fewer than {pairs} when the stage ran out of its time share).
   The verdicts use CPU time: this kernel has no IRQ time accounting and excludes paravirt steal time, so
   the target's CPU time includes the sampling interrupt, BPF program and stack walk run in its context,
   but not the time it waited for a CPU. The machine is shared with other engineers' test runs: wall time
@@ -646,7 +660,7 @@ def main() -> int:
     extra = ("optrace_cold", "optrace_fp") if "optrace" in tools else ()
     system_tools = {**tools, **{key: TOOLS[key] for key in extra}}
     cfg = {
-        "pairs": args.pairs or (MIN_PAIRS if args.quick else 7),
+        "pairs": args.pairs or (MIN_PAIRS if args.quick else PAIRS),
         "system_seconds": args.system_seconds or (8.0 if args.quick else 30.0),
         "system_hz": list(SYSTEM_HZ),
         "system_rounds": {"999": 1 if args.quick else OWN_COST_ROUNDS},
