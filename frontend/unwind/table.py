@@ -48,10 +48,10 @@ __all__ = ["ROW", "CFA_RSP", "CFA_RBP", "CFA_PLT", "CFA_END", "CFA_UNSUPPORTED",
 
 EM_X86_64 = 62
 MAX_SECTION_BYTES = 64 << 20  # .eh_frame / .debug_frame read (cc1's .eh_frame: 2.3 MB)
-MAX_ROWS = 1 << 21  # 32 MiB of rows (cc1: 0.44 M rows); past it the table stops there, counted
+MAX_ROWS = 1 << 21  # 32 MiB of rows (cc1: 0.48 M rows); past it the table stops there, counted
 MAX_PLT_ENTRIES = 1 << 16  # entries written out for a PLT expression with an unusual threshold
 # CPU time of the building thread per file (time.thread_time: the machine's load does not count; cc1
-# takes 0.6 s). The decoding is linear in the section's size, which MAX_SECTION_BYTES bounds already:
+# takes 0.26-0.38 s). The decoding is linear in the section's size, which MAX_SECTION_BYTES bounds already:
 # this bounds what a crafted section of that size could cost.
 BUILD_SECONDS = 10.0
 # Work between two looks at the clock and at ``stop``: an FDE counts its program's bytes (at most one
