@@ -22,6 +22,7 @@ from operator import itemgetter
 from typing import Callable, Iterable, Mapping, Sequence
 
 from optrace.bpf import perfevents
+from optrace.bpf.eventbuffers import EventBuffers
 from optrace.bpf.loader import counter_increments, import_bcc, load_bcc, load_function
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.perfevents import TaskEvents
@@ -177,6 +178,7 @@ class Profiler:
         self._set = 0
         self._lost_seen = [0] * len(LOST_REASONS)
         self._events: list[tuple[int, int, str]] = []
+        self._event_buffers: EventBuffers | None = None  # once loaded
         self.events_lost = 0
         self._pids: list[int] = []
         self._tasks: TaskEvents | None = None
@@ -216,6 +218,7 @@ class Profiler:
         if not self._follow:
             self._bpf.detach_raw_tracepoint(b"sched_process_fork")
         self._bpf[b"proc_events"].open_perf_buffer(self._on_event, page_cnt=256, lost_cb=self._on_events_lost)
+        self._event_buffers = EventBuffers(self._bpf)
 
     def attach(self) -> None:
         """Start sampling: on every CPU for the whole machine, else on the targets' threads (and what they
@@ -276,7 +279,7 @@ class Profiler:
     def drain(self) -> DrainResult:
         """Flip the active count set, then read and clear the one the sampler no longer writes, with the
         stack records stored since the last drain."""
-        self._bpf.perf_buffer_poll(timeout=0)
+        self._event_buffers.read_all()
         old = self._set
         self._set = 1 - old
         active = self._bpf[b"active"]
@@ -365,7 +368,7 @@ class Profiler:
     def poll_events(self) -> tuple[list[tuple[int, str]], list[int]]:
         """Exec'd files and exited processes since the last call (cheap: call it often, so a
         short-lived process can be looked at while it still runs)."""
-        self._bpf.perf_buffer_poll(timeout=0)
+        self._event_buffers.read_ready()
         execs = [(pid, filename) for kind, pid, filename in self._events if kind == PROC_EXEC]
         exits = [pid for kind, pid, _ in self._events if kind == PROC_EXIT]
         self._events.clear()

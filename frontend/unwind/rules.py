@@ -7,7 +7,7 @@ shapes over and over (in gcc's cc1 most of its 45,201 FDEs repeat an earlier one
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableSequence
 from dataclasses import dataclass
 
 from optrace.frontend.unwind.cfi import MAX_PROGRAM_BYTES, MAX_STATE_DEPTH, Cie, CfiError, plt_threshold, sleb128, uleb128
@@ -47,15 +47,19 @@ class Program:
         offsets: list[int] = []
         rules: list[Rule] = []
         for offset, rule in rows:
-            if offsets and offsets[-1] == offset:
-                rules[-1] = rule
-                if len(rules) > 1 and rules[-2] == rule:
-                    offsets.pop()
-                    rules.pop()
-            elif not rules or rules[-1] != rule:
-                offsets.append(offset)
-                rules.append(rule)
+            add_row(offsets, rules, offset, rule)
         return cls(tuple(offsets), tuple(rules), any(rule.cfa_type == PLT_EXPAND for rule in rules))
+
+
+def add_row(positions: MutableSequence[int], rules: list[Rule], at: int, rule: Rule) -> None:
+    """Add a row at ``at`` (replacing one already there), merged with an identical previous rule: the one
+    way rows are merged, in a program and in a table."""
+    if positions and positions[-1] == at:
+        positions.pop()
+        rules.pop()
+    if not rules or rules[-1] != rule:
+        positions.append(at)
+        rules.append(rule)
 
 
 class _Rules(dict):

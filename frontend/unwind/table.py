@@ -41,7 +41,7 @@ from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, ElfFormatError
 from optrace.frontend.unwind.cfi import CfiError, Section, read_fdes
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, END,
                                          RBP_AT_CFA, RBP_SAME, RBP_UNSUPPORTED, ROW, UNSUPPORTED, Rule)
-from optrace.frontend.unwind.rules import PLT_EXPAND, UNSUPPORTED_PROGRAM, Program, ProgramRunner
+from optrace.frontend.unwind.rules import PLT_EXPAND, UNSUPPORTED_PROGRAM, Program, ProgramRunner, add_row
 
 __all__ = ["ROW", "CFA_RSP", "CFA_RBP", "CFA_PLT", "CFA_END", "CFA_UNSUPPORTED", "CFA_OUTERMOST", "RBP_SAME",
            "RBP_AT_CFA", "RBP_UNSUPPORTED", "Rule", "UnwindTable", "build_table", "EMPTY"]
@@ -235,7 +235,7 @@ def _assemble(fdes: list[tuple[int, int, Program]], problems: list[str]) -> tupl
     prev_end = -1
     for start, end, program in fdes:
         if start > prev_end >= 0:
-            _append(pcs, rules, prev_end, END)
+            add_row(pcs, rules, prev_end, END)
         if start >= prev_end and not program.expand_plt and program.offsets[-1] < end - start:
             _extend(pcs, rules, start, program)
         else:
@@ -246,7 +246,7 @@ def _assemble(fdes: list[tuple[int, int, Program]], problems: list[str]) -> tupl
             del pcs[MAX_ROWS:], rules[MAX_ROWS:]
             return pcs, rules
     if prev_end >= 0:
-        _append(pcs, rules, prev_end, END)
+        add_row(pcs, rules, prev_end, END)
     return pcs, rules
 
 
@@ -273,35 +273,19 @@ def _add_rows(pcs: array, rules: list[Rule], start: int, end: int, program: Prog
         if rule.cfa_type == PLT_EXPAND:
             limit = min(end, start + offsets[index + 1]) if index + 1 < len(offsets) else end
             _expand_plt(pcs, rules, pc, limit, rule)
-        elif pcs and pcs[-1] == pc:
-            rules[-1] = rule
-            if len(rules) > 1 and rules[-2] == rule:
-                pcs.pop()
-                rules.pop()
-        elif not rules or rules[-1] != rule:
-            pcs.append(pc)
-            rules.append(rule)
-
-
-def _append(pcs: array, rules: list[Rule], pc: int, rule: Rule) -> None:
-    """Add a row at ``pc`` (replacing one already there), merged with an identical previous rule."""
-    if pcs and pcs[-1] == pc:
-        pcs.pop()
-        rules.pop()
-    if not rules or rules[-1] != rule:
-        pcs.append(pc)
-        rules.append(rule)
+        else:
+            add_row(pcs, rules, pc, rule)
 
 
 def _expand_plt(pcs: array, rules: list[Rule], pc: int, limit: int, rule: Rule) -> None:
     """CFA = rsp + N + ((pc & 15) >= K) * 8 over [pc, limit) as explicit rows (K in rule.rbp_offset)."""
     if (limit - pc) // 16 > MAX_PLT_ENTRIES:
-        _append(pcs, rules, pc, UNSUPPORTED)
+        add_row(pcs, rules, pc, UNSUPPORTED)
         return
     low, high = Rule(CFA_RSP, rule.cfa_offset, RBP_SAME, 0), Rule(CFA_RSP, rule.cfa_offset + 8, RBP_SAME, 0)
     threshold = rule.rbp_offset
-    _append(pcs, rules, pc, high if pc & 15 >= threshold else low)
+    add_row(pcs, rules, pc, high if pc & 15 >= threshold else low)
     for entry in range(pc & ~15, limit, 16):
         for at, entry_rule in ((entry, low), (entry + threshold, high)):
             if pc < at < limit:
-                _append(pcs, rules, at, entry_rule)
+                add_row(pcs, rules, at, entry_rule)

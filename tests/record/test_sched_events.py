@@ -42,3 +42,30 @@ def test_children_execs_and_exits_of_a_target(workloads):
     child = children[0]
     assert targets == {parent.pid, child}, (targets, parent.pid, child)  # the child's threads are not processes
     assert {parent.pid, child} <= set(exits), exits
+
+
+def _readiness_cleared(profiler: Profiler) -> int:
+    """Poll the event buffers' fds as the kernel's perf_poll sees them: that clears their readiness."""
+    import select
+
+    from bcc.libbcc import lib
+
+    poller = select.poll()
+    for reader in profiler._bpf.perf_buffers.values():
+        poller.register(lib.perf_reader_fd(reader), select.POLLIN)
+    return len(poller.poll(0))
+
+
+def test_a_drain_reads_events_whose_readiness_was_taken(workloads):
+    """poll_events reads a buffer only when poll(2) says it is ready, and polling clears that readiness:
+    a drain must read the buffers whatever they say, or events polled but not read would wait forever."""
+    with Profiler(frequency_hz=49, pids=[os.getpid()]) as profiler:
+        assert profiler.poll_events() == ([], [])
+        child = subprocess.run([str(workloads / "stacks"), "0.05", "1", "0"], stdout=subprocess.DEVNULL)
+        assert child.returncode == 0
+        time.sleep(0.05)
+        assert _readiness_cleared(profiler) >= 1, "the exec and exit events should have made a buffer ready"
+        assert profiler.poll_events() == ([], []), "nothing is read once readiness is gone"
+        result = profiler.drain()
+    assert [os.path.basename(path) for _, path in result.execs] == ["stacks"], result.execs
+    assert len(result.exits) == 1, result.exits
