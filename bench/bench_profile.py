@@ -524,10 +524,20 @@ OWN_COST_RUNS = {
 }
 
 
+def per_sample_ratio(perf: dict, mine: dict) -> float | None:
+    """perf's bytes per sample over a tool's: perf's count includes idle samples, which optrace and BCC drop,
+    so per sample the formats compare alike where whole files do not."""
+    theirs, ours = perf.get("bytes_per_sample"), mine.get("bytes_per_sample")
+    return theirs / ours if theirs and ours else None
+
+
+def _times(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.1f}x"
+
+
 def _per_sample_note(system: dict) -> str:
-    """perf's count includes idle samples, which optrace drops: per sample, the formats compare alike."""
-    mine, perf = system["optrace"].get("bytes_per_sample"), system["perf"].get("bytes_per_sample")
-    return f" ({perf / mine:.1f}x per sample)" if mine and perf else ""
+    ratio = per_sample_ratio(system["perf"], system["optrace"])
+    return f" ({ratio:.1f}x per sample)" if ratio else ""
 
 
 def cpu_range(result: dict) -> str:
@@ -580,13 +590,11 @@ def markdown(res: dict, tools: dict[str, Tool]) -> str:
                         "tool CPU s", "Ctrl-C to exit s"], rows), ""]
     perf_bytes = {hz: by_tool["perf"]["file_bytes"] for hz, by_tool in res.get("system_wide", {}).items()
                   if ok(by_tool, "perf")}
-    perf_per_sample = {hz: by_tool["perf"].get("bytes_per_sample") for hz, by_tool in res.get("system_wide", {}).items()
-                       if ok(by_tool, "perf")}
+    perf_runs = {hz: by_tool["perf"] for hz, by_tool in res.get("system_wide", {}).items() if ok(by_tool, "perf")}
     rows = [[f"{hz} Hz", tools[k].name, f"{r['file_bytes'] / 1024:.1f}", fmt(r["samples"], ".0f"),
              f"{perf_bytes[hz] / r['file_bytes']:.1f}x" if hz in perf_bytes else "n/a",
              fmt(r.get("bytes_per_sample"), ".2f"),
-             f"{perf_per_sample[hz] / r['bytes_per_sample']:.1f}x"
-             if perf_per_sample.get(hz) and r.get("bytes_per_sample") else "n/a"] for hz, k, r in system]
+             _times(per_sample_ratio(perf_runs.get(hz, {}), r))] for hz, k, r in system]
     parts += [f"### (d) File size ({cfg['system_seconds']:.0f} s system-wide, background load)", "",
               md_table(["freq", "tool", "KiB", "samples", "perf.data size / this", "bytes per sample",
                         "perf's bytes per sample / this"], rows), "",

@@ -405,6 +405,7 @@ class Profiler:
         if self._tasks is not None:
             closers += self._tasks.closers()
         bpf, self._bpf = self._bpf, None
+        self._event_buffers = None  # its readers are freed with the BPF object: reading them then would crash
         if bpf is not None:
             closers += [partial(bpf.detach_tracepoint, tp) for tp in list(bpf.tracepoint_fds)]
         with ThreadPoolExecutor(max_workers=CLOSERS) as pool:  # each close waits for an RCU grace period
