@@ -5,10 +5,10 @@ import ctypes
 import os
 import platform
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from optrace.bpf.btf import KernelOffsets, kernel_offsets
+from optrace.bpf.kallsymsview import start_compile
 from optrace.errors import OptraceError
 from optrace.kernel import VMLINUX_BTF
 from optrace.heap import release_free_memory
@@ -39,8 +39,8 @@ PRELUDE = tuple(Path(__file__).with_name(name) for name in ("kernel_types.h", "k
 
 def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = (), kernel_headers: bool | None = None):
     """``bcc.BPF`` of the sources (after :data:`PRELUDE`), with BCC's absence or a failed compile as an
-    OptraceError; the kernel's field offsets (read from its BTF while clang compiles, which releases the
-    GIL) are set before anything is attached by the caller.
+    OptraceError; the kernel's field offsets (read from its BTF while clang compiles on its own thread,
+    see kallsymsview.py, which releases the GIL) are set before anything is attached by the caller.
 
     The programs are compiled against kernel_types.h's own declarations, not the kernel headers (0.5 s
     instead of 1.3 s here), where the kernel's BTF gives the offsets of the fields they read and the
@@ -54,13 +54,13 @@ def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = (), kernel_headers
     text = "".join(path.read_text() for path in (*PRELUDE, *sources)).encode()
     if kernel_headers is None:
         kernel_headers = not own_types_apply()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        offsets = pool.submit(kernel_offsets)
-        program = _compiled(bcc, text, cflags, kernel_headers)
-        if offsets.result() is None and not kernel_headers:  # unreadable BTF after all: the headers' offsets
-            program.cleanup()
-            program = _compiled(bcc, text, cflags, True)
-        set_kernel_offsets(program, offsets.result())
+    compiling = start_compile(lambda: _compiled(bcc, text, cflags, kernel_headers))
+    offsets = kernel_offsets()
+    program = compiling.result()
+    if offsets is None and not kernel_headers:  # unreadable BTF after all: the headers' offsets
+        program.cleanup()
+        program = start_compile(lambda: _compiled(bcc, text, cflags, True)).result()
+    set_kernel_offsets(program, offsets)
     release_free_memory()
     release_compiler_code()
     return program

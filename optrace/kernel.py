@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import struct
 from pathlib import Path
 
 CAP_SYS_ADMIN = 21
@@ -13,7 +14,11 @@ CAP_PERFMON = 38
 CAP_BPF = 39
 SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(os.uname().machine, 321)
 BPF_MAP_CREATE = 0
+BPF_PROG_LOAD = 5
 BPF_MAP_TYPE_ARRAY = 2
+BPF_PROG_TYPE_KPROBE = 2
+BPF_FUNC_PROBE_READ_USER = 112
+BPF_FUNC_PROBE_READ_KERNEL = 113
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # how the sampler tells new executable mappings
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
@@ -45,6 +50,32 @@ def bpf_map_create_errno() -> int:
         return ctypes.get_errno() or errno.EPERM
     os.close(fd)
     return 0
+
+
+def bpf_helper_loads(helper: int) -> bool | None:
+    """Whether the verifier accepts a kprobe program calling ``helper`` (a bpf_probe_read-like helper:
+    destination on the stack, size, source): None when it refuses for another reason than the helper
+    (no capability), so nothing is known."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    program = _probe_read_call(helper)
+    license_ = ctypes.create_string_buffer(b"GPL")
+    attr = (ctypes.c_uint64 * 16)()  # union bpf_attr's BPF_PROG_LOAD head, the rest zero
+    attr[0] = BPF_PROG_TYPE_KPROBE | (len(program) // 8) << 32  # prog_type, insn_cnt
+    attr[1] = ctypes.addressof(program)
+    attr[2] = ctypes.addressof(license_)
+    fd = libc.syscall(ctypes.c_long(SYS_BPF), ctypes.c_int(BPF_PROG_LOAD), attr, ctypes.c_uint(ctypes.sizeof(attr)))
+    if fd >= 0:
+        os.close(fd)
+        return True
+    return False if ctypes.get_errno() == errno.EINVAL else None
+
+
+def _probe_read_call(helper: int) -> ctypes.Array:
+    """``helper(fp - 8, 8, 0); return 0;`` as BPF instructions (code, dst | src << 4, offset, immediate)."""
+    insns = [(0xBF, 1 | 10 << 4, 0), (0x07, 1, -8), (0xB7, 2, 8), (0xB7, 3, 0), (0x85, 0, helper), (0xB7, 0, 0),
+             (0x95, 0, 0)]
+    packed = b"".join(struct.pack("<BBhi", code, regs, 0, imm) for code, regs, imm in insns)
+    return ctypes.create_string_buffer(packed, len(packed))
 
 
 def syscall_events_available() -> bool:

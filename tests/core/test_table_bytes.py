@@ -40,9 +40,10 @@ def descriptions(program) -> dict[str, tuple]:
 
 def table_names(program) -> list[str]:
     lib = loader.import_bcc().lib
-    name_of = lib.bpf_table_name
+    name_of, count = lib.bpf_table_name, lib.bpf_num_tables  # not declared by BCC: a module pointer is not an int
     name_of.restype, name_of.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_ulonglong]
-    return [name_of(program.module, index).decode() for index in range(lib.bpf_num_tables(program.module))]
+    count.restype, count.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    return [name_of(program.module, index).decode() for index in range(count(program.module))]
 
 
 @pytest.fixture(scope="module")
