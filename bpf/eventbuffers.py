@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import select
+from collections.abc import Iterable
 
 
 class EventBuffers:
@@ -31,11 +32,16 @@ class EventBuffers:
     def _array(readers: list) -> ctypes.Array:
         return (ctypes.c_void_p * len(readers))(*readers)
 
-    def read_ready(self) -> None:
-        """Run the callbacks of every buffer with events waiting; returns at once when none has."""
-        ready = self._poll.poll(0)
-        if ready:
-            readers = self._array([self._readers[fd] for fd, _ in ready])
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return tuple(self._readers)
+
+    def read_ready(self, ready: Iterable[int] | None = None) -> None:
+        """Run the callbacks of every buffer with events waiting (returns at once when none has); or of the
+        buffers whose fds are ``ready``, as a poll by the caller said (which spent their readiness)."""
+        fds = [fd for fd, _ in self._poll.poll(0)] if ready is None else [fd for fd in ready if fd in self._readers]
+        if fds:
+            readers = self._array([self._readers[fd] for fd in fds])
             self._consume(len(readers), readers)
 
     def read_all(self) -> None:

@@ -365,14 +365,20 @@ class Profiler:
         known = self._bpf[b"known"]
         known[known.Key(pid)] = known.Leaf(epoch)
 
-    def poll_events(self) -> tuple[list[tuple[int, str]], list[int]]:
+    def poll_events(self, ready: Iterable[int] | None = None) -> tuple[list[tuple[int, str]], list[int]]:
         """Exec'd files and exited processes since the last call (cheap: call it often, so a
-        short-lived process can be looked at while it still runs)."""
-        self._event_buffers.read_ready()
+        short-lived process can be looked at while it still runs). ``ready``: the :attr:`event_fds` a
+        poll by the caller found readable (see EventBuffers.read_ready)."""
+        self._event_buffers.read_ready(ready)
         execs = [(pid, filename) for kind, pid, filename in self._events if kind == PROC_EXEC]
         exits = [pid for kind, pid, _ in self._events if kind == PROC_EXIT]
         self._events.clear()
         return execs, exits
+
+    @property
+    def event_fds(self) -> tuple[int, ...]:
+        """The fds of the process-event buffers: readable when they hold events (once loaded)."""
+        return self._event_buffers.fds if self._event_buffers is not None else ()
 
     def _read_lost(self) -> dict[str, int]:
         """Increments since the previous drain (the per-CPU counters themselves only grow)."""

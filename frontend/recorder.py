@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from optrace import __version__
 from optrace.bpf.profiler import FoldedCounts
 from optrace.frontend.codecapture import capture_session
+from optrace.frontend.loopwait import LoopWait
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
@@ -26,7 +27,12 @@ from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
 
-POLL_SECONDS = 0.05  # how quickly the end of the profiled command is noticed
+POLL_SECONDS = 0.05  # how often a loop that polls on a timer wakes (see Recorder._timer_polls)
+# A process event is read this long after it woke the loop, as a poll every POLL_SECONDS read it 0-50 ms
+# after: a program just exec'd has its libraries mapped by then (its maps are read at the exec event), and
+# the events that come with it (its exit, a burst of execs) are read together. At 20 ms, most short-lived
+# programs of the profile bench still ran when read: their maps were snapshot, 0.1 s more CPU in 30 s.
+SETTLE_SECONDS = 0.05
 # The first drain comes early: it finds the processes being sampled (with -a, the only way to know them),
 # whose unwind tables are then loaded; until then their stacks are raw IPs, decoded at a drain one by one
 # (at 10k samples a second, the 1 s before a drain at the full period cost 0.2 s of CPU).
@@ -183,31 +189,39 @@ class Recorder:
             self.child.release()
 
     def _loop(self, stop: StopSignals, t0: float) -> None:
+        """Drain every period until the end; between drains, sleep until a stop, a target's end or a
+        process event (handled SETTLE_SECONDS later), polling on a timer only while something is young."""
         opts = self.options
         deadline = t0 + opts.duration_s if opts.duration_s else None
         next_drain = t0 + min(FIRST_DRAIN_S, opts.drain_interval_s)
+        waits = LoopWait(stop, self._exits, self.session.event_fds)
+        settle: float | None = None  # when the event buffers found ready are read
+        ready: tuple[int, ...] = ()
         while True:
             now = time.monotonic()
-            if self._targets_gone():
-                break
-            if deadline and now >= deadline:
+            if self._targets_gone() or (deadline and now >= deadline):
                 break
             if now >= next_drain:
-                self._drain()
+                self._drain()  # reads every event buffer
                 next_drain += opts.drain_interval_s
-            else:
+                settle, ready = None, ()
+            elif settle is not None and now >= settle:
+                self.session.poll(now, ready)
+                settle, ready = None, ()
+            elif self._timer_polls(now):
                 self.session.poll(now)
-            wake = min(next_drain, deadline or next_drain)
-            if self._sleep(stop, min(POLL_SECONDS, wake - now)):
+            wake = min(t for t in (next_drain, deadline, settle,
+                                   now + POLL_SECONDS if self._timer_polls(now) else None) if t is not None)
+            found = waits.wait(wake - now, events=settle is None)
+            if stop.stopped.is_set():
                 break
+            if found:
+                settle, ready = time.monotonic() + SETTLE_SECONDS, found
 
-    def _sleep(self, stop: StopSignals, seconds: float) -> bool:
-        """Sleep up to ``seconds``, less when a target exits; True when a stop was requested (a signal
-        during the pidfd wait is seen when the wait ends: within POLL_SECONDS)."""
-        if not self._exits.fds:
-            return stop.wait(seconds)
-        self._exits.wait(seconds)
-        return stop.stopped.is_set()
+    def _timer_polls(self, now: float) -> bool:
+        """Whether the loop also wakes every POLL_SECONDS: a young process (see ProfilingSession.wants_polls),
+        or a target whose end no pidfd tells."""
+        return self.session.wants_polls(now) or self._exits.blind
 
     def _watched_pids(self) -> list[int]:
         """The processes whose end ends the recording (see :meth:`_targets_gone`)."""

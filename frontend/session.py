@@ -339,13 +339,24 @@ class ProfilingSession:
         return self.profiler.target_pids() if self.profiler and self.options.pids is not None else set()
 
     # -- the profiler's reports ------------------------------------------------------------------------
-    def poll(self, now: float) -> None:
+    def poll(self, now: float, ready: Iterable[int] | None = None) -> None:
         """Exec and exit events since the last call: cheap, call it often (a short-lived program can
-        then be looked at while it still runs)."""
-        execs, exits = self.profiler.poll_events()
+        then be looked at while it still runs), or when :attr:`event_fds` are readable (the ``ready``
+        ones, whose readiness the caller's poll spent: see Profiler.poll_events)."""
+        execs, exits = self.profiler.poll_events(ready)
         self._note_execs(execs)
         self._note_exits(exits, now)
         self._reload_changed(self._young_pids(now))
+
+    @property
+    def event_fds(self) -> tuple[int, ...]:
+        """Readable when exec or exit events wait for :meth:`poll`."""
+        return self.profiler.event_fds
+
+    def wants_polls(self, now: float) -> bool:
+        """Whether :meth:`poll` is wanted on a timer, events or not: a process whose table was loaded in
+        the last YOUNG_SECONDS may still be mapping its libraries."""
+        return bool(self._young_pids(now))
 
     def _young_pids(self, now: float) -> set[int]:
         """The processes whose table was loaded in the last YOUNG_SECONDS (older ones are dropped)."""

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import time
+from collections.abc import Iterable
 
 from optrace.errors import OptraceError
 
@@ -110,20 +110,21 @@ class ExitWatch:
 
     def __init__(self, pids: list[int]) -> None:
         self.fds: list[int] = []
+        self.blind = False  # a process it could not watch (no pidfd here): the caller must poll for its end
         for pid in pids:
             try:
                 self.fds.append(os.pidfd_open(pid))
-            except OSError:  # already gone (the caller's own check sees it), or no pidfd here
+            except ProcessLookupError:  # already gone: the caller's own check sees it
                 pass
+            except OSError:
+                self.blind = True
 
-    def wait(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, less if a watched process exits (it is not watched from then on)."""
-        poller = select.poll()  # not select(): descriptors past 1023 (many -p pids) are fine
-        for fd in self.fds:
-            poller.register(fd, select.POLLIN)
-        for fd, _ in poller.poll(max(seconds, 0.0) * 1000):
-            self.fds.remove(fd)
-            os.close(fd)
+    def ended(self, fds: Iterable[int]) -> None:
+        """These of :attr:`fds` were readable: their processes have exited, and are not watched from now on."""
+        for fd in fds:
+            if fd in self.fds:
+                self.fds.remove(fd)
+                os.close(fd)
 
     def close(self) -> None:
         for fd in self.fds:

@@ -69,3 +69,24 @@ def test_a_drain_reads_events_whose_readiness_was_taken(workloads):
         result = profiler.drain()
     assert [os.path.basename(path) for _, path in result.execs] == ["stacks"], result.execs
     assert len(result.exits) == 1, result.exits
+
+
+def test_buffers_a_callers_poll_found_ready_are_read_by_their_fds(workloads):
+    """The recording loop polls the buffers' fds itself (frontend/loopwait.py), spending their readiness:
+    poll_events reads the buffers whose fds it is given, and no others."""
+    import select
+
+    with Profiler(frequency_hz=49, pids=[os.getpid()]) as profiler:
+        child = subprocess.run([str(workloads / "stacks"), "0.05", "1", "0"], stdout=subprocess.DEVNULL)
+        assert child.returncode == 0
+        time.sleep(0.05)
+        poller = select.poll()
+        for fd in profiler.event_fds:
+            poller.register(fd, select.POLLIN)
+        ready = [fd for fd, _ in poller.poll(0)]
+        assert ready, "the exec and exit events should have made a buffer ready"
+        others = [fd for fd in profiler.event_fds if fd not in ready]
+        assert profiler.poll_events(others) == ([], [])
+        execs, exits = profiler.poll_events(ready)
+    assert [os.path.basename(path) for _, path in execs] == ["stacks"], execs
+    assert len(exits) == 1, exits

@@ -358,7 +358,7 @@ def test_polls_reload_a_young_table_whose_process_mapped_more_after_a_drain(sess
     """A table loaded at exec, just before a drain: the libraries the dynamic loader maps after that drain
     change the epoch, and the polls of the next YOUNG_SECONDS load the table again (not the next drain)."""
     unwind, _ = maps
-    session.profiler.poll_events = lambda: ([], [])
+    session.profiler.poll_events = lambda ready=None: ([], [])
     session.unwind(1)
     session._unwind_processes([])  # a drain
     session.profiler.epoch = lambda pid: 8  # ld.so mapped libpython
