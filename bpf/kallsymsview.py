@@ -47,10 +47,10 @@ def start_compile(compile_: Callable[[], T]) -> Future[T]:
     future: Future[T] = Future()
 
     def run() -> None:
-        enter_short_kallsyms()
         try:
+            enter_short_kallsyms()
             future.set_result(compile_())
-        except BaseException as exc:  # handed to whoever waits for the compile
+        except BaseException as exc:  # handed to whoever waits for the compile, which would wait forever else
             future.set_exception(exc)
 
     threading.Thread(target=run, name="optrace-compile", daemon=True).start()

@@ -130,3 +130,15 @@ def test_a_shared_root_does_not_carry_the_mount_out(tmp_path):
                           capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2", "0", "0"]
+
+
+def test_a_failure_on_the_compile_thread_reaches_the_waiter(monkeypatch):
+    with pytest.raises(ZeroDivisionError):
+        kallsymsview.start_compile(lambda: 1 / 0).result(timeout=30)
+
+    def broken() -> None:
+        raise RuntimeError("view")
+
+    monkeypatch.setattr(kallsymsview, "enter_short_kallsyms", broken)
+    with pytest.raises(RuntimeError, match="view"):  # not a wait for ever
+        kallsymsview.start_compile(read_kallsyms).result(timeout=30)
