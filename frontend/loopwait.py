@@ -29,5 +29,5 @@ class LoopWait:
         ready = {fd for fd, _ in poller.poll(max(seconds, 0.0) * 1000)}
         if self.stop.fd in ready:
             self.stop.clear_wakeups()
-        self.exits.ended(fd for fd in self.exits.fds if fd in ready)
+        self.exits.ended([fd for fd in self.exits.fds if fd in ready])  # a list: ended() removes from fds
         return tuple(fd for fd in self.event_fds if events and fd in ready)

@@ -201,6 +201,7 @@ class Recorder:
             now = time.monotonic()
             if self._targets_gone() or (deadline and now >= deadline):
                 break
+            timer = self._timer_polls(now)
             if now >= next_drain:
                 self._drain()  # reads every event buffer
                 next_drain += opts.drain_interval_s
@@ -208,10 +209,9 @@ class Recorder:
             elif settle is not None and now >= settle:
                 self.session.poll(now, ready)
                 settle, ready = None, ()
-            elif self._timer_polls(now):
+            elif timer:
                 self.session.poll(now)
-            wake = min(t for t in (next_drain, deadline, settle,
-                                   now + POLL_SECONDS if self._timer_polls(now) else None) if t is not None)
+            wake = min(t for t in (next_drain, deadline, settle, now + POLL_SECONDS if timer else None) if t is not None)
             found = waits.wait(wake - now, events=settle is None)
             if stop.stopped.is_set():
                 break

@@ -44,7 +44,7 @@ class StopSignals:
         try:
             while os.read(self.fd, 512):
                 pass
-        except (BlockingIOError, TypeError):  # empty, or not active
+        except BlockingIOError:  # empty
             pass
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -36,6 +36,18 @@ def test_a_wait_ends_when_a_watched_process_exits():
         proc.wait()
 
 
+def test_targets_that_exit_together_are_all_forgotten_in_one_wait():
+    procs = [subprocess.Popen(["sleep", "0.1"]) for _ in range(3)]
+    watch = ExitWatch([proc.pid for proc in procs])
+    try:
+        for proc in procs:
+            proc.wait()
+        waits(watch).wait(10.0, events=True)
+        assert watch.fds == []
+    finally:
+        watch.close()
+
+
 def test_a_process_already_gone_is_not_watched_and_fds_are_closed():
     proc = subprocess.Popen(["sleep", "30"])
     gone = subprocess.Popen(["true"])
