@@ -41,6 +41,7 @@ class KernelOffsets:
 
     task_tgid: int
     binprm_filename: int
+    task_fsbase: int = 0  # task_struct.thread.fsbase (python.c); 0: unknown, Python threads are not found
 
 
 @functools.cache
@@ -57,9 +58,13 @@ def kernel_offsets(path: str = VMLINUX) -> KernelOffsets | None:
         types = BtfTypes(data)
         tgid = types.member_offset("task_struct", "tgid")
         filename = types.member_offset("linux_binprm", "filename")
+        thread = types.member_offset("task_struct", "thread")
+        fsbase = types.member_offset("thread_struct", "fsbase")
     except (BtfError, struct.error):
         return None
-    return None if tgid is None or filename is None else KernelOffsets(tgid, filename)
+    if tgid is None or filename is None:
+        return None
+    return KernelOffsets(tgid, filename, thread + fsbase if thread is not None and fsbase is not None else 0)
 
 
 class BtfTypes:

@@ -6,6 +6,7 @@
 enum kernel_offset {
     TASK_TGID = 0,    // struct task_struct, tgid
     BINPRM_FILENAME,  // struct linux_binprm, filename
+    TASK_FSBASE,      // struct task_struct, thread.fsbase (x86_64: a thread's TLS base, pthread_self())
     NR_KERNEL_OFFSETS,
 };
 
@@ -16,7 +17,11 @@ static inline u32 kernel_offset(u32 index)
     u32 *known = kernel_offsets.lookup(&index);
     if (known && *known)
         return *known;
-    return index == TASK_TGID ? HEADER_OFFSET(struct task_struct, tgid) : HEADER_OFFSET(struct linux_binprm, filename);
+    if (index == TASK_TGID)
+        return HEADER_OFFSET(struct task_struct, tgid);
+    if (index == TASK_FSBASE)
+        return HEADER_OFFSET(struct task_struct, thread.fsbase);
+    return HEADER_OFFSET(struct linux_binprm, filename);
 }
 
 // sched_process_fork's child (raw tracepoint args: parent, child task_struct pointers): the id of the new

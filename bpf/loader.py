@@ -93,7 +93,7 @@ def set_kernel_offsets(program, offsets: KernelOffsets | None) -> None:
     if offsets is None:
         return
     table = program[b"kernel_offsets"]
-    for index, value in enumerate((offsets.task_tgid, offsets.binprm_filename)):  # enum kernel_offset
+    for index, value in enumerate((offsets.task_tgid, offsets.binprm_filename, offsets.task_fsbase)):  # enum kernel_offset
         table[table.Key(index)] = table.Leaf(value)
 
 

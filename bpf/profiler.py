@@ -35,12 +35,15 @@ from optrace.kernel import syscall_events_available
 STACK_STORE = Path(__file__).with_name("stackstore.c")  # before profile.c: stacks by hash (stackstore.py)
 PROGRAM = Path(__file__).with_name("profile.c")
 UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
+PYTHON_WALK = Path(__file__).with_name("python_walk.h")  # before unwind.c: its Python state
+PYTHON_WALKER = Path(__file__).with_name("python.c")  # after it, with python (see pythonmaps.py)
 LOST_REASONS = (  # enum lost_reason in profile.c
     "user_stack_missing",
     "kernel_stack_missing",
     "counts_map_full",
     "idle",
 )
+NO_USER_STACK: tuple[tuple[UserFrame, ...], str, str] = ((), "", "")
 BUILD_ID_VALID = 1
 BUILD_ID_IP = 2
 BPF_NOEXIST = 1
@@ -135,13 +138,15 @@ class Profiler:
         cfi_unwind: bool = False,
         unwind_rows: int = 1 << 20,
         fold: bool = False,
+        python: bool = False,
     ) -> None:
         """``raw_stacks=False`` keeps every user stack as build-ids (what the sampler does anyway
         where the kernel has no syscall tracepoints to tell new executable mappings). ``cfi_unwind``:
         processes given to :attr:`unwind` are unwound from their files' CFI (unwind.c), up to
         ``unwind_rows`` rows of all files together. ``fold``: counts whose stacks are named from files or
         kernel IPs alone come back undecoded, in :attr:`DrainResult.folded` (record: at 10k samples a
-        second of distinct stacks, decoding them at each drain was most of the drain's CPU)."""
+        second of distinct stacks, decoding them at each drain was most of the drain's CPU). ``python`` (with
+        ``cfi_unwind``): the eval frames of processes given to :attr:`python` become their Python frames."""
         self.frequency_hz = frequency_hz
         self._initial_pids = None if pids is None else list(pids)
         self._follow = follow_children
@@ -168,9 +173,13 @@ class Profiler:
         self.cfi_unwind = cfi_unwind
         if cfi_unwind:
             self._cflags += ["-DCFI_UNWIND", f"-DUNWIND_ROWS={unwind_rows}"]
+        self.python_frames = python and cfi_unwind
+        if self.python_frames:
+            self._cflags.append("-DPYTHON_UNWIND")
         self._unwind_rows = unwind_rows
         self._fold = fold
         self.unwind = None  # UnwindMaps once loaded, with cfi_unwind
+        self.python = None  # PythonMaps once loaded, with python
         self.store: StackStore | None = None
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
         self.event = ""
@@ -202,8 +211,7 @@ class Profiler:
     def load(self) -> None:
         """Compile and load the programs and add the initial pids; nothing is sampled until :meth:`attach`
         (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
-        self._bpf = load_bcc([STACK_STORE, PROGRAM, UNWINDER] if self.cfi_unwind else [STACK_STORE, PROGRAM],
-                             self._cflags)
+        self._bpf = load_bcc(self._sources(), self._cflags)
         self._counts = [MapTaker(self._bpf[f"counts{index}".encode()]) for index in (0, 1)]
         self._rawcounts = [MapTaker(self._bpf[f"rawcounts{index}".encode()]) for index in (0, 1)]
         if (self._counts[0].key_size, self._counts[0].value_size) != (COUNT_KEY.size, 8):
@@ -213,12 +221,25 @@ class Profiler:
             from optrace.bpf.unwindmaps import UnwindMaps
 
             self.unwind = UnwindMaps(self._bpf, self._unwind_rows)
+        if self.python_frames:
+            from optrace.bpf.pythonmaps import PythonMaps
+
+            self.python = PythonMaps(self._bpf)
         for pid in self._initial_pids or ():
             self.add_pid(pid)
         if not self._follow:
             self._bpf.detach_raw_tracepoint(b"sched_process_fork")
         self._bpf[b"proc_events"].open_perf_buffer(self._on_event, page_cnt=256, lost_cb=self._on_events_lost)
         self._event_buffers = EventBuffers(self._bpf)
+
+    def _sources(self) -> list[Path]:
+        if not self.cfi_unwind:
+            return [STACK_STORE, PROGRAM]
+        return [STACK_STORE, PROGRAM, PYTHON_WALK, UNWINDER] + ([PYTHON_WALKER] if self.python_frames else [])
+
+    def load_walker(self) -> None:
+        """The CFI walker's programs (and python.c's with ``python``), off the start-up path (unwindmaps.py)."""
+        self.unwind.load_step(python=self.python_frames)
 
     def attach(self) -> None:
         """Start sampling: on every CPU for the whole machine, else on the targets' threads (and what they
@@ -510,7 +531,7 @@ class _Decoder:
     def __init__(self, lookup: Callable[[int], tuple[bytes, FileIds | None] | None]) -> None:
         self._lookup = lookup
         self._frames = FrameDecoder()
-        self._user: dict[int, tuple[tuple[UserFrame, ...], str] | None] = {}
+        self._user: dict[int, tuple[tuple[UserFrame, ...], str, str] | None] = {}
         self._kernel: dict[int, tuple[int, ...] | None] = {}
         self._comms: dict[bytes, str] = {}
         self.kinds: Counter[str] = Counter()
@@ -520,20 +541,21 @@ class _Decoder:
         """None when a stack the key names is not known (unless ``missing_ok``: then it is left out)."""
         pid, tid, user_hash, kernel_hash, epoch, kind, _, raw_comm = key
         kernel = self._kernel_stack(kernel_hash) if kernel_hash else ()
-        unwound = self._user_stack(user_hash) if user_hash else ((), "")
+        unwound = self._user_stack(user_hash) if user_hash else NO_USER_STACK
         if kernel is None or unwound is None:
             if not missing_ok:
                 return None
-            kernel, unwound = kernel or (), unwound or ((), "")
+            kernel, unwound = kernel or (), unwound or NO_USER_STACK
         comm = self._comms.get(raw_comm)
         if comm is None:
             comm = self._comms[raw_comm] = raw_comm.split(b"\0", 1)[0].decode("utf-8", "replace")
-        user, stop = unwound
+        user, stop, python = unwound
         if user:
             self.kinds[USER_KINDS.get(kind, "raw")] += count
             if kind == STACK_BUILD_ID:
                 self.build_id_pids.add(pid)
-        return RawSample(pid, comm, user, kernel, count, now, epoch if kind == STACK_RAW and user else 0, tid, stop)
+        return RawSample(pid, comm, user, kernel, count, now, epoch if kind == STACK_RAW and user else 0, tid, stop,
+                         python)
 
     def _kernel_stack(self, stack_hash: int) -> tuple[int, ...] | None:
         if stack_hash not in self._kernel:
@@ -541,17 +563,18 @@ class _Decoder:
             self._kernel[stack_hash] = tuple(array.array("Q", stored(found[0]).words)) if found else None
         return self._kernel[stack_hash]
 
-    def _user_stack(self, stack_hash: int) -> tuple[tuple[UserFrame, ...], str] | None:
+    def _user_stack(self, stack_hash: int) -> tuple[tuple[UserFrame, ...], str, str] | None:
         if stack_hash not in self._user:
             found = self._lookup(stack_hash)
             self._user[stack_hash] = self._decoded_user(*found) if found else None
         return self._user[stack_hash]
 
-    def _decoded_user(self, raw_record: bytes, ids: FileIds | None) -> tuple[tuple[UserFrame, ...], str]:
+    def _decoded_user(self, raw_record: bytes, ids: FileIds | None) -> tuple[tuple[UserFrame, ...], str, str]:
+        """(frames, how a CFI walk ended, why its Python frames stopped short)."""
         record = stored(raw_record)
         if record.kind == STACK_RAW:
-            return self._frames.raw_frames(record.words), ""
+            return self._frames.raw_frames(record.words), "", ""
         if record.kind == STACK_BUILD_ID:
-            return self._frames.build_id_frames(record.words), ""
-        unwound = decode_cfi(record.words, record.status, ids)
-        return unwound.frames, unwound.status
+            return self._frames.build_id_frames(record.words), "", ""
+        unwound = decode_cfi(record.words, record.status, ids, record.python)
+        return unwound.frames, unwound.status, unwound.python

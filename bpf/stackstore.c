@@ -36,6 +36,7 @@
 #define RECORD_COMMITTED (1ULL << 63)
 #define RECORD_SKIP (1ULL << 62)
 #define EPOCH_SHIFT 32  // a header's bits 32-47: the epoch's low 16 bits (stale headers of the half's last use)
+#define PYTHON_STATUS_SHIFT 48  // bits 48-55: why a stack's Python frames stopped (python.c), 0: they did not
 #define FNV_PRIME 0x100000001b3ULL
 #define FNV_BASIS 0xcbf29ce484222325ULL
 
@@ -94,8 +95,9 @@ static inline u64 store_reserve(u64 *used, u64 half, u32 total, u64 epoch_bits)
 
 // Stores n words (at most STORE_MAX_WORDS) under `hash` unless this epoch holds them already; returns the
 // hash (never 0, which a count key uses for "no stack"), or 0 when the half is full (the sample keeps no
-// such stack: counted as lost by the caller).
-static inline u64 store_stack(u64 *words, u32 n, u64 hash, u32 kind, u32 status)
+// such stack: counted as lost by the caller). *fresh: whether the words were stored now. `status`: bits 0-7
+// the header's status byte, bits 8-15 its Python status byte (unwind.c, python.c).
+static inline u64 store_stack(u64 *words, u32 n, u64 hash, u32 kind, u32 status, u32 *fresh)
 {
     hash = hash ? hash : 1;
     u32 zero = 0;
@@ -125,9 +127,11 @@ static inline u64 store_stack(u64 *words, u32 n, u64 hash, u32 kind, u32 status)
     chunk->words[offset + 1] = hash;
     bpf_probe_read_kernel(&chunk->words[offset + 2], length * 8, words);
     __sync_lock_test_and_set(&chunk->words[offset],
-                             RECORD_COMMITTED | epoch_bits | (u64)(status & 0xff) << 24 | (u64)(kind & 0xff) << 16 | length);
+                             RECORD_COMMITTED | epoch_bits | (u64)(status & 0xff) << 24 | (u64)(kind & 0xff) << 16 |
+                             (u64)((status >> 8) & 0xff) << PYTHON_STATUS_SHIFT | length);
     u32 stamp = epoch;
     store_index.update(&hash, &stamp);
+    *fresh = 1;
     return hash;
 }
 
@@ -154,7 +158,8 @@ static inline u64 store_walked_stack(void *ctx, u64 flags, u32 kind, int *missin
                                                // verifier's states by n's range at every entry
         *files_only = (statuses & 2) == 0;
     }
-    u64 hash = store_stack(scratch->words, n, hash_scratch(scratch, n, size / 8, FNV_BASIS ^ kind), kind, 0);
+    u32 fresh = 0;
+    u64 hash = store_stack(scratch->words, n, hash_scratch(scratch, n, size / 8, FNV_BASIS ^ kind), kind, 0, &fresh);
     *missing = hash == 0;
     return hash;
 }

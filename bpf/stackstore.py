@@ -19,6 +19,7 @@ CHUNK_BYTES = (CHUNK_WORDS + PAD_WORDS) * 8  # a multiple of the page size: chun
 RECORD_COMMITTED = 1 << 63
 RECORD_SKIP = 1 << 62
 EPOCH_SHIFT = 32
+PYTHON_STATUS_SHIFT = 48
 MIN_CHUNKS = 1  # per half: 32 KiB (--stack-storage-size asked for a tiny store)
 MAX_CHUNKS = 2048  # per half: 64 MiB
 WORDS_PER_STACK = 24  # for sizing: a stack's record is its header, hash and frames
@@ -31,17 +32,18 @@ GRACE_SECONDS = 0.005  # a program's run takes microseconds; this is long past a
 class StoredStack(NamedTuple):
     """One record, decoded from its bytes (:func:`stored`): ``words`` are the stack's words as the program
     stored them (8 bytes each; a build-id stack's frames are 4 words each), ``status`` the CFI walk's end
-    (unwind.c), else 0."""
+    (unwind.c), else 0; ``python`` why its Python frames stopped short (python.c), else 0."""
 
     kind: int
     status: int
     words: bytes
+    python: int = 0
 
 
 def stored(record: bytes) -> StoredStack:
     """A record as :func:`parse_records` keeps it: its header and hash words, then the stack's words."""
     header = int.from_bytes(record[:8], "little")
-    return StoredStack((header >> 16) & 0xFF, (header >> 24) & 0xFF, record[16:])
+    return StoredStack((header >> 16) & 0xFF, (header >> 24) & 0xFF, record[16:], (header >> PYTHON_STATUS_SHIFT) & 0xFF)
 
 
 def chunks_for(stacks: int) -> int:

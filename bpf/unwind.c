@@ -23,7 +23,7 @@
 // 999 Hz: 5.0 -> 4.8 us, measured when 8 was the default).
 
 #ifndef UNWIND_MAX_FRAMES
-#define UNWIND_MAX_FRAMES 128  // a power of two
+#define UNWIND_MAX_FRAMES 256  // a power of two, frames of either kind (native, Python)
 #endif
 #define UNWIND_FRAMES_PER_PROG 4
 #define UNWIND_MAX_MAPPINGS 256  // executable file mappings per process, a power of two
@@ -56,6 +56,13 @@ enum unwind_status {
     UNWIND_READ_FAULT,     // the stack could not be read, or did not grow towards its base
     UNWIND_DEPTH,          // UNWIND_MAX_FRAMES frames taken
 };
+
+// The programs of the walk, in unwind_progs (keep in sync with unwindmaps.py)
+#define PROG_UNWIND_STEP 0
+#define PROG_PYTHON_STEP 1    // python.c: the Python frames of one eval call
+#define PROG_PYTHON_THREAD 2  // python.c: the sampled thread's PyThreadState
+#define PROG_PYTHON_CAPTURE 3 // python.c: code objects of a new stack, captured for naming
+#define UNWIND_PROGS 4
 
 // Indices into unwind_counters (keep in sync with UNWIND_COUNTERS in unwindmaps.py)
 enum unwind_counter {
@@ -110,6 +117,9 @@ struct unwind_state {
     u32 raw_frames;      // frames outside files with a build-id (JIT code): the count goes to rawcounts
     u32 kernel_missing;  // the sample's kernel stack could not be stored
     u32 forgotten;       // see forget()
+    u32 walked;          // native frames walked (a return address is looked up at pc - 1)
+    u32 fresh;           // the stack store had not held this stack yet (unwind_done)
+    struct python_walk py;  // python.c's part of the walk (python_walk.h)
 };
 
 BPF_F_TABLE("array", u32, struct unwind_row, unwind_rows, UNWIND_ROWS, BPF_F_MMAPABLE);
@@ -119,7 +129,7 @@ BPF_F_TABLE("hash", u32, struct unwind_proc_bytes, unwind_procs, UNWIND_PROCS, B
 BPF_ARRAY(unwind_generation, u64, 1);  // the mapping tables' generation (UnwindMaps.generation)
 BPF_PERCPU_ARRAY(unwind_states, struct unwind_state_bytes, 1);
 BPF_PERCPU_ARRAY(unwind_counters, u64, UNWIND_NR_COUNTERS);
-BPF_PROG_ARRAY(unwind_progs, 1);
+BPF_PROG_ARRAY(unwind_progs, UNWIND_PROGS);
 
 static inline void unwind_count(u32 counter)
 {
@@ -173,8 +183,11 @@ static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key
     st->kernel_missing = kernel_missing;
     st->stack.len = 0;
     st->stack.status = UNWIND_DEPTH;
+    st->walked = 0;
+    st->fresh = 0;
+    python_walk_start(&st->py, pid);
     st->hash = (FNV_BASIS ^ STACK_CFI ^ (generation ? *generation : 0) << 8) * FNV_PRIME;
-    unwind_progs.call(ctx, 0);
+    unwind_progs.call(ctx, PROG_UNWIND_STEP);
 }
 
 // `value` read back from the state's memory: the verifier no longer knows it, so the search paths that
@@ -232,8 +245,8 @@ static inline int read_user(u64 *value, u64 address)
     return bpf_probe_read_user(value, sizeof(*value), (void *)address);
 }
 
-// One frame: record the PC, then find the caller's registers. Returns 0 to go on, 1 when done.
-static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc)
+// Appends a frame word (a file frame, a raw IP, a Python frame); 1 when the stack is full.
+static inline int push_frame(struct unwind_state *st, u64 frame)
 {
     u32 n = st->stack.len;
     // Hides n's range from clang: knowing it (< UNWIND_MAX_FRAMES, one more per inlined frame), the optimizer
@@ -243,20 +256,47 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
         st->stack.status = UNWIND_DEPTH;
         return 1;
     }
+    if (!(frame & (FILE_FRAME | PYTHON_FRAME)))
+        st->raw_frames++;
+    u32 slot = n;
+    asm volatile("" : "+r"(slot));  // and clang keeps the mask the verifier needs
+    st->stack.frames[slot & (UNWIND_MAX_FRAMES - 1)] = frame;
+    st->stack.len = n + 1;
+    st->hash = (st->hash ^ frame) * 0x100000001b3ULL;
+    return 0;
+}
+
+// The eval frame being expanded stays as it is (no Python frame could take its place).
+static inline int keep_eval_frame(struct unwind_state *st)
+{
+    st->py.mode = 0;
+    return push_frame(st, st->py.native);
+}
+
+// One frame: record the PC, then find the caller's registers. Returns 0 to go on, 1 when done. A PC in the
+// Python interpreter's eval function is not recorded here: st->py.mode asks python_step to put the Python
+// frames that call ran in its place (python.c), once the caller's registers are found.
+static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc)
+{
+    if (st->stack.len >= UNWIND_MAX_FRAMES) {
+        st->stack.status = UNWIND_DEPTH;
+        return 1;
+    }
     u64 pc = st->ip;
     struct unwind_mapping *m = find_mapping(st, proc, pc);
     u64 frame = pc;
     if (m && m->file_id)
         frame = FILE_FRAME | ((u64)m->file_id << FILE_OFFSET_BITS) | ((pc + m->offset_adj) & ((1ULL << FILE_OFFSET_BITS) - 1));
-    else
-        st->raw_frames++;
-    st->stack.frames[n & (UNWIND_MAX_FRAMES - 1)] = frame;
-    st->stack.len = n + 1;
-    st->hash = (st->hash ^ frame) * 0x100000001b3ULL;
+    if (python_eval_frame(&st->py, pc))
+        st->py.native = frame;
+    else if (push_frame(st, frame))
+        return 1;
+    u32 walked = st->walked;
+    st->walked = walked + 1;
 
     struct unwind_row *row = 0;
     if (m && m->row_count)  // a return address is looked up at the call: pc - 1
-        row = find_row(m, (n ? pc - 1 : pc) - m->bias);
+        row = find_row(m, (walked ? pc - 1 : pc) - m->bias);
     u8 cfa_type = row ? row->cfa_type : CFA_END;
     u64 cfa, bp = st->bp, ra = 0;
     switch (cfa_type) {
@@ -314,14 +354,15 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
 
 // The walk is over: store the stack (once per store epoch) and count the sample under it; when the store
 // is full, the sample keeps no user stack.
-static inline void unwind_done(struct bpf_perf_event_data *ctx, struct unwind_state *st)
+static inline void unwind_done(void *ctx, struct unwind_state *st)
 {
+    u32 status = st->stack.status | st->py.status << 8;
     u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
-    hash = (hash ^ st->stack.status) * FNV_PRIME;
+    hash = (hash ^ status) * FNV_PRIME;
     u32 len = st->stack.len;
     if (len > UNWIND_MAX_FRAMES)
         len = UNWIND_MAX_FRAMES;
-    st->key.user = store_stack(st->stack.frames, len, hash, STACK_CFI, st->stack.status);
+    st->key.user = store_stack(st->stack.frames, len, hash, STACK_CFI, status, &st->fresh);
     st->key.user_kind = st->key.user ? STACK_CFI : 0;
     st->key.epoch = 0;
     if (!st->key.user)
@@ -330,7 +371,19 @@ static inline void unwind_done(struct bpf_perf_event_data *ctx, struct unwind_st
     add_count(&st->key, st->set, st->key.user && st->raw_frames);
 }
 
-int unwind_step(struct bpf_perf_event_data *ctx)
+// The end of a sample's walk, from any of the walk's programs: the stack stored and counted, then the code
+// objects of a new stack with Python frames captured (python.c).
+static inline void unwind_finish(void *ctx, struct unwind_state *st)
+{
+    unwind_done(ctx, st);
+    if (st->fresh && st->py.frames) {
+        st->py.scanned = 0;
+        st->py.emitted = 0;
+        unwind_progs.call(ctx, PROG_PYTHON_CAPTURE);
+    }
+}
+
+int unwind_step(void *ctx)
 {
     u32 zero = 0;
     struct unwind_state *st = (struct unwind_state *)unwind_states.lookup(&zero);
@@ -343,12 +396,17 @@ int unwind_step(struct bpf_perf_event_data *ctx)
         st->stack.status = UNWIND_NO_CFI;
         done = 1;
     }
-    for (int i = 0; i < UNWIND_FRAMES_PER_PROG && !done; i++)
+    for (int i = 0; i < UNWIND_FRAMES_PER_PROG && !done && !st->py.mode; i++)
         done = unwind_frame(st, proc);
-    if (!done) {
-        unwind_progs.call(ctx, 0);
-        st->stack.status = UNWIND_DEPTH;  // out of tail calls
+    if (st->py.mode) {  // an eval call's Python frames come next, then the walk goes on (or ends)
+        st->py.native_done = done;
+        unwind_progs.call(ctx, PROG_PYTHON_STEP);
+        keep_eval_frame(st);  // no Python step: the eval frame stays as it is
+    } else if (!done) {
+        unwind_progs.call(ctx, PROG_UNWIND_STEP);
     }
-    unwind_done(ctx, st);
+    if (!done)
+        st->stack.status = UNWIND_DEPTH;  // out of tail calls
+    unwind_finish(ctx, st);
     return 0;
 }

@@ -36,8 +36,10 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from optrace.bpf.loader import load_function
+from optrace.bpf.pythonmaps import python_status_name
 from optrace.bpf.stackstore import GRACE_SECONDS
-from optrace.model import UserFrame
+from optrace.model import PYTHON_FRAME, UserFrame
+from optrace.pythonlayout import is_python_frame
 
 ROW_SIZE = 16  # struct unwind_row
 MAX_MAPPINGS = 256  # UNWIND_MAX_MAPPINGS
@@ -51,6 +53,8 @@ RETIRED_READS = 2  # drains a retired generation's file ids still decode for (se
 # enum unwind_status in unwind.c, by value
 UNWIND_STATUSES = ("outermost", "chain_end", "no_cfi", "expression", "read_fault", "depth_limit")
 UNWIND_COUNTERS = ("stacks_full", "no_user_registers")  # enum unwind_counter
+PROG_UNWIND_STEP = 0  # indices into unwind_progs (unwind.c)
+PYTHON_PROGRAMS = ((1, b"python_step"), (2, b"python_thread"), (3, b"python_capture"))
 _MAPPING = struct.Struct("<QQQQIIII")
 
 
@@ -74,6 +78,7 @@ class ProcessMapping:
 class UnwoundStack:
     frames: tuple[UserFrame, ...]
     status: str  # one of UNWIND_STATUSES
+    python: str = ""  # why its Python frames stopped short (pythonmaps.PYTHON_STATUSES), "" when they did not
 
 
 class FileIds:
@@ -94,13 +99,13 @@ class FileIds:
         return self._frames
 
 
-def decode_cfi(words: bytes, status: int, ids: FileIds | None) -> UnwoundStack:
+def decode_cfi(words: bytes, status: int, ids: FileIds | None, python: int = 0) -> UnwoundStack:
     """A CFI stack as the walker stored it (frame words) with the file ids of the drain that read it."""
     frames = array.array("Q", words)
+    python_status = python_status_name(python)
     if ids is None:  # cannot happen: a CFI record always comes with its drain's ids
-        return UnwoundStack(tuple(UserFrame(None, 0) if f & FILE_FRAME else UserFrame(None, f) for f in frames),
-                            _status(status))
-    return UnwoundStack(tuple(map(ids.frames().__getitem__, frames)), _status(status))
+        return UnwoundStack(tuple(_decoded(f, ()) for f in frames), _status(status), python_status)
+    return UnwoundStack(tuple(map(ids.frames().__getitem__, frames)), _status(status), python_status)
 
 
 @dataclass
@@ -135,16 +140,18 @@ class UnwindMaps:
         self.stats: Counter[str] = Counter()
         self._ids: FileIds | None = None  # the last drain's file ids
 
-    def load_step(self) -> None:
-        """Load the walking program (unwind_step) and put it where on_sample tail-calls it. This runs off
-        the start-up path (the kernel's verification took 0.11 s here before forget() in unwind.c,
-        0.015 s now): until it is in place the tail call fails and samples take frame-pointer stacks
-        (unwind.c). Safe to call twice."""
+    def load_step(self, python: bool = False) -> None:
+        """Load the walking program (unwind_step) and put it where on_sample tail-calls it; with ``python``,
+        python.c's programs too (the program was compiled with them). This runs off the start-up path (the
+        kernel's verification took 0.11 s here before forget() in unwind.c, 0.015 s now): until it is in
+        place the tail call fails and samples take frame-pointer stacks (unwind.c). Safe to call twice."""
         from bcc import BPF  # bpf/ is the one folder that imports BCC
 
-        step = load_function(self._bpf, b"unwind_step", BPF.PERF_EVENT)
+        programs = [(PROG_UNWIND_STEP, b"unwind_step")] + (list(PYTHON_PROGRAMS) if python else [])
         progs = self._bpf[b"unwind_progs"]
-        progs[progs.Key(0)] = progs.Leaf(step.fd)
+        for index, name in programs:
+            loaded = load_function(self._bpf, name, BPF.PERF_EVENT)
+            progs[progs.Key(index)] = progs.Leaf(loaded.fd)
 
     def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping]) -> None:
         """Give the sampler this process's mapping table (replacing any before), read from /proc/PID/maps
@@ -297,6 +304,8 @@ def _status(value: int) -> str:
 
 
 def _decoded(frame: int, tables: Sequence[dict[int, _LoadedFile]]) -> UserFrame:
+    if is_python_frame(frame):
+        return UserFrame(PYTHON_FRAME, frame)
     if not frame & FILE_FRAME:
         return UserFrame(None, frame)
     file_id = (frame & ~FILE_FRAME) >> FILE_OFFSET_BITS

@@ -33,7 +33,7 @@ from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
 from optrace.kernel import CAP_SYS_NICE, effective_capabilities
 from optrace.model import Frame, RawSample, Sample, UserFrame
-from optrace.procfs import exec_path, process_cpu_ticks
+from optrace.procfs import exec_path, maps_entries, process_cpu_ticks
 
 T = TypeVar("T")
 PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
@@ -108,6 +108,9 @@ class SessionOptions:
     # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
     # first rows come within a second of the attach)
     symbols_before_attach: bool = False
+    # True (with call_graph "dwarf"): the interpreter's eval frames of CPython processes are replaced by the
+    # Python frames they ran (bpf/python.c, frontend/python/)
+    python: bool = True
 
 
 MAX_OFF_CPU_EVERY = 1_000_000  # OffCpuOptions.every
@@ -216,6 +219,7 @@ class ProfilingSession:
         self._forgettable: list[int] = []  # exited before the last drain: forgotten at the next one
         self._drains = 0
         self.unwinding = None  # ProcessUnwinding with call_graph "dwarf"
+        self.python = None  # PythonProcesses with options.python and call_graph "dwarf"
         self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
         # fold: pid -> build-ids of every CFI table given for it (set before the table, on the worker)
         self._table_build_ids: dict[int, frozenset[bytes]] = {}
@@ -247,8 +251,13 @@ class ProfilingSession:
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
-                                 cfi_unwind=cfi, fold=opts.fold)
+                                 cfi_unwind=cfi, fold=opts.fold, python=opts.python)
         self.profiler.load()
+        if self.profiler.python is not None:
+            from optrace.frontend.python.processes import PythonProcesses
+
+            self.python = PythonProcesses(self.profiler.python.load_process)
+            self.symbolizer.python_lookup = self.python.frame
         self._load_off_cpu()
         self._kallsyms.compile_done()
 
@@ -266,8 +275,7 @@ class ProfilingSession:
                                                                builder=builder, store=store))
             self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
             # First on the worker, verified while sampling starts (frame pointers until it is in place).
-            self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step",
-                                                           self.profiler.unwind.load_step)
+            self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
@@ -367,6 +375,8 @@ class ProfilingSession:
 
     def drain(self) -> Drain:
         result = self.profiler.drain()
+        if self.python is not None:
+            self.python.add_captures(self.profiler.python.take_captures())
         translated: dict[tuple, tuple[UserFrame, ...]] = {}
         addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
         samples = [self._translated(s, translated, addresses) for s in result.samples
@@ -465,8 +475,16 @@ class ProfilingSession:
                 maps.load_process(pid, epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
+        if self.python is not None and not own:
+            self._contain("python", self._look_at_python, pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
+
+    def _look_at_python(self, pid: int) -> None:
+        """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""
+        maps = maps_entries(pid)
+        if maps is not None:
+            self.python.look_at(pid, (entry for entry in maps if entry.executable and entry.is_file))
 
     def _unwind_later(self, pid: int, program: str | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
@@ -663,6 +681,8 @@ class ProfilingSession:
             self._young.pop(pid, None)
             if self._unwound.pop(pid, None) is not None:
                 self.profiler.unwind.forget_process(pid)
+            if self.profiler.python is not None:
+                self.profiler.python.forget_process(pid)
         retired, self._exited = self._exited, []
         self.spaces.end_drain(retired)
         if not self.options.forget_exited:
@@ -700,6 +720,8 @@ class ProfilingSession:
         self._table_build_ids.pop(pid, None)
         self.symbolizer.forget_process(pid)
         self.jit.forget_process(pid)
+        if self.python is not None:
+            self.python.forget(pid)
 
     def _contain(self, kind: str, call: Callable[..., T], *args: object) -> T | None:
         """``call(*args)``, or None when it raised: counted in ``read_errors[kind]`` and warned, so one

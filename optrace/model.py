@@ -47,6 +47,11 @@ class UserFrame(NamedTuple):
     offset: int
 
 
+# UserFrame.build_id of a Python frame: its offset is the walker's frame word (optrace.pythonlayout), named
+# from the sample's process (frontend/python/). Not a real build-id's length, so no file's note can claim it.
+PYTHON_FRAME = b"<python frame>"
+
+
 @dataclass(frozen=True)
 class RawSample:
     """One kernel aggregation bucket: how often this (process, comm, stacks) was sampled."""
@@ -64,6 +69,9 @@ class RawSample:
     # How a user stack unwound from CFI ended (bpf/unwindmaps.py UNWIND_STATUSES); "" for the kernel's
     # frame-pointer stacks.
     stop: str = ""
+    # Why the stack's Python frames stopped short (bpf/pythonmaps.py PYTHON_STATUSES); "" when they did not,
+    # or the process is not a Python process the walker knows
+    python: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,10 @@ class Frame:
     address: int = 0  # file offset for user frames, the address for kernel and JIT frames
     resolved: bool = True  # False when `symbol` is the dso+0xOFFSET / [unknown] fallback
     build_id: str | None = None  # hex, lets a later tool symbolize again
+    # A Python function: ``symbol`` its qualified name, ``dso`` its source file, ``address`` its first line,
+    # ``line`` the line the frame was running (0: not known)
+    python: bool = False
+    line: Annotated[int, Bounds(0, (1 << 31) - 1)] = 0
 
 
 @dataclass

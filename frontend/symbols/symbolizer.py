@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from optrace.errors import OptraceError
-from optrace.model import KERNEL_DSO, UNKNOWN, Frame, RawSample, Sample, UserFrame
+from optrace.model import KERNEL_DSO, PYTHON_FRAME, UNKNOWN, Frame, RawSample, Sample, UserFrame
 from optrace.frontend.symbols import debuginfo
 from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
 from optrace.frontend.symbols.demangle import demangle
@@ -37,6 +37,7 @@ from optrace.procfs import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 
 JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]
+PythonLookup = Callable[[int, int], Frame]  # (pid, the walker's frame word) -> its frame (frontend/python/)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class CacheLimits:
 class Symbolizer:
     def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
                  jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits(),
-                 build_ids: BuildIdCache | None = None, scan_slice_s: float | None = None) -> None:
+                 build_ids: BuildIdCache | None = None, scan_slice_s: float | None = None,
+                 python_lookup: PythonLookup | None = None) -> None:
         """``build_ids``: the cache the sampler's AddressSpaces read mapped files' build-ids through, so
         each mapped file is read once for both. ``scan_slice_s``: how long one :meth:`symbolize` call may
         spend on the scan of the library dirs for an unknown build-id (None: all of it at once); the rest
@@ -71,6 +73,7 @@ class Symbolizer:
         self._kallsyms = kallsyms
         self._kallsyms_loaded = kallsyms is not None
         self._jit_lookup = jit_lookup
+        self.python_lookup = python_lookup  # set once the session knows its Python processes
         # Dsos by build-id (bytes) or, for files without a known build-id, by (dev, inode)
         self._dsos: LruCache[bytes | tuple[str, int], Dso] = LruCache(limits.dsos, trim_on_put=False)
         self._missing: LruCache[bytes, int] = LruCache(limits.missing)  # build-id -> index generation when not found
@@ -195,6 +198,8 @@ class Symbolizer:
     def _user_frame(self, raw: RawSample, frame: UserFrame) -> Frame:
         if frame.build_id is None:
             return self._address_frame(raw.pid, frame.offset, raw.time)
+        if frame.build_id == PYTHON_FRAME:
+            return self._python_frame(raw.pid, frame.offset)
         own = self.machine.mapping_of(raw.pid, frame.build_id)
         key = (own.file_key if own is not None else frame.build_id, frame.offset)
         cached = self._frames.get(key)
@@ -222,6 +227,11 @@ class Symbolizer:
             symbol, source = jitted
             return Frame(demangle(symbol), f"[jit] {source}", address=address)
         return Frame(UNKNOWN, UNKNOWN, address=address, resolved=False)
+
+    def _python_frame(self, pid: int, word: int) -> Frame:
+        if self.python_lookup is None:  # cannot happen: the walker's Python frames come with a lookup
+            return Frame(UNKNOWN, UNKNOWN, address=word, resolved=False, python=True)
+        return self.python_lookup(pid, word)
 
     def _lookup_jit(self, pid: int, address: int, time: float) -> tuple[str, str] | None:
         if self._jit_lookup is None:

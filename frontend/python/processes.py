@@ -1,0 +1,111 @@
+"""The Python processes of a profiling session: which ones the BPF walker expands (and why the others are not),
+and the names of their frames.
+
+The session shows each process to :meth:`PythonProcesses.look_at` when its unwind table is loaded (and again
+after an exec or a new mapping); a process that maps a file named like an interpreter is looked at by
+:func:`find_interpreter`, and either handed to the walker or given a reason, kept as its outcome. The walker's
+captures of code objects (bpf/pythonmaps.py) are decoded as drains hand them over, by process and code object
+address; a frame whose code object was not captured is read from the live process (:func:`read_code`).
+Everything about a process goes when the session forgets it.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_code
+from optrace.frontend.python.interpreter import find_interpreter, python_mappings
+from optrace.model import UNKNOWN, Frame
+from optrace.procfs import MapEntry, start_ticks, stat_fields
+from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
+
+PYTHON_DSO = "[python]"  # the dso of a Python frame whose code object could not be named
+MAX_CODES_PER_PROCESS = 65536  # code objects named per process (a process making code objects in a loop)
+
+
+@dataclass(frozen=True)
+class PythonOutcome:
+    """What became of a process that maps an interpreter: ``process`` when the walker expands it, else why not."""
+
+    process: PythonProcess | None
+    reason: str = ""
+
+
+class PythonProcesses:
+    """``load``: hands a process to the walker (bpf/pythonmaps.py PythonMaps.load_process). Thread-safe: the
+    session's unwind worker looks at processes while the drain loop names frames."""
+
+    def __init__(self, load: Callable[[PythonProcess, int], None]) -> None:
+        self._load = load
+        self._lock = threading.Lock()
+        self._outcomes: dict[int, PythonOutcome] = {}
+        self._codes: dict[int, dict[int, CodeInfo | None]] = {}
+        self.stats: Counter[str] = Counter()  # captures decoded, undecodable, live reads, ...
+
+    def look_at(self, pid: int, maps: Iterable[MapEntry]) -> PythonOutcome | None:
+        """Find the process's interpreter (None when it maps none). The walker has it from now on."""
+        maps = list(maps)
+        if not python_mappings(maps):
+            return None
+        found = find_interpreter(pid, maps)
+        if isinstance(found, str):
+            outcome = PythonOutcome(None, found)
+        else:
+            fields = stat_fields(pid)
+            self._load(found, start_ticks(fields) if fields else pid)
+            outcome = PythonOutcome(found)
+        with self._lock:
+            self._outcomes[pid] = outcome
+        return outcome
+
+    def outcome(self, pid: int) -> PythonOutcome | None:
+        with self._lock:
+            return self._outcomes.get(pid)
+
+    def outcomes(self) -> dict[int, PythonOutcome]:
+        with self._lock:
+            return dict(self._outcomes)
+
+    def add_captures(self, captures: Iterable[bytes]) -> None:
+        """The walker's captures (bpf/pythonmaps.py take_captures), decoded with their process's layout."""
+        for capture in captures:
+            pid, _failed, address = CAPTURE_HEADER.unpack_from(capture)
+            outcome = self.outcome(pid)
+            if outcome is None or outcome.process is None:
+                self.stats["captures_without_process"] += 1
+                continue
+            info = decode_capture(capture, outcome.process.layout)
+            self.stats["captures" if info is not None else "captures_undecodable"] += 1
+            codes = self._codes.setdefault(pid, {})
+            if info is not None or address not in codes:
+                if len(codes) < MAX_CODES_PER_PROCESS or address in codes:
+                    codes[address] = info
+
+    def frame(self, pid: int, word: int) -> Frame:
+        """The Frame of a Python frame word of this process's samples."""
+        address, instr = python_frame_parts(word)
+        info = self._code(pid, address)
+        if info is None:
+            return Frame(f"[python code 0x{address:x}]", PYTHON_DSO, address=address, resolved=False, python=True)
+        return Frame(info.qualname or info.name or UNKNOWN, info.filename or PYTHON_DSO, address=info.firstlineno,
+                     python=True, line=info.line(instr))
+
+    def forget(self, pid: int) -> None:
+        with self._lock:
+            self._outcomes.pop(pid, None)
+        self._codes.pop(pid, None)
+
+    def _code(self, pid: int, address: int) -> CodeInfo | None:
+        codes = self._codes.setdefault(pid, {})
+        if address in codes:
+            return codes[address]
+        outcome = self.outcome(pid)
+        info = None
+        if outcome is not None and outcome.process is not None:
+            info = read_code(pid, address, outcome.process.layout)
+            self.stats["live_reads" if info is not None else "live_reads_failed"] += 1
+        if len(codes) < MAX_CODES_PER_PROCESS:
+            codes[address] = info
+        return info
