@@ -104,9 +104,9 @@ static inline u64 thread_fs_base(void)
 // The frame the thread's state says runs now: its first Python frame.
 static inline u64 current_frame(struct py_proc *proc, u64 tstate)
 {
-    u64 frame = read_word(tstate + (proc->tstate_frame & 4095));
+    u64 frame = read_word(tstate + (proc->tstate_frame & 0xffff));
     if (frame && proc->cframe_current_frame != PY_NO_OFFSET)
-        frame = read_word(frame + (proc->cframe_current_frame & 4095));
+        frame = read_word(frame + (proc->cframe_current_frame & 0xffff));
     return frame;
 }
 
@@ -127,7 +127,7 @@ static inline int python_thread_ready(struct unwind_state *st, struct py_proc *p
         return 0;
     u64 tstate = *cached;
     u64 base = thread_fs_base();
-    if (!base || read_word(tstate + (proc->tstate_thread_id & 4095)) != base) {
+    if (!base || read_word(tstate + (proc->tstate_thread_id & 0xffff)) != base) {
         py_threads.delete(&key);
         return 0;
     }
@@ -140,7 +140,7 @@ static inline u32 instruction(struct py_proc *proc, struct py_scratch *s, u64 co
 {
     u32 at = proc->frame_instr;
     if (proc->instr_kind == INSTR_POINTER) {
-        u64 first = code + (proc->code_adaptive & 4095);
+        u64 first = code + (proc->code_adaptive & 0xffff);
         u64 instr = field_u64(s, at);
         return instr > first ? (instr - first) / 2 : 0;
     }
@@ -253,9 +253,9 @@ int python_thread(void *ctx)
         unwind_progs.call(ctx, PROG_PYTHON_STEP);
         return 0;
     }
-    u64 interp = read_word(proc->runtime + (proc->interpreters_head & 4095));
-    u64 tstate = interp ? read_word(interp + (proc->interp_threads_head & 4095)) : 0;
-    u32 id_at = proc->tstate_thread_id & 4095, next_at = proc->tstate_next & 4095;
+    u64 interp = read_word(proc->runtime + (proc->interpreters_head & 0xffff));
+    u64 tstate = interp ? read_word(interp + (proc->interp_threads_head & 0xffff)) : 0;
+    u32 id_at = proc->tstate_thread_id & 0xffff, next_at = proc->tstate_next & 0xffff;
     for (int i = 0; i < PY_MAX_THREADS && tstate; i++) {
         if (read_word(tstate + id_at) == base)
             break;

@@ -42,7 +42,7 @@ struct python_walk {
 #endif
 
 // What the walker knows of one process's interpreter (optrace/pythonlayout.py; packed by bpf/pythonmaps.py).
-// Offsets are below 4096; frame fields below PY_FRAME_WINDOW, code fields below PY_CODE_WINDOW.
+// Offsets are u16s; frame fields below PY_FRAME_WINDOW, code fields below PY_CODE_WINDOW.
 struct py_proc {
     u64 runtime;  // _PyRuntime
     u64 eval_start0, eval_end0, eval_start1, eval_end1;

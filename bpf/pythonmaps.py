@@ -27,7 +27,7 @@ def python_status_name(value: int) -> str:
 
 
 def packed_process(process: PythonProcess, instance: int) -> bytes:
-    """The py_proc value of a process (offsets below 4096: optrace.pythonlayout.MAX_OFFSET); ``instance``
+    """The py_proc value of a process (offsets are u16s: optrace.pythonlayout.MAX_OFFSET); ``instance``
     tells it from an earlier process with its pid (the walker captures a code object once per instance)."""
     layout = process.layout
     ranges = [*process.eval_ranges[:2], (0, 0), (0, 0)][:2]

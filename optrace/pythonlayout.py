@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-MAX_OFFSET = 4096  # any offset of a layout; the walker masks them to this range too
+MAX_OFFSET = 0xFFFF  # any offset is below: a u16 in the walker's map, 0xFFFF meaning none (3.13's interpreter state is 7 KiB+)
 FRAME_WINDOW = 128  # bytes of a frame the walker reads at once: every frame field lies below this
 CODE_WINDOW = 256  # bytes of a code object captured: its name, file and line-table pointers lie below this
 
