@@ -24,7 +24,7 @@ ROW = 16
 TOP = 64  # the header lines above the graph
 MIN_WIDTH = 0.1
 CHAR_WIDTH = 7.0  # of the 12px monospace font, roughly
-COLOURS = {"user": "#f2a65a", "kernel": "#7fa7d9", "jit": "#8fd17f", "unknown": "#c8c8c8", "comm": "#b9add6",
+COLOURS = {"user": "#f2a65a", "kernel": "#7fa7d9", "jit": "#8fd17f", "python": "#6fd6c6", "unknown": "#c8c8c8", "comm": "#b9add6",
            "root": "#d6d0e6"}
 
 

@@ -7,6 +7,7 @@ from typing import TextIO
 
 from optrace.escape import escape_controls
 from optrace.exporters.budget import Names, OutputBudget
+from optrace.frontend.report.framenames import frame_label
 from optrace.frontend.report.rows import (
     UNKNOWN_FRAME,
     Profile,
@@ -52,7 +53,7 @@ def _text(record: Record, options: ReportOptions) -> str:
 
 
 def _frame_name(frame: Frame) -> str:
-    name = _clean(frame.symbol)
+    name = _clean(frame_label(frame))
     return f"{name}_[k]" if frame.kernel else name
 
 

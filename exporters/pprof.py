@@ -200,17 +200,19 @@ class _Builder:
         for index in sorted(used):
             frame = frames[index] if index < len(frames) else UNKNOWN_FRAME
             location = self.message.location.add(id=index + 1, mapping_id=self.mapping(frame),
-                                                 address=clamp(frame.address, UINT64_MAX))
-            location.line.add(function_id=self.function(frame))
+                                                 address=0 if frame.python else clamp(frame.address, UINT64_MAX))
+            location.line.add(function_id=self.function(frame), line=frame.line)
 
     def function(self, frame: Frame) -> int:
+        """A Python function has its source file and first line (Frame.address), as pprof's Go frames do."""
         key = (frame.symbol, frame.dso)
         function_id = self.functions.get(key)
         if function_id is None:
             function_id = self.functions[key] = len(self.functions) + 1
             name = self.string(clean(frame.symbol))
             self.message.function.add(id=function_id, name=name, system_name=name,
-                                      filename=self.string(clean(frame.dso)))
+                                      filename=self.string(clean(frame.dso)),
+                                      start_line=frame.address if frame.python else 0)
         return function_id
 
     def mapping(self, frame: Frame) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from optrace.errors import OptraceError
+from optrace.frontend.report.framenames import frame_label
 from optrace.frontend.report.rows import (
     UNKNOWN_FRAME,
     ReportOptions,
@@ -29,9 +30,11 @@ ROOT_NAME = "all"
 
 
 def frame_kind(frame: Frame) -> str:
-    """How a flame graph colours a frame: kernel, jit (perf maps, jitdumps), unknown or user."""
+    """How a flame graph colours a frame: kernel, jit (perf maps, jitdumps), python, unknown or user."""
     if frame.kernel:
         return "kernel"
+    if frame.python:
+        return "python"
     if frame.dso.startswith("[jit]"):
         return "jit"
     if frame.symbol == UNKNOWN:
@@ -88,7 +91,7 @@ def build_tree(record: Record, options: ReportOptions, order: str = "caller", by
 
 def _build_tree(record: Record, options: ReportOptions, order: str, by_comm: bool) -> CallTree:
     keys = _Keys()
-    frame_ids = [keys(frame.dso, frame.symbol, frame_kind(frame)) for frame in record.frames]
+    frame_ids = [keys(frame.dso, frame_label(frame), frame_kind(frame)) for frame in record.frames]
     selected = [dso_selected(frame, options.dsos) for frame in record.frames]
     unknown_id = keys(UNKNOWN_FRAME.dso, UNKNOWN_FRAME.symbol, frame_kind(UNKNOWN_FRAME))
     unknown_selected = dso_selected(UNKNOWN_FRAME, options.dsos)
