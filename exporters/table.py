@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -89,6 +90,8 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
         lines.append("# Recorded without stacks (--no-stacks): leaf frames only")
     elif meta.stack_quality:
         lines.append(f"# {quality_line(meta.stack_quality)} (call graph: {meta.call_graph})")
+    if meta.python:
+        lines.append(f"# {python_line(meta.python, meta.interpreters)}")
     if meta.file_problems:
         counted = ", ".join(f"{kind} {n}" for kind, n in sorted(meta.file_problems.items()))
         lines.append(f"# Files that cost their own names: {counted} (the warnings say which)")
@@ -120,6 +123,22 @@ def target_text(meta: RecordMeta) -> str:
     if meta.system_wide:
         return "whole machine"
     return "pids " + ", ".join(str(pid) for pid in meta.pids) if meta.pids else "unknown"
+
+
+def python_line(outcomes: dict[str, int], interpreters: dict[str, int]) -> str:
+    """``Python: N of M samples with Python frames (P%); native only n, refused: ... n; CPython 3.11.2 (1
+    process)`` (RecordMeta.python, RecordMeta.interpreters)."""
+    total = sum(outcomes.values())
+    named = outcomes.get("python", 0)
+    text = f"Python: {named} of {total} samples with Python frames ({100.0 * named / total if total else 0.0:.1f}%)"
+    others = sorted(((n, outcome) for outcome, n in outcomes.items() if outcome != "python" and n), reverse=True)
+    if others:
+        text += "; " + ", ".join(f"{outcome} {n}" for n, outcome in others)
+    versions = Counter()
+    for interpreter, processes in interpreters.items():
+        versions[interpreter.split(" ", 1)[0] if not interpreter.startswith("refused") else "refused"] += processes
+    return text + "; " + ", ".join(f"{'CPython ' + v if v != 'refused' else v} ({n} process{'es' if n > 1 else ''})"
+                                   for v, n in sorted(versions.items()))
 
 
 def quality_line(quality: dict[str, int]) -> str:

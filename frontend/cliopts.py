@@ -50,6 +50,14 @@ def unwind_option(default: str = "dwarf") -> Callable[[Any], Any]:
                              "none), or frame pointers only.")
 
 
+def python_option() -> Callable[[Any], Any]:
+    """``--python on|off`` of the commands that sample: Python frames in place of the interpreter's."""
+    return click.option("--python", "python", type=click.Choice(("on", "off")), default="on", show_default=True,
+                        callback=lambda ctx, param, value: value == "on",
+                        help="Show the Python functions CPython processes run (3.8+, found without any flag in the "
+                             "process) in place of the interpreter's eval frames; needs --call-graph dwarf.")
+
+
 def perf_sort_keys(text: str, valid: tuple[str, ...]) -> str:
     """perf's `--sort` spelling -> optrace's: `sym` is `symbol`, `overhead`/`sample` are dropped (rows are
     ordered by samples anyway); a perf key optrace does not record is an error that says so."""

@@ -172,6 +172,27 @@ def check_btf() -> CheckResult:
                        required=False)
 
 
+def check_python() -> CheckResult:
+    """The CPythons running now, and whether their layout is known (Python frames: bpf/python.c)."""
+    from optrace.bpf.btf import kernel_offsets
+    from optrace.frontend.python.survey import running_interpreters
+
+    offsets = kernel_offsets()
+    if offsets is None or not offsets.task_fsbase:
+        return CheckResult("python", False, "no thread fs base offset in the kernel's BTF: Python frames cannot "
+                           "find their threads", "a kernel with CONFIG_DEBUG_INFO_BTF=y", required=False)
+    if os.geteuid() != 0:
+        return CheckResult("python", True, "run as root to look at the interpreters running now", required=False)
+    found = running_interpreters()
+    if not found:
+        return CheckResult("python", True, "no CPython process running now (3.8 to 3.14 are known)", required=False)
+    known = sorted(f"{name} ({len(pids)})" for name, pids in found.items() if not name.startswith("refused"))
+    refused = sorted(f"{name} ({len(pids)}: pid {pids[0]})" for name, pids in found.items() if name.startswith("refused"))
+    detail = "; ".join((["layout known: " + ", ".join(known)] if known else []) + refused)
+    return CheckResult("python", not refused, detail, "those processes keep native stacks only" if refused else "",
+                       required=False)
+
+
 CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_privileges,
     check_bpf_syscall,
@@ -182,6 +203,7 @@ CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_btf,
     check_syscall_tracepoints,
     check_off_cpu,
+    check_python,
 )
 
 

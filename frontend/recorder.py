@@ -23,6 +23,7 @@ from optrace.frontend.loopwait import LoopWait
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
+from optrace.frontend.python.outcomes import interpreters, sample_outcomes
 from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
@@ -55,6 +56,7 @@ class RecordOptions:
     off_cpu: OffCpuOptions | None = None
     wall: bool = False  # off-CPU time and CPU samples, to be shown together as time
     call_graph: str = "dwarf"  # or "fp" (see SessionOptions.call_graph)
+    python: bool = True  # Python frames (SessionOptions.python)
 
 
 FOLD_BATCH_KEYS = 1 << 18  # folded keys kept as the drains gave them before they are summed (16 MiB of bytes)
@@ -133,7 +135,7 @@ class Recorder:
             stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
             jitdumps=opts.jitdumps, off_cpu=opts.off_cpu, keep_jit_code=True, fold=True,
             call_graph=opts.call_graph if opts.stacks else "fp",  # leaves only: nothing to unwind for
-            unwind_busy_first=opts.system_wide))
+            unwind_busy_first=opts.system_wide, python=opts.python))
 
     def run(self) -> Record:
         started = time.time()
@@ -270,6 +272,7 @@ class Recorder:
         raw = self.store.samples(self.session.profiler.decode_folded)
         frames, samples = self.session.symbolize(raw)
         quality = stack_quality(raw, frames, samples) if self.options.stacks else {}
+        python = self.session.python.outcomes() if self.session.python is not None else {}
         frames, off_cpu = merged_frames(frames, *self.session.symbolize(self.off_cpu_store.samples()))
         session = self.session
         lost = dict(self.lost)
@@ -300,6 +303,8 @@ class Recorder:
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
             off_cpu=self._off_cpu_meta(off_cpu),
+            python=sample_outcomes(raw, frames, samples, python),
+            interpreters=interpreters(python),
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu,
                       functions=functions)

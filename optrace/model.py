@@ -170,6 +170,12 @@ class RecordMeta:
     # jitdumps: refused, corrupt, too many...), "jit_symbols_dropped" (entries over the symbol budget).
     file_problems: dict[str, int] = field(default_factory=dict)
     off_cpu: OffCpuMeta | None = None  # set when the record holds off-CPU time
+    # Samples of processes that run a CPython, by outcome (frontend/python/outcomes.py): "python" (Python
+    # frames in the stack), "native_only" (no interpreter frame in it), why the Python frames stopped short
+    # (bpf/pythonmaps.py PYTHON_STATUSES), or "refused: <reason>" (the interpreter's layout is not known)
+    python: dict[str, int] = field(default_factory=dict)
+    # The interpreters met: "<version> <file>" or "refused: <reason>" -> processes
+    interpreters: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

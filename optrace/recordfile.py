@@ -51,7 +51,7 @@ from optrace.outputfile import write_atomically
 
 MAGIC = b"OPTRDATA"
 PERF_MAGIC = b"PERFILE2"
-FORMAT_VERSION = 2  # 2: frames and samples as tables (optrace.schema.table_columns); 1 is still read
+FORMAT_VERSION = 3  # 3: Python frames (Frame.python, Frame.line, RecordMeta.python); 2: frames and samples as tables (optrace.schema.table_columns); 1 and 2 are still read
 HEADER = struct.Struct("<8sIIQQ")
 INFLATE_CHUNK = 1 << 20
 

@@ -7,7 +7,7 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
-from optrace.frontend.cliopts import pid_option, unwind_option
+from optrace.frontend.cliopts import pid_option, python_option, unwind_option
 from optrace.frontend.session import OffCpuOptions, check_off_cpu_every
 from optrace.frontend.target import check_command, check_pids, describe_exit, shell_status
 from optrace.escape import escape_controls
@@ -32,6 +32,7 @@ def check_frequency(hz: int) -> None:
 @click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
 @click.option("-g/--no-stacks", "stacks", default=True, help="Keep whole stacks (default) or only the sampled frame.")
 @unwind_option()
+@python_option()
 @pid_option("-p", "--pid", help="Profile running processes (repeat, or comma list).")
 @click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="Profile the whole machine.")
 @click.option("-d", "--duration", type=float, help="Stop after this many seconds.")
@@ -54,7 +55,7 @@ def check_frequency(hz: int) -> None:
               help="With --off-cpu: record one wait in N (at random) and count it N times; N times fewer stacks taken.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx: click.Context, output, frequency, stacks, call_graph, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
+def command(ctx: click.Context, output, frequency, stacks, call_graph, python, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
             stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every,
             command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
@@ -67,6 +68,7 @@ def command(ctx: click.Context, output, frequency, stacks, call_graph, pids, sys
         frequency_hz=frequency,
         stacks=stacks,
         call_graph=call_graph,
+        python=python,
         pids=list(pids),
         system_wide=system_wide,
         duration_s=duration,

@@ -23,6 +23,7 @@ class TopOptions:
     interval_s: float = 1.0
     sort: tuple[str, ...] = ("dso", "symbol")
     call_graph: str = "dwarf"  # how user stacks are walked (record's --call-graph)
+    python: bool = True  # Python frames (SessionOptions.python)
     zero: bool = False
     children: bool = False
     iterations: int | None = None  # stop after this many refreshes (None: until q, Ctrl-C or SIGTERM)
@@ -43,7 +44,7 @@ class TopEngine:
             frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, call_graph=options.call_graph,
             programs_at_exec=False,
             learn_at_exec=False, forget_exited=True, symbols_before_attach=True, jit_names_in_files=True,
-            scan_slice_s=SCAN_SLICE_S))
+            scan_slice_s=SCAN_SLICE_S, python=options.python))
         self.refreshes = 0
         self._last = 0.0
 

@@ -36,7 +36,7 @@ def test_record_writes_tables_and_reads_format_1(tmp_path) -> None:
     record = big_record()
     write_record(record, tmp_path / "new.data")
     data = (tmp_path / "new.data").read_bytes()
-    assert HEADER.unpack(data[:HEADER.size])[1] == 2
+    assert HEADER.unpack(data[:HEADER.size])[1] == recordfile.FORMAT_VERSION
     payload = zlib.decompress(data[HEADER.size:])
     assert payload.count(b"{") < 20, "a JSON object per row: not a table"
     objects = json.dumps(encode(record)).encode()

@@ -1,0 +1,41 @@
+"""What became of the samples of Python processes: with Python frames, native only, cut short, or refused.
+
+The record keeps these counts (RecordMeta.python, RecordMeta.interpreters) as it keeps the stacks'
+outcomes, so a report says how much of a Python process's time it could name in Python terms, and why not.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from optrace.frontend.python.processes import PythonOutcome
+from optrace.model import Frame, RawSample, Sample
+
+WITH_FRAMES = "python"
+NATIVE_ONLY = "native_only"
+REFUSED = "refused: "
+
+
+def sample_outcomes(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample],
+                    outcomes: Mapping[int, PythonOutcome]) -> dict[str, int]:
+    """Samples of the processes in ``outcomes`` by outcome; ``rows`` are ``raw`` symbolized, in order."""
+    counted: Counter[str] = Counter()
+    for sample, row in zip(raw, rows, strict=True):
+        outcome = outcomes.get(sample.pid)
+        if outcome is None:
+            continue
+        if outcome.process is None:
+            counted[REFUSED + outcome.reason] += sample.count
+        elif sample.python:
+            counted[sample.python] += sample.count
+        elif any(frames[i].python for i in row.frames):
+            counted[WITH_FRAMES] += sample.count
+        else:
+            counted[NATIVE_ONLY] += sample.count
+    return dict(counted)
+
+
+def interpreters(outcomes: Mapping[int, PythonOutcome]) -> dict[str, int]:
+    """Processes by interpreter ("3.11.2 /usr/bin/python3.11") or by why it was refused."""
+    return dict(Counter(f"{o.process.version} {o.process.path}" if o.process else REFUSED + o.reason
+                        for o in outcomes.values()))
