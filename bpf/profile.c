@@ -114,6 +114,7 @@ static inline void new_epoch(u32 tgid)
 #ifdef CFI_UNWIND
 static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set,
                                      int kernel_missing);  // unwind.c
+static inline void forget_unwind_table(u32 pid);  // unwind.c
 #endif
 
 // The epoch under which this process's raw IPs can be read, or 0: build-id stacks then.
@@ -213,6 +214,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     if (!is_target(tgid))
         return 0;
     new_epoch(tgid);
+#ifdef CFI_UNWIND
+    forget_unwind_table(tgid);
+#endif
     struct proc_event_t ev = {.pid = tgid, .kind = 0};
     const char *filename = NULL;
     bpf_probe_read_kernel(&filename, sizeof(filename), (void *)ctx->args[2] + kernel_offset(BINPRM_FILENAME));

@@ -20,26 +20,14 @@
 // loop has a fixed bound, a chain that loops or runs too deep ends the stack's Python part with a status
 // (python_walk.status), and offsets from the map are masked to the windows read.
 
-#define PY_FRAMES_PER_PROG 16
+#define PY_FRAMES_PER_PROG 16      // Python frames python_step puts per program
 #define PY_MAX_THREADS 256       // thread states searched per lookup; a thread beyond them has no Python frames
 #define PY_CAPTURES_PER_SAMPLE 4  // code objects captured at most per sample (the others at a later one)
 #define PY_SCAN_FRAMES 32         // frames python_capture looks at per program
-#define PY_FRAME_WINDOW 128       // optrace.pythonlayout.FRAME_WINDOW
 #define PY_CODE_WINDOW 256        // CODE_WINDOW
 #define PY_NAME_BYTES 160         // CAPTURE_PARTS
 #define PY_FILE_BYTES 320
 #define PY_LINES_BYTES 1056
-#define PY_CODE_SHIFT 16          // PYTHON_CODE_SHIFT
-#define PY_CODE_MASK ((1ULL << 44) - 1)
-#define PY_INSTR_MASK 0xffff
-#define PY_NO_OFFSET 0xffff
-
-#define ENTRY_PER_CALL 0
-#define ENTRY_FLAG 1
-#define ENTRY_SHIM 2
-#define INSTR_LASTI_BYTES 0
-#define INSTR_LASTI_UNITS 1
-#define INSTR_POINTER 2
 
 struct py_capture {
     u32 pid;
@@ -58,37 +46,16 @@ struct py_seen_key {
     u64 code;
 };
 
-struct py_scratch {
-    u8 frame[PY_FRAME_WINDOW];
-};
-
 TABLE_BYTES(py_capture);
 BPF_TABLE("lru_hash", u64, u64, py_threads, 16384);  // pid << 32 | tid -> its PyThreadState
 BPF_TABLE("lru_hash", struct py_seen_key, u32, py_seen, 65536);  // code objects captured: process instance
 BPF_PERCPU_ARRAY(py_capture_scratch, struct py_capture_bytes, 1);
-BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
 BPF_PERF_OUTPUT(py_captures);
 
 static inline struct unwind_state *walk_state(void)
 {
     u32 zero = 0;
     return (struct unwind_state *)unwind_states.lookup(&zero);
-}
-
-static inline u64 read_word(u64 address)
-{
-    u64 value = 0;
-    if (bpf_probe_read_user(&value, sizeof(value), (void *)address))
-        return 0;
-    return value;
-}
-
-static inline u64 field_u64(struct py_scratch *s, u32 offset)
-{
-    offset &= PY_FRAME_WINDOW - 1;
-    if (offset > PY_FRAME_WINDOW - 8)
-        return 0;
-    return *(u64 *)&s->frame[offset];
 }
 
 // The thread's fs base: what pthread_self() returns, and what a PyThreadState's thread_id holds.
@@ -110,14 +77,6 @@ static inline u64 current_frame(struct py_proc *proc, u64 tstate)
     return frame;
 }
 
-// The Python walk is over for this sample: eval frames from here on stay native.
-static inline void python_fail(struct python_walk *pw, u32 status)
-{
-    pw->state = PY_FAILED;
-    if (!pw->status)
-        pw->status = status;
-}
-
 // Whether the cached thread state still belongs to this thread; sets the walk's first frame.
 static inline int python_thread_ready(struct unwind_state *st, struct py_proc *proc)
 {
@@ -136,23 +95,6 @@ static inline int python_thread_ready(struct unwind_state *st, struct py_proc *p
     return 1;
 }
 
-static inline u32 instruction(struct py_proc *proc, struct py_scratch *s, u64 code)
-{
-    u32 at = proc->frame_instr;
-    if (proc->instr_kind == INSTR_POINTER) {
-        u64 first = code + (proc->code_adaptive & 0xffff);
-        u64 instr = field_u64(s, at);
-        return instr > first ? (instr - first) / 2 : 0;
-    }
-    at &= PY_FRAME_WINDOW - 1;
-    if (at > PY_FRAME_WINDOW - 4)
-        return 0;
-    s32 lasti = *(s32 *)&s->frame[at];
-    if (lasti < 0)
-        return 0;
-    return proc->instr_kind == INSTR_LASTI_BYTES ? (u32)lasti / 2 : (u32)lasti;
-}
-
 // The sample's tail calls are spent: its stack ends here.
 static inline void python_out_of_calls(struct unwind_state *st, u32 status)
 {
@@ -161,50 +103,10 @@ static inline void python_out_of_calls(struct unwind_state *st, u32 status)
     st->py.native_done = 1;
 }
 
-// After a Python frame: back to the native walk, which goes on from the eval frame's caller, or ends.
-static inline void python_call_done(struct unwind_state *st)
-{
-    st->py.mode = 0;
-    if (!st->py.emitted && keep_eval_frame(st))  // no Python frame took its place
-        st->py.native_done = 1;
-}
-
 // One Python frame of the chain: 0 to go on with this eval call, 1 when its frames are done.
 static inline int python_frame(struct unwind_state *st, struct py_proc *proc, struct py_scratch *s)
 {
-    u64 frame = st->py.frame;
-    if (!frame) {
-        if (!st->py.emitted)
-            st->py.status = st->py.status ? st->py.status : PY_CHAIN_END;
-        return 1;
-    }
-    if (bpf_probe_read_user(s->frame, sizeof(s->frame), (void *)frame)) {
-        st->py.frame = 0;
-        python_fail(&st->py, PY_READ_FAULT);
-        return 1;
-    }
-    u64 previous = field_u64(s, proc->frame_previous);
-    if (previous == frame) {
-        previous = 0;
-        python_fail(&st->py, PY_LOOP);
-    }
-    st->py.frame = previous;
-    u32 entry = proc->frame_entry & (PY_FRAME_WINDOW - 1);
-    u8 mark = s->frame[entry];
-    if (proc->entry_kind == ENTRY_SHIM && mark == proc->entry_value)
-        return 1;  // the C stack's shim: the call's frames are all put
-    u64 code = field_u64(s, proc->frame_code) & ~proc->code_tag_mask;
-    u64 word = PYTHON_FRAME | ((code >> 3) & PY_CODE_MASK) << PY_CODE_SHIFT;
-    u32 instr = instruction(proc, s, code);
-    word |= instr > PY_INSTR_MASK ? PY_INSTR_MASK : instr;
-    if (push_frame(st, word)) {
-        st->py.status = PY_DEPTH;
-        st->py.native_done = 1;
-        return 1;
-    }
-    st->py.emitted++;
-    st->py.frames++;
-    return proc->entry_kind == ENTRY_PER_CALL || (proc->entry_kind == ENTRY_FLAG && mark);
+    return python_put(st, python_next(&st->py, proc, s));
 }
 
 // Puts the Python frames of one eval call in place of its native frame, then hands back to the native

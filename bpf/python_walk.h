@@ -31,9 +31,9 @@ struct python_walk {
     u32 frames;       // Python frames in the stack
     u32 emitted;      // Python frames put for the current eval call
     u32 native_done;  // the native walk ended at the eval frame being expanded
+    u32 call_done;    // python_next: the frame it gave was the eval call's last
     u64 capture[4];   // python_capture: code objects to capture (PY_CAPTURES_PER_SAMPLE)
     u32 scanned;      // python_capture: frames looked at
-    u32 pad;
 };
 
 #ifdef PYTHON_UNWIND
@@ -70,11 +70,103 @@ struct py_proc {
 };
 
 BPF_HASH(py_procs, u32, struct py_proc, PYTHON_PROCS);
+
+#define PY_FRAME_WINDOW 128  // optrace.pythonlayout.FRAME_WINDOW
+#define PY_CODE_SHIFT 16     // PYTHON_CODE_SHIFT
+#define PY_CODE_MASK ((1ULL << 44) - 1)
+#define PY_INSTR_MASK 0xffff
+#define PY_NO_OFFSET 0xffff
+#define ENTRY_PER_CALL 0  // optrace.pythonlayout.ENTRY_*
+#define ENTRY_FLAG 1
+#define ENTRY_SHIM 2
+#define INSTR_LASTI_BYTES 0  // INSTR_*
+#define INSTR_LASTI_UNITS 1
+#define INSTR_POINTER 2
+
+struct py_scratch {
+    u8 frame[PY_FRAME_WINDOW];
+};
+
+BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
+
+static inline u64 read_word(u64 address)
+{
+    u64 value = 0;
+    if (bpf_probe_read_user(&value, sizeof(value), (void *)address))
+        return 0;
+    return value;
+}
+
+static inline u64 field_u64(struct py_scratch *s, u32 offset)
+{
+    offset &= PY_FRAME_WINDOW - 1;
+    if (offset > PY_FRAME_WINDOW - 8)
+        return 0;
+    return *(u64 *)&s->frame[offset];
+}
+
+// The Python walk is over for this sample: eval frames from here on stay native.
+static inline void python_fail(struct python_walk *pw, u32 status)
+{
+    pw->state = PY_FAILED;
+    if (!pw->status)
+        pw->status = status;
+}
+
+static inline u32 instruction(struct py_proc *proc, struct py_scratch *s, u64 code)
+{
+    u32 at = proc->frame_instr;
+    if (proc->instr_kind == INSTR_POINTER) {
+        u64 first = code + (proc->code_adaptive & 0xffff);
+        u64 instr = field_u64(s, at);
+        return instr > first ? (instr - first) / 2 : 0;
+    }
+    at &= PY_FRAME_WINDOW - 1;
+    if (at > PY_FRAME_WINDOW - 4)
+        return 0;
+    s32 lasti = *(s32 *)&s->frame[at];
+    if (lasti < 0)
+        return 0;
+    return proc->instr_kind == INSTR_LASTI_BYTES ? (u32)lasti / 2 : (u32)lasti;
+}
+
+// The next Python frame of the eval call being expanded, as a frame word, or 0 when the call has no more;
+// pw->call_done says whether the call's frames are done. The frame chain is the process's memory: a frame
+// that is its own predecessor ends the chain (longer loops end at the stack's frame limit).
+static inline u64 python_next(struct python_walk *pw, struct py_proc *proc, struct py_scratch *s)
+{
+    pw->call_done = 1;
+    u64 frame = pw->frame;
+    if (!frame) {
+        if (!pw->emitted && !pw->status)
+            pw->status = PY_CHAIN_END;
+        return 0;
+    }
+    if (bpf_probe_read_user(s->frame, sizeof(s->frame), (void *)frame)) {
+        pw->frame = 0;
+        python_fail(pw, PY_READ_FAULT);
+        return 0;
+    }
+    u64 previous = field_u64(s, proc->frame_previous);
+    if (previous == frame) {
+        previous = 0;
+        python_fail(pw, PY_LOOP);
+    }
+    pw->frame = previous;
+    u8 mark = s->frame[proc->frame_entry & (PY_FRAME_WINDOW - 1)];
+    if (proc->entry_kind == ENTRY_SHIM && mark == proc->entry_value)
+        return 0;  // the C stack's shim: the call's frames are all put
+    u64 code = field_u64(s, proc->frame_code) & ~proc->code_tag_mask;
+    u32 instr = instruction(proc, s, code);
+    pw->call_done = proc->entry_kind == ENTRY_PER_CALL || (proc->entry_kind == ENTRY_FLAG && mark);
+    return PYTHON_FRAME | ((code >> 3) & PY_CODE_MASK) << PY_CODE_SHIFT | (instr > PY_INSTR_MASK ? PY_INSTR_MASK : instr);
+}
 #endif
 
 static inline void python_walk_start(struct python_walk *pw, u32 pid)
 {
     pw->mode = 0;
+    pw->native_done = 0;
     pw->status = PY_OK;
     pw->frames = 0;
     pw->frame = 0;

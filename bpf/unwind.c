@@ -158,6 +158,12 @@ static inline int user_registers(struct bpf_perf_event_data *ctx, struct unwind_
     return st->ip != 0;
 }
 
+// The process exec'd: its mappings are all new (profile.c's exec tracepoint).
+static inline void forget_unwind_table(u32 pid)
+{
+    unwind_procs.delete(&pid);
+}
+
 // Called by on_sample; returns only when the sample is not unwound here (the process has no mapping
 // table, or one older than its last exec or new executable mapping, or the tail call failed): the
 // caller then takes the frame-pointer stack as before.
@@ -165,8 +171,10 @@ static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key
 {
     u32 pid = key->pid;
     struct unwind_proc *proc = (struct unwind_proc *)unwind_procs.lookup(&pid);
-    u64 *epoch = epochs.lookup(&pid);
-    if (!proc || !epoch || *epoch != proc->epoch)
+    // A table older than the process's last new executable mapping (dlopen) still holds for every file it
+    // has: a PC in a file mapped since is in none of its mappings and walked by frame pointers, until user
+    // space loads the table again. An exec drops the table (forget_unwind_table).
+    if (!proc)
         return;
     u32 zero = 0;
     struct unwind_state *st = (struct unwind_state *)unwind_states.lookup(&zero);
@@ -273,6 +281,42 @@ static inline int keep_eval_frame(struct unwind_state *st)
     return push_frame(st, st->py.native);
 }
 
+// Puts a Python frame word (0: none) of the eval call being expanded; 1 when the call's frames are done.
+static inline int python_put(struct unwind_state *st, u64 word)
+{
+    if (word) {
+        if (push_frame(st, word)) {
+            st->py.status = PY_DEPTH;
+            st->py.native_done = 1;
+            return 1;
+        }
+        st->py.emitted++;
+        st->py.frames++;
+    }
+    return st->py.call_done;
+}
+
+// The eval call's Python frames are done: back to the native walk, from the eval frame's caller.
+static inline void python_call_done(struct unwind_state *st)
+{
+    st->py.mode = 0;
+    if (!st->py.emitted && keep_eval_frame(st))  // no Python frame took its place
+        st->py.native_done = 1;
+}
+
+// An eval frame's first Python frame, put right away when the thread's chain is known: for 3.8-3.10 and
+// many calls of 3.11+ it is the call's only one, and python_step (a tail call) is not needed.
+static inline void python_inline(struct unwind_state *st)
+{
+#ifdef PYTHON_UNWIND
+    u32 pid = st->key.pid, zero = 0;
+    struct py_proc *proc = py_procs.lookup(&pid);
+    struct py_scratch *s = py_scratch.lookup(&zero);
+    if (st->py.state == PY_READY && proc && s && python_put(st, python_next(&st->py, proc, s)))
+        python_call_done(st);
+#endif
+}
+
 // One frame: record the PC, then find the caller's registers. Returns 0 to go on, 1 when done. A PC in the
 // Python interpreter's eval function is not recorded here: st->py.mode asks python_step to put the Python
 // frames that call ran in its place (python.c), once the caller's registers are found.
@@ -287,10 +331,14 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
     u64 frame = pc;
     if (m && m->file_id)
         frame = FILE_FRAME | ((u64)m->file_id << FILE_OFFSET_BITS) | ((pc + m->offset_adj) & ((1ULL << FILE_OFFSET_BITS) - 1));
-    if (python_eval_frame(&st->py, pc))
+    if (python_eval_frame(&st->py, pc)) {
         st->py.native = frame;
-    else if (push_frame(st, frame))
+        python_inline(st);
+        if (st->py.native_done)  // the stack is full
+            return 1;
+    } else if (push_frame(st, frame)) {
         return 1;
+    }
     u32 walked = st->walked;
     st->walked = walked + 1;
 
