@@ -1,0 +1,142 @@
+"""What a CPython executable or libpython tells of itself, read once per file: where ``_PyRuntime`` and the
+eval function (``_PyEval_EvalFrameDefault``, and its ``.cold`` part when .symtab names it) are linked, the
+``Py_Version`` it was built as (3.11+), and its PT_LOAD segments (for the load bias of a mapping).
+
+The file is another user's: it is opened as the process maps it (frontend/symbols/access.py's
+``open_mapped_file``: /proc/PID/map_files or the path inside the process's root, no symlink followed, a
+regular disk file, bounded reads) and read with the project's bounded ELF reader. Only a few names are
+looked up, so the symbol tables are searched for those names' string offsets rather than decoded whole.
+Results are cached by the file's (device, inode, size, mtime).
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from dataclasses import dataclass
+
+from optrace.fileaccess import BoundedFile, RefusedFile, printable, reader_for
+from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
+from optrace.frontend.symbols.buildid import FileIdentity
+from optrace.frontend.symbols.elffile import EM_X86_64, SHT_NOBITS, ElfFile
+from optrace.frontend.symbols.lru import LruCache
+from optrace.frontend.symbols.symbol import MAX_TABLE_BYTES, SHN_UNDEF
+from optrace.frontend.unwind.unwindfile import UnwindFile, file_without_rows
+from optrace.procfs import MapEntry
+
+RUNTIME = "_PyRuntime"
+EVAL = "_PyEval_EvalFrameDefault"
+EVAL_COLD = "_PyEval_EvalFrameDefault.cold"  # GCC's split-off cold part (local: only in .symtab)
+VERSION = "Py_Version"
+WANTED = (RUNTIME, EVAL, EVAL_COLD, VERSION)
+RUNTIME_SECTION = ".PyRuntime"  # 3.13+: _PyRuntime in its own section, found even without the symbol
+MAX_NAME_HITS = 16  # places one wanted name is looked for in a string table
+MAX_CACHED_FILES = 256
+_SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
+
+
+@dataclass(frozen=True)
+class InterpreterFile:
+    """Link-time facts of one interpreter file (addresses before the load bias)."""
+
+    runtime: int | None  # _PyRuntime
+    eval_ranges: tuple[tuple[int, int], ...]  # [start, end) of the eval function's parts
+    py_version: int | None  # Py_Version (PY_VERSION_HEX), 3.11+
+    segments: UnwindFile  # its PT_LOAD segments: segments.bias(entry) places a mapping
+
+    def bias(self, entry: MapEntry) -> int:
+        return self.segments.bias(entry)
+
+
+_cache: LruCache[FileIdentity, InterpreterFile | str] = LruCache(MAX_CACHED_FILES)
+_cache_lock = threading.Lock()  # the session looks at processes from its unwind worker, doctor from its own
+
+
+def interpreter_file(pid: int, entry: MapEntry) -> InterpreterFile | str:
+    """The facts of the file ``pid`` maps at ``entry`` (cached), or why it cannot be read."""
+    shown = printable(entry.file_path)
+    try:
+        fd = open_mapped_file(pid, entry, ELF_POLICY)
+    except (RefusedFile, OSError) as err:
+        return f"cannot open {shown}: {printable(err)[:200]}"
+    if fd is None:
+        return "process or mapping gone"
+    with reader_for(fd, ELF_POLICY, entry.file_path) as reader:
+        info = os.fstat(reader.fd)
+        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        with _cache_lock:
+            found = _cache.get(key)
+        if found is None:
+            found = _read_file(reader, shown)
+            with _cache_lock:
+                _cache.put(key, found)
+        return found
+
+
+def _read_file(reader: BoundedFile, shown: str) -> InterpreterFile | str:
+    try:
+        elf = ElfFile(reader)
+        if elf.elfclass != 64 or not elf.little_endian or elf.machine != EM_X86_64:
+            return f"{shown} is not an x86_64 ELF file"
+        symbols = find_symbols(elf, ".dynsym", WANTED)
+        if EVAL_COLD not in symbols or RUNTIME not in symbols:
+            symbols = {**find_symbols(elf, ".symtab", WANTED), **symbols}
+        segments = file_without_rows(reader)
+        return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(symbols),
+                               py_version=_py_version(elf, segments, symbols), segments=segments)
+    except (OSError, ValueError, struct.error) as err:  # ElfFormatError and BudgetExceeded included
+        return f"cannot read {shown}: {printable(err)[:200]}"
+
+
+def find_symbols(elf: ElfFile, section_name: str, names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """{name: (st_value, st_size)} of the defined symbols of ``section_name`` called one of ``names``."""
+    section = elf.section_by_name(section_name)
+    if section is None or section.type == SHT_NOBITS or section.entsize != _SYMBOL.size:
+        return {}
+    strings = elf.section_data(elf.section(section.link), MAX_TABLE_BYTES)
+    wanted = {offset: name for name in names for offset in _string_offsets(strings, name)}
+    if not wanted:
+        return {}
+    data = elf.section_data(section, MAX_TABLE_BYTES)
+    found: dict[str, tuple[int, int]] = {}
+    for name_at, _info, _other, shndx, value, size in _SYMBOL.iter_unpack(data[:len(data) - len(data) % _SYMBOL.size]):
+        name = wanted.get(name_at)
+        if name is not None and shndx != SHN_UNDEF and value and name not in found:
+            found[name] = (value, size)
+    return found
+
+
+def _string_offsets(strings: bytes, name: str) -> list[int]:
+    """Where in a string table a symbol's st_name could point to read ``name`` (its own string, or the tail
+    of a longer one the linker shared it with)."""
+    key = name.encode() + b"\0"
+    offsets = []
+    at = strings.find(key)
+    while at >= 0 and len(offsets) < MAX_NAME_HITS:
+        offsets.append(at)
+        at = strings.find(key, at + 1)
+    return offsets
+
+
+def _runtime(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> int | None:
+    if RUNTIME in symbols:
+        return symbols[RUNTIME][0]
+    section = elf.section_by_name(RUNTIME_SECTION)
+    return section.addr if section is not None and section.addr else None
+
+
+def _eval_ranges(symbols: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((start, start + size) for name in (EVAL, EVAL_COLD) if name in symbols
+                 for start, size in (symbols[name],) if size > 0)
+
+
+def _py_version(elf: ElfFile, segments: UnwindFile, symbols: dict[str, tuple[int, int]]) -> int | None:
+    """Py_Version's value (a const unsigned long in the file's read-only data), None when absent."""
+    if VERSION not in symbols:
+        return None
+    vaddr = symbols[VERSION][0]
+    segment = next((seg for seg in segments.loads if seg.holds(vaddr) and seg.holds(vaddr + 7)), None)
+    if segment is None:
+        return None
+    data = elf.read_at(vaddr - segment.vaddr + segment.offset, 8)
+    return int.from_bytes(data, "little") if len(data) == 8 else None

@@ -1,0 +1,81 @@
+"""The CPython interpreters of this machine the Python-frame tests run against, and children started with them."""
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+PYENV_VERSIONS = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+PROGRAMS = Path(__file__).parent / "programs"
+SUPPORTED = ["3.8", "3.9", "3.10", "3.11", "3.11-debian", "3.12", "3.13"]
+REFUSED = ["3.6", "3.7"]
+DEBIAN_311 = Path("/usr/bin/python3.11")
+
+
+def interpreter(name: str) -> Path | None:
+    """The executable of "3.X" (pyenv's newest 3.X.Y) or "3.11-debian"; None when not installed."""
+    if name == "3.11-debian":
+        return DEBIAN_311 if DEBIAN_311.exists() else None
+    found = sorted(PYENV_VERSIONS.glob(f"{name}.*/bin/python{name}"), key=lambda p: p.parts[-3])
+    return found[-1] if found else None
+
+
+def include_dir(name: str) -> Path | None:
+    """The folder holding Python.h of that interpreter (internal headers included), None when absent."""
+    exe = interpreter(name)
+    if exe is None:
+        return None
+    minor = name.split("-")[0]
+    if name.endswith("debian"):
+        folder = Path(f"/usr/include/python{minor}")
+    else:
+        folder = exe.parent.parent / "include" / f"python{minor}"
+    return folder if (folder / "internal").is_dir() else None
+
+
+def require(name: str) -> Path:
+    exe = interpreter(name)
+    if exe is None:
+        pytest.skip(f"python {name} is not installed")
+    return exe
+
+
+@contextmanager
+def child(argv: list[str], lines: int = 0) -> Iterator[tuple[subprocess.Popen, list[str]]]:
+    """A process for the block (killed after), with the first ``lines`` lines it printed."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        got = [proc.stdout.readline().strip() for _ in range(lines)]
+        if any(not line for line in got):
+            raise AssertionError(f"{argv} exited before printing {lines} lines: {got}")
+        yield proc, got
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def build_fake_python(folder: Path, name: str = "python3.11", version_hex: int = 0x030B02F0) -> Path:
+    """programs/fakepython.c built as ``folder/name``, with the 3.11 table's offsets and Py_Version ``version_hex``."""
+    from optrace.frontend.python.layouts import table_layout, table_thread_offsets
+
+    layout, threads = table_layout((3, 11)), table_thread_offsets((3, 11))
+    defines = {"INTERPRETERS_HEAD": layout.interpreters_head, "INTERP_THREADS_HEAD": layout.interp_threads_head,
+               "TSTATE_INTERP": threads.tstate_interp, "TSTATE_THREAD_ID": layout.tstate_thread_id,
+               "TSTATE_NATIVE_THREAD_ID": threads.tstate_native_thread_id, "TSTATE_FRAME": layout.tstate_frame,
+               "CFRAME_CURRENT_FRAME": layout.cframe_current_frame, "FRAME_PREVIOUS": layout.frame_previous,
+               "FRAME_CODE": layout.frame_code, "FRAME_INSTR": layout.frame_instr,
+               "CODE_ADAPTIVE": layout.code_adaptive,
+               "CODE_NAME": layout.code_name, "CODE_QUALNAME": layout.code_qualname,
+               "CODE_FILENAME": layout.code_filename, "CODE_LINETABLE": layout.code_linetable,
+               "UNICODE_LENGTH": layout.unicode_length, "UNICODE_STATE": layout.unicode_state,
+               "UNICODE_ASCII_DATA": layout.unicode_ascii_data, "BYTES_SIZE": layout.bytes_size,
+               "PY_VERSION_HEX": version_hex}
+    out = folder / name
+    subprocess.run(["gcc", "-O0", "-rdynamic", "-pthread", *(f"-D{key}={value}" for key, value in defines.items()),
+                    "-o", str(out), str(PROGRAMS / "fakepython.c")], check=True, capture_output=True)
+    return out

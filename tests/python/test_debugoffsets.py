@@ -1,0 +1,142 @@
+"""_Py_DebugOffsets (3.13+): the real 3.13.0 interpreter's, read from a live process; 3.14's, synthesized at
+the byte positions of the v3.14.0 header (760 bytes); corrupted ones refused with a reason."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from optrace.frontend.python import debugoffsets
+from optrace.frontend.python.debugoffsets import READ_SIZE, parse_debug_offsets
+from optrace.frontend.python.interpreter import python_mappings
+from optrace.frontend.python.interpreterfile import interpreter_file
+from optrace.frontend.python.memory import ProcessMemory
+from optrace.procfs import maps_entries
+from optrace.pythonlayout import ENTRY_SHIM, INSTR_POINTER, LINES_LOCATIONS, MAX_OFFSET
+from pythons import child, require
+from test_layouts import measured
+
+def live_runtime_bytes(pid: int) -> bytes:
+    maps = [entry for entry in maps_entries(pid) if entry.executable]
+    for entry, _named in python_mappings(maps):
+        facts = interpreter_file(pid, entry)
+        if not isinstance(facts, str) and facts.runtime:
+            return ProcessMemory(pid).read(facts.runtime + facts.bias(entry), READ_SIZE)
+    raise AssertionError("no _PyRuntime mapped")
+
+
+def test_live_313_matches_its_headers():
+    exe = require("3.13")
+    headers = measured("3.13")
+    with child([str(exe), "-c", "print('up', flush=True); import time; time.sleep(60)"], lines=1) as (proc, _):
+        data = live_runtime_bytes(proc.pid)
+    parsed = parse_debug_offsets(data, (3, 13))
+    assert not isinstance(parsed, str), parsed
+    assert parsed.version == (3, 13, 0)
+    layout = parsed.layout
+    assert layout.interp_threads_head == 7344  # past 4096: why the walker's offsets are u16s
+    for field in ("interpreters_head", "interp_threads_head", "tstate_next", "tstate_thread_id", "tstate_frame",
+                  "frame_previous", "frame_code", "frame_instr", "frame_entry", "entry_value", "code_adaptive",
+                  "code_name", "code_qualname", "code_filename", "code_linetable", "code_firstlineno",
+                  "unicode_length", "unicode_state", "unicode_ascii_data", "unicode_compact_data", "bytes_size",
+                  "bytes_data"):
+        assert getattr(layout, field) == headers[field], field
+    assert parsed.threads.tstate_interp == headers["tstate_interp"]
+    assert parsed.threads.tstate_native_thread_id == headers["tstate_native_thread_id"]
+    assert (layout.entry_kind, layout.instr_kind, layout.linetable_kind) == (ENTRY_SHIM, INSTR_POINTER, LINES_LOCATIONS)
+    assert layout.cframe_current_frame == -1 and layout.code_tag_mask == 0
+
+
+# -- synthesized tables: byte positions of the v3.14.0 and v3.13.0 headers, written out by hand ----------------
+POSITIONS_314 = {  # byte offset in _Py_DebugOffsets -> value
+    24: 300000, 40: 640,  # runtime_state.size, .interpreters_head
+    48: 9000, 72: 3000,  # interpreter_state.size, .threads_head
+    176: 500, 192: 8, 200: 16, 208: 80, 216: 160, 224: 168,  # thread_state size next interp current_frame ids
+    248: 80, 256: 8, 264: 0, 272: 56, 288: 74,  # interpreter_frame size previous executable instr_ptr owner
+    312: 208, 320: 112, 328: 120, 336: 128, 344: 136, 352: 68, 384: 200,  # code_object
+    400: 16, 408: 8,  # pyobject size, ob_type
+    592: 40, 600: 16, 608: 32,  # bytes_object size ob_size ob_sval
+    616: 56, 624: 32, 632: 16, 640: 40,  # unicode_object size state length asciiobject_size
+}
+POSITIONS_313 = {24: 300000, 40: 632, 48: 9000, 72: 3000, 152: 500, 168: 8, 176: 16, 184: 72, 192: 152, 200: 160,
+                 224: 80, 232: 8, 240: 0, 248: 56, 264: 70, 272: 208, 280: 112, 288: 120, 296: 128, 304: 136,
+                 312: 68, 344: 200, 352: 16, 360: 8, 512: 40, 520: 16, 528: 32, 536: 56, 544: 32, 552: 16, 560: 40}
+
+
+def synthesized(positions: dict[int, int], version_hex: int, size: int, free_threaded: int = 0,
+                cookie: bytes = b"xdebugpy", cut: int | None = None) -> bytes:
+    data = bytearray(struct.pack("<8sQQ", cookie, version_hex, free_threaded) + bytes(size - 24))
+    for at in range(24, size, 8):
+        struct.pack_into("<Q", data, at, 7)  # a small value in every field the walker does not use
+    for at, value in positions.items():
+        struct.pack_into("<Q", data, at, value)
+    return bytes(data[:cut])
+
+
+def test_314_synthesized():
+    parsed = parse_debug_offsets(synthesized(POSITIONS_314, 0x030E00F0, 760), (3, 14))
+    assert not isinstance(parsed, str), parsed
+    layout = parsed.layout
+    assert parsed.version == (3, 14, 0) and layout.version == (3, 14)
+    assert (layout.interpreters_head, layout.interp_threads_head, layout.tstate_next, layout.tstate_thread_id,
+            layout.tstate_frame) == (640, 3000, 8, 160, 80)
+    assert (layout.frame_previous, layout.frame_code, layout.frame_instr, layout.frame_entry) == (8, 0, 56, 74)
+    assert (layout.code_filename, layout.code_name, layout.code_qualname, layout.code_linetable,
+            layout.code_firstlineno, layout.code_adaptive) == (112, 120, 128, 136, 68, 200)
+    assert (layout.bytes_size, layout.bytes_data) == (16, 32)
+    assert (layout.unicode_state, layout.unicode_length, layout.unicode_ascii_data,
+            layout.unicode_compact_data) == (32, 16, 40, 56)
+    assert layout.entry_value == 4 and layout.code_tag_mask == 3  # FRAME_OWNED_BY_CSTACK, _PyStackRef tags
+    assert (parsed.threads.tstate_interp, parsed.threads.tstate_native_thread_id) == (16, 168)
+
+
+def test_313_synthesized():
+    parsed = parse_debug_offsets(synthesized(POSITIONS_313, 0x030D05F0, 584), (3, 13))
+    assert not isinstance(parsed, str), parsed
+    assert parsed.version == (3, 13, 5)
+    assert (parsed.layout.interp_threads_head, parsed.layout.frame_entry, parsed.layout.entry_value) == (3000, 70, 3)
+
+
+def test_newer_minor_with_the_314_shape_is_read_with_314_constants():
+    parsed = parse_debug_offsets(synthesized(POSITIONS_314, 0x030F00A1, 760), (3, 15))
+    assert not isinstance(parsed, str), parsed
+    assert parsed.layout.version == (3, 15) and parsed.layout.entry_value == 4
+
+
+def test_newer_minor_whose_table_grew_in_the_middle_is_refused():
+    """3.15's thread_state grew by 7 members (and more groups followed): read with 3.14's shape, the later
+    groups are shifted and the fixed facts (PyObject's size) fail."""
+    shifted = {at + 56 if at >= 248 else at: value for at, value in POSITIONS_314.items()}
+    reason = parse_debug_offsets(synthesized(shifted, 0x030F00A1, 888), (3, 15))
+    assert isinstance(reason, str) and "refused" in reason
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(cookie=b"xdebugpz"), "no debug offsets cookie"),
+    (dict(free_threaded=1), "free-threaded build"),
+    (dict(version_hex=0x030C01F0), "debug offsets say 3.12, the file 3.14"),
+    (dict(positions={**POSITIONS_314, 256: 200}), "interpreter_frame.previous = 200 out of range"),
+    (dict(positions={**POSITIONS_314, 328: 300}), "code_object.name = 300 out of range"),
+    (dict(positions={**POSITIONS_314, 40: 1 << 40}), "runtime_state.interpreters_head"),
+    (dict(positions={**POSITIONS_314, 72: MAX_OFFSET}), "interpreter_state.threads_head"),
+    (dict(positions={**POSITIONS_314, 176: 0}), "thread_state size 0 out of range"),
+    (dict(positions={**POSITIONS_314, 400: 32}), "PyObject is not 16 bytes"),
+    (dict(cut=700), "debug offsets truncated"),
+    (dict(cut=20), "debug offsets truncated"),
+])
+def test_corrupted_tables_are_refused(change, expected):
+    args = dict(positions=POSITIONS_314, version_hex=0x030E00F0, size=760) | change
+    reason = parse_debug_offsets(synthesized(**args), (3, 14))
+    assert isinstance(reason, str) and expected in reason
+
+
+def test_short_input_is_refused():
+    assert parse_debug_offsets(b"xdebug", None) == "debug offsets truncated"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=800), st.sampled_from([0x030D00F0, 0x030E00F0, 0x030F0000, 0x04000000]))
+def test_garbage_never_raises(noise, version_hex):
+    data = struct.pack("<8sQQ", b"xdebugpy", version_hex, 0) + noise
+    assert isinstance(parse_debug_offsets(data, None), (str, debugoffsets.DebugOffsets))
