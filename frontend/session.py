@@ -355,6 +355,7 @@ class ProfilingSession:
         self._note_execs(execs)
         self._note_exits(exits, now)
         self._reload_changed(self._young_pids(now))
+        self._retry_python(now)
 
     @property
     def event_fds(self) -> tuple[int, ...]:
@@ -486,6 +487,16 @@ class ProfilingSession:
         if maps is not None:
             self.python.look_at(pid, (entry for entry in maps if entry.executable and entry.is_file))
 
+    def _retry_python(self, now: float) -> None:
+        """Look again, on the worker, at processes whose interpreter was not initialized when first looked at."""
+        if self.python is None:
+            return
+        for pid in self.python.to_retry(now):
+            try:
+                self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
+            except RuntimeError:  # shut down: the session is ending
+                return
+
     def _unwind_later(self, pid: int, program: str | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
         With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
@@ -545,6 +556,7 @@ class ProfilingSession:
             self._unwind_later(pid)
         self._reload_changed(set(self._unwound))
         self._young_pids(time.monotonic())  # drops the old ones (serve does not poll)
+        self._retry_python(time.monotonic())
 
     def _reload_changed(self, pids: set[int]) -> None:
         """Load again the tables of processes whose mappings changed since (exec, dlopen)."""

@@ -10,7 +10,9 @@ Everything about a process goes when the session forgets it.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,15 +24,22 @@ from optrace.procfs import MapEntry, start_ticks, stat_fields
 from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
 
 PYTHON_DSO = "[python]"  # the dso of a Python frame whose code object could not be named
+# A process looked at between its exec and Py_Initialize: looked at again, RETRY_SECONDS apart, RETRIES times
+RETRY_REASONS = frozenset({"interpreter not initialized"})
+RETRY_SECONDS = 0.2
+RETRIES = 25
 MAX_CODES_PER_PROCESS = 65536  # code objects named per process (a process making code objects in a loop)
 
 
 @dataclass(frozen=True)
 class PythonOutcome:
-    """What became of a process that maps an interpreter: ``process`` when the walker expands it, else why not."""
+    """What became of a process that maps an interpreter: ``process`` when the walker expands it, else why not
+    (``looked``: when, monotonic; ``tries``: how many looks gave this reason)."""
 
     process: PythonProcess | None
     reason: str = ""
+    looked: float = 0.0
+    tries: int = 1
 
 
 class PythonProcesses:
@@ -50,15 +59,28 @@ class PythonProcesses:
         if not python_mappings(maps):
             return None
         found = find_interpreter(pid, maps)
+        now = time.monotonic()
         if isinstance(found, str):
-            outcome = PythonOutcome(None, found)
+            before = self.outcome(pid)
+            tries = before.tries + 1 if before is not None and before.reason == found else 1
+            outcome = PythonOutcome(None, found, now, tries)
         else:
             fields = stat_fields(pid)
             self._load(found, start_ticks(fields) if fields else pid)
-            outcome = PythonOutcome(found)
+            outcome = PythonOutcome(found, looked=now)
         with self._lock:
             self._outcomes[pid] = outcome
         return outcome
+
+    def to_retry(self, now: float) -> list[int]:
+        """Processes refused for a reason that passes (an interpreter not initialized yet), due a new look
+        (each given once per RETRY_SECONDS: the look itself may wait on the session's worker)."""
+        with self._lock:
+            due = [pid for pid, o in self._outcomes.items() if o.reason in RETRY_REASONS
+                   and o.tries < RETRIES and now - o.looked >= RETRY_SECONDS]
+            for pid in due:
+                self._outcomes[pid] = dataclasses.replace(self._outcomes[pid], looked=now)
+            return due
 
     def outcome(self, pid: int) -> PythonOutcome | None:
         with self._lock:
