@@ -42,6 +42,7 @@ class KernelOffsets:
     task_tgid: int
     binprm_filename: int
     task_fsbase: int = 0  # task_struct.thread.fsbase (python.c); 0: unknown, Python threads are not found
+    task_state: int = 0  # task_struct.__state (offcpu.c); 0: unknown, the headers' offset is used
 
 
 @functools.cache
@@ -60,11 +61,13 @@ def kernel_offsets(path: str = VMLINUX) -> KernelOffsets | None:
         filename = types.member_offset("linux_binprm", "filename")
         thread = types.member_offset("task_struct", "thread")
         fsbase = types.member_offset("thread_struct", "fsbase")
+        state = types.member_offset("task_struct", "__state")
     except (BtfError, struct.error):
         return None
     if tgid is None or filename is None:
         return None
-    return KernelOffsets(tgid, filename, thread + fsbase if thread is not None and fsbase is not None else 0)
+    return KernelOffsets(tgid, filename, thread + fsbase if thread is not None and fsbase is not None else 0,
+                         state or 0)
 
 
 class BtfTypes:

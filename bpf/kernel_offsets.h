@@ -7,6 +7,7 @@ enum kernel_offset {
     TASK_TGID = 0,    // struct task_struct, tgid
     BINPRM_FILENAME,  // struct linux_binprm, filename
     TASK_FSBASE,      // struct task_struct, thread.fsbase (x86_64: a thread's TLS base, pthread_self())
+    TASK_STATE,       // struct task_struct, __state (offcpu.c: why a thread leaves its CPU)
     NR_KERNEL_OFFSETS,
 };
 
@@ -21,6 +22,8 @@ static inline u32 kernel_offset(u32 index)
         return HEADER_OFFSET(struct task_struct, tgid);
     if (index == TASK_FSBASE)
         return HEADER_OFFSET(struct task_struct, thread.fsbase);
+    if (index == TASK_STATE)
+        return HEADER_OFFSET(struct task_struct, __state);
     return HEADER_OFFSET(struct linux_binprm, filename);
 }
 

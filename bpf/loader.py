@@ -93,7 +93,8 @@ def set_kernel_offsets(program, offsets: KernelOffsets | None) -> None:
     if offsets is None:
         return
     table = program[b"kernel_offsets"]
-    for index, value in enumerate((offsets.task_tgid, offsets.binprm_filename, offsets.task_fsbase)):  # enum kernel_offset
+    values = (offsets.task_tgid, offsets.binprm_filename, offsets.task_fsbase, offsets.task_state)
+    for index, value in enumerate(values):  # enum kernel_offset
         table[table.Key(index)] = table.Leaf(value)
 
 

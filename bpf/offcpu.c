@@ -1,29 +1,29 @@
 // Off-CPU time: how long each thread waits between leaving a CPU and getting one again, summed in the
 // kernel per (process, thread, comm, user stack, kernel stack) as taken when the thread left.
 //
-// One raw tracepoint, sched_switch(preempt, prev, next, prev_state): it runs on the CPU switching, in
-// the context of `prev`, so prev's ids, comm and stacks come from the helpers. The start of a wait is
-// keyed by the task_struct pointer (the tracepoint's prev, then next): nothing is read from the
-// task_struct itself, whose layout BCC only knows from headers that need not match the running kernel.
-// A dead task (TASK_DEAD in prev_state) leaves no entry, so a pointer reused by a new task never
-// finds a stale start time (its own open entry, if a switch-in was missed, is removed then).
+// Compiled into the CPU sampler's program (after profile.c, with -DOFF_CPU), so a wait's stacks are walked
+// by the same programs as a CPU sample's: the CFI walker (unwind.c) and its Python frames (python.c) for
+// processes whose tables are loaded, the kernel's frame-pointer walk otherwise (take_user_stack).
 //
-// Stacks come in two sets, like profile.c: `active[0]` is the set switch-outs write. The frontend
-// flips it, waits a grace period, notes the old set's stacks a waiting thread's entry still names (in
-// `start`), reads the counts, then clears the old set's other stacks. Counts are keyed by the set their
-// stacks are in and read with lookup-and-delete, from both sets.
-
-// WAIT_EVERY > 1: one wait in WAIT_EVERY (on average) is recorded and counted WAIT_EVERY times (its
-// time, and the lost counters it adds to), so the sums stay estimates of all the waits' time while only
-// one switch-out in WAIT_EVERY pays for stacks. Chosen at random: a counter (perf's -c for tracepoint
-// events) would always pick the same one of two threads that alternate on a CPU. WAIT_THRESHOLD is
-// 2^32 / WAIT_EVERY, against bpf_get_prandom_u32().
+// Switch-out: on_switch_out runs on the software context-switch perf event (period 1; per CPU for the
+// whole machine, else bound to the targets' threads and inherited, see perfevents.py), in the thread that
+// is leaving. It is a perf event program so that it can tail-call the walker, which raw tracepoints cannot
+// (a program array serves programs of one type). The event comes from __schedule's context switch, so the
+// kernel stack starts at schedule(), with no tracing frames above it. The walk's end opens the wait:
+// wait_start[task] = {start time, key}. A thread that is runnable (preempted, yielding) waits for a CPU.
+//
+// Switch-in: on_switch_in, a raw tracepoint on sched_switch (it runs before the context-switch event of the
+// same switch), closes `next`'s wait: its time goes to wait_counts of the active set (profile.c's
+// `active`), which the frontend flips and drains with the CPU counts. The key names stacks in the stack
+// store by hash; the frontend keeps the records of stacks that open waits name (bpf/offcpu.py).
+//
+// WAIT_EVERY > 1: one wait in WAIT_EVERY (on average) is recorded and counted WAIT_EVERY times (its time,
+// and the lost counters it adds to), so the sums stay estimates of all the waits' time while only one
+// switch-out in WAIT_EVERY pays for stacks. Chosen at random: a counter would always pick the same one of
+// two threads that alternate on a CPU. WAIT_THRESHOLD is 2^32 / WAIT_EVERY, against bpf_get_prandom_u32().
 #ifndef WAIT_EVERY
 #define WAIT_EVERY 1
 #endif
-
-// Kernel stacks start at __schedule: the program's own frame and bpf_trace_run4 are skipped.
-#define KERNEL_SKIP (2 & BPF_F_SKIP_FIELD_MASK)
 
 #define STATE_INTERRUPTIBLE 0x1
 #define STATE_UNINTERRUPTIBLE 0x2
@@ -36,64 +36,31 @@
 #define KEEP_DISK 0x4      // D
 #define KEEP_OTHER 0x8     // stopped, traced
 
-struct key_t {
-    u32 set;
-    u32 pid;
-    u32 tid;
-    s32 user_stack_id;
-    s32 kernel_stack_id;
-    u32 pad;
-    char comm[TASK_COMM_LEN];
-};
-
-struct start_t {
+struct wait_t {
     u64 ts;
     struct key_t key;
 };
 
-// Indices into `lost` (keep in sync with LOST_REASONS in offcpu.py).
-enum lost_reason {
-    USER_STACK_COLLISION = 0,
-    KERNEL_STACK_COLLISION,
-    COUNTS_MAP_FULL,
-    SHORT_WAITS,
-    MISSED_SWITCH_INS,
-    NR_LOST,
+// Indices into `wait_lost` (keep in sync with LOST_REASONS in offcpu.py).
+enum wait_lost_reason {
+    WAIT_USER_STACK_MISSING = 0,
+    WAIT_KERNEL_STACK_MISSING,
+    WAIT_COUNTS_MAP_FULL,
+    WAIT_SHORT,
+    WAIT_MISSED_SWITCH_INS,
+    NR_WAIT_LOST,
 };
 
-BPF_HASH(counts, struct key_t, u64, COUNTS_SIZE);
-BPF_TABLE("lru_hash", u64, struct start_t, start, START_SIZE);
-BPF_STACK_TRACE(ustacks0, STACK_SIZE);
-BPF_STACK_TRACE(ustacks1, STACK_SIZE);
-BPF_STACK_TRACE(kstacks0, STACK_SIZE);
-BPF_STACK_TRACE(kstacks1, STACK_SIZE);
-BPF_ARRAY(active, u32, 1);
-BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
-#ifdef TARGETS_BY_PID
-// A byte per pid (offcpu.py: when pid_max is small enough): every switch-out on the machine asks whether
-// the thread leaving belongs to a target, and an array read costs nothing next to a hash lookup (about
-// 100 ns here, most of what a switch of another process paid). Sized from pid_max at load: were pid_max
-// raised during the recording, a child given a pid beyond the array would not be profiled.
-BPF_ARRAY(targets, u8, TARGETS_SIZE);
+BPF_HASH(wait_counts0, struct key_t, u64, WAIT_COUNTS_SIZE);
+BPF_HASH(wait_counts1, struct key_t, u64, WAIT_COUNTS_SIZE);
+BPF_TABLE("lru_hash", u64, struct wait_t, wait_start, WAIT_START_SIZE);
+BPF_PERCPU_ARRAY(wait_lost, u64, NR_WAIT_LOST);
 
-static inline int is_target(u32 tgid)
-{
-    u8 *target = targets.lookup(&tgid);
-    return target && *target;
-}
-#else
-BPF_HASH(targets, u32, u8, TARGETS_SIZE);
-
-static inline int is_target(u32 tgid)
-{
-    return targets.lookup(&tgid) != 0;
-}
-#endif
-// How many open waits (`start` entries) hash to each slot. Every switch on the machine asks whether the
-// thread coming in has an open wait: a slot at 0 answers no with one array read instead of a hash
-// lookup. Counted up after an entry is added and down after one is deleted, so a slot is never below its
-// entries (the task that owns an entry is not switched in on another CPU while it is being switched
-// out); an entry the LRU evicts leaves its slot counted: that only costs a lookup.
+// How many open waits (`wait_start` entries) hash to each slot. Every switch on the machine asks whether the
+// thread coming in has an open wait: a slot at 0 answers no with one array read instead of a hash lookup.
+// Counted up after an entry is added and down after one is deleted, so a slot is never below its entries
+// (the task that owns an entry is not switched in on another CPU while it is being switched out); an entry
+// the LRU evicts leaves its slot counted: that only costs a lookup.
 #define OPEN_SLOTS 65536
 BPF_ARRAY(open_waits, u32, OPEN_SLOTS);
 
@@ -112,21 +79,21 @@ static inline int may_have_wait(u64 task)
 static inline void forget_wait(u64 task)
 {
     u32 *slot = open_slot(task);
-    if (start.delete(&task) == 0 && slot)
+    if (wait_start.delete(&task) == 0 && slot)
         __sync_fetch_and_add(slot, -1);
 }
 
-static inline void count_lost(u32 reason)
+static inline void count_wait_lost(u32 reason)
 {
-    u64 *slot = lost.lookup(&reason);
+    u64 *slot = wait_lost.lookup(&reason);
     if (slot)
         *slot += WAIT_EVERY;
 }
 
-static inline int kept_state(u64 preempt, u32 state)
+static inline int kept_state(u32 state)
 {
     u32 kind;
-    if (preempt || state == 0)
+    if (state == 0)
         kind = KEEP_RUNNING;
     else if ((state & STATE_UNINTERRUPTIBLE) && !(state & STATE_NOLOAD))
         kind = KEEP_DISK;
@@ -137,112 +104,116 @@ static inline int kept_state(u64 preempt, u32 state)
     return (KEEP_STATES & kind) != 0;
 }
 
-static inline void switch_out(struct bpf_raw_tracepoint_args *ctx, u64 task)
+// The walk of a wait's stacks is over (unwind.c's unwind_done, or on_switch_out): the wait starts now.
+static inline void open_wait(u64 task, struct key_t *key)
 {
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    u32 state = ctx->args[3];
-    if ((u32)id == 0)
-        return;
-#ifdef FILTER_PIDS
-    if (!is_target(tgid))
-        return;
-#endif
-    // Leaving the CPU while its last wait is still open: the switch that ended that wait was not seen.
-    // (This machine's kernel emits no sched_switch when its VM agent's threads leave a CPU, ftrace
-    // neither, so a thread switched in from one of them comes back unseen.) The wait is counted as
-    // lost rather than stretched over the time the thread ran since; a dead thread's entry goes too.
-    if (may_have_wait(task) && start.lookup(&task)) {
-        count_lost(MISSED_SWITCH_INS);
-        forget_wait(task);
-    }
-    if ((state & STATE_DEAD) || !kept_state(ctx->args[0], state))
-        return;
-#if WAIT_EVERY > 1
-    if (bpf_get_prandom_u32() >= WAIT_THRESHOLD)
-        return;
-#endif
-    u32 zero = 0;
-    u32 *set = active.lookup(&zero);
-    struct start_t entry = {.ts = bpf_ktime_get_ns()};
-    entry.key.set = set ? *set : 0;
-    entry.key.pid = tgid;
-    entry.key.tid = id;
-    bpf_get_current_comm(&entry.key.comm, sizeof(entry.key.comm));
-    // BCC accepts map calls only literally, so each set is written out.
-    // The kernel stack is most of the cost (about 1.9 of 3.2 us a switch here: the ORC unwinder from the
-    // tracepoint), so it can be left out (USER_STACKS_ONLY, as perf's --off-cpu does).
-    entry.key.kernel_stack_id = -EFAULT;
-    if (entry.key.set == 1) {
-        entry.key.user_stack_id = ustacks1.get_stackid(ctx, BPF_F_USER_STACK);
-#ifndef USER_STACKS_ONLY
-        entry.key.kernel_stack_id = kstacks1.get_stackid(ctx, KERNEL_SKIP);
-#endif
-    } else {
-        entry.key.user_stack_id = ustacks0.get_stackid(ctx, BPF_F_USER_STACK);
-#ifndef USER_STACKS_ONLY
-        entry.key.kernel_stack_id = kstacks0.get_stackid(ctx, KERNEL_SKIP);
-#endif
-    }
-    if (entry.key.user_stack_id == -EEXIST)
-        count_lost(USER_STACK_COLLISION);
-    if (entry.key.kernel_stack_id == -EEXIST)
-        count_lost(KERNEL_STACK_COLLISION);
+    struct wait_t entry = {.ts = bpf_ktime_get_ns()};
+    entry.key = *key;
+    if (!key->user)
+        count_wait_lost(WAIT_USER_STACK_MISSING);
     u32 *slot = open_slot(task);
-    if (start.update(&task, &entry) == 0 && slot)
+    if (wait_start.update(&task, &entry) == 0 && slot)
         __sync_fetch_and_add(slot, 1);
 }
 
-static inline void switch_in(u64 task)
+// Written out per map: BCC accepts map calls only literally.
+static inline void add_wait_time(struct key_t *key, u32 set, u64 delta)
 {
-    if (!may_have_wait(task))
-        return;
-    struct start_t *entry = start.lookup(&task);
-    if (!entry)
-        return;
-    u64 delta = bpf_ktime_get_ns() - entry->ts;
-    struct key_t key = entry->key;
-    if (delta < MIN_BLOCK_NS) {
-        forget_wait(task);
-        count_lost(SHORT_WAITS);
-        return;
-    }
-    u64 *value = counts.lookup(&key);
-    if (!value) {
-        u64 zero = 0;
-        counts.insert(&key, &zero);  // fails harmlessly when another CPU created it first
-        value = counts.lookup(&key);
+    u64 zero = 0;
+    u64 *value;
+    if (set == 1) {
+        value = wait_counts1.lookup(key);
+        if (!value) {
+            wait_counts1.insert(key, &zero);  // fails harmlessly when another CPU created it first
+            value = wait_counts1.lookup(key);
+        }
+    } else {
+        value = wait_counts0.lookup(key);
+        if (!value) {
+            wait_counts0.insert(key, &zero);
+            value = wait_counts0.lookup(key);
+        }
     }
     if (value)
-        __sync_fetch_and_add(value, delta * WAIT_EVERY);
+        __sync_fetch_and_add(value, delta);
     else
-        count_lost(COUNTS_MAP_FULL);
-    // Only now: a drain that finds no entry for this wait finds its count (see offcpu.py's drain).
-    forget_wait(task);
+        count_wait_lost(WAIT_COUNTS_MAP_FULL);
 }
 
 // args: bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state
 // Attached by offcpu.py (a RAW_TRACEPOINT_PROBE would be attached at load, before the targets are set).
-int on_switch(struct bpf_raw_tracepoint_args *ctx)
+int on_switch_in(struct bpf_raw_tracepoint_args *ctx)
 {
-    switch_out(ctx, ctx->args[1]);
-    switch_in(ctx->args[2]);
+    u64 task = ctx->args[2];
+    if (!may_have_wait(task))
+        return 0;
+    struct wait_t *entry = wait_start.lookup(&task);
+    if (!entry)
+        return 0;
+    u64 delta = bpf_ktime_get_ns() - entry->ts;
+    struct key_t key = entry->key;
+    if (delta < MIN_BLOCK_NS) {
+        forget_wait(task);
+        count_wait_lost(WAIT_SHORT);
+        return 0;
+    }
+    u32 zero = 0;
+    u32 *set = active.lookup(&zero);
+    add_wait_time(&key, set ? *set : 0, delta * WAIT_EVERY);
+    // Only now: a drain that finds no entry for this wait finds its count (see offcpu.py's drain).
+    forget_wait(task);
     return 0;
 }
 
-// Threads of profiled processes' children are profiled too. A raw tracepoint: closing a perf tracepoint
-// event waits for RCU grace periods (see profile.c). args: parent, child (task_struct *).
-RAW_TRACEPOINT_PROBE(sched_process_fork)
+static inline u32 task_state(u64 task)
 {
-#ifdef FILTER_PIDS
-    u32 parent = bpf_get_current_pid_tgid() >> 32;
-    if (!is_target(parent))
+    u32 state = 0;
+    bpf_probe_read_kernel(&state, sizeof(state), (void *)task + kernel_offset(TASK_STATE));
+    return state;
+}
+
+int on_switch_out(struct bpf_perf_event_data *ctx)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    if ((u32)id == 0)
         return 0;
-    u32 child = forked_process(ctx, parent);
-    if (child) {
-        u8 one = 1;
-        targets.update(&child, &one);
+    u32 zero = 0, one = 1;
+    u32 *stopped = active.lookup(&one);
+    if (stopped && *stopped)
+        return 0;
+    u64 task = bpf_get_current_task();
+    // Leaving the CPU while its last wait is still open: the switch that ended that wait was not seen.
+    // (This machine's kernel emits no sched_switch when its VM agent's threads leave a CPU, ftrace
+    // neither, so a thread switched in from one of them comes back unseen.) The wait is counted as
+    // lost rather than stretched over the time the thread ran since; a dead thread's entry goes too.
+    if (may_have_wait(task) && wait_start.lookup(&task)) {
+        count_wait_lost(WAIT_MISSED_SWITCH_INS);
+        forget_wait(task);
     }
+    u32 state = task_state(task);
+    if ((state & STATE_DEAD) || !kept_state(state))
+        return 0;
+#if WAIT_EVERY > 1
+    if (bpf_get_prandom_u32() >= WAIT_THRESHOLD)
+        return 0;
 #endif
+    u32 *active_set = active.lookup(&zero);
+    u32 set = active_set ? *active_set : 0;
+    struct key_t key = {.pid = tgid, .tid = (u32)id};
+    bpf_get_current_comm(&key.comm, sizeof(key.comm));
+    int kernel_missing = 0, user_missing = 0, files_only = 0;
+    // The kernel stack is most of the cost (about 1.9 of 3.2 us a switch with frame-pointer user stacks),
+    // so it can be left out (USER_STACKS_ONLY, as perf's --off-cpu does).
+#ifndef USER_STACKS_ONLY
+    key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, &kernel_missing, &files_only);
+    if (kernel_missing)
+        count_wait_lost(WAIT_KERNEL_STACK_MISSING);
+#endif
+#ifdef CFI_UNWIND
+    unwind_user_stack(ctx, &key, set, kernel_missing, task);  // processes with unwind tables: opened there
+#endif
+    take_user_stack(ctx, &key, &user_missing, &files_only);
+    open_wait(task, &key);
     return 0;
 }

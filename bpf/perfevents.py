@@ -33,9 +33,11 @@ class TaskEvents:
     """Events of type (``ev_type``, ``ev_config``) at ``frequency_hz`` on processes' threads, each running
     the BPF program ``prog_fd``; :meth:`close` releases them and every inherited copy."""
 
-    def __init__(self, prog_fd: int, ev_type: int, ev_config: int, frequency_hz: int, inherit: bool = True) -> None:
+    def __init__(self, prog_fd: int, ev_type: int, ev_config: int, frequency_hz: int, inherit: bool = True,
+                 period: bool = False) -> None:
+        """``period``: ``frequency_hz`` is a sample period instead (every Nth event runs the program)."""
         self._prog_fd = prog_fd
-        self._attr = _attr(ev_type, ev_config, frequency_hz, inherit)
+        self._attr = _attr(ev_type, ev_config, frequency_hz, inherit, period)
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._fds: dict[int, int] = {}  # tid -> event fd
 
@@ -85,13 +87,13 @@ def probe(ev_type: int, ev_config: int, frequency_hz: int) -> bool:
     return True
 
 
-def _attr(ev_type: int, ev_config: int, frequency_hz: int, inherit: bool):
+def _attr(ev_type: int, ev_config: int, frequency_hz: int, inherit: bool, period: bool = False):
     attr = import_bcc().perf.Perf.perf_event_attr()
     attr.type = ev_type
     attr.size = ctypes.sizeof(attr)
     attr.config = ev_config
-    attr.sample_freq = frequency_hz
-    attr.freq = 1
+    attr.sample_freq = frequency_hz  # a union with sample_period
+    attr.freq = 0 if period else 1
     attr.inherit = int(inherit)
     attr.disabled = 1  # enabled once the program is attached
     return attr

@@ -113,7 +113,7 @@ static inline void new_epoch(u32 tgid)
 
 #ifdef CFI_UNWIND
 static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set,
-                                     int kernel_missing);  // unwind.c
+                                     int kernel_missing, u64 wait_task);  // unwind.c
 static inline void forget_unwind_table(u32 pid);  // unwind.c
 #endif
 
@@ -141,6 +141,26 @@ static inline void count_stack_loss(int user_missing, int kernel_missing)
         count_lost(KERNEL_STACK_MISSING);
 }
 
+// The user stack as the kernel walks it (frame pointers): raw IPs when the process's mappings are known,
+// else build-ids. Returns whether the stack's frames are all named from files (see store_walked_stack).
+static inline void take_user_stack(void *ctx, struct key_t *key, int *user_missing, int *files_only)
+{
+    u64 epoch = raw_epoch(key->pid);
+    if (epoch) {
+        key->user_kind = STACK_RAW;
+        key->epoch = epoch;
+        key->user = store_walked_stack(ctx, BPF_F_USER_STACK, STACK_RAW, user_missing, files_only);
+    } else {
+        key->user_kind = STACK_BUILD_ID;
+        key->user = store_walked_stack(ctx, BPF_F_USER_STACK | BPF_F_USER_BUILD_ID, STACK_BUILD_ID, user_missing,
+                                       files_only);
+    }
+    if (!key->user) {
+        key->user_kind = 0;
+        key->epoch = 0;
+    }
+}
+
 int on_sample(struct bpf_perf_event_data *ctx)
 {
     u64 id = bpf_get_current_pid_tgid();
@@ -164,24 +184,9 @@ int on_sample(struct bpf_perf_event_data *ctx)
     if (in_kernel)
         key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, &kernel_missing, &files_only);
 #ifdef CFI_UNWIND
-    unwind_user_stack(ctx, &key, set, kernel_missing);  // processes with unwind tables: counted there, no return
+    unwind_user_stack(ctx, &key, set, kernel_missing, 0);  // processes with unwind tables: counted there, no return
 #endif
-
-    // Raw IPs when the process's mappings are known, else build-ids.
-    u64 epoch = raw_epoch(tgid);
-    if (epoch) {
-        key.user_kind = STACK_RAW;
-        key.epoch = epoch;
-        key.user = store_walked_stack(ctx, BPF_F_USER_STACK, STACK_RAW, &user_missing, &files_only);
-    } else {
-        key.user_kind = STACK_BUILD_ID;
-        key.user = store_walked_stack(ctx, BPF_F_USER_STACK | BPF_F_USER_BUILD_ID, STACK_BUILD_ID, &user_missing,
-                                      &files_only);
-    }
-    if (!key.user) {
-        key.user_kind = 0;
-        key.epoch = 0;
-    }
+    take_user_stack(ctx, &key, &user_missing, &files_only);
     count_stack_loss(user_missing, kernel_missing);
     add_count(&key, set, key.user && !files_only);
     return 0;

@@ -25,6 +25,7 @@ from optrace.bpf import perfevents
 from optrace.bpf.eventbuffers import EventBuffers
 from optrace.bpf.loader import counter_increments, import_bcc, load_bcc, load_function
 from optrace.bpf.maptaker import MapTaker
+from optrace.bpf.offcpu import OffCpuWaits, WaitOptions
 from optrace.bpf.perfevents import TaskEvents
 from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
 from optrace.bpf.unwindmaps import FileIds, decode_cfi
@@ -37,6 +38,7 @@ PROGRAM = Path(__file__).with_name("profile.c")
 UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
 PYTHON_WALK = Path(__file__).with_name("python_walk.h")  # before unwind.c: its Python state
 PYTHON_WALKER = Path(__file__).with_name("python.c")  # after it, with python (see pythonmaps.py)
+OFF_CPU = Path(__file__).with_name("offcpu.c")  # after profile.c, with waits (see offcpu.py)
 LOST_REASONS = (  # enum lost_reason in profile.c
     "user_stack_missing",
     "kernel_stack_missing",
@@ -120,6 +122,9 @@ class DrainResult:
     build_id_pids: set[int] = field(default_factory=set)
     # With ``fold``: the counts named from files and kernel IPs alone, undecoded (see FoldedCounts).
     folded: FoldedCounts = field(default_factory=FoldedCounts)
+    # With ``waits``: off-CPU time (RawSample.count in nanoseconds) and the waits' lost counters (offcpu.py)
+    off_cpu: list[RawSample] = field(default_factory=list)
+    off_cpu_lost: dict[str, int] = field(default_factory=dict)
 
 
 class Profiler:
@@ -139,6 +144,7 @@ class Profiler:
         unwind_rows: int = 1 << 20,
         fold: bool = False,
         python: bool = False,
+        waits: WaitOptions | None = None,
     ) -> None:
         """``raw_stacks=False`` keeps every user stack as build-ids (what the sampler does anyway
         where the kernel has no syscall tracepoints to tell new executable mappings). ``cfi_unwind``:
@@ -146,7 +152,8 @@ class Profiler:
         ``unwind_rows`` rows of all files together. ``fold``: counts whose stacks are named from files or
         kernel IPs alone come back undecoded, in :attr:`DrainResult.folded` (record: at 10k samples a
         second of distinct stacks, decoding them at each drain was most of the drain's CPU). ``python`` (with
-        ``cfi_unwind``): the eval frames of processes given to :attr:`python` become their Python frames."""
+        ``cfi_unwind``): the eval frames of processes given to :attr:`python` become their Python frames.
+        ``waits``: also measure off-CPU time (offcpu.c), stacks walked as the CPU samples' are."""
         self.frequency_hz = frequency_hz
         self._initial_pids = None if pids is None else list(pids)
         self._follow = follow_children
@@ -176,6 +183,11 @@ class Profiler:
         self.python_frames = python and cfi_unwind
         if self.python_frames:
             self._cflags.append("-DPYTHON_UNWIND")
+        self._wait_options = waits
+        if waits is not None:
+            self._cflags += waits.cflags()
+        self.waits: OffCpuWaits | None = None  # once loaded, with waits
+        self._waiting_waits: list[tuple[tuple, int]] = []  # wait sums whose stacks were not readable yet
         self._unwind_rows = unwind_rows
         self._fold = fold
         self.unwind = None  # UnwindMaps once loaded, with cfi_unwind
@@ -225,6 +237,8 @@ class Profiler:
             from optrace.bpf.pythonmaps import PythonMaps
 
             self.python = PythonMaps(self._bpf)
+        if self._wait_options is not None:
+            self.waits = OffCpuWaits(self._bpf)
         for pid in self._initial_pids or ():
             self.add_pid(pid)
         if not self._follow:
@@ -233,9 +247,10 @@ class Profiler:
         self._event_buffers = EventBuffers(self._bpf)
 
     def _sources(self) -> list[Path]:
+        sources = [STACK_STORE, PROGRAM] + ([OFF_CPU] if self._wait_options is not None else [])
         if not self.cfi_unwind:
-            return [STACK_STORE, PROGRAM]
-        return [STACK_STORE, PROGRAM, PYTHON_WALK, UNWINDER] + ([PYTHON_WALKER] if self.python_frames else [])
+            return sources
+        return sources + [PYTHON_WALK, UNWINDER] + ([PYTHON_WALKER] if self.python_frames else [])
 
     def load_walker(self) -> None:
         """The CFI walker's programs (and python.c's with ``python``), off the start-up path (unwindmaps.py)."""
@@ -247,13 +262,15 @@ class Profiler:
         bcc = import_bcc()
         if self._initial_pids is None:
             self._attach_sampler(bcc)
-            return
-        name, ev_type, ev_config = self._task_event(bcc)
-        prog_fd = load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT).fd
-        self._tasks = TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
-        self.event = name
-        for pid in self._pids:
-            self._tasks.add_process(pid)
+        else:
+            name, ev_type, ev_config = self._task_event(bcc)
+            prog_fd = load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT).fd
+            self._tasks = TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
+            self.event = name
+            for pid in self._pids:
+                self._tasks.add_process(pid)
+        if self.waits is not None:
+            self.waits.attach(self._initial_pids is None, self._pids)
 
     def _task_event(self, bcc) -> tuple[str, int, int]:
         for name, ev_type, ev_config in self._event_choices(bcc):
@@ -290,6 +307,8 @@ class Profiler:
         self._pids.append(pid)
         if self._tasks is not None:
             self._tasks.add_process(pid)
+            if self.waits is not None:
+                self.waits.add_process(pid)
 
     def target_pids(self) -> set[int]:
         """Every process that was a target, children included (entries are never removed)."""
@@ -307,6 +326,8 @@ class Profiler:
         active[active.Key(0)] = active.Leaf(self._set)
         time.sleep(GRACE_SECONDS)
         now = time.monotonic()
+        if self.waits is not None:
+            self.store.keep(self.waits.open_stacks())
         new = self.store.read()
         ids = self.unwind.drain_ids() if self.unwind else None  # after the read (see drain_ids)
         result = DrainResult(lost=self._read_lost(), time=now)
@@ -321,22 +342,35 @@ class Profiler:
         raw_keys, raw_values, _ = self._rawcounts[old].take()
         samples += self._decoded(decoder, raw_keys, raw_values, now)
         result.samples = samples
+        if self.waits is not None:
+            result.off_cpu, result.off_cpu_lost = self._drained_waits(decoder, old, now)
         result.build_id_pids = decoder.build_id_pids | result.folded.build_id_pids()
         self.stats.update(decoder.kinds)
         result.execs, result.exits = self.poll_events()
         return result
 
-    def _decoded(self, decoder: "_Decoder", keys: bytes, values: bytes, now: float) -> list[RawSample]:
+    def _decoded(self, decoder: "_Decoder", keys: bytes, values: bytes, now: float,
+                 waiting: list[tuple[tuple, int]] | None = None) -> list[RawSample]:
         """Samples of count entries whose stacks are read; an entry naming a stack not read yet (its record
-        was still being written when the store was read: rare) waits for the next drain, once."""
+        was still being written when the store was read: rare) waits for the next drain, once, in
+        ``waiting`` (the CPU counts' list by default)."""
+        waiting = self._waiting if waiting is None else waiting
         samples = []
         for key, count in zip(COUNT_KEY.iter_unpack(keys), array.array("Q", values)):
             sample = decoder.sample(key, count, now)
             if sample is None:
-                self._waiting.append((key, count))
+                waiting.append((key, count))
             else:
                 samples.append(sample)
         return samples
+
+    def _drained_waits(self, decoder: "_Decoder", old: int, now: float) -> tuple[list[RawSample], dict[str, int]]:
+        """The off-CPU sums of the set no longer written (count: nanoseconds), and the waits' lost counters."""
+        retried, self._waiting_waits = self._waiting_waits, []
+        samples = [decoder.sample(key, ns, now, missing_ok=True) for key, ns in retried]
+        keys, values = self.waits.take(old)
+        samples += self._decoded(decoder, keys, values, now, self._waiting_waits)
+        return samples, self.waits.lost()
 
     def decode_folded(self, counts: Mapping[bytes, int],
                       records: Sequence[tuple[FileIds | None, Mapping[int, bytes]]]) -> list[RawSample]:
@@ -431,6 +465,8 @@ class Profiler:
         closers: list[Callable[[], object]] = []
         if self._tasks is not None:
             closers += self._tasks.closers()
+        if self.waits is not None:
+            closers += self.waits.closers()
         bpf, self._bpf = self._bpf, None
         self._event_buffers = None  # its readers are freed with the BPF object: reading them then would crash
         if bpf is not None:
@@ -450,15 +486,6 @@ def default_stack_storage(frequency_hz: int, cpus: int, drain_seconds: float = 1
 
 def online_cpus() -> list[int]:
     return list(import_bcc().utils.get_online_cpus())
-
-
-def _raw_ips(table, stack_id: int) -> tuple[int, ...]:
-    """One stack of a stack map, left in it (bpf/offcpu.py: a stack may still be named later)."""
-    try:
-        ips = table[table.Key(stack_id)].ip
-    except KeyError:
-        return ()
-    return tuple(ip for ip in ips if ip)
 
 
 def _decode_ips(value: bytes) -> tuple[int, ...]:

@@ -65,13 +65,24 @@ class StackStore:
         self._grace_s = grace_s
         self._cursor = [0, 0]
         self._records: list[dict[int, bytes]] = [{}, {}]  # by half, as parse_records keeps them
+        self._kept: dict[int, bytes] = {}  # records kept past their half's turnover (see keep)
+        self._kept_last: dict[int, bytes] = {}  # those the last call to keep was given
         self.epoch = 0
         self.stats: Counter[str] = Counter()  # "records" (distinct per read) and "words" read, "turnovers"
 
     def get(self, stack_hash: int) -> bytes | None:
-        """A stack record (see :func:`stored`) of either half."""
+        """A stack record (see :func:`stored`) of either half, or kept (:meth:`keep`)."""
         found = self._records[self.epoch & 1].get(stack_hash)
-        return found if found is not None else self._records[1 - (self.epoch & 1)].get(stack_hash)
+        if found is None:
+            found = self._records[1 - (self.epoch & 1)].get(stack_hash)
+        return found if found is not None else self._kept.get(stack_hash)
+
+    def keep(self, hashes: set[int]) -> None:
+        """These records outlive their half's turnover until the call after the next (the stacks of off-CPU
+        waits still open: a wait may last longer than the store takes to turn over twice, and one that ends
+        after this call is read by the next drain). Call it before :meth:`read`."""
+        now = {h: record for h in hashes if (record := self.get(h)) is not None}
+        self._kept, self._kept_last = {**self._kept_last, **now}, now
 
     def read(self) -> dict[int, bytes]:
         """Records new since the last read, by hash (a stack stored twice, by two CPUs at once or after a

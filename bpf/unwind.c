@@ -118,6 +118,7 @@ struct unwind_state {
     u32 kernel_missing;  // the sample's kernel stack could not be stored
     u32 forgotten;       // see forget()
     u32 walked;          // native frames walked (a return address is looked up at pc - 1)
+    u64 wait_task;       // off-CPU (offcpu.c): the task whose wait the stack opens; 0: a CPU sample
     u32 fresh;           // the stack store had not held this stack yet (unwind_done)
     struct python_walk py;  // python.c's part of the walk (python_walk.h)
 };
@@ -167,7 +168,8 @@ static inline void forget_unwind_table(u32 pid)
 // Called by on_sample; returns only when the sample is not unwound here (the process has no mapping
 // table, or one older than its last exec or new executable mapping, or the tail call failed): the
 // caller then takes the frame-pointer stack as before.
-static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing)
+static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing,
+                                     u64 wait_task)
 {
     u32 pid = key->pid;
     struct unwind_proc *proc = (struct unwind_proc *)unwind_procs.lookup(&pid);
@@ -193,6 +195,7 @@ static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key
     st->stack.status = UNWIND_DEPTH;
     st->walked = 0;
     st->fresh = 0;
+    st->wait_task = wait_task;
     python_walk_start(&st->py, pid);
     st->hash = (FNV_BASIS ^ STACK_CFI ^ (generation ? *generation : 0) << 8) * FNV_PRIME;
     unwind_progs.call(ctx, PROG_UNWIND_STEP);
@@ -415,6 +418,12 @@ static inline void unwind_done(void *ctx, struct unwind_state *st)
     st->key.epoch = 0;
     if (!st->key.user)
         unwind_count(UNWIND_STACKS_FULL);
+#ifdef OFF_CPU
+    if (st->wait_task) {
+        open_wait(st->wait_task, &st->key);
+        return;
+    }
+#endif
     count_stack_loss(!st->key.user, st->kernel_missing);
     add_count(&st->key, st->set, st->key.user && st->raw_frames);
 }

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TypeVar
 
-from optrace.bpf.profiler import FoldedCounts
+from optrace.bpf.offcpu import WaitOptions
+from optrace.bpf.profiler import DrainResult, FoldedCounts
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
@@ -114,6 +115,14 @@ class SessionOptions:
 
 
 MAX_OFF_CPU_EVERY = 1_000_000  # OffCpuOptions.every
+
+
+def wait_options(options: OffCpuOptions | None) -> WaitOptions | None:
+    """The off-CPU part of the sampler's program (bpf/offcpu.py) for the session's options."""
+    if options is None:
+        return None
+    return WaitOptions(min_block_us=options.min_block_us, states=options.states,
+                       kernel_stacks=options.kernel_stacks, every=options.every)
 
 
 def check_off_cpu_every(every: int) -> None:
@@ -212,7 +221,6 @@ class ProfilingSession:
         self.stats: Counter[str] = Counter()
         self.warnings: list[str] = []
         self.profiler = None
-        self.off_cpu = None  # optrace.bpf.offcpu.OffCpuTracer with options.off_cpu
         self.symbolizer = None
         self._jit_pids: set[int] = set()  # processes whose JIT files are read
         self._exited: list[int] = []  # exits since the last drain: their address spaces go at its end
@@ -251,14 +259,13 @@ class ProfilingSession:
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
-                                 cfi_unwind=cfi, fold=opts.fold, python=opts.python)
+                                 cfi_unwind=cfi, fold=opts.fold, python=opts.python, waits=wait_options(opts.off_cpu))
         self.profiler.load()
         if self.profiler.python is not None:
             from optrace.frontend.python.processes import PythonProcesses
 
             self.python = PythonProcesses(self.profiler.python.load_process)
             self.symbolizer.python_lookup = self.python.frame
-        self._load_off_cpu()
         self._kallsyms.compile_done()
 
         if cfi:
@@ -285,8 +292,6 @@ class ProfilingSession:
         if cpu_before is not None:
             self._unwind_busy(cpu_before)
         self.profiler.attach()
-        if self.off_cpu is not None:
-            self.off_cpu.attach()
 
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
@@ -295,8 +300,6 @@ class ProfilingSession:
             self.unwinding.cancel()  # else the table being built (up to its 10 s CPU budget) holds the exit
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
             self.unwinding.tables.close()
-        if self.off_cpu is not None:
-            self.off_cpu.close()
         if self.profiler is not None:
             self.profiler.close()
 
@@ -339,8 +342,6 @@ class ProfilingSession:
     def add_pid(self, pid: int) -> None:
         """Profile one more process (and its children), e.g. a command started after the session."""
         self.profiler.add_pid(pid)
-        if self.off_cpu is not None:
-            self.off_cpu.add_pid(pid)
 
     def target_pids(self) -> set[int]:
         """With pids: the given processes and their children; empty for the whole machine."""
@@ -389,53 +390,34 @@ class ProfilingSession:
             self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,
                       folded=folded)
-        if self.off_cpu is not None:
-            self._drain_off_cpu(drain)
+        if self.options.off_cpu is not None:
+            self._drain_off_cpu(drain, result)
 
         self._unwind_processes(samples)
         self._end_processes(result.exits, result.time)
         return drain
 
     # -- off-CPU time ----------------------------------------------------------------------------------
-    def _load_off_cpu(self) -> None:
-        if self.options.off_cpu is None:
-            return
-        from optrace.bpf.offcpu import OffCpuTracer
-
-        opts = self.options
-        self.off_cpu = OffCpuTracer(None if opts.pids is None else [], min_block_us=opts.off_cpu.min_block_us,
-                                    states=opts.off_cpu.states, stack_storage_size=self.profiler.stack_storage_size,
-                                    kernel_stacks=opts.off_cpu.kernel_stacks, wait_every=opts.off_cpu.every)
-        self.off_cpu.load()
-
-    def _drain_off_cpu(self, drain: Drain) -> None:
-        """The off-CPU sums since the last drain, their raw user IPs named from each process's newest
-        mappings (a process never sampled on CPU has its mappings read now)."""
-        result = self.off_cpu.drain()
-        drain.off_cpu_short_waits = result.lost.pop("short_waits", 0)
-        drain.lost.update({f"off_cpu_{reason}": n for reason, n in result.lost.items()})
-        samples = [s for s in result.samples if not self.options.comms or s.comm in self.options.comms]
-        for pid in {s.pid for s in samples if s.user and self.spaces.newest(s.pid) is None}:
-            if self.profiler.raw_stacks:
-                self.learn(pid)
-            else:
-                self.spaces.learn(pid, 0)
-        drain.off_cpu = [self._named_from_newest(s) for s in samples]
+    def _drain_off_cpu(self, drain: Drain, result: DrainResult) -> None:
+        """The off-CPU sums since the last drain (walked as CPU samples are: raw IPs translated from the
+        mappings of their epoch); processes that waited get their unwind tables as sampled ones do."""
+        lost = dict(result.off_cpu_lost)
+        drain.off_cpu_short_waits = lost.pop("short_waits", 0)
+        drain.lost.update({f"off_cpu_{reason}": n for reason, n in lost.items()})
+        translated: dict[tuple, tuple[UserFrame, ...]] = {}
+        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
+        drain.off_cpu = [self._translated(s, translated, addresses) for s in result.off_cpu
+                         if not self.options.comms or s.comm in self.options.comms]
         drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
+        self._unwind_processes(drain.off_cpu)
 
     @staticmethod
     def off_cpu_leaves(samples: list[RawSample]) -> list[RawSample]:
         """Each wait with only the frame it is named after: the innermost user frame (the call that
         blocked, as the program sees it), or for a kernel thread the caller of schedule() (its kernel
-        stack starts __schedule, schedule)."""
+        stack starts at schedule(), bpf/offcpu.c)."""
         return [dataclasses.replace(s, user=s.user[:1], kernel=()) if s.user else
-                dataclasses.replace(s, kernel=s.kernel[2:3] or s.kernel[-1:]) for s in samples]
-
-    def _named_from_newest(self, sample: RawSample) -> RawSample:
-        space = self.spaces.newest(sample.pid)
-        if space is None or not sample.user:
-            return sample
-        return dataclasses.replace(sample, user=tuple(space.frame(f.offset) for f in sample.user))
+                dataclasses.replace(s, kernel=s.kernel[1:2] or s.kernel[-1:]) for s in samples]
 
     def finish(self, time: float) -> None:
         """The recording is over: JIT files are read a last time."""

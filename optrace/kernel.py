@@ -22,9 +22,11 @@ BPF_FUNC_PROBE_READ_KERNEL = 113
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 SYSCALL_EVENTS = ("sys_exit_mmap", "sys_exit_mprotect")  # how the sampler tells new executable mappings
 VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
-# Off-CPU time (bpf/offcpu.c): the sched_switch raw tracepoint, whose prev_state argument came in 5.18. Not
-# tp_btf (BCC 0.26 cannot attach it), not a kprobe on finish_task_switch as BCC's offcputime (no kprobes here).
-OFF_CPU_HOOK = "raw tracepoint sched_switch"
+# Off-CPU time (bpf/offcpu.c): waits open on the software context-switch event (a perf event program, which
+# can tail-call the stack walker) and close on the sched_switch raw tracepoint. Not tp_btf (BCC 0.26 cannot
+# attach it), not a kprobe on finish_task_switch as BCC's offcputime (no kprobes here). 5.18: the kernel
+# offcpu.c was first written for (prev_state in sched_switch); the event and the tracepoint are older.
+OFF_CPU_HOOK = "context-switch event and raw tracepoint sched_switch"
 OFF_CPU_MIN_KERNEL = (5, 18)
 MAX_RATE_FILE = "/proc/sys/kernel/perf_event_max_sample_rate"
 DEFAULT_MAX_RATE = 100000

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from optrace.bpf import offcpu
-from optrace.bpf.offcpu import OffCpuTracer, pid_array_size
+from optrace.bpf.offcpu import WaitOptions
+from optrace.bpf.profiler import Profiler
 from support import OPTRACE, assert_no_programs_of, assert_one_line_error, run_optrace
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
@@ -225,7 +225,8 @@ def test_signal_mid_record_detaches(tmp_path, workloads):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert report(out, "--event", "off-cpu")["report"]["total"] > 0
-    assert_no_programs_of(proc.pid, "on_switch")
+    assert_no_programs_of(proc.pid, "on_switch_in")
+    assert_no_programs_of(proc.pid, "on_switch_out")
     assert_no_programs_of(proc.pid, "on_sample")
 
 
@@ -248,20 +249,18 @@ def test_report_of_a_cpu_only_record_refuses_off_cpu(tmp_path, workloads):
     assert_one_line_error(run_optrace("report", "-i", str(out), "--event", "cycles"), "--event")
 
 
-@pytest.mark.parametrize("by_pid", [True, False])
-def test_a_target_and_its_children_are_found_by_either_filter(by_pid):
-    """offcpu.c keeps the target processes in a byte per pid when pid_max allows (32768 here), else in a
-    hash: either way a target's waits and its children's (added at fork) are counted, nobody else's."""
+def test_a_target_and_its_children_waits_are_counted_nobody_elses():
+    """The context-switch events bound to a target's threads are inherited: a target's waits and its
+    children's are counted, nobody else's."""
     target = subprocess.Popen(["sh", "-c", "read line; sleep 0.3; sleep 0.3"], stdin=subprocess.PIPE)
-    tracer = OffCpuTracer([target.pid], targets_by_pid=by_pid)
+    profiler = Profiler(99, pids=[target.pid], cfi_unwind=True, waits=WaitOptions())
     try:
-        tracer.load()
-        tracer.attach()
+        profiler.load()
+        profiler.attach()
         target.communicate(b"go\n", timeout=60)
-        samples = tracer.drain().samples
+        samples = profiler.drain().off_cpu
     finally:
-        tracer.close()
-    assert ("-DTARGETS_BY_PID" in tracer._cflags) == (by_pid and pid_array_size() is not None)
+        profiler.close()
     waited: Counter[int] = Counter()
     for sample in samples:
         waited[sample.pid] += sample.count
@@ -271,11 +270,12 @@ def test_a_target_and_its_children_are_found_by_either_filter(by_pid):
     assert all(sample.comm in ("sh", "sleep") for sample in samples)
 
 
-def test_pid_array_only_for_a_small_pid_max(tmp_path, monkeypatch):
-    pid_max = tmp_path / "pid_max"
-    monkeypatch.setattr(offcpu, "PID_MAX", pid_max)
-    for text, expected in (("32768\n", 32768), ("4194304\n", None), ("x", None)):
-        pid_max.write_text(text)
-        assert offcpu.pid_array_size() == expected
-    pid_max.unlink()
-    assert offcpu.pid_array_size() is None
+def test_a_wait_longer_than_the_stack_stores_epochs_keeps_its_stacks(tmp_path, workloads):
+    """A 4 s sleep while workloads/stacks makes the store turn over at every drain (256 stacks): the wait's
+    records are kept while it is open (bpf/offcpu.py open_stacks), so its time comes with its stacks."""
+    out = tmp_path / "long.data"
+    run_optrace("record", "--off-cpu", "-F", "999", "--stack-storage-size", "256", "-o", str(out), "--", "sh", "-c",
+                f"{workloads / 'stacks'} 5 & sleep 4; wait", check=True, timeout=120)
+    doc = report(out, "--event", "off-cpu", "--children", "--sort", "comm,symbol")
+    sleeps = {row["symbol"]: row["children"] / NS for row in doc["rows"] if row["comm"] == "sleep"}
+    assert sleeps.get("do_nanosleep", 0) >= 3.5 and sleeps.get("clock_nanosleep", 0) >= 3.5, sleeps
