@@ -11,6 +11,7 @@ from typing import TextIO
 
 from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
+from optrace.frontend.report.gilwaits import gil_samples
 from optrace.frontend.report.events import human_time
 from optrace.frontend.report.rows import (Profile, ReportOptions, Row, RowKey, RowTable, build_table, percent,
                                           sample_total)
@@ -112,6 +113,11 @@ def event_lines(profile: Profile) -> list[str]:
         total = sum(profile.parts.values())
         lines.append("# " + ", ".join(f"{part} {human_time(ns)} ({percent(ns, total):.2f}%)"
                                       for part, ns in profile.parts.items()))
+    gil = sum(s.count for s in gil_samples(profile.record))
+    if gil:
+        total = sum(s.count for s in profile.record.samples)
+        lines.append(f"# Waiting for Python's GIL (in take_gil): {human_time(gil)} ({percent(gil, total):.2f}%);"
+                     " report --gil shows which Python code waited")
     return [escape_controls(line) for line in lines]
 
 

@@ -264,7 +264,7 @@ class ProfilingSession:
         if self.profiler.python is not None:
             from optrace.frontend.python.processes import PythonProcesses
 
-            self.python = PythonProcesses(self.profiler.python.load_process)
+            self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer.add_names)
             self.symbolizer.python_lookup = self.python.frame
         self._kallsyms.compile_done()
 

@@ -11,6 +11,7 @@ from optrace.heap import settle
 from optrace.exporters.formats import CALL_GRAPH, PROFILE
 from optrace.frontend.cliopts import (PERF_CALL_GRAPH_DEFAULT, parse_call_graph, parse_percent, perf_sort_keys,
                                       pid_option)
+from optrace.frontend.report.gilwaits import gil_waits_only
 from optrace.frontend.report.events import EVENTS, event_record
 from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
 from optrace.outputfile import output_stream
@@ -49,13 +50,18 @@ def row_options(function: Callable[..., None]) -> Callable[..., None]:
               is_flag=False, flag_value=PERF_CALL_GRAPH_DEFAULT,
               help="Show the call graph: caller (from main down) or callee (from the hot function up);"
                    " perf's forms (graph,0.5,caller...) too; -g alone is perf's default, caller.")
+@click.option("--gil", is_flag=True,
+              help="Only the stacks waiting for Python's GIL (through the interpreter's take_gil): with "
+                   "--event off-cpu or wall, which Python code waited for it, and how long.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
 def command(source: str, sort: str, event: str, fmt: str, pids: tuple[int, ...], tids: tuple[int, ...], comms: str,
-            dsos: str, percent_limit: str, children: bool, call_graph: str | None, output: str) -> None:
+            dsos: str, percent_limit: str, children: bool, call_graph: str | None, gil: bool, output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
     options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph, tids)
     write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
     record, parts = event_record(settle(read_record(source)), event)
+    if gil:
+        record = gil_waits_only(record)
     profile = Profile(record, escape_controls(source), event, parts)
     with output_stream(output) as stream:
         write(stream, profile, options)

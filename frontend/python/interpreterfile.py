@@ -20,7 +20,8 @@ from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
 from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.elffile import EM_X86_64, SHT_NOBITS, ElfFile
 from optrace.frontend.symbols.lru import LruCache
-from optrace.frontend.symbols.symbol import MAX_TABLE_BYTES, SHN_UNDEF
+from optrace.frontend.python.gilfunction import take_gil_range
+from optrace.frontend.python.symbolnames import find_symbols
 from optrace.frontend.unwind.unwindfile import UnwindFile, file_without_rows
 from optrace.procfs import MapEntry
 
@@ -30,9 +31,7 @@ EVAL_COLD = "_PyEval_EvalFrameDefault.cold"  # GCC's split-off cold part (local:
 VERSION = "Py_Version"
 WANTED = (RUNTIME, EVAL, EVAL_COLD, VERSION)
 RUNTIME_SECTION = ".PyRuntime"  # 3.13+: _PyRuntime in its own section, found even without the symbol
-MAX_NAME_HITS = 16  # places one wanted name is looked for in a string table
 MAX_CACHED_FILES = 256
-_SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,7 @@ class InterpreterFile:
     eval_ranges: tuple[tuple[int, int], ...]  # [start, end) of the eval function's parts
     py_version: int | None  # Py_Version (PY_VERSION_HEX), 3.11+
     segments: UnwindFile  # its PT_LOAD segments: segments.bias(entry) places a mapping
+    gil: tuple[int, int] | None = None  # [start, end) file offsets of take_gil (gilfunction.py)
 
     def bias(self, entry: MapEntry) -> int:
         return self.segments.bias(entry)
@@ -83,39 +83,10 @@ def _read_file(reader: BoundedFile, shown: str) -> InterpreterFile | str:
             symbols = {**find_symbols(elf, ".symtab", WANTED), **symbols}
         segments = file_without_rows(reader)
         return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(symbols),
-                               py_version=_py_version(elf, segments, symbols), segments=segments)
+                               py_version=_py_version(elf, segments, symbols), segments=segments,
+                               gil=_file_range(segments, take_gil_range(elf)))
     except (OSError, ValueError, struct.error) as err:  # ElfFormatError and BudgetExceeded included
         return f"cannot read {shown}: {printable(err)[:200]}"
-
-
-def find_symbols(elf: ElfFile, section_name: str, names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    """{name: (st_value, st_size)} of the defined symbols of ``section_name`` called one of ``names``."""
-    section = elf.section_by_name(section_name)
-    if section is None or section.type == SHT_NOBITS or section.entsize != _SYMBOL.size:
-        return {}
-    strings = elf.section_data(elf.section(section.link), MAX_TABLE_BYTES)
-    wanted = {offset: name for name in names for offset in _string_offsets(strings, name)}
-    if not wanted:
-        return {}
-    data = elf.section_data(section, MAX_TABLE_BYTES)
-    found: dict[str, tuple[int, int]] = {}
-    for name_at, _info, _other, shndx, value, size in _SYMBOL.iter_unpack(data[:len(data) - len(data) % _SYMBOL.size]):
-        name = wanted.get(name_at)
-        if name is not None and shndx != SHN_UNDEF and value and name not in found:
-            found[name] = (value, size)
-    return found
-
-
-def _string_offsets(strings: bytes, name: str) -> list[int]:
-    """Where in a string table a symbol's st_name could point to read ``name`` (its own string, or the tail
-    of a longer one the linker shared it with)."""
-    key = name.encode() + b"\0"
-    offsets = []
-    at = strings.find(key)
-    while at >= 0 and len(offsets) < MAX_NAME_HITS:
-        offsets.append(at)
-        at = strings.find(key, at + 1)
-    return offsets
 
 
 def _runtime(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> int | None:
@@ -128,6 +99,15 @@ def _runtime(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> int | None:
 def _eval_ranges(symbols: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple((start, start + size) for name in (EVAL, EVAL_COLD) if name in symbols
                  for start, size in (symbols[name],) if size > 0)
+
+
+def _file_range(segments: UnwindFile, vaddrs: tuple[int, int] | None) -> tuple[int, int] | None:
+    """Link-time addresses as file offsets (frames name user code by file offset)."""
+    if vaddrs is None:
+        return None
+    segment = next((seg for seg in segments.loads if seg.holds(vaddrs[0])), None)
+    return None if segment is None else (vaddrs[0] - segment.vaddr + segment.offset,
+                                         vaddrs[1] - segment.vaddr + segment.offset)
 
 
 def _py_version(elf: ElfFile, segments: UnwindFile, symbols: dict[str, tuple[int, int]]) -> int | None:

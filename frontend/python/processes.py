@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_code
+from optrace.frontend.python.gilfunction import TAKE_GIL
 from optrace.frontend.python.interpreter import find_interpreter, python_mappings
+from optrace.frontend.python.interpreterfile import InterpreterFile, interpreter_file
 from optrace.model import UNKNOWN, Frame
 from optrace.procfs import MapEntry, start_ticks, stat_fields
 from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
@@ -46,8 +48,12 @@ class PythonProcesses:
     """``load``: hands a process to the walker (bpf/pythonmaps.py PythonMaps.load_process). Thread-safe: the
     session's unwind worker looks at processes while the drain loop names frames."""
 
-    def __init__(self, load: Callable[[PythonProcess, int], None]) -> None:
+    def __init__(self, load: Callable[[PythonProcess, int], None],
+                 add_names: Callable[[bytes, int, int, str], None] = lambda *_: None) -> None:
+        """``add_names`` (build-id, start, end, name): a function of an interpreter file its symbols may not
+        name (take_gil, for GIL waits), for the symbolizer."""
         self._load = load
+        self._add_names = add_names
         self._lock = threading.Lock()
         self._outcomes: dict[int, PythonOutcome] = {}
         self._codes: dict[int, dict[int, CodeInfo | None]] = {}
@@ -67,10 +73,17 @@ class PythonProcesses:
         else:
             fields = stat_fields(pid)
             self._load(found, start_ticks(fields) if fields else pid)
+            self._name_gil_function(pid, found, maps)
             outcome = PythonOutcome(found, looked=now)
         with self._lock:
             self._outcomes[pid] = outcome
         return outcome
+
+    def _name_gil_function(self, pid: int, process: PythonProcess, maps: list[MapEntry]) -> None:
+        entry = next((m for m in maps if m.file_path == process.path), None)
+        facts = interpreter_file(pid, entry) if entry is not None else None
+        if isinstance(facts, InterpreterFile) and facts.gil and facts.segments.build_id:
+            self._add_names(facts.segments.build_id, *facts.gil, TAKE_GIL)
 
     def to_retry(self, now: float) -> list[int]:
         """Processes refused for a reason that passes (an interpreter not initialized yet), due a new look

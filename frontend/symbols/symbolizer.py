@@ -74,6 +74,7 @@ class Symbolizer:
         self._kallsyms_loaded = kallsyms is not None
         self._jit_lookup = jit_lookup
         self.python_lookup = python_lookup  # set once the session knows its Python processes
+        self._names_elsewhere: dict[bytes, list[tuple[int, int, str]]] = {}  # see add_names
         # Dsos by build-id (bytes) or, for files without a known build-id, by (dev, inode)
         self._dsos: LruCache[bytes | tuple[str, int], Dso] = LruCache(limits.dsos, trim_on_put=False)
         self._missing: LruCache[bytes, int] = LruCache(limits.missing)  # build-id -> index generation when not found
@@ -84,6 +85,13 @@ class Symbolizer:
         self._warned: LruCache[str, None] = LruCache(limits.warnings)
         self._loaded_at_last_trim = 0
         self._table_bytes = limits.table_bytes
+
+    def add_names(self, build_id: bytes, start: int, end: int, name: str) -> None:
+        """Name [start, end) (file offsets) of the object with this build-id where its own symbols do not:
+        a function found another way (frontend/python/gilfunction.py finds take_gil in a stripped python)."""
+        ranges = self._names_elsewhere.setdefault(build_id, [])
+        if (start, end, name) not in ranges:
+            ranges.append((start, end, name))
 
     def use_kernel_symbols(self, kallsyms: Kallsyms) -> None:
         """Kernel symbols loaded elsewhere (in a thread, while BPF compiles), unless loaded already."""
@@ -242,14 +250,17 @@ class Symbolizer:
             self._warn(f"JIT symbol lookup failed for pid {pid}: {err}")
             return None
 
-    @staticmethod
-    def _object_frame(dso: Dso, offset: int) -> Frame:
-        name = dso.symbol_at(offset)
+    def _object_frame(self, dso: Dso, offset: int) -> Frame:
+        name = dso.symbol_at(offset) or self._name_elsewhere(dso.build_id, offset)
         build_id = dso.build_id.hex() if dso.build_id else None
         if name is None:
             return Frame(f"{dso.basename}+0x{offset:x}", dso.name, address=offset, resolved=False,
                          build_id=build_id)
         return Frame(name, dso.name, address=offset, build_id=build_id)
+
+    def _name_elsewhere(self, build_id: bytes | None, offset: int) -> str | None:
+        ranges = self._names_elsewhere.get(build_id) if build_id else None
+        return next((name for start, end, name in ranges or () if start <= offset < end), None)
 
     def _dso_for_mapping(self, entry: MapEntry) -> Dso:
         """The object a mapping holds, known by the mapped file (device, inode), not by the build-id it

@@ -1,0 +1,40 @@
+"""A few symbols of an ELF file found by name, without decoding its symbol tables whole."""
+from __future__ import annotations
+
+import struct
+
+from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile
+from optrace.frontend.symbols.symbol import MAX_TABLE_BYTES, SHN_UNDEF
+
+MAX_NAME_HITS = 16  # places one wanted name is looked for in a string table
+_SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
+
+
+def find_symbols(elf: ElfFile, section_name: str, names: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """{name: (st_value, st_size)} of the defined symbols of ``section_name`` called one of ``names``."""
+    section = elf.section_by_name(section_name)
+    if section is None or section.type == SHT_NOBITS or section.entsize != _SYMBOL.size:
+        return {}
+    strings = elf.section_data(elf.section(section.link), MAX_TABLE_BYTES)
+    wanted = {offset: name for name in names for offset in _string_offsets(strings, name)}
+    if not wanted:
+        return {}
+    data = elf.section_data(section, MAX_TABLE_BYTES)
+    found: dict[str, tuple[int, int]] = {}
+    for name_at, _info, _other, shndx, value, size in _SYMBOL.iter_unpack(data[:len(data) - len(data) % _SYMBOL.size]):
+        name = wanted.get(name_at)
+        if name is not None and shndx != SHN_UNDEF and value and name not in found:
+            found[name] = (value, size)
+    return found
+
+
+def _string_offsets(strings: bytes, name: str) -> list[int]:
+    """Where in a string table a symbol's st_name could point to read ``name`` (its own string, or the tail
+    of a longer one the linker shared it with)."""
+    key = name.encode() + b"\0"
+    offsets = []
+    at = strings.find(key)
+    while at >= 0 and len(offsets) < MAX_NAME_HITS:
+        offsets.append(at)
+        at = strings.find(key, at + 1)
+    return offsets
