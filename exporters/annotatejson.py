@@ -10,7 +10,10 @@ from optrace.frontend.report.annotation import AnnotateView
 
 
 def write(stream: TextIO, view: AnnotateView) -> None:
-    if view.annotation is None:
+    if view.python is not None:
+        annotation = dataclasses.asdict(view.python)
+        document = {"source": view.source, "function": annotation, "lines": annotation.pop("lines")}
+    elif view.annotation is None:
         document = {"source": view.source, "functions": [dataclasses.asdict(row) for row in view.listing or []]}
     else:
         annotation = dataclasses.asdict(view.annotation)

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from optrace.escape import escape_controls
 from optrace.frontend.report.annotation import AnnotateView, Annotation, Listed, heat
+from optrace.frontend.report.sourceannotation import SourceAnnotation
 
 STYLES = {"hot": "bold red", "warm": "green", "": ""}
 MAX_NAME = 300  # characters of a symbol or path shown in a header
@@ -18,7 +19,10 @@ SUMMARY_LINES = 20
 
 
 def write(stream: TextIO, view: AnnotateView) -> None:
-    lines = listing_lines(view.listing or []) if view.annotation is None else annotation_lines(view.annotation)
+    if view.python is not None:
+        lines = source_lines(view.python)
+    else:
+        lines = listing_lines(view.listing or []) if view.annotation is None else annotation_lines(view.annotation)
     if not view.color:
         stream.write("".join(text + "\n" for text, _ in lines))
         return
@@ -50,6 +54,19 @@ def annotation_lines(annotation: Annotation) -> list[tuple[str, str]]:
         lines.append((f"{shown} :   {ins.address:8x}:   {escape_controls(ins.text)}", heat(ins.percent)))
     if annotation.truncated:
         lines.append(("         :   ... (the function is longer: record kept its first bytes only)", ""))
+    return lines
+
+
+def source_lines(annotation: SourceAnnotation) -> list[tuple[str, str]]:
+    """A Python function's lines: ``  percent :   line  source``."""
+    lines = [(f" Percent |  Source of {_name(annotation.symbol)} in {_name(annotation.file)} "
+              f"({annotation.samples} samples; a line's time includes the C code it called)", ""),
+             ("-" * 72, "")]
+    for row in annotation.lines:
+        shown = f"{row.percent:8.2f}" if row.samples else " " * 8
+        lines.append((f"{shown} :   {row.line:6d}  {escape_controls(row.text)}", heat(row.percent)))
+    if annotation.truncated:
+        lines.append(("         :   ... (the function is longer: record kept its first lines only)", ""))
     return lines
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
+from functools import partial
 
 from optrace import __version__
 from optrace.bpf.profiler import FoldedCounts
@@ -24,6 +25,7 @@ from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOpt
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
 from optrace.frontend.python.outcomes import interpreters, sample_outcomes
+from optrace.frontend.python.sourcecapture import capture_sources, read_source
 from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
@@ -280,6 +282,7 @@ class Recorder:
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
         functions = capture_session(session, frames, samples)  # before the warnings are taken: its own go in
+        sources = capture_sources(frames, samples, partial(read_source_of, python)) if python else []
         meta = RecordMeta(
             optrace_version=__version__,
             hostname=socket.gethostname(),
@@ -307,7 +310,7 @@ class Recorder:
             interpreters=interpreters(python),
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu,
-                      functions=functions)
+                      functions=functions, python_sources=sources)
 
     def _off_cpu_meta(self, off_cpu: list[Sample]) -> OffCpuMeta | None:
         opts = self.options.off_cpu
@@ -318,6 +321,12 @@ class Recorder:
         return OffCpuMeta(source=ATTACHMENT, min_block_us=opts.min_block_us, states=sorted(opts.states),
                           total_ns=sum(s.count for s in off_cpu), short_waits=self.short_waits,
                           kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every)
+
+
+def read_source_of(outcomes: dict, pid: int, file: str) -> list[str] | None:
+    """A Python process's source file, read as its user could (outcomes: PythonProcesses.outcomes())."""
+    outcome = outcomes.get(pid)
+    return read_source(pid, file, outcome.uid) if outcome is not None and outcome.uid is not None else None
 
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:

@@ -209,6 +209,24 @@ class FunctionCode:
 
 
 @dataclass
+class PythonSource:
+    """One hot Python function's source lines and the samples each line had, kept by `record` so that
+    `optrace annotate` shows them without the file (which may change, or be another machine's).
+
+    ``hits`` maps a line number to the samples whose innermost Python frame was on that line (the time of
+    the C code it called included, as py-spy counts a line); ``text`` holds lines ``first_line`` onwards
+    (a reader checks every hit against them)."""
+
+    symbol: str
+    file: str
+    first_line: Annotated[int, Bounds(0, (1 << 31) - 1)]
+    text: list[str] = field(default_factory=list)
+    hits: dict[int, int] = field(default_factory=dict)
+    pid: Pid = 0
+    truncated: bool = False  # the function's later lines were not kept
+
+
+@dataclass
 class Record:
     meta: RecordMeta
     frames: list[Frame] = field(default_factory=list)
@@ -218,3 +236,5 @@ class Record:
     # None: recorded before optrace kept code (annotate then says to record again); else the hottest
     # functions' code, bounded (frontend/codecapture.py)
     functions: list[FunctionCode] | None = None
+    # The hottest Python functions' source lines (frontend/python/sourcecapture.py); empty in older records
+    python_sources: list[PythonSource] = field(default_factory=list)

@@ -11,7 +11,8 @@ from optrace.escape import escape_controls
 from optrace.exporters.formats import ANNOTATE
 from optrace.frontend.cliopts import pid_option
 from optrace.frontend.report.annotation import (SYNTAXES, AnnotateOptions, AnnotateView, annotate, find,
-                                                functions_of, listing, selected)
+                                                functions_of, listing, selected, selected_sources)
+from optrace.frontend.report.sourceannotation import annotate_source, matching_sources, sources_of
 from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
 
@@ -33,7 +34,8 @@ MAX_WARNINGS = 20  # skipped functions named (a hostile record may hold thousand
 def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], syntax: str, source_lines: bool,
             stdio: bool, fmt: str,
             output: str) -> None:
-    """Show where in a recorded function its samples fell, instruction by instruction (like perf annotate)."""
+    """Show where in a recorded function its samples fell, instruction by instruction (like perf annotate);
+    for a Python function, line by line."""
     if syntax not in SYNTAXES:
         raise OptraceError(f"-M takes {' or '.join(SYNTAXES)}, not {escape_controls(syntax)!r}")
     write = ANNOTATE.writer(fmt)
@@ -41,14 +43,19 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
     record = read_record(source)
     skipped: dict[str, str] = {}
     functions = selected(functions_of(record, skipped), options)
+    sources = selected_sources(sources_of(record, skipped), options)
     shown = escape_controls(source)
+    color = not stdio and output == "-" and sys.stdout.isatty()
+    python = matching_sources(sources, symbol) if symbol is not None else []
     if symbol is None:
         for name, problem in list(skipped.items())[:MAX_WARNINGS]:
             click.echo(f"optrace: warning: {escape_controls(name)[:120]} skipped: {problem}", err=True)
-        view = AnnotateView(shown, listing=listing(record, functions))
+        view = AnnotateView(shown, listing=listing(record, functions, sources))
+    elif python and not any(f.symbol == symbol for f in functions):
+        view = AnnotateView(shown, python=annotate_source(python), color=color)
     else:
-        view = AnnotateView(shown, annotation=annotate(find(functions, symbol, skipped), syntax, source_lines),
-                            color=not stdio and output == "-" and sys.stdout.isatty())
+        found = find(functions, symbol, skipped, (s.symbol for s in sources))
+        view = AnnotateView(shown, annotation=annotate(found, syntax, source_lines), color=color)
     with output_stream(output) as stream:
         write(stream, view)
 

@@ -22,7 +22,7 @@ from optrace.frontend.python.gilfunction import TAKE_GIL
 from optrace.frontend.python.interpreter import find_interpreter, python_mappings
 from optrace.frontend.python.interpreterfile import InterpreterFile, interpreter_file
 from optrace.model import UNKNOWN, Frame
-from optrace.procfs import MapEntry, start_ticks, stat_fields
+from optrace.procfs import MapEntry, process_uid, start_ticks, stat_fields
 from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
 
 PYTHON_DSO = "[python]"  # the dso of a Python frame whose code object could not be named
@@ -42,6 +42,7 @@ class PythonOutcome:
     reason: str = ""
     looked: float = 0.0
     tries: int = 1
+    uid: int | None = None  # the process's real user (sourcecapture.py reads only what that user could)
 
 
 class PythonProcesses:
@@ -74,7 +75,7 @@ class PythonProcesses:
             fields = stat_fields(pid)
             self._load(found, start_ticks(fields) if fields else pid)
             self._name_gil_function(pid, found, maps)
-            outcome = PythonOutcome(found, looked=now)
+            outcome = PythonOutcome(found, looked=now, uid=process_uid(pid))
         with self._lock:
             self._outcomes[pid] = outcome
         return outcome

@@ -17,7 +17,8 @@ import capstone
 
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
-from optrace.model import FunctionCode, Record
+from optrace.frontend.report.sourceannotation import SourceAnnotation
+from optrace.model import FunctionCode, PythonSource, Record
 
 MAX_CODE_BYTES = 1 << 20  # one function's bytes read from a record (record keeps at most 64 KiB)
 MAX_HITS = 1 << 20  # distinct offsets of one function
@@ -108,34 +109,45 @@ def _problem(function: FunctionCode) -> str | None:
 
 
 def selected(functions: Iterable[FunctionCode], options: AnnotateOptions) -> list[FunctionCode]:
-    return [f for f in functions
-            if (not options.dsos or f.dso in options.dsos or os.path.basename(f.dso) in options.dsos
-                or f.dso.removeprefix("[jit] ") in options.dsos)
-            and (not options.pids or f.pid in options.pids)]
+    return [f for f in functions if _dso_selected(f.dso, options) and (not options.pids or f.pid in options.pids)]
 
 
-def listing(record: Record, functions: list[FunctionCode]) -> list[Listed]:
-    """One line per function (processes merged), most samples first."""
+def selected_sources(sources: Iterable[PythonSource], options: AnnotateOptions) -> list[PythonSource]:
+    return [s for s in sources if _dso_selected(s.file, options) and (not options.pids or s.pid in options.pids)]
+
+
+def _dso_selected(dso: str, options: AnnotateOptions) -> bool:
+    return (not options.dsos or dso in options.dsos or os.path.basename(dso) in options.dsos
+            or dso.removeprefix("[jit] ") in options.dsos)
+
+
+def listing(record: Record, functions: list[FunctionCode], sources: Iterable[PythonSource] = ()) -> list[Listed]:
+    """One line per function (processes merged), most samples first; Python functions with their file."""
     total = sum(sample.count for sample in record.samples)
     merged: dict[tuple[str, str], int] = {}
     for function in functions:
         key = (function.symbol, function.dso)
         merged[key] = merged.get(key, 0) + sum(function.hits.values())
+    for source in sources:
+        key = (source.symbol, source.file)
+        merged[key] = merged.get(key, 0) + sum(source.hits.values())
     rows = [Listed(symbol, dso, n, round(100.0 * n / total, 2) if total else 0.0)
             for (symbol, dso), n in merged.items()]
     rows.sort(key=lambda row: (-row.samples, row.symbol))
     return rows
 
 
-def find(functions: list[FunctionCode], symbol: str, skipped: dict[str, str] | None = None) -> list[FunctionCode]:
+def find(functions: list[FunctionCode], symbol: str, skipped: dict[str, str] | None = None,
+         other_names: Iterable[str] = ()) -> list[FunctionCode]:
     """The entries of ``symbol`` holding the most samples (one function: same object and start); an
-    unknown symbol is one line naming the closest ones, a skipped one a line saying why."""
+    unknown symbol is one line naming the closest ones (``other_names`` too: the Python functions kept),
+    a skipped one a line saying why."""
     matching = [f for f in functions if f.symbol == symbol]
     if not matching and skipped and symbol in skipped:
         raise OptraceError(f"{escape_controls(symbol)[:120]} cannot be annotated: the record is corrupt "
                            f"({skipped[symbol]})")
     if not matching:
-        names = sorted({f.symbol for f in functions})
+        names = sorted({f.symbol for f in functions} | set(other_names))
         close = difflib.get_close_matches(symbol, names, n=3, cutoff=0.5)
         close += [name for name in names if symbol in name and name not in close][:3 - len(close)]
         hint = f"; did you mean {', '.join(escape_controls(n)[:120] for n in close)}?" if close else \
@@ -209,6 +221,7 @@ class AnnotateView:
     source: str  # the record's name as shown
     annotation: Annotation | None = None
     listing: list[Listed] | None = None
+    python: SourceAnnotation | None = None  # a Python function's source lines
     color: bool = False  # highlight the hottest lines (a terminal)
 
 
