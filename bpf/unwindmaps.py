@@ -148,10 +148,10 @@ class UnwindMaps:
         from bcc import BPF  # bpf/ is the one folder that imports BCC
 
         programs = [(PROG_UNWIND_STEP, b"unwind_step")] + (list(PYTHON_PROGRAMS) if python else [])
+        loaded = [(index, load_function(self._bpf, name, BPF.PERF_EVENT).fd) for index, name in programs]
         progs = self._bpf[b"unwind_progs"]
-        for index, name in programs:
-            loaded = load_function(self._bpf, name, BPF.PERF_EVENT)
-            progs[progs.Key(index)] = progs.Leaf(loaded.fd)
+        for index, fd in loaded:
+            progs[progs.Key(index)] = progs.Leaf(fd)
 
     def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping]) -> None:
         """Give the sampler this process's mapping table (replacing any before), read from /proc/PID/maps

@@ -87,24 +87,20 @@ def test_unreadable_btf_compiles_against_the_headers(bpf_ready, monkeypatch):
 
 def header_built(kind: str):
     """One of optrace's BPF programs, loaded (nothing attached)."""
-    if kind == "profiler":
+    if kind in ("profiler", "profiler-all"):
+        from optrace.bpf.offcpu import WaitOptions
         from optrace.bpf.profiler import Profiler
 
-        program = Profiler(99, pids=[], cfi_unwind=True)
+        everything = {"python": True, "waits": WaitOptions()} if kind == "profiler-all" else {}
+        program = Profiler(99, pids=[], cfi_unwind=True, **everything)
         program.load()  # also checks the count key's layout against profiler.py's
-        return program
-    if kind == "offcpu":
-        from optrace.bpf.offcpu import OffCpuTracer
-
-        program = OffCpuTracer([], stack_storage_size=1024)
-        program.load()
         return program
     from optrace.bpf.uprobes import BpfUprobeAttacher
 
     return BpfUprobeAttacher()
 
 
-@pytest.mark.parametrize("kind", ["profiler", "offcpu", "uprobes"])
+@pytest.mark.parametrize("kind", ["profiler", "profiler-all", "uprobes"])
 def test_each_program_builds_against_the_headers_too(bpf_ready, monkeypatch, kind):
     """Where BTF is missing, or on another architecture, this is the path taken: it must still build."""
     spy = CompileSpy(monkeypatch)

@@ -11,12 +11,14 @@ from types import SimpleNamespace
 from hypothesis import given, strategies as st
 
 from optrace.bpf import stackstore
-from optrace.bpf.stackstore import (CHUNK_BYTES, CHUNK_WORDS, EPOCH_SHIFT, RECORD_COMMITTED, RECORD_SKIP,
+from optrace.bpf.stackstore import (CHUNK_BYTES, CHUNK_WORDS, EPOCH_SHIFT, PYTHON_STATUS_SHIFT, RECORD_COMMITTED, RECORD_SKIP,
                                     STACK_CFI, STACK_KERNEL, StackStore, parse_records, stored)
 
 
-def record(stack_hash: int, words: list[int], kind: int = STACK_KERNEL, status: int = 0, epoch: int = 0) -> list[int]:
-    header = RECORD_COMMITTED | (epoch & 0xFFFF) << EPOCH_SHIFT | status << 24 | kind << 16 | len(words)
+def record(stack_hash: int, words: list[int], kind: int = STACK_KERNEL, status: int = 0, epoch: int = 0,
+           python: int = 0) -> list[int]:
+    header = (RECORD_COMMITTED | (epoch & 0xFFFF) << EPOCH_SHIFT | python << PYTHON_STATUS_SHIFT | status << 24
+              | kind << 16 | len(words))
     return [header, stack_hash, *words]
 
 
@@ -29,12 +31,12 @@ def as_bytes(words: list[int]) -> bytes:
 
 
 def test_records_are_read_with_their_kind_and_status():
-    data = as_bytes(record(7, [0xFFFF1, 0xFFFF2]) + skip(3) + record(8, [1, 2, 3], STACK_CFI, status=4))
+    data = as_bytes(record(7, [0xFFFF1, 0xFFFF2]) + skip(3) + record(8, [1, 2, 3], STACK_CFI, status=4, python=3))
     found: dict[int, bytes] = {}
     assert parse_records(data, 0, found) == len(data) // 8
     assert set(found) == {7, 8}
-    assert stored(found[7]) == (STACK_KERNEL, 0, as_bytes([0xFFFF1, 0xFFFF2]))
-    assert stored(found[8]) == (STACK_CFI, 4, as_bytes([1, 2, 3]))
+    assert stored(found[7]) == (STACK_KERNEL, 0, as_bytes([0xFFFF1, 0xFFFF2]), 0)
+    assert stored(found[8]) == (STACK_CFI, 4, as_bytes([1, 2, 3]), 3)  # the Python walk's status too
 
 
 def test_reading_stops_at_a_record_being_written_and_at_an_older_epoch():

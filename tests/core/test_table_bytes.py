@@ -13,7 +13,7 @@ from optrace.bpf import loader, offcpu, profiler
 from optrace.bpf.stackstore import CHUNK_BYTES
 from optrace.bpf.unwindmaps import MAX_MAPPINGS
 
-# BCC's own stack-trace value (127 addresses, offcpu.c's stack maps) is the largest a table may have
+# BCC's own stack-trace value (127 addresses) is the largest a table may have
 MAX_FIELDS = 127
 
 
@@ -48,22 +48,15 @@ def table_names(program) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sampler(bpf_ready):
-    sampling = profiler.Profiler(999, pids=[1], cfi_unwind=True)
-    program = loader.load_bcc([profiler.STACK_STORE, profiler.PROGRAM, profiler.UNWINDER], sampling._cflags)
+    """The sampler with every part: the CFI walker, Python frames, off-CPU waits."""
+    sampling = profiler.Profiler(999, pids=[1], cfi_unwind=True, python=True, waits=offcpu.WaitOptions())
+    program = loader.load_bcc(sampling._sources(), sampling._cflags)
     yield program
     program.cleanup()
 
 
-@pytest.fixture(scope="module")
-def off_cpu(bpf_ready):
-    program = loader.load_bcc([offcpu.PROGRAM], offcpu.OffCpuTracer(pids=[1])._cflags)
-    yield program
-    program.cleanup()
-
-
-@pytest.mark.parametrize("program", ["sampler", "off_cpu"])
-def test_every_key_and_value_is_a_few_fields_for_bcc(program, request):
-    tables = descriptions(request.getfixturevalue(program))
+def test_every_key_and_value_is_a_few_fields_for_bcc(sampler):
+    tables = descriptions(sampler)
     assert len(tables) > 5
     large = {name: (fields(key), fields(leaf)) for name, (key, leaf) in tables.items()
              if max(fields(key), fields(leaf)) > MAX_FIELDS}
