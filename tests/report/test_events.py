@@ -100,6 +100,31 @@ def test_kernel_version() -> None:
     assert kernel_version("weird") == (0, 0)
 
 
+def test_flame_graph_of_off_cpu_time_says_time(optrace, tmp_path) -> None:
+    """In headless Chromium, as people see it: the header's Time, the match line, the search's list and the
+    hottest functions' column in times, the shares; the SVG's tooltips too."""
+    import xml.etree.ElementTree as ET
+
+    from browser import dump_dom, read_page, share
+
+    data, out, svg = tmp_path / "off.data", tmp_path / "off.html", tmp_path / "off.svg"
+    write_record(make_record(), data)
+    optrace("report", "-i", str(data), "--event", "off-cpu", "-f", "flamegraph", "-o", str(out), check=True)
+    dom = dump_dom(out, "#search=wait_pipe")
+    page = read_page(dom)
+    assert page.match == "Matched: 600 ms, 66.67% of all"
+    assert page.matches == [["66.67%", "600 ms", "wait_pipe", "/bin/w"]]
+    assert share(page, "wait_pipe") == 66.67 and share(page, "burn") == 33.33
+    assert ["33.33%", "0.00%", "300 ms", "burn", "/bin/w"] in page.top
+    assert re.search(r"<thead><tr><th>Total</th><th>Self</th><th>Time</th>", dom)
+    assert "Time900 ms of off-cpu (counts in nanoseconds)" in re.sub(r"<[^>]+>", "", dump_dom(out))
+    optrace("report", "-i", str(data), "--event", "off-cpu", "-f", "svg", "-o", str(svg), check=True)
+    titles = [g.findtext("{http://www.w3.org/2000/svg}title") for g in ET.parse(svg).getroot().iter(
+        "{http://www.w3.org/2000/svg}g")]
+    assert titles[0] == "all (900 ms off-CPU): 900 ms off-CPU, 100.00%"
+    assert "wait_pipe in /bin/w: 600 ms off-CPU, 66.67%" in titles
+
+
 def test_report_shows_the_event_the_record_was_made_for(optrace, tmp_path) -> None:
     """--wall records report wall-clock time, --off-cpu ones off-CPU time, others CPU samples, in every
     format, unless --event says otherwise."""
