@@ -2,7 +2,8 @@
 
 ``{"meta": {...}, "report": {..., "call_graph": "caller"}, "tree": [node, ...]}`` where a node is
 ``{"symbol", "dso", "kind", "self", "total", "self_percent", "total_percent", "children": [node, ...]}``
-(children largest first; percentages of all samples; ``--percent-limit`` drops nodes below it).
+(children largest first; percentages of all samples; ``--percent-limit`` drops nodes below it; ``self`` and
+``total`` in ``report.unit``: samples, or nanoseconds for off-cpu and wall).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     require_stacks(record, "call graph")
     tree = build_tree(record, options, options.call_graph or "caller")
     _check_size(tree.root)
-    settings = report_settings(record, options, profile.source, build_table(record, options)) | {"call_graph": tree.order}
+    settings = report_settings(record, options, profile.source, build_table(record, options), profile.event,
+                               profile.parts) | {"call_graph": tree.order}
     document = {
         "meta": dataclasses.asdict(record.meta),
         "report": settings,

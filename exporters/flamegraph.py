@@ -136,6 +136,7 @@ def page(title: str, facts: list[tuple[str, str]], data: Encoded, note: str = ""
     header = "".join(f"<div><dt>{html.escape(label)}</dt><dd>{html.escape(value)}</dd></div>"
                      for label, value in facts)
     note_html = f'<p class="note">{html.escape(note)}</p>' if note else ""
+    count_title = "Time" if data.meta.get("unit") == "nanoseconds" else "Samples"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">
@@ -144,8 +145,11 @@ def page(title: str, facts: list[tuple[str, str]], data: Encoded, note: str = ""
 <body>
 <header><h1>{html.escape(title)}</h1><dl id="facts">{header}</dl>{note_html}
 <div id="controls"><button id="reset" type="button">Reset zoom</button>
+<button id="flip" type="button">Flip order</button>
 <input id="search" type="search" placeholder="Search (substring or /regex/)" aria-label="Search">
-<span id="match"></span><span id="legend"></span></div></header>
+<span id="match"></span><span id="legend"></span></div>
+<div id="matches" hidden><table id="matchlist"><thead><tr><th>Total</th><th>{count_title}</th><th>Function</th>
+<th>Object</th></tr></thead><tbody></tbody></table></div></header>
 <main><div id="graph"><canvas id="canvas"></canvas><div id="tip" hidden></div></div>
 <h2>Hottest functions</h2><table id="top"><thead></thead><tbody></tbody></table></main>
 <script type="application/json" id="data">{script_json(data.meta)}</script>

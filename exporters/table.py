@@ -12,7 +12,7 @@ from typing import TextIO
 from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.frontend.report.gilwaits import gil_samples
-from optrace.frontend.report.events import human_time
+from optrace.frontend.report.events import amount, human_time, nothing_line
 from optrace.frontend.report.rows import (Profile, ReportOptions, Row, RowKey, RowTable, build_table, percent,
                                           sample_total)
 from optrace.model import STACK_COMPLETE, CallCount, Record, RecordMeta
@@ -58,7 +58,7 @@ def _text(profile: Profile, options: ReportOptions) -> str:
     lines = header_lines(record, profile.source, profile.event) + event_lines(profile) + ["#"]
     table = build_table(record, options)
     timed = profile.unit == "nanoseconds"
-    lines += profile_lines(table.rows, options, shown, timed) + selection_lines(table, sample_total(record), options)
+    lines += profile_lines(table.rows, options, shown, timed) + selection_lines(table, record, options, profile.event)
     if record.calls:
         lines += ["", "# Uprobe call counts", "#"] + calls_lines(record.calls, shown)
     return "\n".join(lines) + "\n"
@@ -184,23 +184,29 @@ def profile_lines(rows: list[Row], options: ReportOptions, shown: Shown, timed: 
                           shown.budget)
 
 
-def selection_lines(table: RowTable, total: int, options: ReportOptions) -> list[str]:
-    """What the filters matched and what --percent-limit hid, under the rows: a limit that hides every
-    row must not read as "no samples match"."""
-    filters = " ".join(f"--{name} {','.join(str(v) for v in sorted(values))}" for name, values in
-                       (("pid", options.pids), ("tid", options.tids), ("comm", options.comms),
-                        ("dso", options.dsos)) if values)
+def selection_lines(table: RowTable, record: Record, options: ReportOptions, event: str = "cpu") -> list[str]:
+    """What the filters matched and what --percent-limit hid, under the rows, in the event's words (a
+    time for off-cpu and wall): a limit that hides every row must not read as "no samples match", and an
+    event that holds nothing says where the record's time is."""
+    filters = filter_text(options)
     lines = []
     if not table.matched:
-        return [f"# (no samples match{' ' + escape_controls(filters) if filters else ''})"]
+        return [f"# {nothing_line(record, event, filters)}"]
+    total = sample_total(record)
     if filters:
-        lines.append(f"# Matched {escape_controls(filters)}: {table.matched} samples "
-                     f"({percent(table.matched, total):.2f}% of all)")
+        lines.append(f"# Matched {filters}: {amount(table.matched, event)} ({percent(table.matched, total):.2f}% of all)")
     if table.hidden_rows:
         rows = f"{table.hidden_rows} row{'s' if table.hidden_rows != 1 else ''}"
-        lines.append(f"# Hidden by --percent-limit {options.percent_limit:g}: {rows} with "
-                     f"{table.hidden} samples ({percent(table.hidden, total):.2f}% of all)")
+        lines.append(f"# Hidden by --percent-limit {options.percent_limit:g}: {rows} with {amount(table.hidden, event)} "
+                     f"({percent(table.hidden, total):.2f}% of all)")
     return ["#", *lines] if lines else []
+
+
+def filter_text(options: ReportOptions) -> str:
+    """The stack and row filters given, as typed (``--pid 100 --comm demo``), escaped; "" when none."""
+    return escape_controls(" ".join(f"--{name} {','.join(str(v) for v in sorted(values))}" for name, values in
+                                    (("pid", options.pids), ("tid", options.tids), ("comm", options.comms),
+                                     ("dso", options.dsos)) if values))
 
 
 def calls_lines(calls: list[CallCount], shown: Shown) -> list[str]:

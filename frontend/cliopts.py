@@ -40,14 +40,40 @@ PERF_ONLY_SORT_KEYS = frozenset({
 
 
 CALL_GRAPHS = ("dwarf", "fp")  # how user stacks are walked (SessionOptions.call_graph)
+PERF_MAX_STACK_DUMP = 65528  # perf record's largest dwarf,SIZE: 64 KiB less 8, in whole u64s
 
 
 def unwind_option(default: str = "dwarf") -> Callable[[Any], Any]:
-    """``--call-graph dwarf|fp`` of the commands that sample (record, top, serve): how user stacks are walked."""
-    return click.option("--call-graph", "call_graph", type=click.Choice(CALL_GRAPHS), default=default,
-                        show_default=True,
+    """``--call-graph dwarf|fp`` of the commands that sample (record, top, serve): how user stacks are walked.
+    perf's ``dwarf,SIZE`` is taken too (see :func:`parse_unwind`)."""
+    return click.option("--call-graph", "call_graph", callback=_unwind_value, default=default, show_default=True,
+                        metavar="dwarf|fp",
                         help="How user stacks are walked: from the files' CFI in BPF (frame pointers where there is "
-                             "none), or frame pointers only.")
+                             "none), or frame pointers only. perf's dwarf,SIZE is accepted: SIZE is the bytes of "
+                             "stack perf copies per sample to unwind later; optrace copies none (it unwinds in "
+                             "BPF as it samples), so SIZE is checked as perf checks it and changes nothing.")
+
+
+def _unwind_value(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return parse_unwind(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err), ctx, param) from None
+
+
+def parse_unwind(text: str) -> str:
+    """``dwarf``, ``fp`` or perf's ``dwarf,SIZE`` -> the walk, "dwarf" or "fp". SIZE, perf's bytes of user
+    stack copied per sample, is refused where perf refuses it (0, over PERF_MAX_STACK_DUMP once rounded up
+    to 8 bytes, not a number, after fp) and otherwise has no use: the BPF walker reads the stack frame by
+    frame as it samples and keeps no copy. Raises ValueError."""
+    mode, comma, size = text.strip().lower().partition(",")
+    if mode not in CALL_GRAPHS:
+        raise ValueError(f"{text!r} is not one of dwarf, dwarf,SIZE or fp")
+    if comma and mode != "dwarf":
+        raise ValueError(f"{mode} takes no size, as in perf: {text!r}")
+    if comma and not (size.isdigit() and 0 < -(-int(size) // 8) * 8 <= PERF_MAX_STACK_DUMP):
+        raise ValueError(f"dwarf's stack size is 1 to {PERF_MAX_STACK_DUMP} bytes, as perf takes it, not {size!r}")
+    return mode
 
 
 def python_option() -> Callable[[Any], Any]:

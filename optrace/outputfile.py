@@ -5,6 +5,9 @@ The data goes to a new temporary file beside the target (``mkstemp``: ``O_CREAT|
 already exists is opened), is flushed and synced, then renamed over the target. ``rename`` replaces a
 symlink at the target instead of following it, so ``/tmp/report.txt -> /etc/shadow`` planted by another
 user is replaced, and the final name holds either the previous file or the complete new one.
+
+One exception, which every tool writes to: a name that is the null device itself (``/dev/null``, not a
+link to it) is opened and written, without following a link, blocking or a rename.
 """
 from __future__ import annotations
 
@@ -36,6 +39,10 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "w", *, keep_previou
     discarded otherwise). Raises OSError when the file cannot be created or renamed."""
     import tempfile  # only writers need it; report's start-up stays lean
 
+    if is_null_device(path):
+        with _null_output(path, mode, encoding, errors) as out:
+            yield out
+        return
     check_target(path)
     final = Path(path)
     directory = final.parent if str(final.parent) else Path(".")
@@ -59,8 +66,13 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "w", *, keep_previou
 
 def check_target(path: str | os.PathLike[str]) -> None:
     """Raise OSError when ``path`` is, or leads to, something that is not a regular file: the rename would
-    replace a device, FIFO or socket for everyone (as root, ``-o /dev/null``, or ``-o /dev/stdout``,
-    a symlink to ``/proc/self/fd/1``). A new name or a symlink to a regular file is fine: it is replaced."""
+    replace a device, FIFO or socket for everyone (as root, ``-o /dev/zero``), or when it is a link into
+    /proc: ``-o /dev/stdout``, a symlink to ``/proc/self/fd/1``, leads to a regular file when stdout was
+    redirected to one, and the rename replaced /dev/stdout for the whole machine. A new name or a symlink to
+    a regular file is fine: it is replaced.
+    (The null device itself is written as it is: see :func:`is_null_device`.)"""
+    if os.path.islink(path) and os.readlink(path).startswith("/proc/"):
+        raise OSError(errno.EEXIST, "a link into /proc, to a process's open file, is never replaced", os.fspath(path))
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -70,6 +82,33 @@ def check_target(path: str | os.PathLike[str]) -> None:
     if not stat.S_ISREG(mode):
         raise OSError(errno.EEXIST, "not a regular file (a device, FIFO or socket is never replaced)",
                       os.fspath(path))
+
+
+NULL_DEVICE = os.makedev(1, 3)  # Linux's /dev/null: character device 1, 3
+
+
+def is_null_device(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` itself (a link is not followed) is the null device."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISCHR(info.st_mode) and info.st_rdev == NULL_DEVICE
+
+
+@contextmanager
+def _null_output(path: str | os.PathLike[str], mode: str, encoding: str, errors: str) -> Iterator[IO]:
+    """The null device, opened as it is written to by every tool, with the rules of any other open of a
+    name someone else may swap: no link followed, no blocking (a FIFO put there fails), and what was opened
+    checked to be the null device still."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    info = os.fstat(fd)
+    if not (stat.S_ISCHR(info.st_mode) and info.st_rdev == NULL_DEVICE):
+        os.close(fd)
+        raise OSError(errno.EEXIST, "not a regular file (a device, FIFO or socket is never replaced)", os.fspath(path))
+    text = {} if "b" in mode else {"encoding": encoding, "errors": errors}
+    with os.fdopen(fd, mode, **text) as out:
+        yield out
 
 
 def current_umask() -> int:

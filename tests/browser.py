@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -55,6 +55,8 @@ class Page:
     top: list[list[str]]  # the "Hottest functions" table's rows, cells as text
     match: str  # the search result line
     scripts: int  # <script> elements in the DOM
+    matches: list[list[str]] = field(default_factory=list)  # the search's list of matching functions
+    hidden: set[str] = field(default_factory=set)  # ids of elements with the hidden attribute
 
 
 class _Reader(HTMLParser):
@@ -62,14 +64,19 @@ class _Reader(HTMLParser):
         super().__init__()
         self.page = Page({}, [], "", 0)
         self._in: str | None = None
+        self._table: str | None = None
         self._row: list[str] | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = {name: value or "" for name, value in attrs}
+        if "hidden" in values and "id" in values:
+            self.page.hidden.add(values["id"])
         if tag == "body":
             self.page.body = values
         elif tag == "script":
             self.page.scripts += 1
+        elif tag == "table":
+            self._table = values.get("id")
         elif tag == "tbody":
             self._in = "tbody"
         elif tag == "tr" and self._in == "tbody":
@@ -81,7 +88,7 @@ class _Reader(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "tr" and self._row is not None:
-            self.page.top.append(self._row)
+            (self.page.matches if self._table == "matchlist" else self.page.top).append(self._row)
             self._row = None
         elif tag in ("tbody", "span") and self._in in ("tbody", "match"):
             self._in = None

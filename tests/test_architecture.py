@@ -30,7 +30,9 @@ ALLOWED = {
     "exporters": {"optrace.frontend.report", "optrace.jitmaps"},
     "frontend": {"optrace.bpf", "optrace.jitmaps", "optrace.exporters"},
 }
-NOT_FROM = {"optrace.frontend.report": {"optrace.exporters"}}  # the row model never imports its outputs
+NOT_FROM = {"optrace.frontend.report": {"optrace.exporters"},  # the row model never imports its outputs
+            # ELF and DWARF readers (call-frame information included) under the unwinder, never the reverse
+            "optrace.frontend.symbols": {"optrace.frontend.unwind"}}
 
 
 def product_files() -> list[tuple[str, Path]]:

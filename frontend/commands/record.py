@@ -14,6 +14,9 @@ from optrace.escape import escape_controls
 from optrace.kernel import max_sample_rate
 
 MAX_MIN_BLOCK_US = 3_600_000_000  # an hour
+# perf's -e names of the event optrace samples: the timer-driven cpu-clock (the sampler takes cycles instead
+# where the CPU has a PMU, as BCC's profile does)
+SAMPLED_EVENTS = ("cpu-clock",)
 
 
 def check_frequency(hz: int) -> None:
@@ -30,6 +33,9 @@ def check_frequency(hz: int) -> None:
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("-o", "--output", default="optrace.data", show_default=True, help="Record file to write.")
 @click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
+@click.option("-e", "--event", "event", default=None, metavar="cpu-clock",
+              help="perf's -e: the event sampled, cpu-clock (the one optrace samples: accepted for perf's command "
+                   "lines; where the CPU has a PMU, cycles is sampled instead). Waits: --off-cpu.")
 @click.option("-g/--no-stacks", "stacks", default=True, help="Keep whole stacks (default) or only the sampled frame.")
 @unwind_option()
 @python_option()
@@ -55,13 +61,14 @@ def check_frequency(hz: int) -> None:
               help="With --off-cpu: record one wait in N (at random) and count it N times; N times fewer stacks taken.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx: click.Context, output, frequency, stacks, call_graph, python, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
+def command(ctx: click.Context, output, frequency, event, stacks, call_graph, python, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
             stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every,
             command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
 
     With a command, exits with the command's status (128+N when signal N ended it), like perf; when the
     recording ends first (-d) and stops the command, exits 0."""
+    check_event(event)
     wanted = OffCpuOptions(min_block, frozenset(states), kernel_stacks=not user_stacks_only, every=every)
     off_cpu_options = off_cpu_settings(off_cpu or wall, wanted, stacks)
     options = RecordOptions(
@@ -89,9 +96,18 @@ def command(ctx: click.Context, output, frequency, stacks, call_graph, python, p
     record = recorder.run()
     write_record(record, output)
     summarize(record, output)
+    if event and record.meta.event not in ("", event):
+        click.echo(f"optrace: note: -e {event}: this CPU has a PMU, and {record.meta.event} was sampled", err=True)
     status = record.meta.exit_status
     if status and not recorder.stopped_command:
         ctx.exit(shell_status(status))
+
+
+def check_event(event: str | None) -> None:
+    """``-e``: perf's name of the event optrace samples, or nothing; any other is refused, not ignored."""
+    if event is not None and event not in SAMPLED_EVENTS:
+        raise OptraceError(f"-e {escape_controls(event)!r}: record samples {' or '.join(SAMPLED_EVENTS)} only "
+                           "(drop -e; --off-cpu records where threads wait)")
 
 
 def off_cpu_settings(enabled: bool, wanted: OffCpuOptions, stacks: bool) -> OffCpuOptions | None:

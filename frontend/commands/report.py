@@ -12,7 +12,7 @@ from optrace.exporters.formats import CALL_GRAPH, PROFILE
 from optrace.frontend.cliopts import (PERF_CALL_GRAPH_DEFAULT, parse_call_graph, parse_percent, perf_sort_keys,
                                       pid_option)
 from optrace.frontend.report.gilwaits import gil_waits_only
-from optrace.frontend.report.events import EVENTS, event_record
+from optrace.frontend.report.events import EVENTS, event_record, main_event
 from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
 from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
@@ -35,8 +35,9 @@ def row_options(function: Callable[..., None]) -> Callable[..., None]:
 
 @click.command("report")
 @click.option("-i", "--input", "source", default="optrace.data", show_default=True, help="Record file to read.")
-@click.option("-e", "--event", default="cpu", show_default=True, type=click.Choice(EVENTS),
-              help=f"Which of the record's events: {', '.join(EVENTS)} (off-cpu and wall in nanoseconds).")
+@click.option("-e", "--event", default=None, type=click.Choice(EVENTS),
+              help=f"Which of the record's events: {', '.join(EVENTS)} (off-cpu and wall are times). Default: the "
+                   "one it was recorded for: wall with record --wall, off-cpu with --off-cpu, else cpu.")
 @click.option("-f", "--format", "fmt", default="table", show_default=True,
               help=f"{', '.join(PROFILE.names[:-1])} or {PROFILE.names[-1]}.")
 @row_options
@@ -54,12 +55,15 @@ def row_options(function: Callable[..., None]) -> Callable[..., None]:
               help="Only the stacks waiting for Python's GIL (through the interpreter's take_gil): with "
                    "--event off-cpu or wall, which Python code waited for it, and how long.")
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
-def command(source: str, sort: str, event: str, fmt: str, pids: tuple[int, ...], tids: tuple[int, ...], comms: str,
-            dsos: str, percent_limit: str, children: bool, call_graph: str | None, gil: bool, output: str) -> None:
+def command(source: str, sort: str, event: str | None, fmt: str, pids: tuple[int, ...], tids: tuple[int, ...], comms: str,
+            dsos: str, percent_limit: str, children: bool, call_graph: str | None, gil: bool,
+            output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
     options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph, tids)
     write = (CALL_GRAPH if options.call_graph else PROFILE).writer(fmt)
-    record, parts = event_record(settle(read_record(source)), event)
+    record = settle(read_record(source))
+    event = event or main_event(record.meta)
+    record, parts = event_record(record, event)
     if gil:
         record = gil_waits_only(record)
     profile = Profile(record, escape_controls(source), event, parts)

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import capstone
 
+from bisect import bisect_left
+
 from optrace.frontend.python.symbolnames import find_symbols
 from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile
-from optrace.frontend.unwind.cfi import CfiError, Section, read_fdes
+from optrace.frontend.symbols.fderanges import fde_ranges
 
 TAKE_GIL = "take_gil"
 CALLERS = ("PyEval_RestoreThread", "PyEval_AcquireThread")
 MAX_CALLER_BYTES = 4096  # of each caller's code disassembled
-MAX_EH_FRAME = 32 << 20
 
 
 def take_gil_range(elf: ElfFile) -> tuple[int, int] | None:
@@ -58,11 +59,6 @@ def _code(elf: ElfFile, address: int, size: int) -> bytes:
 
 def _fde_end(elf: ElfFile, start: int) -> int | None:
     """The end of the FDE that starts at ``start`` (a function's first instruction)."""
-    section = elf.section_by_name(".eh_frame")
-    if section is None:
-        return None
-    data = elf.section_data(section, MAX_EH_FRAME)
-    try:
-        return next((fde.end for fde in read_fdes(Section(data, section.addr, True)) if fde.start == start), None)
-    except CfiError:
-        return None
+    ranges = fde_ranges(elf)
+    at = bisect_left(ranges.starts, start)
+    return ranges.ends[at] if at < len(ranges) and ranges.starts[at] == start else None

@@ -1,5 +1,6 @@
 """One ELF object (perf's ``dso``): where to read it, its PT_LOAD layout (file offset -> virtual
-address) and its function symbols, loaded once on first use from the best source available."""
+address) and its functions, loaded once on first use: its symbols from the best source available, and for
+the code no symbol covers, the functions its FDEs give (named ``basename+0xSTART``, see fderanges)."""
 from __future__ import annotations
 
 import io
@@ -13,8 +14,9 @@ from optrace.frontend.symbols.access import FileProblems, FileRef, open_ref
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.demangle import demangle
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
+from optrace.frontend.symbols.fderanges import UNNAMED, FdeRanges, fde_ranges, with_unnamed_functions
 from optrace.frontend.symbols.srcline import LineRow, line_rows
-from optrace.frontend.symbols.symbol import Symbol, SymbolTable, read_function_symbols
+from optrace.frontend.symbols.symbol import MAX_FUNCTION_SYMBOLS, Symbol, SymbolTable, read_function_symbols
 
 MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per object (linkers write 2-5)
 
@@ -37,6 +39,17 @@ class FunctionBytes:
     offset: int
     code: bytes
     size: int  # the function's whole size (``code`` may be cut short)
+
+
+@dataclass(frozen=True)
+class _Function:
+    """A function of a Dso: its shown name, link-time [start, end), and where its code starts in the file."""
+
+    name: str
+    start: int
+    end: int
+    offset: int
+    segment: LoadSegment
 
 
 @dataclass
@@ -91,39 +104,45 @@ class Dso:
         return (self.source.read_path if self.source is not None else None) or self.name
 
     def symbol_at(self, file_offset: int) -> str | None:
-        """The demangled name of the function at ``file_offset``, or None."""
-        if self._segments is None:
-            self._load()
-        for segment in self._segments:
-            if segment.offset <= file_offset < segment.offset + segment.size:
-                name = self._symbols.find(segment.vaddr + file_offset - segment.offset)
-                return demangle(name) if name else None
-        return None
+        """The demangled name of the function at ``file_offset`` (``basename+0xSTART`` for one known by its
+        FDE only), or None."""
+        found = self._function_at(file_offset)
+        return found.name if found is not None else None
 
     def function_code(self, file_offset: int, max_bytes: int) -> FunctionBytes | None:
         """The machine code of the function at ``file_offset`` (at most ``max_bytes`` of it), read from
         the object itself; None for a debug file (no code in it), an image-less object or a function
         outside the file's loaded bytes."""
+        found = self._function_at(file_offset)
+        if found is None or self._debug_only:
+            return None
+        segment = found.segment
+        size = min(found.end - found.start, segment.offset + segment.size - found.offset)
+        if found.offset < segment.offset or size <= 0:
+            return None
+        kept = min(size, max_bytes)
+        code = self._context.problems.contained(self.shown, "its code is not kept for annotate",
+                                                lambda: self._read_code(found.offset, kept))
+        if code is None or len(code) != kept:
+            return None
+        return FunctionBytes(found.name, found.start, found.offset, code, size)
+
+    def _function_at(self, file_offset: int) -> _Function | None:
+        """The function whose code holds ``file_offset``, in the segment that maps it."""
         if self._segments is None:
             self._load()
-        if self._debug_only:
-            return None
         for segment in self._segments:
             if segment.offset <= file_offset < segment.offset + segment.size:
                 span = self._symbols.span(segment.vaddr + file_offset - segment.offset)
                 if span is None:
                     return None
                 name, start, end = span
-                start_offset = segment.offset + start - segment.vaddr
-                size = min(end - start, segment.offset + segment.size - start_offset)
-                if start_offset < segment.offset or size <= 0:
+                offset = segment.offset + start - segment.vaddr
+                if name != UNNAMED:
+                    return _Function(demangle(name), start, end, offset, segment)
+                if offset < segment.offset:  # a range from before the segment (a crafted FDE): no function
                     return None
-                kept = min(size, max_bytes)
-                code = self._context.problems.contained(self.shown, "its code is not kept for annotate",
-                                                        lambda: self._read_code(start_offset, kept))
-                if code is None or len(code) != kept:
-                    return None
-                return FunctionBytes(demangle(name), start, start_offset, code, size)
+                return _Function(f"{self.basename}+0x{offset:x}", start, end, offset, segment)
         return None
 
     def _read_code(self, offset: int, size: int) -> bytes:
@@ -162,7 +181,8 @@ class Dso:
             identity = _identity(stream)
             elf = ElfFile(stream)
             segments = reconstruct_segments(elf) if self._debug_only else load_segments(elf)
-            return segments, SymbolTable(self._read_symbols(elf, identity))
+            symbols = self._read_symbols(elf, identity)
+            return segments, SymbolTable(with_unnamed_functions(symbols, self._fde_ranges(elf, len(symbols))))
 
     @property
     def _readable(self) -> bool:
@@ -204,6 +224,13 @@ class Dso:
             return mini + dynamic
         self.symbol_source = "dynsym"
         return dynamic
+
+    def _fde_ranges(self, elf: ElfFile, symbols: int) -> FdeRanges:
+        """The ranges of the file's FDEs, which name the functions no symbol names (none when unreadable),
+        at most as many as the symbol budget leaves beside ``symbols``."""
+        found = self._context.problems.contained(self.shown, "its functions without symbols show per address",
+                                                 lambda: fde_ranges(elf, MAX_FUNCTION_SYMBOLS - symbols))
+        return found if found is not None else FdeRanges()
 
     def _separate_debug_symbols(self, elf: ElfFile, identity: Identity | None) -> list[Symbol]:
         """The .symtab of the debug file found by build-id, else by .gnu_debuglink ([] when none)."""

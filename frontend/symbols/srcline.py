@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from optrace.frontend.symbols.elffile import ElfFile, ElfFormatError
-from optrace.frontend.unwind.cfi import CfiError, sleb128, uleb128
+from optrace.frontend.symbols.cfi import CfiError, sleb128, uleb128
 
 MAX_SECTION_BYTES = 4 << 20  # larger line tables (big libraries' debug files) take seconds here: no lines
 MAX_ROWS = 100_000

@@ -37,7 +37,7 @@ from typing import Protocol
 from optrace.fileaccess import BoundedFile, BudgetExceeded
 from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.elffile import ElfFormatError
-from optrace.frontend.unwind.cfi import CfiError
+from optrace.frontend.symbols.cfi import CfiError
 from optrace.frontend.unwind.table import MAX_ROWS, ROW
 from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file, decode_unwind_file, encode_unwind_file
 

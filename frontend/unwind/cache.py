@@ -53,7 +53,7 @@ from optrace.frontend.symbols.debuginfo import build_id_debug_path
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 from optrace.frontend.unwind.builder import InProcessBuilder, TableBuilder
-from optrace.frontend.unwind.cfi import CfiError
+from optrace.frontend.symbols.cfi import CfiError
 from optrace.frontend.unwind.table import EMPTY, UnwindTable
 from optrace.frontend.unwind.tablestore import TableStore, store_key
 from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file, file_without_rows

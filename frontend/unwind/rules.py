@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableSequence
 from dataclasses import dataclass
 
-from optrace.frontend.unwind.cfi import MAX_PROGRAM_BYTES, MAX_STATE_DEPTH, Cie, CfiError, plt_threshold, sleb128, uleb128
+from optrace.frontend.symbols.cfi import MAX_PROGRAM_BYTES, MAX_STATE_DEPTH, Cie, CfiError, plt_threshold, sleb128, uleb128
 from optrace.frontend.unwind.row import (CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, OUTERMOST, RBP_AT_CFA, RBP_SAME,
                                          RBP_UNSUPPORTED, S16, S32, UNSUPPORTED, Rule)
 

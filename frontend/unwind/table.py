@@ -37,8 +37,8 @@ from typing import BinaryIO
 
 from optrace.fileaccess import BudgetExceeded
 from optrace.heap import gc_paused
-from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, ElfFormatError, SectionHeader
-from optrace.frontend.unwind.cfi import CfiError, Section, read_fdes
+from optrace.frontend.symbols.elffile import ElfFile, ElfFormatError
+from optrace.frontend.symbols.cfi import CfiError, Section, cfi_sections, read_fdes, read_section
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, END,
                                          RBP_AT_CFA, RBP_SAME, RBP_UNSUPPORTED, ROW, UNSUPPORTED, Rule)
 from optrace.frontend.unwind.rules import PLT_EXPAND, UNSUPPORTED_PROGRAM, Program, ProgramRunner, add_row
@@ -47,11 +47,10 @@ __all__ = ["ROW", "CFA_RSP", "CFA_RBP", "CFA_PLT", "CFA_END", "CFA_UNSUPPORTED",
            "RBP_AT_CFA", "RBP_UNSUPPORTED", "Rule", "UnwindTable", "build_table", "EMPTY"]
 
 EM_X86_64 = 62
-MAX_SECTION_BYTES = 64 << 20  # .eh_frame / .debug_frame read (cc1's .eh_frame: 2.3 MB)
 MAX_ROWS = 1 << 21  # 32 MiB of rows (cc1: 0.48 M rows); past it the table stops there, counted
 MAX_PLT_ENTRIES = 1 << 16  # entries written out for a PLT expression with an unusual threshold
 # CPU time of the building thread per file (time.thread_time: the machine's load does not count; cc1
-# takes 0.26-0.38 s). The decoding is linear in the section's size, which MAX_SECTION_BYTES bounds already:
+# takes 0.26-0.38 s). The decoding is linear in the section's size, which cfi.MAX_SECTION_BYTES bounds already:
 # this bounds what a crafted section of that size could cost.
 BUILD_SECONDS = 10.0
 # Work between two looks at the clock and at ``stop``: an FDE counts its program's bytes (at most one
@@ -128,12 +127,10 @@ def _build(elf: ElfFile, deadline: float, stop: Callable[[], bool]) -> UnwindTab
     problems: list[str] = []
     fdes: list[tuple[int, int, Program]] = []
     names = []
-    for name in (".eh_frame", ".debug_frame"):
-        header = elf.section_by_name(name)
-        if header is None or header.type == SHT_NOBITS or header.size == 0:
-            continue
+    for header in cfi_sections(elf):
+        name = header.name
         try:
-            found = _decode(_section(elf, header), deadline, problems, stop)
+            found = _decode(read_section(elf, header), deadline, problems, stop)
         except (BudgetExceeded, ElfFormatError) as err:
             problems.append(f"{name}: {err}")
             continue
@@ -143,13 +140,6 @@ def _build(elf: ElfFile, deadline: float, stop: Callable[[], bool]) -> UnwindTab
     if not fdes and not problems:
         return EMPTY
     return _table(fdes, "+".join(names), problems)
-
-
-def _section(elf: ElfFile, header: SectionHeader) -> Section:
-    data = elf.section_data(header, MAX_SECTION_BYTES)
-    eh_frame = header.name == ".eh_frame"
-    got = elf.section_by_name(".got.plt") or elf.section_by_name(".got")
-    return Section(data, header.addr if eh_frame else 0, eh_frame, got.addr if got else 0)
 
 
 def _merge(primary: list[tuple[int, int, Program]], extra: list[tuple[int, int, Program]]) -> list[tuple[int, int, Program]]:

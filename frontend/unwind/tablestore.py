@@ -27,15 +27,17 @@ from pathlib import Path
 
 from optrace import __version__
 from optrace.cachedir import CacheDirectory, default_directory as cache_directory
+from optrace.frontend.symbols import cfi
 from optrace.frontend.symbols.buildid import FileIdentity
-from optrace.frontend.unwind.cfi import CfiError
+from optrace.frontend.symbols.cfi import CfiError
+from optrace.frontend.unwind import row, rules, table, unwindfile
 from optrace.frontend.unwind.table import MAX_ROWS, ROW
 from optrace.frontend.unwind.unwindfile import UnwindFile, decode_unwind_file, encode_unwind_file
 
 MAGIC = b"optrace unwind table 1\n"
 MAX_STORE_BYTES = 256 << 20
 # The modules whose code decides a table's rows: a change to any of them is a new fingerprint.
-CONVERTER_MODULES = ("cfi", "rules", "row", "table", "unwindfile")
+CONVERTER_MODULES = (cfi, rules, row, table, unwindfile)
 
 StoreKey = str
 
@@ -49,8 +51,8 @@ def default_directory() -> Path | None:
 def converter_fingerprint() -> str:
     """optrace's version and a SHA-256 of the converter's sources."""
     digest = hashlib.sha256(__version__.encode())
-    for name in CONVERTER_MODULES:
-        digest.update(Path(__file__).with_name(f"{name}.py").read_bytes())
+    for module in CONVERTER_MODULES:
+        digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()
 
 

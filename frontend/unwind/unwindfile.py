@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
-from optrace.frontend.unwind.cfi import CfiError
+from optrace.frontend.symbols.cfi import CfiError
 from optrace.frontend.unwind.table import EMPTY, ROW, UnwindTable, build_table
 from optrace.procfs import MapEntry
 

@@ -186,3 +186,122 @@ def test_hover_click_to_zoom_and_reset(optrace, record_file: Path, tmp_path: Pat
     assert result["zoomed"].startswith("hot_a | ")  # hot_a now spans the width
     assert result["above"].startswith("main | ")  # its callers stay drawn above it, full width
     assert result["reset"].startswith("hot_b | ")
+
+
+def test_search_lists_the_matching_functions_with_their_share(optrace, record_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "flame.html"
+    optrace("report", "-i", str(record_file), "-f", "flamegraph", "-o", str(out), check=True)
+    page = read_page(dump_dom(out, "#search=hot_"))
+    assert page.matches == [["40.00%", "400", "hot_a", "/work/main/workloads/build/demo"],
+                            ["20.00%", "200", "hot_b", "/work/main/workloads/build/demo"],
+                            ["5.00%", "50", "hot_a", "/usr/bin/bash"]]
+    assert "matches" not in page.hidden
+    idle = read_page(dump_dom(out))
+    assert idle.matches == [] and "matches" in idle.hidden
+
+
+FLIP = """<script>
+// test driver: hover a row at the left edge, flip the order in place, hover again, flip back
+(function () {
+  const canvas = document.getElementById("canvas"), tip = document.getElementById("tip");
+  const flip = document.getElementById("flip"), r = canvas.getBoundingClientRect();
+  function hover(depth) {
+    canvas.dispatchEvent(new MouseEvent("mousemove", {clientX: r.left + 5, clientY: r.top + depth * 18 + 9, bubbles: true}));
+    return tip.hidden ? "" : tip.textContent.split("\\n")[0] + " | " + tip.textContent.split("\\n").slice(-1)[0];
+  }
+  const out = {caller: [hover(2), hover(3)], button: flip.textContent};
+  flip.click();
+  out.callee = [hover(2), hover(3), document.body.dataset.order, flip.textContent];
+  flip.click();
+  out.back = [hover(2), document.body.dataset.order];
+  document.body.dataset.result = JSON.stringify(out);
+})();
+</script></body>"""
+
+
+def test_flip_between_caller_and_callee_order_in_place(optrace, record_file: Path, tmp_path: Path) -> None:
+    """The synthetic record's demo: main calls hot_a (40%), hot_b, lib_burn and write; flipped, hot_a heads
+    its own tower with main above it, the hottest functions unchanged."""
+    import html
+    import json
+
+    out, driven = tmp_path / "flame.html", tmp_path / "driven.html"
+    optrace("report", "-i", str(record_file), "-f", "flamegraph", "-o", str(out), check=True)
+    driven.write_text(out.read_text().replace("</body>", FLIP))
+    page = read_page(dump_dom(driven))
+    result = json.loads(html.unescape(page.body["data-result"]))
+    assert result["caller"] == ["main | user frame, 900 samples, 90.00% of all; self 0 (0.00%)",
+                                "hot_a | user frame, 400 samples, 40.00% of all; self 400 (40.00%)"]
+    assert result["button"] == "Flip to callee order"
+    assert result["callee"] == ["hot_a | user frame, 400 samples, 40.00% of all; self 0 (0.00%)",
+                                "main | user frame, 400 samples, 40.00% of all; self 400 (40.00%)",
+                                "callee", "Flip to caller order"]
+    assert result["back"] == ["main | user frame, 900 samples, 90.00% of all; self 0 (0.00%)", "caller"]
+    assert share(page, "hot_a") == 40.0 and share(page, "main") == 90.0
+    callee = read_page(dump_dom(out, "#order=callee&search=main"))
+    assert callee.body["data-order"] == "callee" and callee.match == "Matched: 950 samples, 95.00% of all"
+
+
+THIN = """<script>
+// test driver: the colour drawn where the 1-sample frame thin_t sits (depth 3, at half the width)
+(function () {
+  const canvas = document.getElementById("canvas"), ratio = window.devicePixelRatio || 1;
+  const x = Math.round((canvas.width / ratio) * 49999 / 99999) + 1, y = 3 * 18 + 9;
+  const pixel = canvas.getContext("2d").getImageData(x * ratio, y * ratio, 1, 1).data;
+  document.body.dataset.result = Array.from(pixel.slice(0, 3)).join(",");
+})();
+</script></body>"""
+
+
+def test_a_match_too_thin_to_draw_is_still_marked(optrace, record: Record, tmp_path: Path) -> None:
+    """One sample in 99,999: thin_t is 0.01 px wide, under the width frames are drawn at; searched for, it
+    is marked 3 px wide in the search colour, and listed."""
+    frames = [Frame("wide_a", "/x"), Frame("wide_a1", "/x"), Frame("thin_t", "/x"), Frame("wide_b", "/x")]
+    samples = [Sample(1, "c", (1, 0), 49_999), Sample(1, "c", (2, 0), 1), Sample(1, "c", (3,), 49_999)]
+    data, out, driven = tmp_path / "thin.data", tmp_path / "thin.html", tmp_path / "driven.html"
+    write_record(Record(meta=record.meta, frames=frames, samples=samples), data)
+    optrace("report", "-i", str(data), "-f", "flamegraph", "-o", str(out), check=True)
+    driven.write_text(out.read_text().replace("</body>", THIN))
+    assert read_page(dump_dom(driven)).body["data-result"] != "224,64,251"
+    page = read_page(dump_dom(driven, "#search=thin_t"))
+    assert page.body["data-result"] == "224,64,251"  # #e040fb
+    assert page.matches == [["0.00%", "1", "thin_t", "/x"]]
+
+
+SVG_DRIVER = """<script><![CDATA[
+// test driver: zoom on hot_a (a click on its frame), then write what is shown
+(function () {
+  var frames = Array.prototype.slice.call(document.querySelectorAll("g[data-samples]"));
+  var hot = frames.filter(function (g) { return g.querySelector("title").textContent.indexOf("hot_a in /work") === 0; })[0];
+  hot.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  var shown = frames.filter(function (g) { return g.style.display !== "none"; }).map(function (g) {
+    var rect = g.querySelector("rect"), text = g.querySelector("text");
+    return [g.querySelector("title").textContent.split(":")[0], +rect.getAttribute("x"), +rect.getAttribute("width"),
+            text ? text.textContent : ""];
+  });
+  document.documentElement.setAttribute("data-result", JSON.stringify(shown));
+})();
+]]></script></svg>"""
+
+
+def test_svg_zooms_and_searches_by_itself(optrace, record_file: Path, tmp_path: Path) -> None:
+    """In Chromium, the SVG file alone: #search= colours the matches and says their share; a click on hot_a
+    zooms on it (full width, its callers above it), the rest hidden."""
+    import html
+    import json
+
+    out, driven = tmp_path / "flame.svg", tmp_path / "driven.svg"
+    optrace("report", "-i", str(record_file), "-f", "svg", "-o", str(out), check=True)
+    root = ET.parse(out).getroot()
+    assert len(root.findall(SVG + "script")) == 1 and "]]>" not in root.find(SVG + "script").text
+    dom = dump_dom(out, "#search=hot_")
+    assert re.search(r'<text id="matched"[^>]*>Matched: 65\.00% of all</text>', dom)
+    coloured = re.findall(r'<title>([^<:]+)[^<]*</title><rect[^>]*fill="#e040fb"', dom)
+    assert sorted(coloured) == ["hot_a in /usr/bin/bash", "hot_a in /work/main/workloads/build/demo",
+                                "hot_b in /work/main/workloads/build/demo"]
+    driven.write_text(out.read_text().replace("</svg>", SVG_DRIVER))
+    shown = json.loads(html.unescape(re.search(r'data-result="([^"]*)"', dump_dom(driven)).group(1)))
+    assert [name for name, *_ in shown] == ["all (1000 samples)", "demo", "main in /work/main/workloads/build/demo",
+                                            "hot_a in /work/main/workloads/build/demo"]
+    assert all((x, width) == (0, 1200) for _, x, width, _ in shown)
+    assert shown[-1][3] == "hot_a" and re.search(r'data-zoomed="hot_a"', dump_dom(driven))

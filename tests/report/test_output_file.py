@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
+
+from support import OPTRACE
 
 ROOT = os.geteuid() == 0
 
@@ -57,7 +60,7 @@ def test_replaces_an_existing_report_and_follows_the_umask(optrace, record_file:
 @pytest.mark.parametrize("kind", ["fifo", "directory", "symlink to a fifo",
                                   pytest.param("device", marks=pytest.mark.skipif(not ROOT, reason="mknod"))])
 def test_non_regular_targets_are_refused(optrace, record_file: Path, out_dir: Path, kind: str) -> None:
-    """A FIFO (would block), a directory, or a name leading to a device or pipe (/dev/stdout, /dev/null:
+    """A FIFO (would block), a directory, or a name leading to a device or pipe (/dev/stdout, /dev/zero:
     a rename would replace it for the whole machine) is refused; nothing there changes."""
     fifo = out_dir / "fifo"
     os.mkfifo(fifo)
@@ -66,7 +69,7 @@ def test_non_regular_targets_are_refused(optrace, record_file: Path, out_dir: Pa
     if kind == "directory":
         target.mkdir()
     elif kind == "device":
-        os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a /dev/null of the test's own
+        os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(1, 5))  # a /dev/zero of the test's own
     elif kind == "symlink to a fifo":
         target.symlink_to(fifo)
     proc = optrace("report", "-i", str(record_file), "-o", str(target), timeout=20)
@@ -80,3 +83,32 @@ def test_non_regular_targets_are_refused(optrace, record_file: Path, out_dir: Pa
 def test_unwritable_directory_leaves_the_old_file(optrace, record_file: Path, tmp_path: Path) -> None:
     one_line_error(optrace("report", "-i", str(record_file), "-o", str(tmp_path / "nowhere" / "r.txt")),
                    "No such file or directory")
+
+
+def test_the_null_device_is_written_to(optrace, record_file: Path, out_dir: Path) -> None:
+    """-o /dev/null, as every tool takes it: the report is written into it (nothing replaced); a null device
+    of the test's own stays one, and a link to it is refused like any link to a device."""
+    proc = optrace("report", "-i", str(record_file), "-o", "/dev/null")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+    if not ROOT:
+        return
+    null, link = out_dir / "null", out_dir / "link"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    link.symlink_to(null)
+    optrace("report", "-i", str(record_file), "-f", "csv", "-o", str(null), check=True)
+    assert stat.S_ISCHR(null.lstat().st_mode) and null.lstat().st_rdev == os.makedev(1, 3)
+    one_line_error(optrace("report", "-i", str(record_file), "-o", str(link)), f"cannot write {link}: ")
+    assert sorted(p.name for p in out_dir.iterdir()) == ["link", "null"]
+
+
+def test_a_link_into_proc_is_not_replaced(optrace, record_file: Path, out_dir: Path) -> None:
+    """What -o /dev/stdout is (a link to /proc/self/fd/1): with stdout redirected to a file it led to a
+    regular file, and the rename replaced the link (/dev/stdout, for the whole machine)."""
+    link, redirected = out_dir / "stdout", out_dir / "redirected.txt"
+    link.symlink_to("/proc/self/fd/1")
+    with open(redirected, "w") as stdout:
+        proc = subprocess.run([str(OPTRACE), "report", "-i", str(record_file), "-o", str(link)], stdout=stdout,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 1 and "a link into /proc" in proc.stderr
+    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1" and redirected.read_text() == ""

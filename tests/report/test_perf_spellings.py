@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from optrace.errors import OptraceError
-from optrace.frontend.cliopts import CallGraphSpec, parse_call_graph
+from optrace.frontend.cliopts import CallGraphSpec, parse_call_graph, parse_unwind
+from support import assert_one_line_error
 
 
 def report(optrace, record_file: Path, *args: str) -> str:
@@ -66,6 +67,27 @@ def test_perf_call_graph_forms(text, spec):
 def test_bad_call_graph_forms(text):
     with pytest.raises(OptraceError, match="--call-graph"):
         parse_call_graph(text)
+
+
+@pytest.mark.parametrize("text, walk", [("dwarf", "dwarf"), ("fp", "fp"), ("dwarf,16384", "dwarf"), ("DWARF,1", "dwarf"),
+                                        ("dwarf,65528", "dwarf"), ("dwarf,65521", "dwarf")])
+def test_perf_record_call_graph_forms(text, walk):
+    """record/top/serve --call-graph: perf's dwarf,SIZE is taken (optrace copies no stack: the size does not
+    change the walk) and checked as perf checks it (1 to 65528 bytes once rounded up to 8)."""
+    assert parse_unwind(text) == walk
+
+
+@pytest.mark.parametrize("text", ["lbr", "dwarf,0", "dwarf,65529", "dwarf,16k", "dwarf,", "fp,8"])
+def test_bad_record_call_graph_forms(text):
+    with pytest.raises(ValueError):
+        parse_unwind(text)
+
+
+def test_bad_perf_record_options_are_one_line(optrace):
+    """Before anything is loaded (no root needed): a size perf would refuse, an event optrace does not sample."""
+    assert_one_line_error(optrace("record", "--call-graph", "dwarf,70000", "-a"), "--call-graph", "65528")
+    assert_one_line_error(optrace("top", "--call-graph", "fp,8"), "--call-graph", "fp takes no size")
+    assert_one_line_error(optrace("record", "-e", "cycles", "-a"), "-e 'cycles'", "cpu-clock only")
 
 
 def test_threads_sort_key_filter_and_json_field(optrace, record_file):

@@ -304,14 +304,18 @@ def test_write_over_a_directory_is_one_error(tmp_path: Path, record: Record) -> 
 
 
 @pytest.mark.skipif(not ROOT, reason="mknod needs root")
-def test_write_over_a_device_is_refused(tmp_path: Path, record: Record) -> None:
-    """`record -o /dev/null` as root must not replace the machine's /dev/null with a regular file."""
-    device = tmp_path / "null"
-    os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-    with pytest.raises(RecordFileError, match=r"cannot write .*null: not a regular file"):
-        write_record(record, device)
-    assert stat.S_ISCHR(device.lstat().st_mode)
-    assert [p.name for p in tmp_path.iterdir()] == ["null"]
+def test_write_over_a_device_is_refused_but_the_null_device_is_written_to(tmp_path: Path, record: Record) -> None:
+    """`record -o /dev/null` as root writes into the null device and never replaces it with a regular file;
+    any other device is refused."""
+    null, zero = tmp_path / "null", tmp_path / "zero"
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    os.mknod(zero, stat.S_IFCHR | 0o666, os.makedev(1, 5))
+    write_record(record, null)
+    assert stat.S_ISCHR(null.lstat().st_mode)
+    with pytest.raises(RecordFileError, match=r"cannot write .*zero: not a regular file"):
+        write_record(record, zero)
+    assert stat.S_ISCHR(zero.lstat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "zero"]
 
 
 def test_the_json_written_a_piece_at_a_time_is_the_whole_documents(record: Record, monkeypatch) -> None:

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from browser import dump_dom, read_page, screenshot, share
-from support import run_optrace
+from support import run_optrace, wait_perf_events
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
@@ -73,6 +75,27 @@ def test_call_graph_text_names_the_hot_path(demo_record: Path) -> None:
     entry = next(line for line in text.splitlines() if line.endswith("[.] hot_a"))
     assert float(entry.split()[0].rstrip("%")) == pytest.approx(40, abs=5)
     assert "---hot_a" in text and "main" in text
+
+
+def test_wall_record_reports_wall_time_without_the_tracepoints_frames(tmp_path: Path, workloads: Path) -> None:
+    """pingpong switches back and forth while perf traces sched_switch too: the tracepoint then calls its probes
+    from __traceiter_sched_switch's loop, whose frame topped every off-CPU stack. `report` of the --wall
+    record shows wall-clock time without being asked, and every wait ends in __schedule."""
+    perf = subprocess.Popen(["perf", "record", "-q", "-e", "sched:sched_switch", "-a", "-o", str(tmp_path / "perf.data"),
+                             "--", "sleep", "120"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_perf_events(perf.pid, os.cpu_count() or 1)
+        data = tmp_path / "wall.data"
+        run_optrace("record", "--wall", "-o", str(data), "--", str(workloads / "pingpong"), "50000", check=True,
+                    timeout=300)
+    finally:
+        perf.send_signal(signal.SIGINT)
+        perf.wait(timeout=60)
+    assert "# Time: " in (text := run_optrace("report", "-i", str(data), check=True).stdout) and "of event 'wall'" in text
+    waits = [line for line in run_optrace("report", "-i", str(data), "-e", "off-cpu", "-f", "folded",
+                                          check=True).stdout.splitlines() if not line.startswith("#")]
+    leaves = {line.rsplit(" ", 1)[0].rsplit(";", 1)[-1] for line in waits}
+    assert len(waits) >= 3 and leaves == {"__schedule_[k]"}, leaves
 
 
 def record_shares(tmp_path: Path, workloads: Path, pct: int) -> Path:

@@ -19,6 +19,7 @@ __attribute__((noinline)) static void beta(int n) { for (int i = 0; i < n; i++) 
 __attribute__((noinline)) void gamma_fn(int n) { for (int i = 0; i < n; i++) sink += i; beta(n); }
 int main(int argc, char **argv) { alpha(argc); gamma_fn(argc); return 0; }
 """
+FDE_LINE = re.compile(r"^\S+ \S+ \S+ FDE cie=\S+ pc=([0-9a-f]+)\.\.([0-9a-f]+)$")
 
 
 def run(*cmd: str) -> str:
@@ -52,6 +53,13 @@ class ElfFacts:
     @classmethod
     def offset_of(cls, path: Path | str, name: str, plus: int = 0) -> int:
         return cls.file_offset(path, cls.symbol(path, name)[0] + plus)
+
+    @staticmethod
+    def fdes(path: Path | str) -> list[tuple[int, int]]:
+        """The [start, end) ranges of the FDEs ``readelf --debug-dump=frames`` decodes, sorted."""
+        text = run("readelf", "--debug-dump=frames", str(path))
+        found = [FDE_LINE.match(line) for line in text.splitlines()]
+        return sorted((int(m.group(1), 16), int(m.group(2), 16)) for m in found if m and m.group(1) != m.group(2))
 
     @staticmethod
     def build_id(path: Path | str) -> bytes:

@@ -115,7 +115,7 @@ def test_debuglink_that_is_not_a_plain_name_is_refused(program, elf, hostile, li
     hostile.add_section(program, ".gnu_debuglink", hostile.debuglink(link))
     report = hostile.symbolize(executables=[program], frames=[(build_id.hex(), offset, 1)])
     assert_fast(report)
-    assert report["frames"] == [[f"prog+{offset:#x}", str(program), False]]
+    assert report["frames"] == [[f"prog+{offset:#x}", str(program), True]]  # by its FDE alone
     (warning,) = report["warnings"]
     assert warning.startswith(f"refused {program}: its .gnu_debuglink ") and "is not a plain file name" in warning
     assert "\x1b" not in warning
@@ -137,7 +137,7 @@ def test_debuglink_target_that_is_not_a_regular_file_is_refused(program, elf, ho
     details = plant(debug, kind)
     report = hostile.symbolize(executables=[program], frames=[frame])
     assert_fast(report)
-    assert report["frames"] == [[f"prog+{offset:#x}", str(program), False]]
+    assert report["frames"] == [[f"prog+{offset:#x}", str(program), True]]  # by its FDE alone
     (warning,) = report["warnings"]
     assert warning.startswith(f"refused {debug}: ") and "its debug file is not used" in warning
     assert any(detail in warning for detail in details)
@@ -194,7 +194,7 @@ def test_minidebuginfo_bomb_keeps_memory_flat(program, elf, hostile):
     bomb = subprocess.run("head -c 256M /dev/zero | xz -0", shell=True, capture_output=True, check=True).stdout
     hostile.add_section(program, ".gnu_debugdata", bomb)
     report = hostile.symbolize(executables=[program], frames=[(build_id.hex(), offset, 1)])
-    assert report["frames"] == [[f"prog+{offset:#x}", str(program), False]]
+    assert report["frames"] == [[f"prog+{offset:#x}", str(program), True]]  # by its FDE alone
     assert report["warnings"] == [f"{program} (.gnu_debugdata): .gnu_debugdata inflates to more than 4194304 bytes; "
                                   "only its dynamic symbols are used"]  # its binary's size, at least 4 MiB
     assert report["stats"]["bad_files_budget"] == 1

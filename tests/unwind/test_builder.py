@@ -21,7 +21,7 @@ from optrace.frontend.symbols.access import ELF_POLICY, FileRef, problem_kind
 from optrace.frontend.symbols.elffile import ElfFormatError
 from optrace.frontend.unwind.builder import ChildProcessBuilder, InProcessBuilder
 from optrace.frontend.unwind.cache import UnwindTableCache
-from optrace.frontend.unwind.cfi import CfiError
+from optrace.frontend.symbols.cfi import CfiError
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")

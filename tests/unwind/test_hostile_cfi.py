@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from optrace.frontend.symbols.access import FileRef
 from optrace.frontend.symbols.elffile import ElfFile
-from optrace.frontend.unwind import cfi
+from optrace.frontend.symbols import cfi
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.table import CFA_END, CFA_RSP, CFA_UNSUPPORTED, EMPTY, build_table
 

@@ -21,7 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, SectionHeader
+
 # Limits (real files: cc1 has 45,201 FDEs; most FDE programs are a few dozen bytes).
+MAX_SECTION_BYTES = 64 << 20  # .eh_frame / .debug_frame read (cc1's .eh_frame: 2.3 MB)
 MAX_ENTRIES = 1 << 21  # CIEs + FDEs in one section
 MAX_PROGRAM_BYTES = 1 << 18  # of an FDE's or a CIE's instructions, so at most as many (cc1's longest: 20,051)
 MAX_STATE_DEPTH = 64  # DW_CFA_remember_state nesting
@@ -81,6 +84,24 @@ class Section:
     address: int  # sh_addr (pc-relative pointers), 0 for .debug_frame
     eh_frame: bool  # .eh_frame layout (CIE id 0, relative CIE pointers) rather than .debug_frame's
     data_base: int = 0  # base of DW_EH_PE_datarel pointers (the GOT)
+
+
+CFI_SECTIONS = (".eh_frame", ".debug_frame")  # where both describe a pc, .eh_frame's FDE is the one used
+
+
+def cfi_sections(elf: ElfFile) -> list[SectionHeader]:
+    """The CFI sections ``elf`` holds bytes of, in CFI_SECTIONS' order (a debug file's .eh_frame is NOBITS)."""
+    headers = (elf.section_by_name(name) for name in CFI_SECTIONS)
+    return [header for header in headers if header is not None and header.type != SHT_NOBITS and header.size]
+
+
+def read_section(elf: ElfFile, header: SectionHeader) -> Section:
+    """The section ``header`` of ``elf`` (one of CFI_SECTIONS) as :func:`read_fdes` takes it; BudgetExceeded
+    past MAX_SECTION_BYTES, ElfFormatError when the file is cut short."""
+    data = elf.section_data(header, MAX_SECTION_BYTES)
+    eh_frame = header.name == ".eh_frame"
+    got = elf.section_by_name(".got.plt") or elf.section_by_name(".got")
+    return Section(data, header.addr if eh_frame else 0, eh_frame, got.addr if got else 0)
 
 
 def read_fdes(section: Section) -> Iterator[Fde]:
