@@ -87,8 +87,9 @@ class Symbolizer:
         self._table_bytes = limits.table_bytes
 
     def add_names(self, build_id: bytes, start: int, end: int, name: str) -> None:
-        """Name [start, end) (file offsets) of the object with this build-id where its own symbols do not:
-        a function found another way (frontend/python/gilfunction.py finds take_gil in a stripped python)."""
+        """Name [start, end) (file offsets) of the object with this build-id: a function found another way
+        (frontend/python/gilfunction.py finds take_gil in a stripped python), named so before the function
+        boundaries of its FDEs would name it file+0xSTART."""
         ranges = self._names_elsewhere.setdefault(build_id, [])
         if (start, end, name) not in ranges:
             ranges.append((start, end, name))
@@ -251,7 +252,7 @@ class Symbolizer:
             return None
 
     def _object_frame(self, dso: Dso, offset: int) -> Frame:
-        name = dso.symbol_at(offset) or self._name_elsewhere(dso.build_id, offset)
+        name = self._name_elsewhere(dso.build_id, offset) or dso.symbol_at(offset)
         build_id = dso.build_id.hex() if dso.build_id else None
         if name is None:
             return Frame(f"{dso.basename}+0x{offset:x}", dso.name, address=offset, resolved=False,
