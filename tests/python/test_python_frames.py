@@ -50,8 +50,9 @@ def position(frames: list[str], pattern: str) -> int:
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_python_frames_replace_the_interpreters_with_native_frames_between(tmp_path, version) -> None:
     """sort_phase -> sorted (C) -> rank reads as that chain, root first, with the builtin's native frames
-    between the two Python frames; the worker thread has its own stack; >= 95 % of the samples of the
-    process have Python frames; lines are the ones the program marks as hot."""
+    between the two Python frames; the worker thread has its own stack; >= 90 % of the samples of the
+    process have Python frames (those before its interpreter is found, at start, do not: test_python_shares
+    holds a running process to 98 %); lines are the ones the program marks as hot."""
     python = require(version)
     data = record(tmp_path, "--", str(python), str(MIXED), "2.5")
     stacks = folded(data)
@@ -70,7 +71,7 @@ def test_python_frames_replace_the_interpreters_with_native_frames_between(tmp_p
               position(f, re.escape(f"tokenize ({MIXED}:{hot_line('tokenize')})")) > position(f, r"worker \(")]
     assert worker, "no sample of the worker thread in tokenize"
     outcomes = meta(data)["python"]
-    assert outcomes.get("python", 0) >= 0.95 * sum(outcomes.values()), outcomes
+    assert outcomes.get("python", 0) >= 0.90 * sum(outcomes.values()), outcomes
 
 
 @pytest.mark.parametrize("version", REFUSED)
