@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import struct
 
+from optrace.bpf.pidtables import forget_pid, has_pid
 from optrace.pythonlayout import CAPTURE_SIZE, PythonProcess
 
 # enum python_status in python_walk.h, by value ("" for PY_OK)
@@ -65,13 +66,10 @@ class PythonMaps:
         self._procs[self._procs.Key(process.pid)] = value
 
     def forget_process(self, pid: int) -> None:
-        try:
-            del self._procs[self._procs.Key(pid)]
-        except KeyError:
-            pass
+        forget_pid(self._procs, pid)
 
     def has_process(self, pid: int) -> bool:
-        return self._procs.Key(pid) in self._procs
+        return has_pid(self._procs, pid)
 
     def take_captures(self) -> list[bytes]:
         """The code objects captured since the last call, each CAPTURE_SIZE bytes."""

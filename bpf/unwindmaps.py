@@ -36,6 +36,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from optrace.bpf.loader import load_function
+from optrace.bpf.pidtables import forget_pid, has_pid
 from optrace.bpf.pythonmaps import python_status_name
 from optrace.bpf.stackstore import GRACE_SECONDS
 from optrace.model import PYTHON_FRAME, UserFrame
@@ -177,13 +178,10 @@ class UnwindMaps:
             return file_key in self._files
 
     def forget_process(self, pid: int) -> None:
-        try:
-            del self._procs[self._procs.Key(pid)]
-        except KeyError:
-            pass
+        forget_pid(self._procs, pid)
 
     def has_process(self, pid: int) -> bool:
-        return self._procs.Key(pid) in self._procs
+        return has_pid(self._procs, pid)
 
     def drain_ids(self) -> FileIds:
         """The file ids the stacks a drain read decode with: call it after reading them (every id a stack

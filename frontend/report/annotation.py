@@ -17,7 +17,7 @@ import capstone
 
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
-from optrace.frontend.report.sourceannotation import SourceAnnotation
+from optrace.frontend.report.sourceannotation import SourceAnnotation, sound_entries
 from optrace.model import FunctionCode, PythonSource, Record
 
 MAX_CODE_BYTES = 1 << 20  # one function's bytes read from a record (record keeps at most 64 KiB)
@@ -84,14 +84,7 @@ def functions_of(record: Record, skipped: dict[str, str]) -> list[FunctionCode]:
     A record from before `record` kept code is refused in one line."""
     if record.functions is None:
         raise OptraceError("this record holds no code (recorded before optrace kept it for annotate): re-record it")
-    sound = []
-    for function in record.functions:
-        problem = _problem(function)
-        if problem:
-            skipped[function.symbol] = problem
-        else:
-            sound.append(function)
-    return sound
+    return sound_entries(record.functions, _problem, skipped)
 
 
 def _problem(function: FunctionCode) -> str | None:

@@ -3,10 +3,13 @@ the record alone (model.PythonSource, kept by `record`). The record may come fro
 whose hits fall outside its kept lines, or that is too large, is skipped with a warning, never trusted."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from optrace.model import PythonSource, Record
 
+T = TypeVar("T")
 MAX_SOURCE_LINES = 1 << 16  # lines of one function read from a record (record keeps at most 2,000)
 MAX_LINE_CHARS = 4096
 
@@ -34,13 +37,19 @@ class SourceAnnotation:
 
 def sources_of(record: Record, skipped: dict[str, str]) -> list[PythonSource]:
     """The record's kept Python functions that are sound; the others go to ``skipped``."""
+    return sound_entries(record.python_sources, _problem, skipped)
+
+
+def sound_entries(entries: Iterable[T], problem_of: Callable[[T], str | None], skipped: dict[str, str]) -> list[T]:
+    """The entries (of a record's kept code or source) that ``problem_of`` finds nothing wrong with; the others
+    go to ``skipped`` by symbol, with their problem."""
     sound = []
-    for source in record.python_sources:
-        problem = _problem(source)
+    for entry in entries:
+        problem = problem_of(entry)
         if problem:
-            skipped[source.symbol] = problem
+            skipped[entry.symbol] = problem
         else:
-            sound.append(source)
+            sound.append(entry)
     return sound
 
 
