@@ -26,10 +26,13 @@ from optrace.procfs import MapEntry, process_uid, start_ticks, stat_fields
 from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
 
 PYTHON_DSO = "[python]"  # the dso of a Python frame whose code object could not be named
-# A process looked at between its exec and Py_Initialize: looked at again, RETRY_SECONDS apart, RETRIES times
+# A process looked at between its exec and Py_Initialize: looked at again, soon at first (a command's first
+# samples wait for it), then RETRY_SECONDS apart, RETRIES times in all
 RETRY_REASONS = frozenset({"interpreter not initialized"})
+FIRST_RETRY_SECONDS = 0.05
+FIRST_RETRIES = 10
 RETRY_SECONDS = 0.2
-RETRIES = 25
+RETRIES = 30
 MAX_CODES_PER_PROCESS = 65536  # code objects named per process (a process making code objects in a loop)
 
 
@@ -90,8 +93,8 @@ class PythonProcesses:
         """Processes refused for a reason that passes (an interpreter not initialized yet), due a new look
         (each given once per RETRY_SECONDS: the look itself may wait on the session's worker)."""
         with self._lock:
-            due = [pid for pid, o in self._outcomes.items() if o.reason in RETRY_REASONS
-                   and o.tries < RETRIES and now - o.looked >= RETRY_SECONDS]
+            due = [pid for pid, o in self._outcomes.items() if o.reason in RETRY_REASONS and o.tries < RETRIES
+                   and now - o.looked >= (FIRST_RETRY_SECONDS if o.tries < FIRST_RETRIES else RETRY_SECONDS)]
             for pid in due:
                 self._outcomes[pid] = dataclasses.replace(self._outcomes[pid], looked=now)
             return due
