@@ -1,0 +1,110 @@
+"""Unwinding a copy of a user stack in user space, as perf's dwarf mode does: the registers and the first
+bytes of the stack a sample took when its process's tables were not loaded yet (a process's first samples),
+walked later with the same tables and rules as the BPF walker (bpf/unwind.c), once they are built.
+
+The walk is unwind.c's, frame by frame: the row for the PC (a return address is looked up at pc - 1), the
+CFA from rsp or rbp, the return address at CFA - 8 and the caller's rbp where the row says, read from the
+copy. It stops where unwind.c stops (no CFI, an expression, the outermost frame), and also where the copy
+ends: a stack deeper than the copy is cut there, and says so.
+"""
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, RBP_AT_CFA, RBP_SAME,
+                                         Rule)
+
+MAX_FRAMES = 256  # as the BPF walker (UNWIND_MAX_FRAMES)
+_U64 = struct.Struct("<Q")
+
+# Why a copy's walk ended (the names of bpf/unwindmaps.py's UNWIND_STATUSES, and "copy_end")
+OUTERMOST = "outermost"
+CHAIN_END = "chain_end"
+NO_CFI = "no_cfi"
+EXPRESSION = "expression"
+READ_FAULT = "read_fault"
+DEPTH = "depth_limit"
+COPY_END = "copy_end"  # the copied bytes ended before the stack did
+
+# pc -> (the rule for that address of its file, or None where the file has no row), None outside every
+# mapping with a table: the caller's view of the process's mappings and their tables
+RuleAt = Callable[[int], "Rule | None"]
+
+
+@dataclass(frozen=True)
+class StackCopy:
+    ip: int
+    sp: int
+    bp: int
+    stack: bytes  # the copy, from sp up
+
+
+@dataclass(frozen=True)
+class CopyWalk:
+    pcs: tuple[int, ...]  # leaf first
+    status: str
+
+
+def unwind_copy(copy: StackCopy, rule_at: RuleAt, max_frames: int = MAX_FRAMES) -> CopyWalk:
+    """The PCs of the copied stack's frames and why the walk stopped."""
+    pcs: list[int] = []
+    ip, sp, bp = copy.ip, copy.sp, copy.bp
+    for _ in range(max_frames):
+        pcs.append(ip)
+        rule = rule_at(ip - 1 if len(pcs) > 1 else ip)
+        step = _caller(rule, ip, sp, bp, copy)
+        if isinstance(step, str):
+            return CopyWalk(tuple(pcs), step)
+        ip, sp, bp = step
+    return CopyWalk(tuple(pcs), DEPTH)
+
+
+def _caller(rule: Rule | None, ip: int, sp: int, bp: int, copy: StackCopy) -> tuple[int, int, int] | str:
+    """The caller's (ip, sp, bp), or why there is none."""
+    if rule is None or rule.cfa_type == CFA_END:
+        return _frame_pointers(sp, bp, copy)
+    if rule.cfa_type == CFA_OUTERMOST:
+        return OUTERMOST
+    if rule.cfa_type == CFA_RSP:
+        cfa = sp + rule.cfa_offset
+    elif rule.cfa_type == CFA_RBP:
+        cfa = bp + rule.cfa_offset
+    elif rule.cfa_type == CFA_PLT:
+        cfa = sp + rule.cfa_offset + (8 if (ip & 15) >= 11 else 0)
+    else:
+        return EXPRESSION if rule.unsupported else NO_CFI
+    if cfa <= sp:
+        return READ_FAULT
+    ra = _word(copy, cfa - 8)
+    if isinstance(ra, str):
+        return ra
+    if rule.rbp_type == RBP_AT_CFA:
+        bp = _word(copy, cfa + rule.rbp_offset)
+        if isinstance(bp, str):
+            return bp
+    elif rule.rbp_type != RBP_SAME:
+        return EXPRESSION
+    return (ra, cfa, bp) if ra else CHAIN_END
+
+
+def _frame_pointers(sp: int, bp: int, copy: StackCopy) -> tuple[int, int, int] | str:
+    """Where there is no CFI: the caller's rbp at rbp, the return address above it (unwind.c's CFA_END)."""
+    if not bp:
+        return CHAIN_END
+    if bp < sp:
+        return NO_CFI
+    saved, ra = _word(copy, bp), _word(copy, bp + 8)
+    if isinstance(saved, str) or isinstance(ra, str):
+        return saved if isinstance(saved, str) else ra
+    return (ra, bp + 16, saved) if ra else CHAIN_END
+
+
+def _word(copy: StackCopy, address: int) -> int | str:
+    at = address - copy.sp
+    if at < 0:
+        return READ_FAULT
+    if at + 8 > len(copy.stack):
+        return COPY_END
+    return _U64.unpack_from(copy.stack, at)[0]

@@ -1,0 +1,53 @@
+"""frontend/unwind/stackcopy.py walks a copied stack as bpf/unwind.c walks a live one (synthetic stacks with
+known frames: rsp- and rbp-based rows, a frame-pointer frame, the outermost frame, a copy cut short)."""
+from __future__ import annotations
+
+import struct
+
+from optrace.frontend.unwind.row import CFA_OUTERMOST, CFA_RBP, CFA_RSP, END, RBP_AT_CFA, RBP_SAME, Rule
+from optrace.frontend.unwind.stackcopy import (CHAIN_END, COPY_END, MAX_FRAMES, OUTERMOST, StackCopy,
+                                               unwind_copy)
+
+SP = 0x7ffd_0000_1000
+
+
+def words(*values: int) -> bytes:
+    return struct.pack(f"<{len(values)}Q", *values)
+
+
+def rules(table: dict[range, Rule | None]):
+    def rule_at(pc: int) -> Rule | None:
+        return next((rule for span, rule in table.items() if pc in span), None)
+    return rule_at
+
+
+def test_rsp_rbp_and_frame_pointer_frames_to_the_outermost():
+    """leaf (rsp+16, ra at sp+8) -> middle (rbp-based, saved rbp at cfa-16) -> fp frame -> start (outermost)."""
+    middle_bp = SP + 0x40
+    stack = bytearray(0x100)
+    stack[8:16] = words(0x2005)  # leaf's return address, into middle
+    stack[0x40:0x48] = words(SP + 0x80)  # middle's saved rbp (cfa - 16 = bp)
+    stack[0x48:0x50] = words(0x3005)  # middle's return address, into fp_frame
+    stack[0x80:0x88] = words(0)  # fp_frame's saved rbp
+    stack[0x88:0x90] = words(0x4005)  # its return address, into start
+    table = {range(0x1000, 0x1100): Rule(CFA_RSP, 16, RBP_SAME, 0),
+             range(0x2000, 0x2100): Rule(CFA_RBP, 16, RBP_AT_CFA, -16),
+             range(0x3000, 0x3100): END,
+             range(0x4000, 0x4100): Rule(CFA_OUTERMOST, 0, RBP_SAME, 0)}
+    walk = unwind_copy(StackCopy(0x1010, SP, middle_bp, bytes(stack)), rules(table))
+    assert walk.pcs == (0x1010, 0x2005, 0x3005, 0x4005) and walk.status == OUTERMOST
+
+
+def test_a_stack_deeper_than_the_copy_ends_where_the_copy_does():
+    table = {range(0x1000, 0x2000): Rule(CFA_RSP, 16, RBP_SAME, 0)}
+    stack = words(0, 0x1005, 0, 0x1006)  # two frames of 16 bytes, the third's return address not copied
+    walk = unwind_copy(StackCopy(0x1004, SP, 0, stack), rules(table))
+    assert walk.pcs == (0x1004, 0x1005, 0x1006) and walk.status == COPY_END
+
+
+def test_a_zero_return_address_ends_the_chain_and_a_loop_is_bounded():
+    table = {range(0x1000, 0x2000): Rule(CFA_RSP, 16, RBP_SAME, 0)}
+    assert unwind_copy(StackCopy(0x1004, SP, 0, words(0, 0)), rules(table)).status == CHAIN_END
+    looping = Rule(CFA_RSP, 8, RBP_SAME, 0)  # cfa = sp + 8, ra at sp: the same frame again and again
+    walk = unwind_copy(StackCopy(0x1004, SP, 0, words(*([0x1004] * 400))), rules({range(0x1000, 0x2000): looping}))
+    assert len(walk.pcs) == MAX_FRAMES
