@@ -6,17 +6,20 @@ wait4, perf-event file descriptors from /proc).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -258,3 +261,84 @@ def machine_info() -> dict[str, str]:
         else "present",
     }
 
+
+
+# -- BPF programs' own run time (kernel.bpf_stats_enabled) ------------------------------------------------
+
+# An optrace sample's programs: on_sample and the walkers it tail-calls, whose time the kernel counts in
+# on_sample's run (a tail call is no run of its own: their run_cnt stays 0)
+SAMPLE_PROGRAMS = ("on_sample", "unwind_step", "python_step", "python_thread", "python_capture")
+
+
+@contextmanager
+def bpf_stats_enabled() -> Iterator[None]:
+    """BPF programs' run time counted (run_time_ns, run_cnt) during the block, through a BPF_ENABLE_STATS
+    fd: the kernel counts it with kernel.bpf_stats_enabled, so another run setting the sysctl back to 0
+    meanwhile does not turn the counting off (nor does the block change what the sysctl says)."""
+    attr = ctypes.create_string_buffer(4)  # union bpf_attr's enable_stats.type: BPF_STATS_RUN_TIME (0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(321, 32, attr, len(attr))  # SYS_bpf, BPF_ENABLE_STATS
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "BPF_ENABLE_STATS")
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def held_bpf_ids(pid: int, kind: str) -> set[int]:
+    """The ids of the BPF objects (``kind``: "prog" or "map") a process holds, from its fds' fdinfo."""
+    ids = set()
+    try:
+        entries = os.listdir(f"/proc/{pid}/fdinfo")
+    except OSError:
+        return ids
+    for fd in entries:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                found = re.search(rf"^{kind}_id:\s*(\d+)", f.read(), re.M)
+        except OSError:
+            continue
+        if found:
+            ids.add(int(found.group(1)))
+    return ids
+
+
+def bpf_run_stats(pid: int) -> dict[str, tuple[int, int]]:
+    """(run_time_ns, run_cnt) of the BPF programs a process holds, summed by program name (bpftool)."""
+    ids = held_bpf_ids(pid, "prog")
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True, check=True).stdout
+    stats: dict[str, tuple[int, int]] = {}
+    for prog in json.loads(out):
+        if prog["id"] in ids:
+            ns, runs = stats.get(prog.get("name", ""), (0, 0))
+            stats[prog.get("name", "")] = (ns + prog.get("run_time_ns", 0), runs + prog.get("run_cnt", 0))
+    return stats
+
+
+def bpf_ns_per_sample(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> float | None:
+    """An optrace process's BPF run time per sample between two bpf_run_stats (None: no sample)."""
+    runs = after.get("on_sample", (0, 0))[1] - before.get("on_sample", (0, 0))[1]
+    ns = sum(after.get(name, (0, 0))[0] - before.get(name, (0, 0))[0] for name in SAMPLE_PROGRAMS)
+    return ns / runs if runs > 0 else None
+
+
+def bpf_map_keys(pid: int, name: str) -> set[int]:
+    """The keys (u32, u64: little-endian integers) of the BPF map called ``name`` that a process holds:
+    e.g. optrace's unwind_procs and py_procs, the processes its CFI and Python walkers have."""
+    for map_id in held_bpf_ids(pid, "map"):
+        shown = subprocess.run(["bpftool", "map", "show", "id", str(map_id), "-j"], capture_output=True, text=True)
+        if shown.returncode or json.loads(shown.stdout).get("name") != name:
+            continue
+        dumped = subprocess.run(["bpftool", "map", "dump", "id", str(map_id), "-j"], capture_output=True, text=True)
+        return {int.from_bytes(bytes(int(b, 16) for b in entry["key"]), "little")
+                for entry in json.loads(dumped.stdout or "[]")}
+    return set()
+
+
+def source_state() -> str:
+    """The commit measured, and whether the tree differed from it (e.g. "574b3a8 + uncommitted changes")."""
+    commit = command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], "unknown")
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return f"{commit} + uncommitted changes" if dirty else commit

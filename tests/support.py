@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import re
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))  # the benchmarks' measuring helpers, shared with the tests
+from benchlib import bpf_map_keys, bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, held_bpf_ids  # noqa: E402,F401
 WORKLOADS = REPO / "workloads" / "build"
 OPTRACE = Path(sys.executable).parent / "optrace"
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -100,19 +101,13 @@ def assert_no_programs_of(pid: int, name: str) -> None:
 
 def bpf_prog_ids(pid: int) -> set[int]:
     """BPF programs a process holds open (from its fds' fdinfo)."""
-    ids = set()
-    try:
-        entries = list(Path(f"/proc/{pid}/fdinfo").iterdir())
-    except OSError:
-        return ids
-    for fdinfo in entries:
-        try:
-            found = re.search(r"^prog_id:\s*(\d+)", fdinfo.read_text(), re.M)
-        except OSError:
-            continue
-        if found:
-            ids.add(int(found.group(1)))
-    return ids
+    return held_bpf_ids(pid, "prog")
+
+
+def python_walker_pids(holder: int) -> set[int]:
+    """The processes whose Python frames the BPF walker of optrace process ``holder`` expands (the keys of
+    its py_procs map, bpf/python_walk.h)."""
+    return bpf_map_keys(holder, "py_procs")
 
 
 def verified_instructions(prog_fd: int) -> tuple[str, int]:
