@@ -65,7 +65,8 @@ def build_fake_python(folder: Path, name: str = "python3.11", version_hex: int =
 
     layout, threads = table_layout((3, 11)), table_thread_offsets((3, 11))
     defines = {"INTERPRETERS_HEAD": layout.interpreters_head, "INTERP_THREADS_HEAD": layout.interp_threads_head,
-               "TSTATE_INTERP": threads.tstate_interp, "TSTATE_THREAD_ID": layout.tstate_thread_id,
+               "TSTATE_INTERP": threads.tstate_interp, "TSTATE_NEXT": layout.tstate_next,
+               "TSTATE_THREAD_ID": layout.tstate_thread_id,
                "TSTATE_NATIVE_THREAD_ID": threads.tstate_native_thread_id, "TSTATE_FRAME": layout.tstate_frame,
                "CFRAME_CURRENT_FRAME": layout.cframe_current_frame, "FRAME_PREVIOUS": layout.frame_previous,
                "FRAME_CODE": layout.frame_code, "FRAME_INSTR": layout.frame_instr,

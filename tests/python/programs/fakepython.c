@@ -1,12 +1,22 @@
 /* A process that fakes a CPython 3.11 (built as "python3.11" with -rdynamic so _PyRuntime, Py_Version and
- * _PyEval_EvalFrameDefault are in .dynsym), for the hostile-input tests of frontend/python/. The layout's
- * offsets come as -D flags from the test (optrace's 3.11 table). Modes (argv[1]):
+ * _PyEval_EvalFrameDefault are in .dynsym), for the hostile-input tests of frontend/python/ and of the BPF
+ * walker (bpf/python.c). The layout's offsets come as -D flags from the test (optrace's 3.11 table).
+ * Modes (argv[1]):
  *   garbage   _PyRuntime full of 0x41 bytes: interpreters.head points nowhere
  *   zero      _PyRuntime all zeros: an interpreter not started yet
  *   mismatch  a thread state whose interp does not point back to the interpreter
  *   loop      a consistent interpreter whose two frames point at each other; the code object's name claims
  *             1 GiB of characters and its line table 1 TiB of bytes
  *   deep      the same with a chain of 10000 distinct frames
+ *   selfloop  the same with one frame that is its own previous frame
+ *   names     a chain of NAMES frames, each with a code object of its own whose name, qualname, file name and
+ *             line-table pointers point anywhere: NULL, 1, unmapped, kernel and non-canonical addresses, all
+ *             ones, into the code object itself, 16 bytes before an unreadable page
+ *   threads   10000 thread states, none of them this thread's (the first one consistent)
+ *   churn     the deep chain, whose frames' instructions the spinning thread keeps changing: each sample's
+ *             stack is one never seen before (with "spin")
+ * With "spin" as argv[2] the main thread burns CPU inside _PyEval_EvalFrameDefault (a sampling profiler's
+ * Python walker then runs at each sample); else it pauses there.
  * Prints "ready <native tid>" and waits. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -14,31 +24,45 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 const unsigned long Py_Version = PY_VERSION_HEX;
 unsigned char _PyRuntime[1 << 16];
 #define FRAMES 10000
 #define FRAME_SIZE 256
+#define NAMES 9
+#define CODE_SIZE 512
 unsigned char arena[(1 << 16) + FRAMES * FRAME_SIZE];
-
-void _PyEval_EvalFrameDefault(void) {
-    for (;;)
-        pause();
-}
+unsigned char codes[NAMES][CODE_SIZE];
+static volatile int spin, churn;
 
 static void put(unsigned char *at, uint64_t value) { memcpy(at, &value, 8); }
 static uint64_t addr(unsigned char *at) { return (uint64_t)(uintptr_t)at; }
 
+static unsigned char *interp = arena, *tstate = arena + 4096, *cframe = arena + 8192, *code = arena + 12288;
+static unsigned char *name = arena + 16384, *table = arena + 20480, *frame0 = arena + 65536;
+
+void _PyEval_EvalFrameDefault(void) {
+    for (uint64_t turn = 0;; turn++) {
+        if (churn)
+            put(frame0 + turn % 256 * FRAME_SIZE + FRAME_INSTR, addr(code + CODE_ADAPTIVE + 2 * (turn % 4093)));
+        else if (!spin)
+            pause();
+    }
+}
+
+static void fake_thread(unsigned char *state, uint64_t thread_id, uint64_t native_id, int back_pointer_ok) {
+    put(state + TSTATE_INTERP, back_pointer_ok ? addr(interp) : addr(arena + 64));
+    put(state + TSTATE_THREAD_ID, thread_id);
+    put(state + TSTATE_NATIVE_THREAD_ID, native_id);
+    put(state + TSTATE_FRAME, addr(cframe));
+}
+
 static void fake_interpreter(int frames, int loop, int back_pointer_ok) {
-    unsigned char *interp = arena, *tstate = arena + 4096, *cframe = arena + 8192, *code = arena + 12288;
-    unsigned char *name = arena + 16384, *table = arena + 20480, *frame0 = arena + 65536;
     put(_PyRuntime + INTERPRETERS_HEAD, addr(interp));
     put(interp + INTERP_THREADS_HEAD, addr(tstate));
-    put(tstate + TSTATE_INTERP, back_pointer_ok ? addr(interp) : addr(arena + 64));
-    put(tstate + TSTATE_THREAD_ID, (uint64_t)pthread_self());
-    put(tstate + TSTATE_NATIVE_THREAD_ID, (uint64_t)gettid());
-    put(tstate + TSTATE_FRAME, addr(cframe));
+    fake_thread(tstate, (uint64_t)pthread_self(), (uint64_t)gettid(), back_pointer_ok);
     put(cframe + CFRAME_CURRENT_FRAME, addr(frame0));
     for (int i = 0; i < frames; i++) {
         unsigned char *frame = frame0 + i * FRAME_SIZE;
@@ -58,8 +82,39 @@ static void fake_interpreter(int frames, int loop, int back_pointer_ok) {
     put(table + BYTES_SIZE, 1ull << 40);
 }
 
+/* Each frame's code object points its names at one of these (the last: 16 bytes before a PROT_NONE page). */
+static void fake_names(void) {
+    unsigned char *pages = mmap(NULL, 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (pages == MAP_FAILED || mprotect(pages + 4096, 4096, PROT_NONE))
+        exit(1);
+    memset(pages, 0x41, 4096);
+    fake_interpreter(NAMES, 0, 1);
+    for (int i = 0; i < NAMES; i++) {
+        uint64_t anywhere[NAMES] = {0, 1, 0xdead00000000ull, 0xffffffff81000000ull, 0x8000000000000000ull,
+                                    ~0ull, addr(codes[i]), addr(codes[i]) + 3, addr(pages + 4096 - 16)};
+        put(frame0 + i * FRAME_SIZE + FRAME_CODE, addr(codes[i]));
+        put(frame0 + i * FRAME_SIZE + FRAME_INSTR, addr(codes[i] + CODE_ADAPTIVE + 2 * i));
+        put(codes[i] + CODE_NAME, anywhere[i]);
+        put(codes[i] + CODE_QUALNAME, anywhere[(i + 1) % NAMES]);
+        put(codes[i] + CODE_FILENAME, anywhere[(i + 2) % NAMES]);
+        put(codes[i] + CODE_LINETABLE, anywhere[(i + 3) % NAMES]);
+    }
+}
+
+/* FRAMES thread states linked by next, none with this thread's id: the first one passes the layout check. */
+static void fake_threads(void) {
+    fake_interpreter(1, 0, 1);
+    for (int i = 0; i < FRAMES; i++) {
+        unsigned char *state = frame0 + i * FRAME_SIZE;
+        fake_thread(state, 0x1000 + i, 1 << 22 | i, 1);
+        put(state + TSTATE_NEXT, i + 1 < FRAMES ? addr(state + FRAME_SIZE) : 0);
+    }
+    put(interp + INTERP_THREADS_HEAD, addr(frame0));
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "garbage";
+    spin = argc > 2 && !strcmp(argv[2], "spin");
     if (!strcmp(mode, "garbage"))
         memset(_PyRuntime, 0x41, sizeof _PyRuntime);
     else if (!strcmp(mode, "mismatch"))
@@ -68,6 +123,15 @@ int main(int argc, char **argv) {
         fake_interpreter(2, 1, 1);
     else if (!strcmp(mode, "deep"))
         fake_interpreter(FRAMES, 0, 1);
+    else if (!strcmp(mode, "selfloop"))
+        fake_interpreter(1, 1, 1);
+    else if (!strcmp(mode, "names"))
+        fake_names();
+    else if (!strcmp(mode, "threads"))
+        fake_threads();
+    else if (!strcmp(mode, "churn"))
+        fake_interpreter(FRAMES, 0, 1);
+    churn = spin && !strcmp(mode, "churn");
     printf("ready %d\n", (int)gettid());
     fflush(stdout);
     _PyEval_EvalFrameDefault();

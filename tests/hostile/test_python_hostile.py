@@ -1,0 +1,357 @@
+"""Issue 33's hostile input, live: an unprivileged user runs processes that fake a CPython 3.11
+(tests/python/programs/fakepython.c, built as ``python3.11``, spinning in its ``_PyEval_EvalFrameDefault`` so
+that every sample of it runs the BPF Python walker), while root records and serves the machine.
+
+The shapes: a corrupt ``_PyRuntime`` (refused by the layout check), a frame chain of 10,000 frames, two
+frames that point at each other, a frame that is its own previous frame, code objects whose name, file and
+line-table pointers point anywhere, names that claim 1 GiB of characters and line tables 1 TiB of bytes
+(in every chain), 10,000 thread states none of which is the thread's, and the deep chain with instructions
+that change all the time (every sample a stack never seen before).
+
+Each shape alone (``record -p``): the recording ends in bounded time, the BPF programs' run time per
+sample (kernel.bpf_stats_enabled) stays under MAX_BPF_NS_PER_SAMPLE (the design bounds it: 33 tail calls,
+16 Python frames each, 256 frames a stack, 256 thread states a lookup), its samples are counted under why
+their Python frames stopped (RecordMeta.python) and its names are cut short. All at once, beside a real
+Python workload of root's (workloads/pyground.py), under ``record -a`` and ``serve``: the workload keeps its
+named Python frames and its shares (within 3 points of its own account), nothing is lost, no traceback,
+no flood of warnings, and serve keeps answering /metrics and /debug/pprof/profile with the workload's
+Python functions in them.
+
+This module lives here for the hostile user's kit (conftest.py, hostilekit.py); tests/python's helpers
+come from its folder.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hostilekit import HostileUser, Measured, Running, kill_group, scrape, wait_for_line
+from support import (bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, perf_event_fds, python_walker_pids,
+                     run_optrace)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))  # for groundtruth, pythons
+from groundtruth import DESIGNED, PYGROUND, design_between, has_pyground_frame, inclusive, parse_folded  # noqa: E402
+from pythons import build_fake_python, require  # noqa: E402
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+# fakepython.c's mode -> what its samples are counted under (RecordMeta.python)
+SHAPES = {
+    "garbage": "refused: layout check failed",
+    "deep": "depth_limit",
+    "loop": "depth_limit",  # two frames pointing at each other: the stack's frame limit ends it
+    "selfloop": "loop",
+    "names": "python",  # its frames are there, named [unknown]
+    "threads": "no_thread",
+    "churn": "depth_limit",
+}
+MAX_BPF_NS_PER_SAMPLE = 100_000  # measured 33-51 us on the worst shapes (deep, threads) at load 6, Dec 4
+MAX_NAME_CHARS = 1100  # a frame's name and file, each at most frontend/python/codeobject.py's 1024 characters
+WINDOW_S = 4  # a shape alone
+MACHINE_S = 8  # all of them, beside the workload
+POINTS = 3.0
+MAX_WARNINGS = 5
+MAX_STDERR_LINES = 5
+PPROF_S = 5
+MAX_STOP_S = 60  # SIGINT/SIGTERM to exit: a whole-machine record names every process it met (35 s at load 8)
+SERVE_NAMES_S = 120  # serve names the workload's functions within this (its tables load as it samples)
+
+
+@pytest.fixture(scope="module")
+def fake_python(bpf_ready, hostile_user: HostileUser) -> Path:
+    """fakepython.c built as python3.11 in the user's folder, the user's file."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    folder = hostile_user.home / "pyfake"
+    folder.mkdir()
+    built = build_fake_python(folder)
+    for path in (folder, built):
+        os.chown(path, hostile_user.uid, hostile_user.gid)
+    return built
+
+
+def spawn_fake(user: HostileUser, fake: Path, shape: str) -> subprocess.Popen:
+    """The fake, spinning, as the user (its pid is the Popen's: setpriv and nice exec it)."""
+    proc = user.spawn(fake, shape, "spin")
+    deadline = time.monotonic() + 30
+    while _exe(proc.pid) != str(fake):
+        assert proc.poll() is None and time.monotonic() < deadline, f"{shape}: {proc.stderr.read()}"
+        time.sleep(0.02)
+    time.sleep(0.2)  # its fake interpreter made (microseconds after the exec)
+    return proc
+
+
+def _exe(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def wait_walked(running: Running, pids: set[int], timeout: float = 120) -> None:
+    """Until the recorder samples and its Python walker expands every one of ``pids``."""
+    deadline = time.monotonic() + timeout
+    while not (running.pid and perf_event_fds(running.pid) and pids <= python_walker_pids(running.pid)):
+        assert running.proc.poll() is None, running.stderr()[-2000:]
+        assert time.monotonic() < deadline, f"the walker never took {pids}: {running.stderr()[-2000:]}"
+        time.sleep(0.1)
+
+
+def report_json(data: Path, *args: str) -> dict:
+    return json.loads(run_optrace("report", "-i", str(data), "--format", "json", *args, check=True).stdout)
+
+
+def folded(data: Path, *args: str) -> list[tuple[list[str], int]]:
+    return parse_folded(run_optrace("report", "-i", str(data), "--format", "folded", *args, check=True).stdout)
+
+
+def assert_quiet(run: Measured, meta: dict, about: tuple[str, ...] = ()) -> None:
+    """No traceback (Measured.assert_sane), a few one-line warnings at most: all of them, or (whole-machine
+    runs, which meet other users' programs) those that mention any of ``about``."""
+    def mine(line: str) -> bool:
+        return not about or any(word in line for word in about)
+
+    lines = [line for line in run.stderr.splitlines() if line.strip() and mine(line)]
+    assert len(lines) <= MAX_STDERR_LINES, run.describe()
+    warnings = [warning for warning in meta["warnings"] if mine(warning)] if meta else []
+    assert len(warnings) <= MAX_WARNINGS, warnings
+    assert all("\n" not in warning and len(warning) < 400 for warning in warnings), warnings
+
+
+def python_frames(stacks: list[tuple[list[str], int]]) -> set[str]:
+    return {frame for frames, _ in stacks for frame in frames if frame.endswith(")") and " (" in frame}
+
+
+# -- each shape alone ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", SHAPES)
+def test_each_fake_alone_is_walked_within_bounds(fake_python, hostile_user, tmp_path, shape):
+    out = tmp_path / "fake.data"
+    proc = spawn_fake(hostile_user, fake_python, shape)
+    try:
+        with bpf_stats_enabled():
+            running = Running(["record", "-F", "999", "-p", str(proc.pid), "-o", str(out)], tmp_path)
+            running.wait_attached()
+            if shape == "garbage":  # refused: never the walker's
+                time.sleep(2)
+            else:
+                wait_walked(running, {proc.pid})
+            before = bpf_run_stats(running.pid)
+            time.sleep(WINDOW_S)
+            after = bpf_run_stats(running.pid)
+            run = running.finish(timeout=60, stop_signal=signal.SIGINT)
+    finally:
+        kill_group(proc)
+    run.assert_sane(max_wall_s=WINDOW_S + 120)
+    assert run.returncode == 0 and run.stop_s < 10, run.describe()
+    per_sample = bpf_ns_per_sample(before, after)
+    print(f"\nFIGURES {shape}: BPF {per_sample / 1000:.1f} us per sample" if per_sample else "")
+    assert per_sample is not None and per_sample <= MAX_BPF_NS_PER_SAMPLE, (per_sample, before, after)
+    meta = report_json(out)["meta"]
+    outcomes = meta["python"]
+    assert outcomes.get(SHAPES[shape], 0) >= 0.8 * sum(outcomes.values()), outcomes
+    names = python_frames(folded(out))
+    assert all(len(name) <= 2 * MAX_NAME_CHARS + 20 for name in names), max(names, key=len)[:200]
+    if shape == "names":
+        assert names == {"[unknown] ([unknown])"}, names
+    assert_quiet(run, meta)
+
+
+# -- all at once, beside a real workload ---------------------------------------------------------------------
+@dataclass
+class Machine:
+    fakes: dict[str, int]  # shape -> pid
+    workload: subprocess.Popen
+    report: Path  # the workload's own account (pyground.py --report)
+
+    def words(self) -> tuple[str, ...]:
+        """What a message about these processes would say: their pids, the fake's folder, the workload's file."""
+        pids = [*self.fakes.values(), self.workload.pid]
+        return ("pyfake", "pyground", *(f"{prefix}{pid}{suffix}" for pid in pids
+                                        for prefix, suffix in (("/proc/", "/"), ("pid ", ""), ("process ", ""))))
+
+    def accepted(self) -> set[int]:
+        return {pid for shape, pid in self.fakes.items() if not SHAPES[shape].startswith("refused")}
+
+    def mark(self) -> None:
+        """A mark in the workload's account (pyground.py writes it at once)."""
+        marks = self._marks()
+        self.workload.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while self._marks() == marks:
+            assert time.monotonic() < deadline, "the workload never wrote its mark"
+            time.sleep(0.02)
+
+    def design(self) -> dict[str, float]:
+        """Its shares between its last two marks."""
+        return design_between(self.report)
+
+    def _marks(self) -> int:
+        try:
+            return len(json.loads(self.report.read_text())["marks"])
+        except (OSError, ValueError):
+            return 0
+
+
+@pytest.fixture(scope="module")
+def machine(fake_python, hostile_user, tmp_path_factory) -> Machine:
+    """Every shape spinning as the user, and pyground.py as root on Debian's python3.11. The fakes share one
+    session, so one scheduler autogroup: a session each would weigh as much as all of root's processes
+    together (nice counts only within an autogroup), and seven would starve the workload."""
+    report = tmp_path_factory.mktemp("pyground") / "shares.json"
+    workload = subprocess.Popen([str(require("3.11-debian")), str(PYGROUND), "--seconds", "900",
+                                 "--report", str(report)])
+    script = " ".join(f"{fake_python} {shape} spin &" for shape in SHAPES) + " wait"
+    launcher = hostile_user.spawn("sh", "-c", script)
+    try:
+        yield Machine(fakes_of(launcher, fake_python), workload, report)
+    finally:
+        kill_group(launcher)
+        workload.kill()
+        workload.wait()
+
+
+def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30) -> dict[str, int]:
+    """shape -> pid of the fakes the launcher's shell started."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {}
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                argv = cmdline.read_bytes().split(b"\0")
+                session = int(Path(cmdline.parent, "stat").read_text().rsplit(")", 1)[1].split()[3])
+            except (OSError, ValueError, IndexError):
+                continue
+            if session == launcher.pid and argv[0] == bytes(fake) and _exe(int(cmdline.parent.name)) == str(fake):
+                found[argv[1].decode()] = int(cmdline.parent.name)
+        if set(found) == set(SHAPES):
+            time.sleep(0.2)  # their fake interpreters made (microseconds after the exec)
+            return found
+        assert launcher.poll() is None and time.monotonic() < deadline, (found, launcher.stderr.read())
+        time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    run: Measured
+    data: Path
+    meta: dict
+    per_sample_ns: float | None
+    design: dict[str, float]  # the workload's own shares between the marks
+
+
+@pytest.fixture(scope="module")
+def recorded(machine: Machine, tmp_path_factory) -> Recorded:
+    """``record -a`` for MACHINE_S once the walker expands the fakes and the workload, between two marks of
+    the workload."""
+    tmp = tmp_path_factory.mktemp("pyhostile-record")
+    data = tmp / "all.data"
+    with bpf_stats_enabled():
+        running = Running(["record", "-a", "-F", "499", "-o", str(data)], tmp)
+        try:
+            running.wait_attached()
+            wait_walked(running, machine.accepted() | {machine.workload.pid})
+            before = bpf_run_stats(running.pid)
+            machine.mark()
+            time.sleep(MACHINE_S)
+            machine.mark()
+            after = bpf_run_stats(running.pid)
+        finally:
+            run = running.finish(timeout=60, stop_signal=signal.SIGINT)
+    meta = report_json(data)["meta"]
+    return Recorded(run, data, meta, bpf_ns_per_sample(before, after), machine.design())
+
+
+def test_record_a_finishes_bounded(recorded):
+    run = recorded.run
+    run.assert_sane(max_wall_s=MACHINE_S + 180)
+    assert run.returncode == 0 and run.stop_s <= MAX_STOP_S, run.describe()
+
+
+def test_record_a_counts_each_fake_under_its_outcome(recorded, machine):
+    outcomes = recorded.meta["python"]
+    assert all(outcomes.get(outcome, 0) > 0 for outcome in SHAPES.values()), outcomes
+    interpreters = recorded.meta["interpreters"]
+    fakes = sum(count for name, count in interpreters.items() if name.endswith("/pyfake/python3.11"))
+    assert fakes == len(machine.accepted()), interpreters
+    assert interpreters.get("refused: layout check failed") == 1, interpreters
+    assert interpreters.get("3.11.2 /usr/bin/python3.11", 0) >= 1, interpreters
+
+
+def test_record_a_bpf_time_per_sample_bounded(recorded):
+    assert recorded.per_sample_ns is not None and recorded.per_sample_ns <= MAX_BPF_NS_PER_SAMPLE, \
+        recorded.per_sample_ns
+
+
+def test_record_a_quiet(recorded, machine):
+    assert_quiet(recorded.run, recorded.meta, machine.words())
+    assert not {reason: n for reason, n in recorded.meta["lost"].items() if n}, recorded.meta["lost"]
+
+
+def test_record_a_workload_unharmed(recorded, machine):
+    """The workload's samples keep their Python frames, named, and its shares (within 3 points of its own
+    account between the marks), whatever the fakes beside it did."""
+    stacks = folded(recorded.data, "--pid", str(machine.workload.pid))
+    mine, samples = inclusive(stacks)
+    named = sum(count for frames, count in stacks if has_pyground_frame(frames))
+    unnamed = sorted((count, ";".join(frames)[-300:]) for frames, count in stacks if not has_pyground_frame(frames))
+    assert named >= 0.95 * samples > 0, (named, samples, recorded.meta["python"], unnamed[-5:])
+    off = {name: round(mine[name] - recorded.design[name], 1) for name in DESIGNED}
+    assert all(abs(points) <= POINTS for points in off.values()), (off, mine, recorded.design)
+
+
+# -- serve ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Served:
+    run: Measured
+    named_after_s: float | None  # until /metrics named the workload's tokenize
+    slowest_scrape_s: float
+    statuses: Counter
+    pprof: bytes
+
+
+@pytest.fixture(scope="module")
+def served(machine: Machine, tmp_path_factory) -> Served:
+    tmp = tmp_path_factory.mktemp("pyhostile-serve")
+    running = Running(["serve", "--listen", "127.0.0.1:0", "-F", "499"], tmp)
+    statuses, slowest, named_after, pprof = Counter(), 0.0, None, b""
+    try:
+        url = wait_for_line(running.err_path, r"serving (\S+)", running.proc).group(1)
+        started = time.monotonic()
+        while named_after is None and time.monotonic() - started < SERVE_NAMES_S:
+            done = scrape(url, timeout=30)
+            statuses[done.status] += 1
+            slowest = max(slowest, done.seconds)
+            if b'symbol="tokenize"' in done.body and b"pyground.py" in done.body:
+                named_after = time.monotonic() - started
+            time.sleep(0.5)
+        profile = scrape(url.replace("/metrics", f"/debug/pprof/profile?seconds={PPROF_S}"), timeout=60)
+        statuses[profile.status] += 1
+        pprof = gzip.decompress(profile.body) if profile.status == 200 else b""
+    finally:
+        run = running.finish(timeout=30, stop_signal=signal.SIGTERM)
+    return Served(run, named_after, slowest, statuses, pprof)
+
+
+def test_serve_names_the_workload_beside_the_fakes(served):
+    assert served.named_after_s is not None, f"/metrics never named tokenize: {served.run.describe()}"
+    assert set(served.statuses) == {200} and served.slowest_scrape_s < 5, (served.statuses, served.slowest_scrape_s)
+    assert b"tokenize" in served.pprof and b"pyground.py" in served.pprof, \
+        f"{len(served.pprof)} bytes of pprof, python3.11 in it: {b'python3.11' in served.pprof}"
+
+
+def test_serve_stops_clean(served, machine):
+    run = served.run
+    run.assert_sane(max_wall_s=SERVE_NAMES_S + 180)
+    assert run.returncode == 0 and run.stop_s <= MAX_STOP_S, run.describe()
+    assert_quiet(run, {}, machine.words())
