@@ -21,8 +21,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from optrace import __version__
-from optrace.exporters.cardinality import Labels
-from optrace.exporters.totals import (CALL_LABELS, CALLS_METRIC, CPU_LABELS, CPU_METRIC, OFFCPU_METRIC,
+from optrace.frontend.serve.cardinality import Labels
+from optrace.frontend.serve.totals import (CALL_LABELS, CALLS_METRIC, CPU_LABELS, CPU_METRIC, OFFCPU_METRIC,
                                       ExporterTotals, TotalsSnapshot)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

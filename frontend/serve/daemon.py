@@ -16,58 +16,26 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol, TypeVar
 
-from optrace.exporters.httpserver import ListenAddress, MetricsServer
-from optrace.exporters.profilewindows import ProfileWindows
-from optrace.exporters.prometheus import ExporterInfo, MetricsPage
-from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S, Delta, ExporterTotals
-from optrace.exporters.webconfig import WebConfig
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
+from optrace.frontend.serve.httpserver import ListenAddress, MetricsServer
+from optrace.frontend.serve.metricspage import ExporterInfo, MetricsPage
+from optrace.frontend.serve.options import ServeOptions
+from optrace.frontend.serve.profilewindows import ProfileWindows
+from optrace.frontend.serve.source import Source
+from optrace.frontend.serve.totals import Delta, ExporterTotals
 
 T = TypeVar("T")
 
-DEFAULT_PORT = 9469
-DEFAULT_MAX_SERIES = 10000
-# CFI unwinding, as record's default. Its tables are converted in a child process (SessionOptions.
-# unwind_in_child): converting them on a thread of serve's interpreter stopped the drain loop for 12-18 s
-# in tests/hostile's live test (the GIL, shared with the drain naming hostile files).
-SERVE_CALL_GRAPH = "dwarf"
 RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 
 
-@dataclass
-class ServeOptions:
-    listen: ListenAddress = field(default_factory=lambda: ListenAddress("127.0.0.1", DEFAULT_PORT))
-    frequency_hz: int = 99
-    uprobes: list[str] = field(default_factory=list)
-    pids: list[int] = field(default_factory=list)
-    comms: list[str] = field(default_factory=list)
-    max_series: int = DEFAULT_MAX_SERIES
-    series_idle_s: float = DEFAULT_SERIES_IDLE_S  # 0: series never expire
-    web: WebConfig = field(default_factory=WebConfig)
-    drain_interval_s: float = 1.0
-    off_cpu: bool = False  # also export optrace_offcpu_seconds_total
-    off_cpu_every: int = 1  # N: one wait in N recorded, counted N times (OffCpuOptions.every)
-    call_graph: str = SERVE_CALL_GRAPH  # how user stacks are walked (SessionOptions.call_graph)
-
-
 class StopRequest(Protocol):
     def wait(self, seconds: float) -> bool: ...  # True once a stop was requested
-
-
-class Source(Protocol):
-    event: str | None  # the sampling event once started ("cpu-clock"...), None for non-sampling sources
-
-    def start(self) -> None: ...
-
-    def collect(self, delta: Delta) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def contain(delta: Delta, kind: str, call: Callable[[], T]) -> T | None:
