@@ -28,6 +28,7 @@ from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.perfevents import TaskEvents
 from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
 from optrace.bpf.unwindmaps import FileIds, decode_cfi
+from optrace.defaults import DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
 from optrace.model import RawSample, UserFrame
 from optrace.kernel import syscall_events_available
@@ -125,7 +126,7 @@ class Profiler:
 
     def __init__(
         self,
-        frequency_hz: int = 99,
+        frequency_hz: int = DEFAULT_FREQUENCY_HZ,
         pids: Iterable[int] | None = None,
         follow_children: bool = True,
         stack_storage_size: int | None = None,

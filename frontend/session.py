@@ -28,6 +28,7 @@ from operator import attrgetter
 from typing import TypeVar
 
 from optrace.bpf.profiler import FoldedCounts
+from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
@@ -49,7 +50,7 @@ BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at 
 
 @dataclass
 class SessionOptions:
-    frequency_hz: int = 99
+    frequency_hz: int = DEFAULT_FREQUENCY_HZ
     pids: list[int] | None = None  # None: the whole machine; else these processes and their children
     comms: frozenset[str] = frozenset()  # only samples of these commands (empty: all)
     # False: only each sample's leaf is named (serve's rows, record --no-stacks), so JIT files are read
@@ -75,7 +76,7 @@ class SessionOptions:
     # where there is none, as in JIT code); "fp": the kernel's frame-pointer walk only (perf's names).
     # Independent of ``stacks``, which is about naming: serve names leaves, but whole stacks while a
     # pprof profile is collected. A caller that never names whole stacks passes "fp" (record --no-stacks).
-    call_graph: str = "dwarf"
+    call_graph: str = DEFAULT_CALL_GRAPH
     # Bytes of unwind tables held in user space (None: UnwindTableCache's default); serve holds fewer.
     unwind_cache_bytes: int | None = None
     # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them (serve:

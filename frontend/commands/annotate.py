@@ -9,7 +9,7 @@ import click
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.exporters.formats import ANNOTATE
-from optrace.frontend.cliopts import pid_option
+from optrace.frontend.cliopts import comma_list, pid_option
 from optrace.frontend.report.annotation import (SYNTAXES, AnnotateOptions, AnnotateView, annotate, find,
                                                 functions_of, listing, selected)
 from optrace.outputfile import output_stream
@@ -37,7 +37,7 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
     if syntax not in SYNTAXES:
         raise OptraceError(f"-M takes {' or '.join(SYNTAXES)}, not {escape_controls(syntax)!r}")
     write = ANNOTATE.writer(fmt)
-    options = AnnotateOptions(symbol, _split(dsos), frozenset(pids), syntax)
+    options = AnnotateOptions(symbol, comma_list(dsos), frozenset(pids), syntax)
     record = read_record(source)
     skipped: dict[str, str] = {}
     functions = selected(functions_of(record, skipped), options)
@@ -51,8 +51,4 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
                             color=not stdio and output == "-" and sys.stdout.isatty())
     with output_stream(output) as stream:
         write(stream, view)
-
-
-def _split(text: str) -> frozenset[str]:
-    return frozenset(part.strip() for part in text.split(",") if part.strip())
 

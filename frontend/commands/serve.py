@@ -10,7 +10,7 @@ from click.core import ParameterSource
 
 from optrace.frontend.serve.options import DEFAULT_MAX_SERIES, DEFAULT_PORT, SERVE_CALL_GRAPH
 from optrace.frontend.serve.totals import DEFAULT_SERIES_IDLE_S
-from optrace.frontend.cliopts import pid_option, unwind_option
+from optrace.frontend.cliopts import frequency_option, pid_option, unwind_option
 from optrace.frontend.serve.config import SETTING_TYPES, build_options, load_config_file
 from optrace.heap import large_blocks_mapped, one_arena
 
@@ -36,7 +36,7 @@ def say(message: str) -> None:
 @click.command()
 @click.option("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, metavar="HOST:PORT",
               help="Address to serve /metrics on.")
-@click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
+@frequency_option()
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Count calls of SPEC (see optrace count).")
 @pid_option("-p", "--pid", help="Profile only these processes and their children (repeat, or comma list).")
 @click.option("--comm", "comms", multiple=True, metavar="NAME", help="Keep only samples and calls of this command name.")

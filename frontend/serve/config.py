@@ -25,10 +25,10 @@ from typing import Any
 
 import yaml
 
+from optrace.defaults import CALL_GRAPHS
 from optrace.errors import OptraceError
 from optrace.fileaccess import RefusedFile, read_file
-from optrace.frontend.cliopts import CALL_GRAPHS
-from optrace.frontend.commands.record import check_frequency
+from optrace.frontend.cliopts import check_frequency
 from optrace.frontend.serve.cardinality import MIN_SERIES
 from optrace.frontend.serve.httpserver import ListenAddress
 from optrace.frontend.serve.options import DEFAULT_PORT, ServeOptions

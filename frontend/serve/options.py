@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.frontend.serve.httpserver import ListenAddress
 from optrace.frontend.serve.totals import DEFAULT_SERIES_IDLE_S
 from optrace.frontend.serve.webconfig import WebConfig
@@ -13,13 +14,13 @@ DEFAULT_MAX_SERIES = 10000
 # CFI unwinding, as record's default. Its tables are converted in a child process (SessionOptions.
 # unwind_in_child): converting them on a thread of serve's interpreter stopped the drain loop for 12-18 s
 # in tests/hostile's live test (the GIL, shared with the drain naming hostile files).
-SERVE_CALL_GRAPH = "dwarf"
+SERVE_CALL_GRAPH = DEFAULT_CALL_GRAPH
 
 
 @dataclass
 class ServeOptions:
     listen: ListenAddress = field(default_factory=lambda: ListenAddress("127.0.0.1", DEFAULT_PORT))
-    frequency_hz: int = 99
+    frequency_hz: int = DEFAULT_FREQUENCY_HZ
     uprobes: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
     comms: list[str] = field(default_factory=list)
