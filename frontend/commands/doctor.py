@@ -3,8 +3,13 @@ from __future__ import annotations
 
 import click
 
-from optrace.frontend.doctor import format_result, run_checks, summary
 from optrace.errors import OptraceError
+from optrace.frontend.preflight import CheckResult, run_checks, summary
+
+
+def format_result(result: CheckResult) -> str:
+    line = f"{result.status:<4}  {result.name:<20}  {result.detail}"
+    return f"{line}: fix: {result.fix}" if result.fix and not result.ok else line
 
 
 @click.command("doctor")

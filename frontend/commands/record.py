@@ -67,7 +67,7 @@ def command(ctx: click.Context, output, frequency, stacks, call_graph, pids, sys
         wall=wall,
     )
     validate(options)
-    from optrace.frontend.doctor import require_recording
+    from optrace.frontend.preflight import require_recording
     from optrace.recordfile import write_record
 
     require_recording(uprobes=bool(options.uprobes))

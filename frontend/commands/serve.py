@@ -67,7 +67,7 @@ def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
     large_blocks_mapped()
     options = build_options(merged_settings(ctx, config, flags))
     from optrace.frontend.serve.daemon import ServeDaemon
-    from optrace.frontend.doctor import require_recording
+    from optrace.frontend.preflight import require_recording
     from optrace.frontend.serve.sources import build_sources
     from optrace.frontend.stopsignals import StopSignals
 

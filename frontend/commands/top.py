@@ -27,7 +27,7 @@ from optrace.frontend.report.rows import parse_sort_keys
 @click.option("-n", "--iterations", type=click.IntRange(1), help="Stop after this many refreshes.")
 def command(pids, system_wide, frequency, interval, sort, call_graph, zero, children, stdio, rows, iterations) -> None:
     """Show the hottest functions now, refreshed live, like perf top (q, Ctrl-C or SIGTERM to stop)."""
-    from optrace.frontend.doctor import require_recording
+    from optrace.frontend.preflight import require_recording
     from optrace.frontend.stopsignals import StopSignals
     from optrace.frontend.top.engine import TopEngine, TopOptions
 

@@ -1,7 +1,8 @@
 """Can this machine record? Each check says ok or FAIL and, when it fails, the command that fixes it.
 
-`optrace doctor` prints them all; `optrace record` calls :func:`require_recording` first so it fails early
-with one line instead of a BCC compile error. Nothing here imports BCC (it is only looked up).
+`optrace doctor` prints them all; whatever loads BPF (record, top, serve, the uprobe counter) calls
+:func:`require_recording` first so it fails early with one line instead of a BCC compile error. Nothing
+here imports BCC (it is only looked up), and nothing here prints: the doctor command does.
 """
 from __future__ import annotations
 
@@ -187,11 +188,6 @@ CHECKS: tuple[Callable[[], CheckResult], ...] = (
 
 def run_checks() -> list[CheckResult]:
     return [check() for check in CHECKS]
-
-
-def format_result(result: CheckResult) -> str:
-    line = f"{result.status:<4}  {result.name:<20}  {result.detail}"
-    return f"{line}: fix: {result.fix}" if result.fix and not result.ok else line
 
 
 def summary(result: CheckResult) -> str:
