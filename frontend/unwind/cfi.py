@@ -12,7 +12,7 @@ reference in the tests.
 Everything in the section comes from the file's owner: every length is checked against the section,
 the entry count, the length of an FDE's program and the remember-state depth are capped, an FDE must point
 at a CIE (never at another FDE or outside the section), and any inconsistency raises
-:class:`CfiError` (a ValueError), after which the caller keeps what was decoded so far.
+:class:`CfiError` (a MalformedInput), after which the caller keeps what was decoded so far.
 """
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
+
+from optrace.errors import MalformedInput
 
 # Limits (real files: cc1 has 45,201 FDEs; most FDE programs are a few dozen bytes).
 MAX_ENTRIES = 1 << 21  # CIEs + FDEs in one section
@@ -52,7 +54,7 @@ _PLT_HEAD = bytes([DW_OP_BREG16, 0, DW_OP_LIT0 + 15, 0x1A])  # breg16 0; lit15; 
 _PLT_TAIL = bytes([0x2A, DW_OP_LIT0 + 3, 0x24, 0x22])  # ge; lit3; shl; plus
 
 
-class CfiError(ValueError):
+class CfiError(MalformedInput):
     """The call-frame information is malformed (or beyond a limit)."""
 
 
