@@ -28,7 +28,7 @@ from pathlib import Path
 from optrace import __version__
 from optrace.cachedir import CacheDirectory, default_directory as cache_directory
 from optrace.frontend.symbols.buildid import FileIdentity
-from optrace.frontend.unwind.cfi import CfiError
+from optrace.frontend.symbols.leb128 import DwarfError
 from optrace.frontend.unwind.table import MAX_ROWS, ROW
 from optrace.frontend.unwind.unwindfile import UnwindFile, decode_unwind_file, encode_unwind_file
 
@@ -99,7 +99,7 @@ class TableStore:
             return None
         try:
             found = decode_unwind_file(*entry, identity)
-        except (KeyError, TypeError, ValueError, CfiError):
+        except (KeyError, TypeError, ValueError, DwarfError):
             self.entries.rejected()
             return None
         self.entries.accepted(key)
