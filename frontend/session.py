@@ -28,9 +28,9 @@ from operator import attrgetter
 from typing import TypeVar
 
 from optrace.bpf.profiler import FoldedCounts
+from optrace.containment import contain, count_failure
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
-from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
 from optrace.kernel import CAP_SYS_NICE, effective_capabilities
 from optrace.model import Frame, RawSample, Sample, UserFrame
@@ -705,13 +705,8 @@ class ProfilingSession:
     def _contain(self, kind: str, call: Callable[..., T], *args: object) -> T | None:
         """``call(*args)``, or None when it raised: counted in ``read_errors[kind]`` and warned, so one
         hostile or malformed file costs only what depended on it."""
-        try:
-            return call(*args)
-        except Exception as exc:  # containment is the point: any bug or bad input in one process's work
-            self.read_errors[kind] += 1
-            self.warnings.append(f"{kind} failed and was skipped ({type(exc).__name__}: "
-                                 f"{escape_controls(str(exc))[:200]}); only what depended on it is lost")
-            return None
+        return contain(lambda: call(*args), lambda exc: count_failure(self.read_errors, self.warnings, kind, exc,
+                                                                      "only what depended on it is lost"))
 
 
 class KernelSymbolsLoader:

@@ -17,10 +17,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Protocol
 
+from optrace.containment import contain, count_failure
 from optrace.errors import OptraceError
-from optrace.escape import escape_controls
 from optrace.frontend.serve.httpserver import ListenAddress, MetricsServer
 from optrace.frontend.serve.metricspage import ExporterInfo, MetricsPage
 from optrace.frontend.serve.options import ServeOptions
@@ -28,27 +28,13 @@ from optrace.frontend.serve.profilewindows import ProfileWindows
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, ExporterTotals
 
-T = TypeVar("T")
-
 RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
+DRAIN_FAILED = 'counted in optrace_read_errors_total{kind="drain"}'
 
 
 class StopRequest(Protocol):
     def wait(self, seconds: float) -> bool: ...  # True once a stop was requested
-
-
-def contain(delta: Delta, kind: str, call: Callable[[], T]) -> T | None:
-    """``call()``, or None when it raised: the failure is counted in ``delta.read_errors[kind]`` and
-    warned about once per kind and exception type (the daemon dedupes), so one hostile or malformed
-    file costs only what depended on it."""
-    try:
-        return call()
-    except Exception as exc:  # containment is the point: any bug or bad input in one process's work
-        delta.read_errors[kind] += 1
-        delta.warnings.append(f"{kind} failed and was skipped ({type(exc).__name__}: {escape_controls(str(exc))[:200]}); "
-                              f"counted in optrace_read_errors_total{{kind=\"{kind}\"}}")
-        return None
 
 
 class ServeDaemon:
@@ -105,7 +91,8 @@ class ServeDaemon:
         started = time.perf_counter()
         delta = Delta(want_stacks=self.windows.active())
         for source in self.sources:
-            contain(delta, "drain", partial(source.collect, delta))
+            contain(partial(source.collect, delta),
+                    lambda exc: count_failure(delta.read_errors, delta.warnings, "drain", exc, DRAIN_FAILED))
         self.windows.drained(delta.stacks, time.monotonic())
         self.totals.apply(delta, drain_seconds=time.perf_counter() - started)
         for message in delta.warnings:
