@@ -25,7 +25,7 @@ from optrace.jitmaps.elfwriter import ElfLimitError, code_regions, live_regions,
 from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_clock, jitdump_timeline
 from optrace.jitmaps.perfmap import PerfMapEntry, PerfMapReader
 from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, named_file_policy, open_file
-from optrace.procfs import maps_text_or_empty
+from optrace.procfs import read_maps
 
 MAX_ELF_MACHINE = 0xFFFF  # e_machine is 16 bits; a jitdump's elf_mach field is 32
 MAX_ITEMS = 500_000  # perf-map entries or jitdump records kept for show/convert (~0.35 GB); the rest are counted
@@ -132,8 +132,9 @@ def convert(dump: str, output: str | None, max_size: int) -> None:
 
 def _live_regions(pid: int, dump: str, functions: list[JitFunction]) -> list[tuple[int, int]]:
     """The live process's anonymous executable mappings when it still runs with this dump mapped."""
-    maps = maps_text_or_empty(pid)
-    return live_regions(maps, functions) if os.path.basename(dump) in maps else []
+    maps = read_maps(pid)
+    text = maps.text if maps is not None else ""
+    return live_regions(text, functions) if os.path.basename(dump) in text else []
 
 
 def _pid_from_name(path: str) -> int:
