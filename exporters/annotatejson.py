@@ -6,10 +6,10 @@ import dataclasses
 import json
 from typing import TextIO
 
-from optrace.frontend.report.annotation import AnnotateView
+from optrace.frontend.report.annotation import AnnotateOptions, AnnotateView
 
 
-def write(stream: TextIO, view: AnnotateView) -> None:
+def write(stream: TextIO, view: AnnotateView, options: AnnotateOptions) -> None:
     if view.annotation is None:
         document = {"source": view.source, "functions": [dataclasses.asdict(row) for row in view.listing or []]}
     else:

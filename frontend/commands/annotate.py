@@ -37,7 +37,8 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
     if syntax not in SYNTAXES:
         raise OptraceError(f"-M takes {' or '.join(SYNTAXES)}, not {escape_controls(syntax)!r}")
     write = ANNOTATE.writer(fmt)
-    options = AnnotateOptions(symbol, comma_list(dsos), frozenset(pids), syntax)
+    color = symbol is not None and not stdio and output == "-" and sys.stdout.isatty()
+    options = AnnotateOptions(symbol, comma_list(dsos), frozenset(pids), syntax, source_lines, color)
     record = read_record(source)
     skipped: dict[str, str] = {}
     functions = selected(functions_of(record, skipped), options)
@@ -47,8 +48,7 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
             click.echo(f"optrace: warning: {escape_controls(name)[:120]} skipped: {problem}", err=True)
         view = AnnotateView(shown, listing=listing(record, functions))
     else:
-        view = AnnotateView(shown, annotation=annotate(find(functions, symbol, skipped), syntax, source_lines),
-                            color=not stdio and output == "-" and sys.stdout.isatty())
+        view = AnnotateView(shown, annotation=annotate(find(functions, symbol, skipped), syntax, source_lines))
     with output_stream(output) as stream:
-        write(stream, view)
+        write(stream, view, options)
 

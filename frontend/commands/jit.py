@@ -17,8 +17,8 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.exporters.formats import JIT_LISTING
-from optrace.exporters.jitlisting import JitDumpListing, Listing, PerfMapListing, skipped_note
 from optrace.fileaccess import printable
+from optrace.frontend.report.jitlisting import JitDumpListing, Listing, PerfMapListing, skipped_note
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.agent import host_elf_machine
 from optrace.jitmaps.elfwriter import ElfLimitError, code_regions, live_regions, write_elf
@@ -93,7 +93,7 @@ def show(file: str, max_size: int) -> None:
         else:
             listing = PerfMapListing(file, *_read_map(fd, max_size))
     stdout = click.get_text_stream("stdout")
-    JIT_LISTING.writer("listing")(stdout, listing)
+    JIT_LISTING.writer("listing")(stdout, listing, None)
     stdout.flush()
 
 

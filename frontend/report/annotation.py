@@ -32,6 +32,7 @@ class AnnotateOptions:
     pids: frozenset[int] = frozenset()
     syntax: str = "att"
     source_lines: bool = False  # -l
+    color: bool = False  # highlight the hottest lines (a terminal)
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,6 @@ class AnnotateView:
     source: str  # the record's name as shown
     annotation: Annotation | None = None
     listing: list[Listed] | None = None
-    color: bool = False  # highlight the hottest lines (a terminal)
 
 
 HOT_PERCENT = 5.0  # perf annotate's colours: red above 5 %, green above 0.5 %
