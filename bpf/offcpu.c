@@ -229,20 +229,3 @@ int on_switch(struct bpf_raw_tracepoint_args *ctx)
     switch_in(ctx->args[2]);
     return 0;
 }
-
-// Threads of profiled processes' children are profiled too. A raw tracepoint: closing a perf tracepoint
-// event waits for RCU grace periods (see profile.c). args: parent, child (task_struct *).
-RAW_TRACEPOINT_PROBE(sched_process_fork)
-{
-#ifdef FILTER_PIDS
-    u32 parent = bpf_get_current_pid_tgid() >> 32;
-    if (!is_target(parent))
-        return 0;
-    u32 child = forked_process(ctx, parent);
-    if (child) {
-        u8 one = 1;
-        targets.update(&child, &one);
-    }
-#endif
-    return 0;
-}

@@ -18,6 +18,7 @@ from optrace.kernel import OFF_CPU_HOOK
 from optrace.model import RawSample, UserFrame
 
 PROGRAM = Path(__file__).with_name("offcpu.c")
+FORKS = Path(__file__).with_name("forks.c")  # after offcpu.c: a target's children are targets
 TRACEPOINT = "sched_switch"
 ATTACHMENT = OFF_CPU_HOOK  # what doctor and the record's header say is used
 LOST_REASONS = ("user_stack_collision", "kernel_stack_collision", "counts_map_full", "short_waits",
@@ -91,7 +92,7 @@ class OffCpuTracer:
 
     def load(self) -> None:
         """Compile and load; nothing is measured until :meth:`attach`."""
-        self._bpf = load_bcc([PROGRAM], self._cflags)
+        self._bpf = load_bcc([PROGRAM, FORKS], self._cflags)
         for pid in self._initial_pids:
             self.add_pid(pid)
 

@@ -35,6 +35,7 @@ from optrace.kernel import syscall_events_available
 
 STACK_STORE = Path(__file__).with_name("stackstore.c")  # before profile.c: stacks by hash (stackstore.py)
 PROGRAM = Path(__file__).with_name("profile.c")
+FORKS = Path(__file__).with_name("forks.c")  # after profile.c: a target's children are targets
 UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
 LOST_REASONS = (  # enum lost_reason in profile.c
     "user_stack_missing",
@@ -203,8 +204,8 @@ class Profiler:
     def load(self) -> None:
         """Compile and load the programs and add the initial pids; nothing is sampled until :meth:`attach`
         (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
-        self._bpf = load_bcc([STACK_STORE, PROGRAM, UNWINDER] if self.cfi_unwind else [STACK_STORE, PROGRAM],
-                             self._cflags)
+        sources = [STACK_STORE, PROGRAM, FORKS, UNWINDER] if self.cfi_unwind else [STACK_STORE, PROGRAM, FORKS]
+        self._bpf = load_bcc(sources, self._cflags)
         self._counts = [MapTaker(self._bpf[f"counts{index}".encode()]) for index in (0, 1)]
         self._rawcounts = [MapTaker(self._bpf[f"rawcounts{index}".encode()]) for index in (0, 1)]
         if (self._counts[0].key_size, self._counts[0].value_size) != (COUNT_KEY.size, 8):
