@@ -13,8 +13,8 @@ How a command runs: ``sudo`` is dropped (the tests run as root); a command endin
 as user nobody; other trailing ``# comments`` are dropped; the rest runs under ``sh -c`` in a fresh
 directory holding ``workloads`` (the repository's), ``optrace.data`` (the synthetic record of
 tests/report/conftest.py: 1000 samples of known counts) and, for blocks that name it, ``real.data`` (a
-real recording: ``record -F 499 -- workloads/build/demo 2``), with the venv's ``optrace`` first on PATH.
-The repository's path in the output reads as ``/work/main``.
+real recording: ``record -F 999 -- workloads/build/demo 3``, the suite's shared ``demo_record``), with the
+venv's ``optrace`` first on PATH. The repository's path in the output reads as ``/work/main``.
 """
 from __future__ import annotations
 

@@ -10,18 +10,10 @@ from pathlib import Path
 import pytest
 
 import readmecheck
-from support import REPO, WORKLOADS, run_optrace
+from support import REPO
 
 BLOCKS = readmecheck.checked_blocks((REPO / "README.md").read_text())
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-@pytest.fixture(scope="module")
-def real_record(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("readme") / "real.data"
-    run_optrace("record", "-F", "499", "-o", str(path), "--", str(WORKLOADS / "demo"), "2", check=True,
-                timeout=300)
-    return path
 
 
 def _synthetic_record():
@@ -53,7 +45,7 @@ def test_readme_example(request, tmp_path, block):
     real = None
     if block.needs_recording:
         request.getfixturevalue("bpf_ready")
-        real = request.getfixturevalue("real_record")
+        real = request.getfixturevalue("demo_record")
     workdir = _workdir(tmp_path, real)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     for example in block.examples:
