@@ -62,6 +62,17 @@ def demo_record(bpf_ready: None, workloads: Path, tmp_path_factory: pytest.TempP
 
 
 @pytest.fixture(scope="session")
+def jitcode_record(bpf_ready: None, workloads: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real recording of workloads/jitcode (`record -F 999 -- jitcode 2 0.7`: JIT code named only by the
+    perf map it writes, and a native function), shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("jitcode-record") / "jit.data"
+    run_optrace("record", "-F", "999", "-o", str(out), "--", str(workloads / "jitcode"), "2", "0.7", check=True,
+                timeout=300)
+    out.chmod(0o444)
+    return out
+
+
+@pytest.fixture(scope="session")
 def shares_records(bpf_ready: None, workloads: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """Two real recordings of workloads/shares (`record -F 999 -- shares PCT 2`, PCT% of its CPU in share_a):
     30 then 70, shared by the tests that compare them."""
