@@ -70,8 +70,8 @@ class SyntheticSource:
 
 def render_times(series: int, renders: int, changed: int | None) -> dict:
     """CPU time of the page render alone (no HTTP), each after a drain changed `changed` series."""
-    from optrace.exporters.prometheus import ExporterInfo, MetricsPage
-    from optrace.exporters.totals import Delta, ExporterTotals
+    from optrace.frontend.serve.metricspage import ExporterInfo, MetricsPage
+    from optrace.frontend.serve.totals import Delta, ExporterTotals
 
     totals = ExporterTotals(2 * series)
     page = MetricsPage(totals, ExporterInfo(99, "cpu-clock"))
@@ -90,8 +90,9 @@ def render_times(series: int, renders: int, changed: int | None) -> dict:
 
 def serve_synthetic(series: int) -> None:
     """Child mode: serve a SyntheticSource until killed."""
-    from optrace.exporters.daemon import ServeDaemon, ServeOptions
-    from optrace.exporters.httpserver import ListenAddress
+    from optrace.frontend.serve.daemon import ServeDaemon
+    from optrace.frontend.serve.options import ServeOptions
+    from optrace.frontend.serve.httpserver import ListenAddress
 
     options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), max_series=2 * series,  # room past the [other] reserve
                            drain_interval_s=SYNTHETIC_DRAIN_S)

@@ -18,6 +18,7 @@ import functools
 import struct
 from dataclasses import dataclass
 
+from optrace.errors import MalformedInput
 from optrace.kernel import VMLINUX_BTF as VMLINUX
 
 MAX_BTF = 64 << 20
@@ -31,8 +32,8 @@ FIXED_TAIL = {1: 4, 3: 12, 14: 4, 17: 4}
 ITEM_TAIL = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
 
 
-class BtfError(Exception):
-    pass
+class BtfError(MalformedInput):
+    """The kernel's BTF is not what its header says (or not this byte order)."""
 
 
 @dataclass(frozen=True)

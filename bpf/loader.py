@@ -12,6 +12,7 @@ from optrace.bpf.kallsymsview import start_compile
 from optrace.errors import OptraceError
 from optrace.kernel import VMLINUX_BTF
 from optrace.heap import release_free_memory
+from optrace.procfs import read_maps
 
 
 def import_bcc():
@@ -110,16 +111,10 @@ def release_compiler_code() -> int:
     relocated read-only data would be). Returns the bytes released from the page tables."""
     libc = ctypes.CDLL(None, use_errno=True)
     released = 0
-    try:
-        with open("/proc/self/maps") as maps:
-            lines = maps.read().splitlines()
-    except OSError:
-        return 0
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 6 or fields[1] != "r-xp" or not any(lib in fields[5] for lib in COMPILER_LIBRARIES):
+    maps = read_maps("self")
+    for entry in maps.entries if maps is not None else ():
+        if entry.perms != "r-xp" or not any(lib in entry.path for lib in COMPILER_LIBRARIES):
             continue
-        start, end = (int(value, 16) for value in fields[0].split("-"))
-        if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) == 0:
-            released += end - start
+        if libc.madvise(ctypes.c_void_p(entry.start), ctypes.c_size_t(entry.end - entry.start), MADV_DONTNEED) == 0:
+            released += entry.end - entry.start
     return released

@@ -192,25 +192,10 @@ int on_sample(struct bpf_perf_event_data *ctx)
     return 0;
 }
 
-// The sched tracepoints are raw tracepoints: closing a perf tracepoint event waits for RCU grace periods
-// (32-70 ms each on this VM, one after another under a kernel-wide lock), a raw one does not. They read two
-// fields at offsets from the running kernel's BTF (bpf/btf.py), else from the headers compiled against.
-// args: struct task_struct *parent, struct task_struct *child
-RAW_TRACEPOINT_PROBE(sched_process_fork)
-{
-#ifdef FILTER_PIDS
-    u32 parent = bpf_get_current_pid_tgid() >> 32;
-    if (!targets.lookup(&parent))
-        return 0;
-    u32 child = forked_process(ctx, parent);
-    if (child) {
-        u8 one = 1;
-        targets.update(&child, &one);
-    }
-#endif
-    return 0;
-}
-
+// The sched tracepoints (fork's is in forks.c) are raw tracepoints: closing a perf tracepoint event waits for
+// RCU grace periods (32-70 ms each on this VM, one after another under a kernel-wide lock), a raw one does not.
+// They read two fields at offsets from the running kernel's BTF (bpf/btf.py), else from the headers compiled
+// against.
 // Exec'd files let the frontend find the objects behind build-ids of processes that already exited.
 // args: struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm
 RAW_TRACEPOINT_PROBE(sched_process_exec)

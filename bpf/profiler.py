@@ -29,12 +29,14 @@ from optrace.bpf.offcpu import OffCpuWaits, WaitOptions
 from optrace.bpf.perfevents import TaskEvents
 from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
 from optrace.bpf.unwindmaps import FileIds, decode_cfi
+from optrace.defaults import DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
 from optrace.model import RawSample, UserFrame
 from optrace.kernel import syscall_events_available
 
 STACK_STORE = Path(__file__).with_name("stackstore.c")  # before profile.c: stacks by hash (stackstore.py)
 PROGRAM = Path(__file__).with_name("profile.c")
+FORKS = Path(__file__).with_name("forks.c")  # after profile.c: a target's children are targets
 UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
 PYTHON_WALK = Path(__file__).with_name("python_walk.h")  # before unwind.c: its Python state
 PYTHON_WALKER = Path(__file__).with_name("python.c")  # after it, with python (see pythonmaps.py)
@@ -133,7 +135,7 @@ class Profiler:
 
     def __init__(
         self,
-        frequency_hz: int = 99,
+        frequency_hz: int = DEFAULT_FREQUENCY_HZ,
         pids: Iterable[int] | None = None,
         follow_children: bool = True,
         stack_storage_size: int | None = None,
@@ -247,7 +249,7 @@ class Profiler:
         self._event_buffers = EventBuffers(self._bpf)
 
     def _sources(self) -> list[Path]:
-        sources = [STACK_STORE, PROGRAM] + ([OFF_CPU] if self._wait_options is not None else [])
+        sources = [STACK_STORE, PROGRAM, FORKS] + ([OFF_CPU] if self._wait_options is not None else [])
         if not self.cfi_unwind:
             return sources
         return sources + [PYTHON_WALK, UNWINDER] + ([PYTHON_WALKER] if self.python_frames else [])

@@ -6,10 +6,10 @@ import dataclasses
 import json
 from typing import TextIO
 
-from optrace.frontend.report.annotation import AnnotateView
+from optrace.frontend.report.annotation import AnnotateOptions, AnnotateView
 
 
-def write(stream: TextIO, view: AnnotateView) -> None:
+def write(stream: TextIO, view: AnnotateView, options: AnnotateOptions) -> None:
     if view.python is not None:
         annotation = dataclasses.asdict(view.python)
         document = {"source": view.source, "function": annotation, "lines": annotation.pop("lines")}

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from optrace.escape import escape_controls
-from optrace.frontend.report.annotation import AnnotateView, Annotation, Listed, heat
+from optrace.frontend.report.annotation import AnnotateOptions, AnnotateView, Annotation, Listed, heat
 from optrace.frontend.report.sourceannotation import SourceAnnotation
 
 STYLES = {"hot": "bold red", "warm": "green", "": ""}
@@ -18,12 +18,12 @@ MAX_NAME = 300  # characters of a symbol or path shown in a header
 SUMMARY_LINES = 20
 
 
-def write(stream: TextIO, view: AnnotateView) -> None:
+def write(stream: TextIO, view: AnnotateView, options: AnnotateOptions) -> None:
     if view.python is not None:
         lines = source_lines(view.python)
     else:
         lines = listing_lines(view.listing or []) if view.annotation is None else annotation_lines(view.annotation)
-    if not view.color:
+    if not options.color:
         stream.write("".join(text + "\n" for text, _ in lines))
         return
     console = Console(file=stream, force_terminal=True, highlight=False, soft_wrap=True)

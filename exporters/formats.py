@@ -1,8 +1,10 @@
 """Every output optrace prints, by name: the one place a format is registered.
 
 A format is a module of ``optrace.exporters`` with one function, ``write(stream, model, options)``: it
-writes the model (a profile, a count, a JIT file's listing) as text to the stream. A new format is that
+writes the model (a profile, a count, a comparison, an annotation, a top refresh, a JIT file's listing) as
+text to the stream, as the options say (None for a model that carries its own). A new format is that
 module and one line in the table of its output below; ``--format`` takes its choices from there.
+Commands, top and serve reach a writer only through this registry (tests/test_architecture.py).
 
 A report format makes its whole text before writing any of it: the output budget
 (:mod:`optrace.exporters.budget`) stops a report built from a hostile record before anything is printed.
@@ -11,31 +13,31 @@ A format's module is imported only when it is used: report's start-up time is pa
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import import_module
-from typing import TYPE_CHECKING, Generic, TextIO, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, Protocol, TextIO, TypeVar, cast
 
 from optrace.errors import OptraceError
 
 if TYPE_CHECKING:
-    from optrace.exporters.jitlisting import Listing
-    from optrace.frontend.report.rows import Profile, ReportOptions
-    from optrace.frontend.report.annotation import AnnotateView
+    from optrace.frontend.report.annotation import AnnotateOptions, AnnotateView
     from optrace.frontend.report.callcounts import CountOptions, CountReport
     from optrace.frontend.report.diff import Comparison
+    from optrace.frontend.report.jitlisting import Listing
+    from optrace.frontend.report.rows import Profile, ReportOptions
     from optrace.frontend.report.toprows import TopSnapshot
 
-    ProfileWriter = Callable[[TextIO, Profile, ReportOptions], None]
-    CountWriter = Callable[[TextIO, CountReport, CountOptions], None]
-    ListingWriter = Callable[[TextIO, Listing], None]
-    DiffWriter = Callable[[TextIO, Comparison, ReportOptions], None]
-    AnnotateWriter = Callable[[TextIO, AnnotateView], None]
-    TopWriter = Callable[[TextIO, TopSnapshot], None]
-
-Writer = TypeVar("Writer")
+Model = TypeVar("Model", contravariant=True)
+Options = TypeVar("Options", contravariant=True)
 
 
-class Formats(Generic[Writer]):
+class Writer(Protocol[Model, Options]):
+    """A format's ``write``."""
+
+    def __call__(self, stream: TextIO, model: Model, options: Options, /) -> None: ...
+
+
+class Formats(Generic[Model, Options]):
     """The formats of one output: format name -> the module whose ``write`` prints it."""
 
     def __init__(self, modules: Mapping[str, str]) -> None:
@@ -50,11 +52,11 @@ class Formats(Generic[Writer]):
             raise OptraceError(f"unknown format {name!r}: valid formats are {', '.join(self._modules)}")
         return name
 
-    def writer(self, name: str) -> Writer:
-        return cast(Writer, import_module(self._modules[self.check(name)]).write)
+    def writer(self, name: str) -> Writer[Model, Options]:
+        return cast(Writer[Model, Options], import_module(self._modules[self.check(name)]).write)
 
 
-PROFILE: Formats[ProfileWriter] = Formats({  # optrace report --format
+PROFILE: Formats[Profile, ReportOptions] = Formats({  # optrace report --format
     "table": "optrace.exporters.table",
     "json": "optrace.exporters.jsonrows",
     "csv": "optrace.exporters.csvrows",
@@ -63,28 +65,28 @@ PROFILE: Formats[ProfileWriter] = Formats({  # optrace report --format
     "svg": "optrace.exporters.flamesvg",
     "pprof": "optrace.exporters.pprof",
 })
-CALL_GRAPH: Formats[ProfileWriter] = Formats({  # optrace report -G caller|callee --format
+CALL_GRAPH: Formats[Profile, ReportOptions] = Formats({  # optrace report -G caller|callee --format
     "table": "optrace.exporters.callgraph",
     "json": "optrace.exporters.callgraphjson",
     "flamegraph": "optrace.exporters.flamegraph",
     "svg": "optrace.exporters.flamesvg",
 })
-CALL_COUNTS: Formats[CountWriter] = Formats({  # optrace count --format
+CALL_COUNTS: Formats[CountReport, CountOptions] = Formats({  # optrace count --format
     "table": "optrace.exporters.counttable",
     "json": "optrace.exporters.countjson",
 })
-DIFF: Formats[DiffWriter] = Formats({  # optrace diff --format
+DIFF: Formats[Comparison, ReportOptions] = Formats({  # optrace diff --format
     "table": "optrace.exporters.difftable",
     "json": "optrace.exporters.diffjson",
     "flamegraph": "optrace.exporters.diffflamegraph",
 })
-JIT_LISTING: Formats[ListingWriter] = Formats({  # optrace jit show
+JIT_LISTING: Formats[Listing, None] = Formats({  # optrace jit show
     "listing": "optrace.exporters.jitlisting",
 })
-ANNOTATE: Formats[AnnotateWriter] = Formats({  # optrace annotate --format
+ANNOTATE: Formats[AnnotateView, AnnotateOptions] = Formats({  # optrace annotate --format
     "stdio": "optrace.exporters.annotatetext",
     "json": "optrace.exporters.annotatejson",
 })
-TOP: Formats[TopWriter] = Formats({  # optrace top --stdio (the full-screen view is frontend/top/screen.py)
+TOP: Formats[TopSnapshot, None] = Formats({  # optrace top --stdio (the full-screen view is frontend/top/screen.py)
     "stdio": "optrace.exporters.toptext",
 })

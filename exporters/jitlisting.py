@@ -4,46 +4,22 @@ load time, moves and replacements). Every name and path goes through
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TextIO
 
 from optrace.escape import escape_controls
+from optrace.frontend.report.jitlisting import JitDumpListing, Listing, PerfMapListing, skipped_note
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.lifetimes import JitClock, JitFunction, from_perf_map, jitdump_clock, jitdump_timeline
-from optrace.jitmaps.perfmap import MAX_LINE, PerfMapEntry, PerfMapReader
+from optrace.jitmaps.perfmap import MAX_LINE
 
 ELF_MACHINES = {3: "x86", 62: "x86-64", 40: "arm", 183: "aarch64", 243: "riscv", 21: "ppc64"}
 
 
-@dataclass(frozen=True)
-class PerfMapListing:
-    path: str
-    entries: list[PerfMapEntry]  # the ones kept
-    reader: PerfMapReader  # its counts of bad and long lines
-    skipped: int  # entries read after the kept ones, counted only
-
-
-@dataclass(frozen=True)
-class JitDumpListing:
-    path: str
-    header: jd.JitDumpHeader
-    records: list[jd.JitRecord]  # the ones kept
-    reader: jd.JitDumpReader  # its counts of records, unknown records and truncated bytes
-    skipped: int  # records read after the kept ones, counted only
-
-
-Listing = PerfMapListing | JitDumpListing
-
-
-def write(stream: TextIO, listing: Listing) -> None:
+def write(stream: TextIO, listing: Listing, options: None) -> None:
+    """A listing has nothing to choose: ``options`` is always None."""
     lines = _jitdump_lines(listing) if isinstance(listing, JitDumpListing) else _perf_map_lines(listing)
     for line in lines:
         stream.write(line + "\n")
-
-
-def skipped_note(kept: int, skipped: int, what: str) -> str:
-    """What a summary line adds when ``skipped`` items were read after the ``kept`` ones."""
-    return f"; {skipped} {what} after the first {kept} not shown" if skipped else ""
 
 
 def _perf_map_lines(listing: PerfMapListing) -> Iterator[str]:

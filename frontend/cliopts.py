@@ -1,8 +1,10 @@
 """Options several commands share, spelled the way perf users type them.
 
-One place for each: the pid list (`-p 1,2` or `-p 1 -p 2` in record, count, serve and report), and perf's
-report spellings (`--sort sym`, `--percent-limit 1%`, `-g`/`--call-graph` forms) so that every command
-that takes them parses them alike.
+One place for each: the sampling options of record, top and serve (`-F` and `--call-graph`, with their
+defaults from optrace/defaults.py, and the frequency's check), the pid list (`-p 1,2` or `-p 1 -p 2` in
+record, count, serve and report), the rows' keys and filters of report and diff, and perf's report
+spellings (`--sort sym`, `--percent-limit 1%`, `-g`/`--call-graph` forms), so that every command that
+takes them parses them alike.
 """
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ from typing import Any
 
 import click
 
+from optrace.defaults import CALL_GRAPHS, DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
+from optrace.frontend.report.rows import SORT_KEYS, ReportOptions, parse_sort_keys
 from optrace.frontend.target import parse_pids
+from optrace.kernel import max_sample_rate
 
 
 def _pid_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[int, ...]:
@@ -39,11 +44,27 @@ PERF_ONLY_SORT_KEYS = frozenset({
 })
 
 
-CALL_GRAPHS = ("dwarf", "fp")  # how user stacks are walked (SessionOptions.call_graph)
 PERF_MAX_STACK_DUMP = 65528  # perf record's largest dwarf,SIZE: 64 KiB less 8, in whole u64s
 
 
-def unwind_option(default: str = "dwarf") -> Callable[[Any], Any]:
+def frequency_option() -> Callable[[Any], Any]:
+    """``-F/--freq HZ`` of the commands that sample (record, top, serve); check it with :func:`check_frequency`."""
+    return click.option("-F", "--freq", "frequency", type=int, default=DEFAULT_FREQUENCY_HZ, show_default=True,
+                        help="Samples per second per CPU.")
+
+
+def check_frequency(hz: int) -> None:
+    """perf's rule: a frequency above kernel.perf_event_max_sample_rate is refused, not clamped (the
+    kernel lowers that cap by itself when sampling interrupts take too long)."""
+    if hz < 1:
+        raise OptraceError(f"frequency {hz} Hz is out of range: use 1 or more")
+    limit = max_sample_rate()
+    if hz > limit:
+        raise OptraceError(f"frequency {hz} Hz is above kernel.perf_event_max_sample_rate ({limit}): use -F {limit} "
+                           f"or less, or raise the cap with sysctl -w kernel.perf_event_max_sample_rate={hz}")
+
+
+def unwind_option(default: str = DEFAULT_CALL_GRAPH) -> Callable[[Any], Any]:
     """``--call-graph dwarf|fp`` of the commands that sample (record, top, serve): how user stacks are walked.
     perf's ``dwarf,SIZE`` is taken too (see :func:`parse_unwind`)."""
     return click.option("--call-graph", "call_graph", callback=_unwind_value, default=default, show_default=True,
@@ -155,3 +176,46 @@ def _is_percent(token: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+ROW_OPTIONS = (  # the rows' keys and filters, the same in report and diff
+    click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
+                 help="Comma-separated row keys: comm, pid, tid, dso, symbol (perf's sym, overhead... too)."),
+    pid_option("--pid", help="Only these processes (repeat, or comma list)."),
+    click.option("--comm", "comms", default="", help="Only these command names (comma-separated)."),
+    click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated)."),
+)
+
+
+def row_options(function: Callable[..., None]) -> Callable[..., None]:
+    for option in reversed(ROW_OPTIONS):
+        function = option(function)
+    return function
+
+
+def report_options(sort: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str, children: bool,
+                   call_graph: str | None, tids: tuple[int, ...] = ()) -> ReportOptions:
+    """The options as report's model takes them (report's and diff's)."""
+    return ReportOptions(
+        sort=parse_sort_keys(perf_sort_keys(sort, SORT_KEYS)),
+        pids=frozenset(pids),
+        tids=frozenset(tids),
+        comms=comma_list(comms),
+        dsos=comma_list(dsos),
+        percent_limit=parse_percent(percent_limit),
+        children=children,
+        call_graph=_graph_order(call_graph),
+    )
+
+
+def _graph_order(text: str | None) -> str:
+    """-G's order, or "" for no call graph (no -G, or perf's `none`)."""
+    if text is None:
+        return ""
+    spec = parse_call_graph(text)
+    return "" if spec.mode == "none" else spec.order
+
+
+def comma_list(text: str) -> frozenset[str]:
+    """`a, b,,c` -> {a, b, c}: the comma lists of --comm, --dso."""
+    return frozenset(part.strip() for part in text.split(",") if part.strip())

@@ -19,9 +19,10 @@ from functools import partial
 
 from optrace import __version__
 from optrace.bpf.profiler import FoldedCounts
+from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.frontend.codecapture import capture_session
 from optrace.frontend.loopwait import LoopWait
-from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
+from optrace.frontend.session import DEFAULT_JIT_MAX_FILE_SIZE, OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
 from optrace.frontend.python.outcomes import interpreters, sample_outcomes
@@ -44,7 +45,7 @@ FIRST_DRAIN_S = 0.25
 
 @dataclass
 class RecordOptions:
-    frequency_hz: int = 99
+    frequency_hz: int = DEFAULT_FREQUENCY_HZ
     stacks: bool = True
     pids: list[int] = field(default_factory=list)
     system_wide: bool = False
@@ -54,10 +55,10 @@ class RecordOptions:
     jitdumps: list[str] = field(default_factory=list)
     drain_interval_s: float = 1.0
     stack_storage_size: int | None = None
-    jit_max_file_size: int = 256 << 20
+    jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     off_cpu: OffCpuOptions | None = None
     wall: bool = False  # off-CPU time and CPU samples, to be shown together as time
-    call_graph: str = "dwarf"  # or "fp" (see SessionOptions.call_graph)
+    call_graph: str = DEFAULT_CALL_GRAPH  # or "fp" (see SessionOptions.call_graph)
     python: bool = True  # Python frames (SessionOptions.python)
 
 

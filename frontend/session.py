@@ -29,12 +29,13 @@ from typing import TypeVar
 
 from optrace.bpf.offcpu import WaitOptions
 from optrace.bpf.profiler import DrainResult, FoldedCounts
+from optrace.containment import contain, count_failure
+from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
-from optrace.escape import escape_controls
 from optrace.heap import release_free_memory
 from optrace.kernel import CAP_SYS_NICE, effective_capabilities
 from optrace.model import Frame, RawSample, Sample, UserFrame
-from optrace.procfs import exec_path, maps_entries, process_cpu_ticks
+from optrace.procfs import exec_path, process_cpu_ticks, read_maps
 
 T = TypeVar("T")
 PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
@@ -50,7 +51,7 @@ BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at 
 
 @dataclass
 class SessionOptions:
-    frequency_hz: int = 99
+    frequency_hz: int = DEFAULT_FREQUENCY_HZ
     pids: list[int] | None = None  # None: the whole machine; else these processes and their children
     comms: frozenset[str] = frozenset()  # only samples of these commands (empty: all)
     # False: only each sample's leaf is named (serve's rows, record --no-stacks), so JIT files are read
@@ -76,7 +77,7 @@ class SessionOptions:
     # where there is none, as in JIT code); "fp": the kernel's frame-pointer walk only (perf's names).
     # Independent of ``stacks``, which is about naming: serve names leaves, but whole stacks while a
     # pprof profile is collected. A caller that never names whole stacks passes "fp" (record --no-stacks).
-    call_graph: str = "dwarf"
+    call_graph: str = DEFAULT_CALL_GRAPH
     # Bytes of unwind tables held in user space (None: UnwindTableCache's default); serve holds fewer.
     unwind_cache_bytes: int | None = None
     # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them (serve:
@@ -465,9 +466,9 @@ class ProfilingSession:
 
     def _look_at_python(self, pid: int) -> None:
         """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""
-        maps = maps_entries(pid)
+        maps = read_maps(pid)
         if maps is not None:
-            self.python.look_at(pid, (entry for entry in maps if entry.executable and entry.is_file))
+            self.python.look_at(pid, (entry for entry in maps.entries if entry.executable and entry.is_file))
 
     def _retry_python(self, now: float) -> None:
         """Look again, on the worker, at processes whose interpreter was not initialized when first looked at."""
@@ -720,13 +721,8 @@ class ProfilingSession:
     def _contain(self, kind: str, call: Callable[..., T], *args: object) -> T | None:
         """``call(*args)``, or None when it raised: counted in ``read_errors[kind]`` and warned, so one
         hostile or malformed file costs only what depended on it."""
-        try:
-            return call(*args)
-        except Exception as exc:  # containment is the point: any bug or bad input in one process's work
-            self.read_errors[kind] += 1
-            self.warnings.append(f"{kind} failed and was skipped ({type(exc).__name__}: "
-                                 f"{escape_controls(str(exc))[:200]}); only what depended on it is lost")
-            return None
+        return contain(lambda: call(*args), lambda exc: count_failure(self.read_errors, self.warnings, kind, exc,
+                                                                      "only what depended on it is lost"))
 
 
 class KernelSymbolsLoader:

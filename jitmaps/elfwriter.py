@@ -49,7 +49,7 @@ class ElfSummary:
     build_id: str
 
 
-class ElfLimitError(ValueError):
+class ElfLimitError(Exception):
     """The functions would need more code sections than an ELF file can index."""
 
 

@@ -16,6 +16,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from optrace.errors import MalformedInput
+
 MAGIC = 0x4A695444  # "JiTD" as a u32 in the writer's byte order
 MAGIC_SWAPPED = 0x4454694A
 VERSION = 1
@@ -37,7 +39,7 @@ CHUNK = 4 << 20
 ADDRESS_LIMIT = 1 << 64
 
 
-class JitDumpError(ValueError):
+class JitDumpError(MalformedInput):
     """Not a jitdump, or a corrupt record (with its byte offset)."""
 
 

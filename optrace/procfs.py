@@ -1,4 +1,4 @@
-"""Reading /proc about a process: the one module that parses ``/proc/PID/{maps,stat,status,comm,exe}``.
+"""Reading /proc about a process: the one module that reads ``/proc/PID/{maps,stat,status,comm,exe}``.
 
 A :class:`MapEntry` is one line of ``/proc/PID/maps`` (perf's ``map``: an address range of one object).
 These files are the kernel's own (not another user's), so they are read directly; a process that is
@@ -6,8 +6,10 @@ gone gives ``None``/``False``/``FileNotFoundError`` as each function says.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DELETED_SUFFIX = " (deleted)"
@@ -68,26 +70,30 @@ def parse_maps(text: str) -> list[MapEntry]:
     return entries
 
 
-def read_maps_text(pid: int | str) -> str:
-    """The current text of /proc/PID/maps. Raises OSError (FileNotFoundError once the process is gone)."""
-    with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as handle:
-        return handle.read()
+@dataclass(frozen=True)
+class Maps:
+    """One read of a process's /proc/PID/maps: its text (two reads are the same mappings when their texts
+    are equal) and its entries, parsed once on first use."""
+
+    text: str
+
+    @functools.cached_property
+    def entries(self) -> list[MapEntry]:
+        return parse_maps(self.text)
 
 
-def maps_text_or_empty(pid: int | str) -> str:
-    """/proc/PID/maps, or "" when it cannot be read (the process is gone, or not ours to read)."""
+def read_maps(pid: int | str, unreadable: Callable[[OSError], None] | None = None) -> Maps | None:
+    """The process's mappings now: the one reader of /proc/PID/maps. None when they cannot be read: the
+    process is gone (a kernel thread has none: empty, not None), or they are not ours to read, which
+    ``unreadable`` is told first (a caller that names the process's frames warns)."""
     try:
-        return read_maps_text(pid)
-    except OSError:
-        return ""
-
-
-def maps_entries(pid: int) -> list[MapEntry] | None:
-    """The process's /proc/PID/maps entries; None when it cannot be read (unlike :func:`maps_text_or_empty`,
-    a process that is gone is told from one with no mappings, a kernel thread)."""
-    try:
-        return parse_maps(read_maps_text(pid))
-    except OSError:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as handle:
+            return Maps(handle.read())
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError as err:
+        if unreadable is not None:
+            unreadable(err)
         return None
 
 
@@ -97,7 +103,8 @@ JITDUMP_NAME = re.compile(r"(?:^|/)jit-(\d+)\.dump$")
 def mapped_jitdumps(pid: int, nspid: int) -> list[str]:
     """Paths (as the process sees them) of mapped files named jit-<pid>.dump, the way perf finds them."""
     found: list[str] = []
-    for entry in parse_maps(maps_text_or_empty(pid)):
+    maps = read_maps(pid)
+    for entry in maps.entries if maps is not None else ():
         match = JITDUMP_NAME.search(entry.path)
         if match and int(match.group(1)) in (pid, nspid) and entry.path not in found:
             found.append(entry.path)

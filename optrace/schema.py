@@ -19,13 +19,14 @@ import types
 import typing
 from typing import Any, Callable
 
+from optrace.errors import MalformedInput
 from optrace.model import Bounds, Record
 
 DEFAULT_BOUNDS = Bounds(0, (1 << 64) - 1)
 INT_KEY = re.compile(r"-?[0-9]{1,20}")  # what json.dumps makes of an int dict key, nothing int() also takes
 
 
-class SchemaError(ValueError):
+class SchemaError(MalformedInput):
     """The JSON does not have the shape the model expects; the message names the offending place."""
 
     def __init__(self, problem: str, path: tuple[str, ...] = ()) -> None:

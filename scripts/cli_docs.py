@@ -18,6 +18,65 @@ from optrace import __version__
 from optrace.frontend.cli import COMMANDS, cli
 
 SHELLS = {"bash": "optrace", "zsh": "_optrace", "fish": "optrace.fish"}
+# A man page's EXAMPLES: (command line, what it does), per command path. tests/test_cli_docs.py checks that
+# every page has some and that every command and option they show exists in the CLI.
+EXAMPLES: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
+    ("optrace",): (
+        ("sudo optrace record -- ./app", "Profile ./app and its children until it exits; writes optrace.data."),
+        ("optrace report", "Print optrace.data per symbol, like perf report (no root needed)."),
+        ("optrace doctor", "Say what this machine lacks for recording, and how to fix it."),
+    ),
+    ("optrace", "record"): (
+        ("sudo optrace record -F 499 -o demo.data -- workloads/build/demo 2",
+         "Profile a command at 499 Hz into demo.data."),
+        ("sudo optrace record -p 1234 -d 30", "Profile a running process (and the children it starts) for 30 s."),
+        ("sudo optrace record -a -d 10 --call-graph fp", "The whole machine for 10 s, walking frame pointers only."),
+        ("sudo optrace record --off-cpu -- ./server", "CPU samples and where threads waited off CPU."),
+    ),
+    ("optrace", "report"): (
+        ("optrace report -i demo.data --percent-limit 1", "The profile per symbol, rows under 1 % hidden."),
+        ("optrace report -G caller", "The call graph from main down."),
+        ("optrace report --format flamegraph -o flame.html", "An interactive flame graph (HTML)."),
+        ("optrace report --format pprof -o cpu.pb.gz", "A profile for go tool pprof, Pyroscope or Parca."),
+    ),
+    ("optrace", "diff"): (
+        ("optrace diff base.data new.data --percent-limit 1", "Each row's share in both records and the change."),
+        ("optrace diff base.data new.data --format flamegraph -o diff.html", "A differential flame graph."),
+    ),
+    ("optrace", "annotate"): (
+        ("optrace annotate -i demo.data", "The functions the record kept code for, with their samples."),
+        ("optrace annotate -i demo.data hot_a", "hot_a's instructions, each with its share of hot_a's samples."),
+    ),
+    ("optrace", "top"): (
+        ("sudo optrace top", "The hottest functions of the whole machine, refreshed every second (q quits)."),
+        ("sudo optrace top --stdio -p 1234 -d 3 -n 2", "Two plain tables of one process, three seconds apart."),
+    ),
+    ("optrace", "doctor"): (
+        ("optrace doctor", "Every check with ok, warn or FAIL, and the fix of each failure."),
+    ),
+    ("optrace", "count"): (
+        ("sudo optrace count c:malloc -d 5", "Exact calls of libc's malloc in every process for 5 s."),
+        ("sudo optrace count ./app:parse -- ./app input", "Calls of parse in ./app and its children while it runs."),
+        ("sudo optrace count 'c:str*' -i 1 --per-pid", "Every libc str* function, per process, each second."),
+    ),
+    ("optrace", "serve"): (
+        ("sudo optrace serve", "A Prometheus target on 127.0.0.1:9469: the whole machine's profile at 99 Hz."),
+        ("sudo optrace serve --listen 0.0.0.0:9469 --uprobe c:malloc", "Scraped from elsewhere, with malloc's calls."),
+        ("sudo optrace serve --config /etc/optrace/serve.yaml", "The settings from a file (SIGHUP re-reads it)."),
+    ),
+    ("optrace", "jit"): (
+        ("optrace jit show /tmp/perf-1234.map", "List a perf map: address, size, name, replacements."),
+        ("optrace jit convert jit-1234.dump", "Write jit-1234.elf from a jitdump."),
+    ),
+    ("optrace", "jit", "show"): (
+        ("optrace jit show /tmp/perf-1234.map", "List a perf map: address, size, name, replacements."),
+        ("optrace jit show jit-1234.dump", "List a jitdump's records: loads, moves, debug info."),
+    ),
+    ("optrace", "jit", "convert"): (
+        ("optrace jit convert jit-1234.dump -o app-jit.elf", "An ELF file with the JIT code, its symbols and a build-id."),
+        ("optrace jit convert /tmp/perf-1234.map", "The same from a perf map (symbols only, no code)."),
+    ),
+}
 
 
 def walk(command: click.Command, path: tuple[str, ...], ctx: click.Context | None = None):
@@ -61,6 +120,10 @@ def man_page(path: tuple[str, ...], command: click.Command, ctx: click.Context) 
             record = option.get_help_record(ctx)
             if record:
                 lines += [".TP", f".B {roff(record[0])}", roff(record[1] or "")]
+    if path in EXAMPLES:
+        lines.append(".SH EXAMPLES")
+        for example, what in EXAMPLES[path]:
+            lines += [".TP", f".B {roff(example)}", roff(what)]
     if isinstance(command, click.Group):
         lines.append(".SH COMMANDS")
         for sub in command.list_commands(ctx):

@@ -51,6 +51,42 @@ def optrace():
     return run_optrace
 
 
+@pytest.fixture(scope="session")
+def demo_record(bpf_ready: None, workloads: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real recording of the demo workload (`record -F 999 -- demo 3`: hot_a 40%, hot_b, lib_burn and
+    the C++ method 20% each), shared by every test that only reads it: never write to it or next to it."""
+    out = tmp_path_factory.mktemp("demo-record") / "demo.data"
+    run_optrace("record", "-F", "999", "-o", str(out), "--", str(workloads / "demo"), "3", check=True, timeout=300)
+    out.chmod(0o444)
+    return out
+
+
+@pytest.fixture(scope="session")
+def jitcode_record(bpf_ready: None, workloads: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real recording of workloads/jitcode (`record -F 999 -- jitcode 2 0.7`: JIT code named only by the
+    perf map it writes, and a native function), shared by the tests that only read it."""
+    out = tmp_path_factory.mktemp("jitcode-record") / "jit.data"
+    run_optrace("record", "-F", "999", "-o", str(out), "--", str(workloads / "jitcode"), "2", "0.7", check=True,
+                timeout=300)
+    out.chmod(0o444)
+    return out
+
+
+@pytest.fixture(scope="session")
+def shares_records(bpf_ready: None, workloads: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two real recordings of workloads/shares (`record -F 999 -- shares PCT 2`, PCT% of its CPU in share_a):
+    30 then 70, shared by the tests that compare them."""
+    folder = tmp_path_factory.mktemp("shares-records")
+    records = []
+    for pct in (30, 70):
+        out = folder / f"shares{pct}.data"
+        run_optrace("record", "-F", "999", "-o", str(out), "--", str(workloads / "shares"), str(pct), "2",
+                    check=True, timeout=300)
+        out.chmod(0o444)
+        records.append(out)
+    return records[0], records[1]
+
+
 def pytest_collection_modifyitems(config, items):
     """A test that needs BPF (the ``bpf_ready`` fixture) is a ``bpf`` test, whether or not its module says so:
     ``make test-unit`` (``-m "not bpf"``) must never load a BPF program."""

@@ -13,14 +13,17 @@ How a command runs: ``sudo`` is dropped (the tests run as root); a command endin
 as user nobody; other trailing ``# comments`` are dropped; the rest runs under ``sh -c`` in a fresh
 directory holding ``workloads`` (the repository's), ``optrace.data`` (the synthetic record of
 tests/report/conftest.py: 1000 samples of known counts) and, for blocks that name it, ``real.data`` (a
-real recording: ``record -F 499 -- workloads/build/demo 2``), with the venv's ``optrace`` first on PATH.
-The repository's path in the output reads as ``/work/main``.
+real recording: ``record -F 999 -- workloads/build/demo 3``, the suite's shared ``demo_record``), with the
+venv's ``optrace`` first on PATH. The repository's path in the output reads as ``/work/main``.
 """
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
+
+import click
 
 MARKER = re.compile(r"^<!--\s*checked:\s*(exact|shape)\s*-->\s*$")
 NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?")
@@ -119,4 +122,69 @@ def _interleaving_mismatch(expected: list[str], stdout: list[str], stderr: list[
             return f"expected {line!r}, the real output has {(stdout[out:out + 1] + stderr[err:err + 1])!r}"
     if out < len(stdout) or err < len(stderr):
         return f"the real output has more lines: {(stdout[out:] + stderr[err:])[:3]!r}"
+    return None
+
+
+# What the README and the docs show of the CLI: every `optrace ...` command line (in a fenced block, after
+# `$ ` or not, or in an inline code span), checked against click's own command objects.
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+INVOCATION = re.compile(r"^(?:\$\s+)?(?:sudo\s+)?(?:\S*/)?optrace\s+(?P<rest>[a-z].*)$")
+SUBSTITUTION = re.compile(r"\$\([^)]*\)")
+SHELL_STOPS = {"|", "||", "&", "&&", ";", ">", ">>", "<", "2>&1"}
+
+
+def invocations(text: str) -> list[tuple[str, list[str]]]:
+    """(the line as shown, optrace's arguments) of every optrace command line in a markdown text."""
+    found = []
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        candidates = [line] if fenced else INLINE_CODE.findall(line)
+        for candidate in candidates:
+            match = INVOCATION.match(candidate.strip())
+            if match:
+                found.append((candidate.strip(), _arguments(match.group("rest"))))
+    return found
+
+
+def _arguments(rest: str) -> list[str]:
+    lexer = shlex.shlex(SUBSTITUTION.sub("1", rest), posix=True, punctuation_chars="|&;<>")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    arguments = []
+    for token in lexer:
+        if token in SHELL_STOPS or token.startswith(("|", "&", ";", ">", "<")):
+            break
+        arguments.append(token)
+    return arguments
+
+
+def cli_problem(group: click.Group, arguments: list[str]) -> str | None:
+    """None when ``optrace ARGUMENTS`` names commands and options the CLI has, else what it lacks."""
+    command: click.Command = group
+    ctx = click.Context(group, info_name="optrace")
+    rest = list(arguments)
+    while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+        sub = command.get_command(ctx, rest[0])
+        if sub is None:
+            return f"no command {rest[0]!r} in {ctx.command_path}"
+        ctx, command, rest = click.Context(sub, info_name=rest[0], parent=ctx), sub, rest[1:]
+    options = {name: param for param in command.get_params(ctx) if isinstance(param, click.Option)
+               for name in (*param.opts, *param.secondary_opts)}
+    takes_value = False
+    for token in rest:
+        if token == "--":
+            break
+        if takes_value:
+            takes_value = False
+            continue
+        if not token.startswith("-") or token == "-":
+            continue
+        name = token.split("=", 1)[0]
+        if name not in options:
+            return f"{ctx.command_path} has no option {name}"
+        option = options[name]
+        takes_value = "=" not in token and not option.is_flag and not option.count
     return None

@@ -1,14 +1,27 @@
-"""The one-way arrow of the design (README "Design"), checked on every import of every product file.
+"""The one-way arrows of the design (docs/design.md), checked on every import of every product file.
 
-kernel maps (bpf/) -> raw samples -> symbols (frontend/symbols, jitmaps/) -> rows -> outputs (exporters/),
-with the core (optrace/) under all of them. Imports inside functions count too: a lazy import is still
-a dependency. A check written here with ``ast`` rather than import-linter, because the package's folders
-are mapped into ``optrace.*`` by setuptools (pyproject.toml), which import-linter's file-system walk of
-the installed package does not see.
+Between folders: kernel maps (bpf/) -> raw samples -> symbols (frontend/symbols, jitmaps/) -> rows
+(frontend/report) -> outputs (exporters/), with the core (optrace/) under all of them. Inside frontend/,
+its packages and modules stand in layers (FRONTEND_LAYERS): each imports only from the layers below it,
+so no two of them import each other, and the commands sit on top, one module each.
+
+What counts as an import: an ``import``/``from`` statement anywhere in the file (a lazy import inside a
+function is still a dependency), a string literal that is exactly the name of a product module (what
+``importlib.import_module`` and the formats registry load: ``"optrace.exporters.table"``), and the
+constant start of an f-string naming one (``f"optrace.frontend.commands.{name}"`` imports the package).
+A check written here with ``ast`` rather than import-linter, because the package's folders are mapped
+into ``optrace.*`` by setuptools (pyproject.toml), which import-linter's file-system walk of the
+installed package does not see.
+
+Beyond imports, rules that keep single ideas single: one containment helper, one base for the errors of
+malformed input, one reader of /proc/PID/maps, and exporters/ holding only the registry's writers.
 """
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -17,26 +30,49 @@ from support import REPO
 
 FOLDERS = {"optrace": "optrace", "bpf": "optrace.bpf", "frontend": "optrace.frontend",
            "jitmaps": "optrace.jitmaps", "exporters": "optrace.exporters"}
-CORE_MODULES = {"optrace", "optrace.errors", "optrace.model", "optrace.schema", "optrace.recordfile",
-                "optrace.procfs", "optrace.kernel", "optrace.fileaccess", "optrace.outputfile", "optrace.escape",
-                "optrace.heap", "optrace.probes", "optrace.cachedir", "optrace.pythonlayout"}
 # folder -> the optrace packages its files may import (besides their own folder and the core)
 ALLOWED = {
     "optrace": set(),
     "bpf": set(),
     "jitmaps": set(),
-    # the models outputs print: report's rows and count's calls (frontend/report holds only pure models),
-    # and the JIT files jit show lists (jitmaps imports only the core)
+    # the models outputs print (frontend/report holds only pure models), and the JIT files jit show lists
     "exporters": {"optrace.frontend.report", "optrace.jitmaps"},
     "frontend": {"optrace.bpf", "optrace.jitmaps", "optrace.exporters"},
 }
-NOT_FROM = {"optrace.frontend.report": {"optrace.exporters"},  # the row model never imports its outputs
-            # ELF and DWARF readers (call-frame information included) under the unwinder, never the reverse
-            "optrace.frontend.symbols": {"optrace.frontend.unwind"}}
+# frontend/'s units (a package, or a module of frontend/ itself), lowest first: a unit imports only from
+# units of lower layers. A new unit goes in a layer here: where it stands is a decision, not an accident.
+FRONTEND_LAYERS = (
+    {"report", "symbols", "target", "stopsignals", "preflight"},  # pure models, file readers, leaf helpers
+    {"unwind", "uprobes", "loopwait", "cliopts"},
+    {"python"},  # CPython interpreters found from outside (reads ELF files, unwind tables, process memory)
+    {"session"},
+    {"codecapture"},
+    {"recorder", "top", "serve"},  # the three users of a profiling session
+    {"commands"},  # one module per command: parses options, calls the layers below, writes through formats
+    {"cli"},
+)
+# frontend imports from exporters only the registry, and serve the pprof encoder (its /debug/pprof/profile
+# answers with pprof bytes, not a report on a stream)
+FRONTEND_FROM_EXPORTERS = {"optrace.exporters.formats", "optrace.exporters.pprof"}
+PURE_MODELS = "optrace.frontend.report"  # imports only the core and jitmaps' file models
+COMMANDS = "optrace.frontend.commands"
+EXPORTER_HELPERS = {"formats", "budget"}  # the registry and the report writers' output budget
+MALFORMED_INPUT = ("optrace.frontend.symbols.elffile.ElfFormatError", "optrace.frontend.symbols.leb128.DwarfError",
+                   "optrace.schema.SchemaError", "optrace.jitmaps.jitdump.JitDumpError", "optrace.bpf.btf.BtfError")
 
 
 def product_files() -> list[tuple[str, Path]]:
     return [(folder, path) for folder in FOLDERS for path in sorted((REPO / folder).rglob("*.py"))]
+
+
+@cache
+def product_modules() -> frozenset[str]:
+    """Every module and package of the optrace namespace, by its dotted name."""
+    names = set()
+    for folder, path in product_files():
+        name = module_name(folder, path)
+        names.add(name.removesuffix(".__init__"))
+    return frozenset(names)
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -48,6 +84,12 @@ def imported_modules(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and node.value in product_modules():
+            found.add(node.value)  # importlib.import_module("optrace...."), a registry's module name
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            start = str(node.values[0].value).removesuffix(".")
+            if start in product_modules():
+                found.add(start)  # f"optrace.frontend.commands.{name}": that package
     return {name for name in found if name == "optrace" or name.startswith("optrace.")}
 
 
@@ -64,23 +106,74 @@ def module_name(folder: str, path: Path) -> str:
     return ".".join((FOLDERS[folder], *parts))
 
 
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def is_core_module(module: str) -> bool:
+    """optrace/'s own modules (and names imported from them), which every folder may import."""
+    return module in product_modules() or module.rsplit(".", 1)[0] in product_modules()
+
+
+def frontend_unit(module: str) -> str | None:
+    """The unit of frontend/ a module belongs to: its package (symbols, serve...) or its own name."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["optrace", "frontend"] else None
+
+
+def command_of(module: str) -> str | None:
+    """optrace.frontend.commands.record[.name] -> record."""
+    parts = module.split(".")
+    return parts[3] if len(parts) > 3 and within(module, COMMANDS) else None
+
+
+def frontend_layer(unit: str) -> int | None:
+    return next((index for index, units in enumerate(FRONTEND_LAYERS) if unit in units), None)
+
+
+def folder_violation(folder: str, here: str, module: str) -> str | None:
+    target = owner(module)
+    if target == folder:
+        return None
+    if target == "optrace":
+        return None if is_core_module(module) else f"{module} (not a core module)"
+    if not any(within(module, p) for p in ALLOWED[folder]):
+        return module
+    if folder == "frontend" and target == "exporters" and not any(within(module, p) for p in FRONTEND_FROM_EXPORTERS):
+        return f"{module} (frontend reaches a writer through optrace.exporters.formats)"
+    if within(here, PURE_MODELS) and target not in ("optrace", "jitmaps"):
+        return f"{module} (frontend/report holds pure models: the core and jitmaps' models only)"
+    if within(here, COMMANDS) and target == "bpf":
+        return f"{module} (a command is thin: BPF is loaded by the session, the recorder or the counter)"
+    return None
+
+
+def frontend_violation(here: str, module: str) -> str | None:
+    """The layers of frontend/, and the commands' own rules."""
+    mine, theirs = frontend_unit(here), frontend_unit(module)
+    if mine is None or theirs is None or theirs == "__init__":
+        return None
+    if mine == theirs:
+        if mine == "commands" and command_of(module) not in (None, command_of(here)):
+            return f"{module} (a command imports no other command: shared options go to frontend/cliopts.py)"
+        return None
+    layer, their_layer = frontend_layer(mine), frontend_layer(theirs)
+    if layer is None or their_layer is None:
+        unknown = mine if layer is None else theirs
+        return f"{module} (frontend/{unknown} is in no layer of FRONTEND_LAYERS: put it in one)"
+    if their_layer >= layer:
+        return f"{module} (frontend/{mine} may import only from the layers below it, not frontend/{theirs})"
+    return None
+
+
 def violations(folder: str, path: Path) -> list[str]:
     bad = []
     here = module_name(folder, path) if path.is_relative_to(REPO / folder) else FOLDERS[folder]
-    forbidden = {p for package, packages in NOT_FROM.items() if here.startswith(package + ".") for p in packages}
     for module in sorted(imported_modules(path)):
-        if any(module == p or module.startswith(p + ".") for p in forbidden):
-            bad.append(f"{module} (not from {here})")
-            continue
-        target = owner(module)
-        if target == folder:
-            continue
-        if target == "optrace":
-            if module not in CORE_MODULES and module.rsplit(".", 1)[0] not in CORE_MODULES:
-                bad.append(f"{module} (not a core module)")
-            continue
-        if not any(module == p or module.startswith(p + ".") for p in ALLOWED[folder]):
-            bad.append(module)
+        problem = folder_violation(folder, here, module) or (
+            frontend_violation(here, module) if folder == "frontend" else None)
+        if problem:
+            bad.append(problem)
     return bad
 
 
@@ -96,3 +189,118 @@ def test_the_check_sees_a_backwards_import(tmp_path: Path) -> None:
     assert violations("bpf", bad) and not violations("frontend", bad)
     rows = REPO / "frontend" / "report" / "model_that_prints.py"
     assert module_name("frontend", rows) == "optrace.frontend.report.model_that_prints"
+
+
+def test_the_check_counts_imports_made_through_importlib(tmp_path: Path) -> None:
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text('import importlib\nimportlib.import_module("optrace.frontend.recorder")\n'
+                    'FORMATS = {"x": "optrace.frontend.session"}\n'
+                    'def command(name):\n    return importlib.import_module(f"optrace.frontend.commands.{name}")\n'
+                    '"""A docstring that names optrace.frontend.session in a sentence is not an import."""\n')
+    assert imported_modules(lazy) == {"optrace.frontend.recorder", "optrace.frontend.session",
+                                      "optrace.frontend.commands"}
+    assert violations("exporters", lazy) == ["optrace.frontend.commands", "optrace.frontend.recorder",
+                                             "optrace.frontend.session"]
+
+
+def test_the_check_sees_the_rules_inside_frontend(tmp_path: Path) -> None:
+    symbols = REPO / "frontend" / "symbols" / "x.py"
+    report = REPO / "frontend" / "report" / "x.py"
+    command = REPO / "frontend" / "commands" / "top.py"
+    probe = tmp_path / "probe.py"
+    cases = {
+        (symbols, "optrace.frontend.unwind.cfi"): "may import only from the layers below",
+        (report, "optrace.frontend.commands.record"): "may import only from the layers below",
+        (report, "optrace.bpf.profiler"): "pure models",
+        (command, "optrace.frontend.commands.record"): "a command imports no other command",
+        (REPO / "frontend" / "top" / "screen.py", "optrace.exporters.toptext"): "through optrace.exporters.formats",
+        (REPO / "frontend" / "uprobes" / "counter.py", "optrace.frontend.doctor"): "in no layer",
+    }
+    for (where, module), problem in cases.items():
+        probe.write_text(f"import {module}\n")
+        here = module_name("frontend", where)
+        found = [folder_violation("frontend", here, m) or frontend_violation(here, m) for m in imported_modules(probe)]
+        assert any(found_problem and problem in found_problem for found_problem in found), (where, module, found)
+    assert frontend_violation(module_name("frontend", command), "optrace.frontend.commands.top") is None
+
+
+def function_nodes() -> list[tuple[str, ast.FunctionDef]]:
+    return [(f"{module_name(folder, path)}.{node.name}", node) for folder, path in product_files()
+            for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)]
+
+
+def is_containment(function: ast.FunctionDef) -> bool:
+    """A function whose body tries one returned call and, on any Exception, gives None: a copy of
+    optrace.containment.contain."""
+    tries = [node for node in function.body if isinstance(node, ast.Try)]
+    for node in tries:
+        broad = [h for h in node.handlers if isinstance(h.type, ast.Name) and h.type.id == "Exception"]
+        returns_call = len(node.body) == 1 and isinstance(node.body[0], ast.Return) and \
+            isinstance(node.body[0].value, ast.Call)
+        gives_none = any(isinstance(s, ast.Return) and (s.value is None or getattr(s.value, "value", 0) is None)
+                         for h in broad for s in h.body)
+        if broad and returns_call and gives_none:
+            return True
+    return False
+
+
+def test_one_containment_helper() -> None:
+    """A failure is contained by optrace.containment.contain, not by another copy of it."""
+    copies = sorted(name for name, node in function_nodes() if is_containment(node))
+    assert copies == ["optrace.containment.contain"], copies
+
+
+@pytest.mark.parametrize("name", MALFORMED_INPUT)
+def test_malformed_input_has_one_base(name: str) -> None:
+    from optrace.errors import MalformedInput
+
+    module, _, cls = name.rpartition(".")
+    assert issubclass(getattr(importlib.import_module(module), cls), MalformedInput)
+
+
+def test_no_other_error_derives_from_value_error_itself() -> None:
+    """A product error that is a ValueError is malformed input: it derives from MalformedInput, so the
+    boundaries that catch malformed input catch it."""
+    direct = sorted(f"{module_name(folder, path)}.{node.name}" for folder, path in product_files()
+                    for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)
+                    and any(isinstance(base, ast.Name) and base.id == "ValueError" for base in node.bases))
+    assert direct == ["optrace.errors.MalformedInput"], direct
+
+
+def constant_text(node: ast.AST) -> str:
+    """A string argument's constant parts ("/proc//maps" for f"/proc/{pid}/maps")."""
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(str(part.value) for part in node.values if isinstance(part, ast.Constant))
+    return ""
+
+
+def opens_maps(node: ast.AST) -> bool:
+    """A call of open() (builtin, os.open, io.open...) on a path that ends in /maps."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return False
+    name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+    return name == "open" and constant_text(node.args[0]).endswith("/maps")
+
+
+def test_one_reader_of_process_maps() -> None:
+    """/proc/PID/maps is read by optrace.procfs.read_maps only; everyone else asks it."""
+    readers = sorted({module_name(folder, path) for folder, path in product_files()
+                      for node in ast.walk(ast.parse(path.read_text())) if opens_maps(node)})
+    assert readers == ["optrace.procfs"], readers
+
+
+def test_exporters_hold_only_the_registry_writers() -> None:
+    """exporters/ is the formats' writers, each registered, each ``write(stream, model, options)``, and
+    the registry with its helper: no engine of a command lives there."""
+    from optrace.exporters import formats
+
+    registered = {module for table in vars(formats).values() if isinstance(table, formats.Formats)
+                  for module in table._modules.values()}
+    modules = {path.stem for path in (REPO / "exporters").glob("*.py")} - {"__init__"}
+    unregistered = sorted(m for m in modules - EXPORTER_HELPERS if f"optrace.exporters.{m}" not in registered)
+    assert unregistered == [], f"exporters/ holds modules that are not formats: {unregistered}"
+    for module in sorted(registered):
+        parameters = list(inspect.signature(importlib.import_module(module).write).parameters)
+        assert len(parameters) == 3 and parameters[2] == "options", (module, parameters)

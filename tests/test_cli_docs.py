@@ -1,5 +1,6 @@
 """Man pages and shell completion are generated from the CLI itself (scripts/cli_docs.py, run and installed
-by `make setup`): every command has a page naming all its options, and bash completes commands and options."""
+by `make setup`): every command has a page naming all its options, with EXAMPLES the CLI accepts, and bash
+completes commands and options."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ from support import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import cli_docs  # noqa: E402
+import readmecheck  # noqa: E402
 
 from optrace.frontend.cli import cli  # noqa: E402
 
@@ -39,6 +41,18 @@ def test_every_command_has_a_page_naming_all_its_options(generated):
             if isinstance(param, click.Option) and not param.hidden:
                 for name in param.opts:
                     assert name in text, f"{page.name} lacks {name}"
+
+
+def test_every_page_has_examples_the_cli_accepts(generated):
+    for path, command, ctx in cli_docs.walk(cli, ("optrace",)):
+        page = generated / "man" / f"{'-'.join(path)}.1"
+        rendered = subprocess.run(["man", "-l", str(page)], capture_output=True, text=True,
+                                  env={**os.environ, "MANWIDTH": "200"}, check=True).stdout
+        assert "\nEXAMPLES\n" in rendered, f"{page.name} has no EXAMPLES"
+        for example, _ in cli_docs.EXAMPLES[path]:
+            [(_, arguments)] = readmecheck.invocations(f"`{example}`")
+            assert readmecheck.cli_problem(cli, arguments) is None, (page.name, example)
+            assert arguments[:len(path) - 1] == list(path[1:]), f"{page.name}: {example} is another command's"
 
 
 def _bash_complete(script: Path, *words: str) -> list[str]:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from optrace import kernel
-from optrace.frontend import doctor
-from optrace.frontend.doctor import CheckResult, format_result, require_recording
+from optrace.frontend import preflight
+from optrace.frontend.commands.doctor import format_result
+from optrace.frontend.preflight import CheckResult, require_recording
 from optrace.errors import OptraceError
 
 OPTRACE = str(Path(sys.executable).parent / "optrace")
@@ -26,7 +27,7 @@ def test_doctor_ok_as_root(bpf_ready, optrace) -> None:
     lines = proc.stdout.splitlines()
     names = ["privileges", "bpf syscall", "kernel headers", "BCC", "tracefs", "perf_event_paranoid", "BTF",
              "syscall tracepoints", "off-CPU"]
-    headers = doctor.check_kernel_headers()  # warn on this VM: Debian's 6.1 headers for a 6.18 kernel
+    headers = preflight.check_kernel_headers()  # warn on this VM: Debian's 6.1 headers for a 6.18 kernel
     assert headers.status in ("ok", "warn")
     expected = ["warn" if name == "kernel headers" else "ok" for name in names] if headers.status == "warn" \
         else ["ok"] * len(names)
@@ -59,7 +60,7 @@ def test_capabilities_without_root_are_enough(bpf_ready) -> None:
 
 @needs_root_and_setpriv
 def test_require_recording_as_nobody_is_one_line() -> None:
-    code = "from optrace.frontend.doctor import require_recording\nrequire_recording()\n"
+    code = "from optrace.frontend.preflight import require_recording\nrequire_recording()\n"
     proc = subprocess.run([*NOBODY, sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode != 0
     assert "OptraceError: cannot record: needs root or CAP_BPF+CAP_PERFMON: run with sudo" in proc.stderr
@@ -72,7 +73,7 @@ def test_require_recording_passes_here_as_root(bpf_ready) -> None:
 
 def test_missing_tracefs_fails_only_for_uprobes(bpf_ready, monkeypatch) -> None:
     monkeypatch.setattr(kernel, "tracefs_mount_points", lambda: [])
-    result = doctor.check_tracefs()
+    result = preflight.check_tracefs()
     assert result.status == "FAIL"
     assert format_result(result).endswith("fix: sudo mount -t tracefs nodev /sys/kernel/tracing")
     require_recording()
@@ -81,8 +82,8 @@ def test_missing_tracefs_fails_only_for_uprobes(bpf_ready, monkeypatch) -> None:
 
 
 def test_missing_bcc_names_the_debian_package(monkeypatch) -> None:
-    monkeypatch.setattr(doctor.importlib.util, "find_spec", lambda name: None)
-    result = doctor.check_bcc()
+    monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda name: None)
+    result = preflight.check_bcc()
     assert (result.status, result.fix) == ("FAIL", "sudo apt-get install python3-bpfcc")
 
 
@@ -91,21 +92,21 @@ def test_pypi_bcc_is_not_bcc(monkeypatch, tmp_path: Path) -> None:
     (tmp_path / "bcc" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "bcc", raising=False)
-    result = doctor.check_bcc()
+    result = preflight.check_bcc()
     assert result.status == "FAIL" and "PyPI's bcc is another project" in result.detail
 
 
 def test_informational_checks_never_fail_doctor() -> None:
     result = CheckResult("BTF", False, "missing", "rebuild", required=False)
     assert result.status == "warn"
-    assert doctor.check_perf_event_paranoid().required is False
+    assert preflight.check_perf_event_paranoid().required is False
 
 
 def test_without_syscall_tracepoints_doctor_warns_and_the_profiler_keeps_build_id_stacks(monkeypatch) -> None:
     from optrace.bpf import profiler
 
     monkeypatch.setattr(kernel, "TRACEFS_DIRS", ("/nonexistent",))
-    result = doctor.check_syscall_tracepoints()
+    result = preflight.check_syscall_tracepoints()
     assert (result.status, result.required) == ("warn", False) and "CONFIG_FTRACE_SYSCALLS" in result.fix
     monkeypatch.setattr(profiler, "syscall_events_available", lambda: False)
     sampler = profiler.Profiler(99)
@@ -126,7 +127,7 @@ def _header_tree(modules: Path, headers_release: str) -> None:
 
 def test_mismatched_kernel_headers_are_a_warning_with_the_risk_and_the_fix(tmp_path) -> None:
     _header_tree(tmp_path, "6.1.0-57-amd64")
-    result = doctor.check_kernel_headers(str(tmp_path))
+    result = preflight.check_kernel_headers(str(tmp_path))
     if os.uname().release.startswith("6.1."):
         pytest.skip("this kernel is a 6.1 one")
     assert result.status == "warn" and not result.required
@@ -138,16 +139,16 @@ def test_mismatched_kernel_headers_are_a_warning_with_the_risk_and_the_fix(tmp_p
 def test_btf_gives_the_raw_tracepoints_their_offsets_or_a_warning_says_what_depends_on_it(monkeypatch) -> None:
     from optrace.bpf import btf
 
-    assert doctor.check_btf().status == "ok"  # this kernel has BTF (NOTES)
+    assert preflight.check_btf().status == "ok"  # this kernel has BTF (NOTES)
     monkeypatch.setattr(btf, "kernel_offsets", lambda: None)
-    result = doctor.check_btf()
+    result = preflight.check_btf()
     assert (result.status, result.required) == ("warn", False)
     assert "headers' offsets" in result.detail and "CONFIG_DEBUG_INFO_BTF" in result.fix
 
 
 def test_matching_kernel_headers_are_ok(tmp_path) -> None:
     _header_tree(tmp_path, os.uname().release)
-    assert doctor.check_kernel_headers(str(tmp_path)).status == "ok"
+    assert preflight.check_kernel_headers(str(tmp_path)).status == "ok"
 
 
 def test_the_real_headers_status_follows_their_version() -> None:
@@ -155,9 +156,9 @@ def test_the_real_headers_status_follows_their_version() -> None:
     build = Path(f"/lib/modules/{os.uname().release}/build/include")
     if not build.is_dir():
         pytest.skip("no kernel headers linked here")
-    release = doctor.headers_release(build)
+    release = preflight.headers_release(build)
     same = release is None or release.split(".")[:2] == os.uname().release.split(".")[:2]
-    assert doctor.check_kernel_headers().ok == same
+    assert preflight.check_kernel_headers().ok == same
 
 
 def test_venv_without_system_site_packages_is_told_to_recreate_it(tmp_path) -> None:
@@ -169,7 +170,8 @@ def test_venv_without_system_site_packages_is_told_to_recreate_it(tmp_path) -> N
 
     ours = sysconfig.get_paths()["purelib"]  # optrace's editable install, added as a site dir (.pth files)
     code = (f"import site; site.addsitedir({ours!r})\n"
-            "from optrace.frontend.doctor import check_bcc, format_result\nprint(format_result(check_bcc()))")
+            "from optrace.frontend.commands.doctor import format_result\n"
+            "from optrace.frontend.preflight import check_bcc\nprint(format_result(check_bcc()))")
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("FAIL  BCC"), proc.stdout
@@ -182,4 +184,4 @@ def test_without_btf_the_syscall_tracepoints_are_not_used(monkeypatch) -> None:
     assert kernel.syscall_events_available()
     monkeypatch.setattr(kernel, "VMLINUX_BTF", "/nonexistent")
     assert not kernel.syscall_events_available()
-    assert "CONFIG_DEBUG_INFO_BTF" in doctor.check_syscall_tracepoints().fix
+    assert "CONFIG_DEBUG_INFO_BTF" in preflight.check_syscall_tracepoints().fix

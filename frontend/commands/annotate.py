@@ -9,7 +9,7 @@ import click
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.exporters.formats import ANNOTATE
-from optrace.frontend.cliopts import pid_option
+from optrace.frontend.cliopts import comma_list, pid_option
 from optrace.frontend.report.annotation import (SYNTAXES, AnnotateOptions, AnnotateView, annotate, find,
                                                 functions_of, listing, selected, selected_sources)
 from optrace.frontend.report.sourceannotation import annotate_source, matching_sources, sources_of
@@ -39,27 +39,23 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
     if syntax not in SYNTAXES:
         raise OptraceError(f"-M takes {' or '.join(SYNTAXES)}, not {escape_controls(syntax)!r}")
     write = ANNOTATE.writer(fmt)
-    options = AnnotateOptions(symbol, _split(dsos), frozenset(pids), syntax)
+    color = symbol is not None and not stdio and output == "-" and sys.stdout.isatty()
+    options = AnnotateOptions(symbol, comma_list(dsos), frozenset(pids), syntax, source_lines, color)
     record = read_record(source)
     skipped: dict[str, str] = {}
     functions = selected(functions_of(record, skipped), options)
     sources = selected_sources(sources_of(record, skipped), options)
     shown = escape_controls(source)
-    color = not stdio and output == "-" and sys.stdout.isatty()
     python = matching_sources(sources, symbol) if symbol is not None else []
     if symbol is None:
         for name, problem in list(skipped.items())[:MAX_WARNINGS]:
             click.echo(f"optrace: warning: {escape_controls(name)[:120]} skipped: {problem}", err=True)
         view = AnnotateView(shown, listing=listing(record, functions, sources))
     elif python and not any(f.symbol == symbol for f in functions):
-        view = AnnotateView(shown, python=annotate_source(python), color=color)
+        view = AnnotateView(shown, python=annotate_source(python))
     else:
         found = find(functions, symbol, skipped, (s.symbol for s in sources))
-        view = AnnotateView(shown, annotation=annotate(found, syntax, source_lines), color=color)
+        view = AnnotateView(shown, annotation=annotate(found, syntax, source_lines))
     with output_stream(output) as stream:
-        write(stream, view)
-
-
-def _split(text: str) -> frozenset[str]:
-    return frozenset(part.strip() for part in text.split(",") if part.strip())
+        write(stream, view, options)
 

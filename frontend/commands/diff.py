@@ -5,7 +5,7 @@ import click
 
 from optrace.escape import escape_controls
 from optrace.exporters.formats import DIFF
-from optrace.frontend.commands.report import report_options, row_options
+from optrace.frontend.cliopts import report_options, row_options
 from optrace.frontend.report.diff import compare
 from optrace.frontend.report.rows import Profile
 from optrace.outputfile import output_stream

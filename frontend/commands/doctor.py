@@ -3,14 +3,20 @@ from __future__ import annotations
 
 import click
 
-from optrace.frontend.doctor import format_result, run_checks, summary
 from optrace.errors import OptraceError
+from optrace.frontend.preflight import CheckResult, run_checks, summary
+from optrace.frontend.python.survey import check_python
+
+
+def format_result(result: CheckResult) -> str:
+    line = f"{result.status:<4}  {result.name:<20}  {result.detail}"
+    return f"{line}: fix: {result.fix}" if result.fix and not result.ok else line
 
 
 @click.command("doctor")
 def command() -> None:
     """Check that this machine can record, and say how to fix what is missing."""
-    results = run_checks()
+    results = [*run_checks(), check_python()]
     for result in results:
         click.echo(format_result(result))
     failed = [result for result in results if not result.ok and result.required]

@@ -17,15 +17,15 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.exporters.formats import JIT_LISTING
-from optrace.exporters.jitlisting import JitDumpListing, Listing, PerfMapListing, skipped_note
 from optrace.fileaccess import printable
+from optrace.frontend.report.jitlisting import JitDumpListing, Listing, PerfMapListing, skipped_note
 from optrace.jitmaps import jitdump as jd
 from optrace.jitmaps.agent import host_elf_machine
 from optrace.jitmaps.elfwriter import ElfLimitError, code_regions, live_regions, write_elf
 from optrace.jitmaps.lifetimes import JitFunction, from_perf_map, jitdump_clock, jitdump_timeline
 from optrace.jitmaps.perfmap import PerfMapEntry, PerfMapReader
 from optrace.jitmaps.trust import DEFAULT_MAX_SIZE, RefusedFile, named_file_policy, open_file
-from optrace.procfs import maps_text_or_empty
+from optrace.procfs import read_maps
 
 MAX_ELF_MACHINE = 0xFFFF  # e_machine is 16 bits; a jitdump's elf_mach field is 32
 MAX_ITEMS = 500_000  # perf-map entries or jitdump records kept for show/convert (~0.35 GB); the rest are counted
@@ -93,7 +93,7 @@ def show(file: str, max_size: int) -> None:
         else:
             listing = PerfMapListing(file, *_read_map(fd, max_size))
     stdout = click.get_text_stream("stdout")
-    JIT_LISTING.writer("listing")(stdout, listing)
+    JIT_LISTING.writer("listing")(stdout, listing, None)
     stdout.flush()
 
 
@@ -132,8 +132,9 @@ def convert(dump: str, output: str | None, max_size: int) -> None:
 
 def _live_regions(pid: int, dump: str, functions: list[JitFunction]) -> list[tuple[int, int]]:
     """The live process's anonymous executable mappings when it still runs with this dump mapped."""
-    maps = maps_text_or_empty(pid)
-    return live_regions(maps, functions) if os.path.basename(dump) in maps else []
+    maps = read_maps(pid)
+    text = maps.text if maps is not None else ""
+    return live_regions(text, functions) if os.path.basename(dump) in text else []
 
 
 def _pid_from_name(path: str) -> int:

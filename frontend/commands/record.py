@@ -7,11 +7,10 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
-from optrace.frontend.cliopts import pid_option, python_option, unwind_option
-from optrace.frontend.session import OffCpuOptions, check_off_cpu_every
+from optrace.frontend.cliopts import check_frequency, frequency_option, pid_option, python_option, unwind_option
+from optrace.frontend.session import DEFAULT_JIT_MAX_FILE_SIZE, OffCpuOptions, check_off_cpu_every
 from optrace.frontend.target import check_command, check_pids, describe_exit, shell_status
 from optrace.escape import escape_controls
-from optrace.kernel import max_sample_rate
 
 MAX_MIN_BLOCK_US = 3_600_000_000  # an hour
 # perf's -e names of the event optrace samples: the timer-driven cpu-clock (the sampler takes cycles instead
@@ -19,20 +18,9 @@ MAX_MIN_BLOCK_US = 3_600_000_000  # an hour
 SAMPLED_EVENTS = ("cpu-clock",)
 
 
-def check_frequency(hz: int) -> None:
-    """perf's rule: a frequency above kernel.perf_event_max_sample_rate is refused, not clamped (the
-    kernel lowers that cap by itself when sampling interrupts take too long)."""
-    if hz < 1:
-        raise OptraceError(f"frequency {hz} Hz is out of range: use 1 or more")
-    limit = max_sample_rate()
-    if hz > limit:
-        raise OptraceError(f"frequency {hz} Hz is above kernel.perf_event_max_sample_rate ({limit}): use -F {limit} "
-                           f"or less, or raise the cap with sysctl -w kernel.perf_event_max_sample_rate={hz}")
-
-
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("-o", "--output", default="optrace.data", show_default=True, help="Record file to write.")
-@click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
+@frequency_option()
 @click.option("-e", "--event", "event", default=None, metavar="cpu-clock",
               help="perf's -e: the event sampled, cpu-clock (the one optrace samples: accepted for perf's command "
                    "lines; where the CPU has a PMU, cycles is sampled instead). Waits: --off-cpu.")
@@ -44,8 +32,8 @@ def check_frequency(hz: int) -> None:
 @click.option("-d", "--duration", type=float, help="Stop after this many seconds.")
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Also count calls of SPEC (see optrace count).")
 @click.option("--jitdump", "jitdumps", multiple=True, type=click.Path(), help="A jitdump file to use for JIT symbols.")
-@click.option("--jit-max-file-size", type=click.IntRange(1), default=256, show_default=True, metavar="MB",
-              help="Larger perf maps and jitdumps are refused.")
+@click.option("--jit-max-file-size", type=click.IntRange(1), default=DEFAULT_JIT_MAX_FILE_SIZE >> 20, show_default=True,
+              metavar="MB", help="Larger perf maps and jitdumps are refused.")
 @click.option("--stack-storage-size", type=click.IntRange(1, 1 << 20), default=None,
               help="Distinct stacks the kernel's stack store keeps (more: fewer lost stacks, more memory). "
                    "Default: 4 x CPUs x Hz, 8192 to 131072.")
@@ -88,7 +76,7 @@ def command(ctx: click.Context, output, frequency, event, stacks, call_graph, py
         wall=wall,
     )
     validate(options)
-    from optrace.frontend.doctor import require_recording
+    from optrace.frontend.preflight import require_recording
     from optrace.recordfile import write_record
 
     require_recording(uprobes=bool(options.uprobes))

@@ -1,36 +1,17 @@
 """`optrace report`: read a record file and print it per symbol. Needs no root and never loads BCC."""
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import click
 
-from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.heap import settle
 from optrace.exporters.formats import CALL_GRAPH, PROFILE
-from optrace.frontend.cliopts import (PERF_CALL_GRAPH_DEFAULT, parse_call_graph, parse_percent, perf_sort_keys,
-                                      pid_option)
-from optrace.frontend.report.gilwaits import gil_waits_only
+from optrace.frontend.cliopts import PERF_CALL_GRAPH_DEFAULT, pid_option, report_options, row_options
 from optrace.frontend.report.events import EVENTS, event_record, main_event
-from optrace.frontend.report.rows import SORT_KEYS, Profile, ReportOptions, parse_sort_keys
+from optrace.frontend.report.gilwaits import gil_waits_only
+from optrace.frontend.report.rows import Profile
 from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
-
-
-ROW_OPTIONS = (  # the rows' keys and filters, the same in report and diff
-    click.option("-s", "--sort", "sort", default="comm,dso,symbol", show_default=True,
-                 help="Comma-separated row keys: comm, pid, tid, dso, symbol (perf's sym, overhead... too)."),
-    pid_option("--pid", help="Only these processes (repeat, or comma list)."),
-    click.option("--comm", "comms", default="", help="Only these command names (comma-separated)."),
-    click.option("--dso", "dsos", default="", help="Only these objects, by basename or full path (comma-separated)."),
-)
-
-
-def row_options(function: Callable[..., None]) -> Callable[..., None]:
-    for option in reversed(ROW_OPTIONS):
-        function = option(function)
-    return function
 
 
 @click.command("report")
@@ -69,30 +50,3 @@ def command(source: str, sort: str, event: str | None, fmt: str, pids: tuple[int
     profile = Profile(record, escape_controls(source), event, parts)
     with output_stream(output) as stream:
         write(stream, profile, options)
-
-
-def report_options(sort: str, pids: tuple[int, ...], comms: str, dsos: str, percent_limit: str, children: bool,
-                   call_graph: str | None, tids: tuple[int, ...] = ()) -> ReportOptions:
-    """The options as report's model takes them (also diff's)."""
-    return ReportOptions(
-        sort=parse_sort_keys(perf_sort_keys(sort, SORT_KEYS)),
-        pids=frozenset(pids),
-        tids=frozenset(tids),
-        comms=_split(comms),
-        dsos=_split(dsos),
-        percent_limit=parse_percent(percent_limit),
-        children=children,
-        call_graph=_graph_order(call_graph),
-    )
-
-
-def _graph_order(text: str | None) -> str:
-    """-G's order, or "" for no call graph (no -G, or perf's `none`)."""
-    if text is None:
-        return ""
-    spec = parse_call_graph(text)
-    return "" if spec.mode == "none" else spec.order
-
-
-def _split(text: str) -> frozenset[str]:
-    return frozenset(part.strip() for part in text.split(",") if part.strip())

@@ -8,10 +8,10 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from optrace.exporters.daemon import DEFAULT_MAX_SERIES, DEFAULT_PORT, SERVE_CALL_GRAPH
-from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S
-from optrace.frontend.cliopts import pid_option, unwind_option
-from optrace.frontend.serveconfig import SETTING_TYPES, build_options, load_config_file
+from optrace.frontend.serve.options import DEFAULT_MAX_SERIES, DEFAULT_PORT, SERVE_CALL_GRAPH
+from optrace.frontend.serve.totals import DEFAULT_SERIES_IDLE_S
+from optrace.frontend.cliopts import frequency_option, pid_option, unwind_option
+from optrace.frontend.serve.config import SETTING_TYPES, build_options, load_config_file
 from optrace.heap import large_blocks_mapped, one_arena
 
 
@@ -36,7 +36,7 @@ def say(message: str) -> None:
 @click.command()
 @click.option("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, metavar="HOST:PORT",
               help="Address to serve /metrics on.")
-@click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
+@frequency_option()
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Count calls of SPEC (see optrace count).")
 @pid_option("-p", "--pid", help="Profile only these processes and their children (repeat, or comma list).")
 @click.option("--comm", "comms", multiple=True, metavar="NAME", help="Keep only samples and calls of this command name.")
@@ -66,9 +66,9 @@ def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
     one_arena()  # before any thread: serve runs for months (optrace/heap.py)
     large_blocks_mapped()
     options = build_options(merged_settings(ctx, config, flags))
-    from optrace.exporters.daemon import ServeDaemon
-    from optrace.frontend.doctor import require_recording
-    from optrace.frontend.metricsources import build_sources
+    from optrace.frontend.serve.daemon import ServeDaemon
+    from optrace.frontend.preflight import require_recording
+    from optrace.frontend.serve.sources import build_sources
     from optrace.frontend.stopsignals import StopSignals
 
     require_recording(uprobes=bool(options.uprobes))

@@ -7,15 +7,14 @@ import sys
 import click
 
 from optrace.errors import OptraceError
-from optrace.frontend.cliopts import pid_option, python_option, unwind_option
-from optrace.frontend.commands.record import check_frequency
+from optrace.frontend.cliopts import check_frequency, frequency_option, pid_option, python_option, unwind_option
 from optrace.frontend.report.rows import parse_sort_keys
 
 
 @click.command("top")
 @pid_option("-p", "--pid", help="Only these processes and their children (repeat, or comma list).")
 @click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="The whole machine (the default without -p).")
-@click.option("-F", "--freq", "frequency", type=int, default=99, show_default=True, help="Samples per second per CPU.")
+@frequency_option()
 @click.option("-d", "--delay", "interval", type=float, default=1.0, show_default=True, metavar="SECONDS",
               help="Refresh every SECONDS.")
 @click.option("-s", "--sort", "sort", default="dso,symbol", show_default=True,
@@ -29,7 +28,7 @@ from optrace.frontend.report.rows import parse_sort_keys
 @click.option("-n", "--iterations", type=click.IntRange(1), help="Stop after this many refreshes.")
 def command(pids, system_wide, frequency, interval, sort, call_graph, python, zero, children, stdio, rows, iterations) -> None:
     """Show the hottest functions now, refreshed live, like perf top (q, Ctrl-C or SIGTERM to stop)."""
-    from optrace.frontend.doctor import require_recording
+    from optrace.frontend.preflight import require_recording
     from optrace.frontend.stopsignals import StopSignals
     from optrace.frontend.top.engine import TopEngine, TopOptions
 

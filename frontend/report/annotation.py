@@ -33,6 +33,7 @@ class AnnotateOptions:
     pids: frozenset[int] = frozenset()
     syntax: str = "att"
     source_lines: bool = False  # -l
+    color: bool = False  # highlight the hottest lines (a terminal)
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,6 @@ class AnnotateView:
     annotation: Annotation | None = None
     listing: list[Listed] | None = None
     python: SourceAnnotation | None = None  # a Python function's source lines
-    color: bool = False  # highlight the hottest lines (a terminal)
 
 
 HOT_PERCENT = 5.0  # perf annotate's colours: red above 5 %, green above 0.5 %

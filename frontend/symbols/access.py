@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from optrace.containment import contain
 from optrace.fileaccess import (BoundedFile, BudgetExceeded, FilePolicy, RefusedFile, check_descriptor, open_file,
                                 open_mapped, open_reader, printable, reader_for)
 from optrace.frontend.symbols.elffile import ElfFormatError
@@ -114,12 +115,9 @@ class FileProblems:
         self._stats = stats
 
     def contained(self, shown: str, consequence: str, read: Callable[[], T]) -> T | None:
-        """``read()``, or None (and one counted warning) when it raises anything but a BaseException."""
-        try:
-            return read()
-        except Exception as err:  # noqa: BLE001 - the per-file boundary: a bad file costs only its names
-            self.report(shown, err, consequence)
-            return None
+        """``read()``, or None (and one counted warning) when it raises anything but a BaseException: the
+        per-file boundary, a bad file costs only its names."""
+        return contain(read, lambda err: self.report(shown, err, consequence))
 
     def report(self, shown: str, err: Exception, consequence: str) -> None:
         kind = problem_kind(err)

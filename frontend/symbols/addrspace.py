@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from optrace.model import UserFrame
 from optrace.frontend.symbols.buildid import BuildIdCache
 from optrace.frontend.symbols.mappings import Mappings
-from optrace.procfs import MapEntry, read_maps_text
+from optrace.procfs import MapEntry, read_maps
 
 
 class AddressSpace:
@@ -30,10 +30,10 @@ class AddressSpace:
     @classmethod
     def read(cls, pid: int, build_ids: BuildIdCache) -> AddressSpace | None:
         """The process's address space now; None when it is gone."""
-        try:
-            mappings = Mappings.parse(read_maps_text(pid))
-        except OSError:
+        maps = read_maps(pid)
+        if maps is None:
             return None
+        mappings = Mappings.of(maps)
         found = ((entry, build_ids.of_mapping(pid, entry)) for entry in mappings if entry.is_file)
         return cls((entry, build_id) for entry, build_id in found if build_id)
 

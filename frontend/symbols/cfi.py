@@ -12,7 +12,8 @@ reference in the tests.
 Everything in the section comes from the file's owner: every length is checked against the section,
 the entry count, the length of an FDE's program and the remember-state depth are capped, an FDE must point
 at a CIE (never at another FDE or outside the section), and any inconsistency raises
-:class:`CfiError` (a ValueError), after which the caller keeps what was decoded so far.
+:class:`~optrace.frontend.symbols.leb128.DwarfError` (a MalformedInput), after which the caller keeps what
+was decoded so far.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile, SectionHeader
+from optrace.frontend.symbols.leb128 import DwarfError, sleb128, uleb128
 
 # Limits (real files: cc1 has 45,201 FDEs; most FDE programs are a few dozen bytes).
 MAX_SECTION_BYTES = 64 << 20  # .eh_frame / .debug_frame read (cc1's .eh_frame: 2.3 MB)
@@ -53,10 +55,6 @@ _S32_PAIR = struct.Struct("<ii")
 DW_OP_LIT0, DW_OP_BREG7, DW_OP_BREG16 = 0x30, 0x77, 0x80
 _PLT_HEAD = bytes([DW_OP_BREG16, 0, DW_OP_LIT0 + 15, 0x1A])  # breg16 0; lit15; and
 _PLT_TAIL = bytes([0x2A, DW_OP_LIT0 + 3, 0x24, 0x22])  # ge; lit3; shl; plus
-
-
-class CfiError(ValueError):
-    """The call-frame information is malformed (or beyond a limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +103,7 @@ def read_section(elf: ElfFile, header: SectionHeader) -> Section:
 
 
 def read_fdes(section: Section) -> Iterator[Fde]:
-    """Every FDE of the section, in section order. Raises CfiError at the first malformed entry (the
+    """Every FDE of the section, in section order. Raises DwarfError at the first malformed entry (the
     FDEs yielded before it are sound)."""
     data = section.data
     size = len(data)
@@ -122,7 +120,7 @@ def read_fdes(section: Section) -> Iterator[Fde]:
             continue
         end = pos + length
         if end > size or length < offset_size:
-            raise CfiError(f"entry at {start:#x} runs past the section")
+            raise DwarfError(f"entry at {start:#x} runs past the section")
         cie_id = _U32.unpack_from(data, pos)[0] if offset_size == 4 else _U64.unpack_from(data, pos)[0]
         if _is_cie(cie_id, offset_size, section.eh_frame):
             cies[start] = _read_cie(data, start, pos + offset_size, end)
@@ -131,7 +129,7 @@ def read_fdes(section: Section) -> Iterator[Fde]:
             cie = cies.get(cie_at) or _cie_at(data, cie_at, section, cies)
             yield _read_fde(section, cie, pos + offset_size, end)
         pos = end
-    raise CfiError(f"more than {MAX_ENTRIES} entries")
+    raise DwarfError(f"more than {MAX_ENTRIES} entries")
 
 
 def _entry_length(data: bytes, pos: int) -> tuple[int, int, int]:
@@ -140,7 +138,7 @@ def _entry_length(data: bytes, pos: int) -> tuple[int, int, int]:
     if length != 0xFFFFFFFF:
         return length, pos + 4, 4
     if pos + 12 > len(data):
-        raise CfiError(f"64-bit entry length at {pos:#x} runs past the section")
+        raise DwarfError(f"64-bit entry length at {pos:#x} runs past the section")
     return _U64.unpack_from(data, pos + 4)[0], pos + 12, 8
 
 
@@ -153,14 +151,14 @@ def _is_cie(cie_id: int, offset_size: int, eh_frame: bool) -> bool:
 def _cie_at(data: bytes, at: int, section: Section, cies: dict[int, Cie]) -> Cie:
     """A CIE that comes after its FDE in the section (allowed): read it where it is, once."""
     if not 0 <= at <= len(data) - 4:
-        raise CfiError(f"CIE pointer {at:#x} outside the section")
+        raise DwarfError(f"CIE pointer {at:#x} outside the section")
     length, pos, offset_size = _entry_length(data, at)
     end = pos + length
     if length < offset_size or end > len(data):
-        raise CfiError(f"CIE at {at:#x} runs past the section")
+        raise DwarfError(f"CIE at {at:#x} runs past the section")
     cie_id = int.from_bytes(data[pos:pos + offset_size], "little")
     if not _is_cie(cie_id, offset_size, section.eh_frame):
-        raise CfiError(f"FDE points at {at:#x}, which is not a CIE")
+        raise DwarfError(f"FDE points at {at:#x}, which is not a CIE")
     cie = cies[at] = _read_cie(data, at, pos + offset_size, end)
     return cie
 
@@ -169,21 +167,21 @@ def _read_cie(data: bytes, at: int, pos: int, end: int) -> Cie:
     try:
         return _parse_cie(data, at, pos, end)
     except (IndexError, struct.error) as err:
-        raise CfiError(f"CIE at {at:#x} is truncated") from err
+        raise DwarfError(f"CIE at {at:#x} is truncated") from err
 
 
 def _parse_cie(data: bytes, at: int, pos: int, end: int) -> Cie:
     version = data[pos]
     if version not in (1, 3, 4):
-        raise CfiError(f"CIE at {at:#x} has version {version}")
+        raise DwarfError(f"CIE at {at:#x} has version {version}")
     nul = data.find(b"\0", pos + 1, min(end, pos + 2 + MAX_AUGMENTATION))
     if nul < 0:
-        raise CfiError(f"CIE at {at:#x} has no augmentation string")
+        raise DwarfError(f"CIE at {at:#x} has no augmentation string")
     augmentation = data[pos + 1:nul].decode("latin-1")
     pos = nul + 1
     if version == 4:  # address_size, segment_selector_size
         if data[pos] != 8 or data[pos + 1] != 0:
-            raise CfiError(f"CIE at {at:#x}: address size {data[pos]}, segment size {data[pos + 1]}")
+            raise DwarfError(f"CIE at {at:#x}: address size {data[pos]}, segment size {data[pos + 1]}")
         pos += 2
     code_align, pos = uleb128(data, pos, end)
     data_align, pos = sleb128(data, pos, end)
@@ -193,7 +191,7 @@ def _parse_cie(data: bytes, at: int, pos: int, end: int) -> Cie:
         ra_register, pos = uleb128(data, pos, end)
     fde_encoding, signal, pos = _augmentation(data, at, augmentation, pos, end)
     if pos > end:
-        raise CfiError(f"CIE at {at:#x} runs past its length")
+        raise DwarfError(f"CIE at {at:#x} runs past its length")
     return Cie(at, code_align, data_align, ra_register, fde_encoding, augmentation.startswith("z"),
                bytes(data[pos:end]), signal)
 
@@ -203,11 +201,11 @@ def _augmentation(data: bytes, at: int, augmentation: str, pos: int, end: int) -
     if not augmentation:
         return PE_ABSPTR, False, pos
     if augmentation[0] != "z":
-        raise CfiError(f"CIE at {at:#x} has augmentation {augmentation!r}")
+        raise DwarfError(f"CIE at {at:#x} has augmentation {augmentation!r}")
     size, pos = uleb128(data, pos, end)
     after = pos + size
     if after > end:
-        raise CfiError(f"CIE at {at:#x}: augmentation data runs past the entry")
+        raise DwarfError(f"CIE at {at:#x}: augmentation data runs past the entry")
     encoding, signal = PE_ABSPTR, False
     for letter in augmentation[1:]:
         if letter == "R":
@@ -238,9 +236,9 @@ def _read_fde(section: Section, cie: Cie, pos: int, end: int) -> Fde:
             skip, pos = uleb128(data, pos, end)
             pos += skip
     except (IndexError, struct.error) as err:
-        raise CfiError(f"FDE before {end:#x} is truncated") from err
+        raise DwarfError(f"FDE before {end:#x} is truncated") from err
     if pos > end:
-        raise CfiError(f"FDE before {end:#x} runs past its length")
+        raise DwarfError(f"FDE before {end:#x} runs past its length")
     return Fde(start & 0xFFFFFFFFFFFFFFFF, (start + size) & 0xFFFFFFFFFFFFFFFF, cie, data[pos:end])
 
 
@@ -253,7 +251,7 @@ def read_pointer(data: bytes, pos: int, encoding: int, section_address: int, dat
         pos = (pos + 7) & ~7
     base = {0: 0, PE_PCREL: section_address + pos, PE_DATAREL: data_base, PE_ALIGNED: 0}.get(application)
     if base is None:
-        raise CfiError(f"pointer encoding {encoding:#x} is not supported")
+        raise DwarfError(f"pointer encoding {encoding:#x} is not supported")
     fmt = encoding & PE_FORMAT
     if fmt == PE_ABSPTR:
         value, pos = _U64.unpack_from(data, pos)[0], pos + 8
@@ -265,30 +263,8 @@ def read_pointer(data: bytes, pos: int, encoding: int, section_address: int, dat
         reader = _FIXED[fmt]
         value, pos = reader.unpack_from(data, pos)[0], pos + reader.size
     else:
-        raise CfiError(f"pointer encoding {encoding:#x} is not supported")
+        raise DwarfError(f"pointer encoding {encoding:#x} is not supported")
     return base + value, pos
-
-
-def uleb128(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    return _leb128(data, pos, end, False)
-
-
-def sleb128(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    return _leb128(data, pos, end, True)
-
-
-def _leb128(data: bytes, pos: int, end: int, signed: bool) -> tuple[int, int]:
-    """(value, position after it) of the LEB128 number at ``pos``; at most 64 bits, never past ``end``."""
-    result = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise CfiError(f"bad LEB128 number at {pos:#x}")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return (result - (1 << shift) if signed and byte & 0x40 else result), pos
 
 
 def plt_threshold(expression: bytes) -> tuple[int, int] | None:
@@ -297,7 +273,7 @@ def plt_threshold(expression: bytes) -> tuple[int, int] | None:
         return None
     try:
         offset, pos = sleb128(expression, 1, len(expression))
-    except CfiError:
+    except DwarfError:
         return None
     rest = expression[pos:]
     if len(rest) != 9 or rest[:4] != _PLT_HEAD or rest[5:] != _PLT_TAIL or not 0 <= rest[4] - DW_OP_LIT0 < 16:

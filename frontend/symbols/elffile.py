@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from optrace.errors import MalformedInput
 from optrace.fileaccess import BudgetExceeded, decompress_zlib
 
 ELF_MAGIC = b"\x7fELF"
@@ -43,7 +44,7 @@ _LAYOUTS = {  # elfclass -> (ELF header after e_ident, section header, program h
 }
 
 
-class ElfFormatError(ValueError):
+class ElfFormatError(MalformedInput):
     """The file is not a well-formed ELF object (or not one at all)."""
 
 

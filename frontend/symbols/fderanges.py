@@ -15,7 +15,8 @@ from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 
-from optrace.frontend.symbols.cfi import CfiError, cfi_sections, read_fdes, read_section
+from optrace.frontend.symbols.cfi import cfi_sections, read_fdes, read_section
+from optrace.frontend.symbols.leb128 import DwarfError
 from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.symbols.symbol import MAX_ADDRESS, MAX_FUNCTION_SYMBOLS, STB_LOCAL, Symbol
 
@@ -49,7 +50,7 @@ def fde_ranges(elf: ElfFile, limit: int = MAX_RANGES) -> FdeRanges:
                     ends.append(fde.end)
                     if len(starts) >= limit:
                         return _sorted(starts, ends)
-        except CfiError:
+        except DwarfError:
             continue
     return _sorted(starts, ends)
 

@@ -27,7 +27,7 @@ from itertools import accumulate
 
 from optrace import __version__
 from optrace.cachedir import CacheDirectory, default_directory
-from optrace.errors import OptraceError
+from optrace.errors import MalformedInput, OptraceError
 from optrace.frontend.symbols import symbol as symbol_module
 from optrace.frontend.symbols.symbol import name_preference
 
@@ -115,7 +115,7 @@ class Kallsyms:
         count, names, modules = header["count"], header["names"], header["modules"]
         if (header["byteorder"] != sys.byteorder or not all(isinstance(name, str) for name in modules)
                 or not isinstance(count, int) or not isinstance(names, int) or min(count, names) < 0):
-            raise ValueError("not this machine's table")
+            raise MalformedInput("not this machine's table")
         table = cls()
         columns = (array("Q"), array("I"), array("H"))
         view, start = memoryview(payload), 0
@@ -124,7 +124,7 @@ class Kallsyms:
             column.frombytes(view[start:end])
             start = end
         if len(payload) != start + names or (count and (columns[1][-1] != names or max(columns[2]) > len(modules))):
-            raise ValueError("the columns do not match")
+            raise MalformedInput("the columns do not match")
         table._addresses, table._name_ends, table._module_ids = columns
         table._names = payload[start:]
         table._modules = [None, *modules]

@@ -14,7 +14,7 @@ from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.mappings import Mappings
-from optrace.procfs import MapEntry, read_maps_text
+from optrace.procfs import MapEntry, read_maps
 
 # Scanned once, only when a build-id is found nowhere else: the standard library dirs, and the program
 # dirs for processes that ran before the recording and were never snapshotted.
@@ -92,22 +92,19 @@ class Machine:
         self._kept_fds.clear()
 
     def snapshot_process(self, pid: int) -> None:
-        try:
-            text = read_maps_text(pid)
-        except (FileNotFoundError, ProcessLookupError):
-            return
-        except OSError as err:
-            self._warn(f"cannot read /proc/{pid}/maps: {err.strerror}; frames without build-id in it stay unresolved")
+        maps = read_maps(pid, lambda err: self._warn(f"cannot read /proc/{pid}/maps: {err.strerror}; frames "
+                                                     "without build-id in it stay unresolved"))
+        if maps is None:
             return
         known = self.processes.get(pid)
-        if known is not None and known.text == text:
+        if known is not None and known.text == maps.text:
             return
-        entries = Mappings.parse(text)
+        entries = Mappings.of(maps)
         older = []
         if known is not None:
             keep = set(entries) | set(known.older)
             older = (known.older + [e for e in known.current if e not in keep])[-MAX_OLDER_MAPPINGS:]
-        self.processes[pid] = ProcessMaps(text, entries, older)
+        self.processes[pid] = ProcessMaps(maps.text, entries, older)
         self._stats["maps_snapshots"] = self._stats.get("maps_snapshots", 0) + 1
         for entry in entries:
             if not entry.is_file:

@@ -8,7 +8,7 @@ import bisect
 from collections.abc import Iterable, Iterator
 from operator import attrgetter
 
-from optrace.procfs import MapEntry, parse_maps
+from optrace.procfs import MapEntry, Maps
 
 
 class Mappings:
@@ -21,9 +21,9 @@ class Mappings:
         self._starts = [entry.start for entry in self.entries]
 
     @classmethod
-    def parse(cls, maps_text: str) -> Mappings:
-        """The executable mappings of a ``/proc/PID/maps`` text."""
-        return cls(entry for entry in parse_maps(maps_text) if entry.executable)
+    def of(cls, maps: Maps) -> Mappings:
+        """The executable mappings of one read of ``/proc/PID/maps``."""
+        return cls(entry for entry in maps.entries if entry.executable)
 
     def index_at(self, address: int) -> int | None:
         """Index in :attr:`entries` of the mapping that holds ``address``, or None."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from optrace.frontend.symbols.elffile import ElfFile, ElfFormatError
-from optrace.frontend.symbols.cfi import CfiError, sleb128, uleb128
+from optrace.frontend.symbols.leb128 import DwarfError, sleb128, uleb128
 
 MAX_SECTION_BYTES = 4 << 20  # larger line tables (big libraries' debug files) take seconds here: no lines
 MAX_ROWS = 100_000
@@ -55,7 +55,7 @@ class _Reader:
     def _leb128(self, decode) -> int:
         try:
             value, self.pos = decode(self.data, self.pos, self.end)
-        except CfiError as err:
+        except DwarfError as err:
             raise ElfFormatError(f".debug_line: {err}") from None
         return value
 
@@ -236,7 +236,7 @@ def _run(r: _Reader, files: list[str], min_inst: int, line_base: int, line_range
                 continue
             if address in inside and len(rows) < MAX_ROWS:  # a row: special opcodes and copy
                 rows.append(LineRow(address, files[file] if 0 <= file < len(files) else "?", line))
-    except (CfiError, IndexError):
+    except (DwarfError, IndexError):
         raise ElfFormatError(".debug_line: an opcode past its unit") from None
     if pos > end:
         raise ElfFormatError(".debug_line: an opcode past its unit")

@@ -21,6 +21,7 @@ import io
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from optrace.containment import contain
 from optrace.errors import OptraceError
 from optrace.model import KERNEL_DSO, PYTHON_FRAME, UNKNOWN, Frame, RawSample, Sample, UserFrame
 from optrace.frontend.symbols import debuginfo
@@ -245,11 +246,9 @@ class Symbolizer:
     def _lookup_jit(self, pid: int, address: int, time: float) -> tuple[str, str] | None:
         if self._jit_lookup is None:
             return None
-        try:
-            return self._jit_lookup(pid, address, time)
-        except Exception as err:  # noqa: BLE001 - a broken JIT map must not lose the whole profile
-            self._warn(f"JIT symbol lookup failed for pid {pid}: {err}")
-            return None
+        lookup = self._jit_lookup  # a broken JIT map must not lose the whole profile
+        return contain(lambda: lookup(pid, address, time),
+                       lambda err: self._warn(f"JIT symbol lookup failed for pid {pid}: {err}"))
 
     def _object_frame(self, dso: Dso, offset: int) -> Frame:
         name = self._name_elsewhere(dso.build_id, offset) or dso.symbol_at(offset)

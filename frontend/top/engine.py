@@ -12,17 +12,18 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.frontend.report.toprows import Header, LiveTotals, TopSnapshot, ViewState, deep_stack_share
 from optrace.frontend.session import SCAN_SLICE_S, ProfilingSession, SessionOptions, leaf_only
 
 
 @dataclass
 class TopOptions:
-    frequency_hz: int = 99
+    frequency_hz: int = DEFAULT_FREQUENCY_HZ
     pids: list[int] | None = None  # None: the whole machine
     interval_s: float = 1.0
     sort: tuple[str, ...] = ("dso", "symbol")
-    call_graph: str = "dwarf"  # how user stacks are walked (record's --call-graph)
+    call_graph: str = DEFAULT_CALL_GRAPH  # how user stacks are walked (record's --call-graph)
     python: bool = True  # Python frames (SessionOptions.python)
     zero: bool = False
     children: bool = False

@@ -13,7 +13,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from optrace.exporters import toptext
+from optrace.exporters.formats import TOP
+from optrace.frontend.report import topcells
 from optrace.frontend.report.toprows import TopSnapshot
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.top.controls import HELP, Controls
@@ -56,14 +57,15 @@ def run(engine: TopEngine, ui: Ui, stop: StopSignals) -> None:
 
 
 class PlainUi:
-    """A plain table per refresh (toptext), for logs."""
+    """A plain table per refresh (top's stdio format), for logs."""
 
     def __init__(self, stream: TextIO, stop: StopSignals, rows: int) -> None:
         self.stream, self.stop, self.rows = stream, stop, rows
+        self._write = TOP.writer("stdio")
 
     def show(self, engine: TopEngine) -> None:
         if engine.refreshes:
-            toptext.write(self.stream, engine.snapshot(self.rows))
+            self._write(self.stream, engine.snapshot(self.rows), None)
 
     def wait(self, seconds: float) -> bool:
         return self.stop.wait(seconds)
@@ -106,7 +108,7 @@ def terminal_size(console: Console) -> tuple[int, int]:
 
 def render(snapshot: TopSnapshot, prompt: str, refreshes: int) -> Group:
     view = snapshot.view
-    titles = toptext.titles(view)
+    titles = topcells.titles(view)
     numeric = len(titles) - len(view.sort)
     table = Table(box=None, pad_edge=False, expand=True, show_edge=False, header_style="bold")
     for i, title in enumerate(titles):
@@ -118,11 +120,11 @@ def render(snapshot: TopSnapshot, prompt: str, refreshes: int) -> Group:
                              max_width=None if last else NAME_WIDTH, min_width=min(len(title), 8))
     for row in snapshot.rows:
         style = "bold red" if row.percent >= 5.0 else "green" if row.percent >= 0.5 else ""
-        table.add_row(*(Text(cell) for cell in toptext.cells(row, view)), style=style)
+        table.add_row(*(Text(cell) for cell in topcells.cells(row, view)), style=style)
     waiting = Text("(no samples match)" if refreshes else "collecting samples..." if snapshot.header.event
                    else "loading the BPF program...", style="dim")
-    parts = [Text(f"optrace top {snapshot.time}  " + toptext.header_line(snapshot.header, view), style="bold"),
-             Text(toptext.state_line(view)), table if snapshot.rows else waiting,
+    parts = [Text(f"optrace top {snapshot.time}  " + topcells.header_line(snapshot.header, view), style="bold"),
+             Text(topcells.state_line(view)), table if snapshot.rows else waiting,
              Text(prompt or HELP, style="reverse" if prompt else "dim")]
     return Group(*parts)
 

@@ -37,7 +37,7 @@ from typing import Protocol
 from optrace.fileaccess import BoundedFile, BudgetExceeded
 from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.elffile import ElfFormatError
-from optrace.frontend.symbols.cfi import CfiError
+from optrace.frontend.symbols.leb128 import DwarfError
 from optrace.frontend.unwind.table import MAX_ROWS, ROW
 from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file, decode_unwind_file, encode_unwind_file
 
@@ -52,7 +52,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_PDEATHSIG = 1
 _ERRORS: dict[str, Callable[[str], Exception]] = {
     "budget": BudgetExceeded, "unreadable": lambda text: OSError(0, text), "elf": ElfFormatError,
-    "cfi": CfiError,
+    "cfi": DwarfError,
 }
 
 
@@ -99,7 +99,7 @@ class ChildProcessBuilder:
                 self._stop_child()  # its state is unknown: the next file gets a new one
                 raise
         if "error" in header:
-            raise _ERRORS.get(header["kind"], CfiError)(str(header["error"]))
+            raise _ERRORS.get(header["kind"], DwarfError)(str(header["error"]))
         return decode_unwind_file(header, rows, identity)
 
     def close(self) -> None:
@@ -148,7 +148,7 @@ class ChildProcessBuilder:
         return self._child.pid if self._child is not None and self._child.poll() is None else None
 
 
-class _ChildGone(CfiError):
+class _ChildGone(DwarfError):
     """The child closed its end (it exited)."""
 
 
@@ -159,11 +159,11 @@ def _framed(payload: bytes) -> bytes:
 
 def _receive(sock: socket.socket, stop: Callable[[], bool] = lambda: False,
              seconds: float = ANSWER_SECONDS) -> bytes:
-    """One frame; CfiError when ``stop`` says so first, BudgetExceeded after ``seconds``."""
+    """One frame; DwarfError when ``stop`` says so first, BudgetExceeded after ``seconds``."""
     deadline = time.monotonic() + seconds
     (length,) = _FRAME.unpack(_exactly(sock, _FRAME.size, stop, deadline))
     if length > MAX_ANSWER_BYTES:
-        raise CfiError(f"the table builder sent {length} bytes")
+        raise DwarfError(f"the table builder sent {length} bytes")
     return _exactly(sock, length, stop, deadline)
 
 
@@ -172,7 +172,7 @@ def _exactly(sock: socket.socket, size: int, stop: Callable[[], bool], deadline:
     view, got = memoryview(buffer), 0
     while got < size:
         if stop():
-            raise CfiError("stopped: the session is ending")
+            raise DwarfError("stopped: the session is ending")
         if time.monotonic() > deadline:
             raise BudgetExceeded("the table builder did not answer in time")
         if not select.select([sock], [], [], 0.2)[0]:

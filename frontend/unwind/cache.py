@@ -53,7 +53,7 @@ from optrace.frontend.symbols.debuginfo import build_id_debug_path
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 from optrace.frontend.unwind.builder import InProcessBuilder, TableBuilder
-from optrace.frontend.symbols.cfi import CfiError
+from optrace.frontend.symbols.leb128 import DwarfError
 from optrace.frontend.unwind.table import EMPTY, UnwindTable
 from optrace.frontend.unwind.tablestore import TableStore, store_key
 from optrace.frontend.unwind.unwindfile import UnwindFile, convert_file, file_without_rows
@@ -211,7 +211,7 @@ class UnwindTableCache:
             if not unwind.table.count and unwind.build_id is not None:
                 unwind = self._from_debug_file(unwind)
             if unwind.table.problems:
-                self._problems.report(name, CfiError(f"{unwind.table.problems} problems in its CFI, first: "
+                self._problems.report(name, DwarfError(f"{unwind.table.problems} problems in its CFI, first: "
                                                      f"{unwind.table.problem}"), "its unwind table is partial")
             with self._lock:
                 unwind = self._store(identity, unwind)

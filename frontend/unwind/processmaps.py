@@ -18,7 +18,7 @@ from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.unwind.cache import RELEASED, UnwindTableCache, rows_always_needed
 from optrace.frontend.unwind.trampolines import trampoline_rows
-from optrace.procfs import MapEntry, maps_entries
+from optrace.procfs import MapEntry, read_maps
 
 
 class ProcessUnwinding:
@@ -38,11 +38,11 @@ class ProcessUnwinding:
         ``loaded`` (whether the kernel holds a file's rows), a file whose rows were released (see
         :meth:`release`) comes without them when it is loaded, and is converted again when it is not."""
         need_rows = rows_always_needed if loaded is None else (lambda identity: not loaded(identity))
-        entries = maps_entries(pid)
-        if entries is None:
+        maps = read_maps(pid)
+        if maps is None:
             return None
         found = []
-        for entry in entries:
+        for entry in maps.entries:
             if self.tables.cancelled.is_set():
                 return None
             if entry.is_file and entry.executable:
@@ -61,11 +61,11 @@ class ProcessUnwinding:
         like any CFI stack, where raw addresses are decoded at every drain). For optrace's own process,
         whose BCC libraries alone hold more rows than the kernel's array (see ProfilingSession). The
         files get keys of their own, so a process with rows for the same file is not walked without them."""
-        entries = maps_entries(pid)
-        if entries is None:
+        maps = read_maps(pid)
+        if maps is None:
             return None
         found = []
-        for entry in entries:
+        for entry in maps.entries:
             if not (entry.is_file and entry.executable):
                 continue
             unwind = self.tables.file_without_rows(pid, entry)

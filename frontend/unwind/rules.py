@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableSequence
 from dataclasses import dataclass
 
-from optrace.frontend.symbols.cfi import MAX_PROGRAM_BYTES, MAX_STATE_DEPTH, Cie, CfiError, plt_threshold, sleb128, uleb128
+from optrace.frontend.symbols.cfi import MAX_PROGRAM_BYTES, MAX_STATE_DEPTH, Cie, plt_threshold
+from optrace.frontend.symbols.leb128 import DwarfError, sleb128, uleb128
 from optrace.frontend.unwind.row import (CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, OUTERMOST, RBP_AT_CFA, RBP_SAME,
                                          RBP_UNSUPPORTED, S16, S32, UNSUPPORTED, Rule)
 
@@ -79,7 +80,7 @@ class ProgramRunner:
         self._rules = _Rules()
 
     def rows(self, cie: Cie, program: bytes) -> Program:
-        """Raises CfiError when the program is malformed."""
+        """Raises DwarfError when the program is malformed."""
         key = (cie.offset, program)
         found = self._programs.get(key)
         if found is None:
@@ -132,7 +133,7 @@ def _run(cie: Cie, code: bytes, state: State, initial: State | None) -> tuple[li
     loc = pos = 0
     end = len(code)
     if end > MAX_PROGRAM_BYTES:
-        raise CfiError(f"call-frame program of {end} bytes")
+        raise DwarfError(f"call-frame program of {end} bytes")
     while pos < end:
         op = code[pos]
         pos += 1
@@ -165,16 +166,16 @@ def _run(cie: Cie, code: bytes, state: State, initial: State | None) -> tuple[li
             rbp, ra = _restore(op & 0x3F, rbp, ra, ra_col, initial)
         elif op == 0x0A:  # remember_state
             if len(stack) >= MAX_STATE_DEPTH:
-                raise CfiError(f"remember_state nested deeper than {MAX_STATE_DEPTH}")
+                raise DwarfError(f"remember_state nested deeper than {MAX_STATE_DEPTH}")
             stack.append((cfa_register, cfa_offset, threshold, rbp, ra))
         elif op == 0x0B:  # restore_state
             if not stack:
-                raise CfiError("restore_state without remember_state")
+                raise DwarfError("restore_state without remember_state")
             cfa_register, cfa_offset, threshold, rbp, ra = stack.pop()
         elif op == 0x02 or op == 0x03 or op == 0x04:  # advance_loc1/2/4
             size = 1 << (op - 2)
             if pos + size > end:
-                raise CfiError("truncated advance_loc")
+                raise DwarfError("truncated advance_loc")
             locations.append(loc)
             states.append((cfa_register, cfa_offset, threshold, rbp, ra))
             loc += int.from_bytes(code[pos:pos + size], "little") * code_align
@@ -236,7 +237,7 @@ def _rare(op: int, code: bytes, pos: int, end: int, cie: Cie, state: State, init
         value, pos = sleb128(code, pos, end)
         cfa_register, cfa_offset, threshold = (cfa_register, value * data_align, 0) if cfa_register >= 0 else (_EXPR, 0, 0)
     else:  # set_loc (pc-relative, never emitted by gcc or gas), window_save and unknown ones
-        raise CfiError(f"call-frame instruction {op:#x} is not supported")
+        raise DwarfError(f"call-frame instruction {op:#x} is not supported")
     return (cfa_register, cfa_offset, threshold, rbp, ra), pos
 
 
@@ -270,5 +271,5 @@ def _restore(reg: int, rbp: object, ra: str, ra_col: int, initial: State | None)
 def _skip_block(code: bytes, pos: int, end: int) -> int:
     size, pos = uleb128(code, pos, end)
     if pos + size > end:
-        raise CfiError("expression runs past the call-frame program")
+        raise DwarfError("expression runs past the call-frame program")
     return pos + size

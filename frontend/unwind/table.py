@@ -38,7 +38,8 @@ from typing import BinaryIO
 from optrace.fileaccess import BudgetExceeded
 from optrace.heap import gc_paused
 from optrace.frontend.symbols.elffile import ElfFile, ElfFormatError
-from optrace.frontend.symbols.cfi import CfiError, Section, cfi_sections, read_fdes, read_section
+from optrace.frontend.symbols.cfi import Section, cfi_sections, read_fdes, read_section
+from optrace.frontend.symbols.leb128 import DwarfError
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, CFA_UNSUPPORTED, END,
                                          RBP_AT_CFA, RBP_SAME, RBP_UNSUPPORTED, ROW, UNSUPPORTED, Rule)
 from optrace.frontend.unwind.rules import PLT_EXPAND, UNSUPPORTED_PROGRAM, Program, ProgramRunner, add_row
@@ -198,18 +199,18 @@ def _decode(section: Section, deadline: float, problems: list[str],
             if work >= CHECK_WORK:
                 work = 0
                 if time.thread_time() > deadline:
-                    raise CfiError(f"over its CPU time budget after {count} FDEs")
+                    raise DwarfError(f"over its CPU time budget after {count} FDEs")
                 if stop():
-                    raise CfiError(f"stopped after {count} FDEs: the session is ending")
+                    raise DwarfError(f"stopped after {count} FDEs: the session is ending")
             if fde.end <= fde.start:
                 continue
             try:
                 program = runner.rows(fde.cie, fde.program)
-            except CfiError as err:
+            except DwarfError as err:
                 problems.append(f"FDE at {fde.start:#x}: {err}")
                 program = UNSUPPORTED_PROGRAM
             fdes.append((fde.start, fde.end, program))
-    except CfiError as err:
+    except DwarfError as err:
         problems.append(str(err))
     fdes.sort(key=lambda fde: fde[0])
     return fdes

@@ -29,7 +29,7 @@ from optrace import __version__
 from optrace.cachedir import CacheDirectory, default_directory as cache_directory
 from optrace.frontend.symbols import cfi
 from optrace.frontend.symbols.buildid import FileIdentity
-from optrace.frontend.symbols.cfi import CfiError
+from optrace.frontend.symbols.leb128 import DwarfError
 from optrace.frontend.unwind import row, rules, table, unwindfile
 from optrace.frontend.unwind.table import MAX_ROWS, ROW
 from optrace.frontend.unwind.unwindfile import UnwindFile, decode_unwind_file, encode_unwind_file
@@ -101,7 +101,7 @@ class TableStore:
             return None
         try:
             found = decode_unwind_file(*entry, identity)
-        except (KeyError, TypeError, ValueError, CfiError):
+        except (KeyError, TypeError, ValueError, DwarfError):
             self.entries.rejected()
             return None
         self.entries.accepted(key)

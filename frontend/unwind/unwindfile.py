@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 from optrace.frontend.symbols.buildid import FileIdentity, read_build_id
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
-from optrace.frontend.symbols.cfi import CfiError
+from optrace.frontend.symbols.leb128 import DwarfError
 from optrace.frontend.unwind.table import EMPTY, ROW, UnwindTable, build_table
 from optrace.procfs import MapEntry
 
@@ -73,10 +73,10 @@ def encode_unwind_file(unwind: UnwindFile) -> tuple[dict, bytes]:
 
 
 def decode_unwind_file(header: dict, rows: bytes, identity: FileIdentity | None) -> UnwindFile:
-    """Raises CfiError when the rows are not the header's count, KeyError, TypeError or ValueError when
+    """Raises DwarfError when the rows are not the header's count, KeyError, TypeError or ValueError when
     the header is not one :func:`encode_unwind_file` wrote."""
     if len(rows) != header["count"] * ROW.size:
-        raise CfiError("the table builder's answer does not add up")
+        raise DwarfError("the table builder's answer does not add up")
     table = UnwindTable(rows, header["count"], header["source"], header["unsupported"], header["problems"],
                         header["problem"])
     build_id = bytes.fromhex(header["build_id"]) if header["build_id"] is not None else None

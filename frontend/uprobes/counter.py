@@ -8,14 +8,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from optrace.frontend.doctor import require_recording
 from optrace.errors import OptraceError
-from optrace.model import CallCount
+from optrace.frontend.preflight import require_recording
 from optrace.frontend.report.callcounts import ProbeCalls
 from optrace.frontend.uprobes.manager import Attacher, Consumer, PidFilter, ProbeManager
 from optrace.frontend.uprobes.resolve import (DEFAULT_MAX_MATCHES, Resolution, ResolvedProbe, name_list,
                                               resolve_specs)
 from optrace.frontend.uprobes.spec import parse_spec
+from optrace.model import CallCount
 
 _shared: ProbeManager | None = None
 _shared_lock = threading.Lock()

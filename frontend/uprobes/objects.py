@@ -21,7 +21,7 @@ from optrace.fileaccess import printable
 from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker, find_library, read_ld_so_cache
 from optrace.frontend.uprobes.elf import open_binary
-from optrace.procfs import maps_text_or_empty, parse_maps
+from optrace.procfs import read_maps
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ def _program_candidates(name: str, program: str) -> list[ObjectCandidate]:
 def _mapped_candidates(name: str, pid: int) -> list[ObjectCandidate]:
     """The process's program and mapped libraries when ``name`` is its program; the mapped library
     ``name`` names otherwise; [] when the process maps nothing by that name."""
-    paths = list(dict.fromkeys(entry.path for entry in parse_maps(maps_text_or_empty(pid))
+    maps = read_maps(pid)
+    paths = list(dict.fromkeys(entry.path for entry in (maps.entries if maps is not None else ())
                                if entry.path.startswith("/") and os.path.exists(entry.path)))
     try:
         exe = os.readlink(f"/proc/{pid}/exe")

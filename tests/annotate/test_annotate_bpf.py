@@ -72,10 +72,9 @@ def test_native_hot_loop_after_the_binary_is_deleted(tmp_path, workloads):
     assert all(name in listing for name in ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix(double)"))
 
 
-def test_jit_code_from_a_perf_map_process(tmp_path, workloads):
+def test_jit_code_from_a_perf_map_process(jitcode_record):
     """jitcode writes only a perf map: the bytes were read from the live process's memory."""
-    data = record(tmp_path, str(workloads / "jitcode"), "2", "0.7")
-    doc = annotation(data, "jitcode::hot loop(long)")
+    doc = annotation(jitcode_record, "jitcode::hot loop(long)")
     assert doc["function"]["dso"].startswith("[jit] /tmp/perf-")
     assert [i["text"] for i in doc["instructions"]] == ["movq   %rdi, %rax", "decq   %rax", "jne    0x%x" % (
         doc["function"]["start"] + 3), "retq"]

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -43,15 +44,13 @@ def dsos(report, needle):
     return {r["dso"] for r in report["rows"] if needle in r["symbol"]}
 
 
-def test_native_program_with_its_own_perf_map(bpf_ready, workloads, optrace, tmp_path):
-    data = tmp_path / "jit.data"
-    rec = optrace("record", "-F", "999", "-o", str(data), "--", str(workloads / "jitcode"), "2", "0.7",
-                  check=True)
+def test_native_program_with_its_own_perf_map(optrace, jitcode_record):
+    data = jitcode_record
     pid = int(json.loads(optrace("report", "-i", str(data), "--format", "json", "--sort", "pid",
                                  check=True).stdout)["rows"][0]["pid"])
-    os.unlink(f"/tmp/perf-{pid}.map")  # names were copied into the record: report needs no map
+    Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)  # names were copied into the record: report needs no map
     report = report_rows(optrace, data, "dso,symbol")
-    assert 55 <= share(report, "jitcode::hot loop(long)") <= 85, rec.stderr
+    assert 55 <= share(report, "jitcode::hot loop(long)") <= 85, report
     assert 15 <= share(report, "native_burn") <= 40
     assert dsos(report, "jitcode::hot") == {f"[jit] /tmp/perf-{pid}.map"}
 

@@ -15,7 +15,7 @@ from optrace.frontend.python.codeobject import (LIVE_STRING_BYTES, MAX_LINETABLE
 from optrace.frontend.python.interpreter import find_interpreter
 from optrace.frontend.python.layouts import table_layout
 from optrace.frontend.python.memory import ProcessMemory
-from optrace.procfs import maps_entries
+from optrace.procfs import read_maps
 from optrace.pythonlayout import CAPTURE_HEADER, CAPTURE_PARTS, CAPTURE_SIZE, CODE_WINDOW, PythonLayout
 from pythons import PROGRAMS, SUPPORTED, child, require
 
@@ -46,7 +46,7 @@ def cut(text: str, layout: PythonLayout, part_size: int) -> str:
 def test_code_objects_of_a_live_interpreter(name):
     exe = require(name)
     with child([str(exe), str(PROGRAMS / "names.py")], lines=1) as (proc, (line,)):
-        process = find_interpreter(proc.pid, [entry for entry in maps_entries(proc.pid) if entry.executable])
+        process = find_interpreter(proc.pid, [entry for entry in read_maps(proc.pid).entries if entry.executable])
         assert not isinstance(process, str), process
         sizes = dict(CAPTURE_PARTS)
         for described in json.loads(line).values():

@@ -12,13 +12,13 @@ from optrace.frontend.python.debugoffsets import READ_SIZE, parse_debug_offsets
 from optrace.frontend.python.interpreter import python_mappings
 from optrace.frontend.python.interpreterfile import interpreter_file
 from optrace.frontend.python.memory import ProcessMemory
-from optrace.procfs import maps_entries
+from optrace.procfs import read_maps
 from optrace.pythonlayout import ENTRY_SHIM, INSTR_POINTER, LINES_LOCATIONS, MAX_OFFSET
 from pythons import child, require
 from test_layouts import measured
 
 def live_runtime_bytes(pid: int) -> bytes:
-    maps = [entry for entry in maps_entries(pid) if entry.executable]
+    maps = [entry for entry in read_maps(pid).entries if entry.executable]
     for entry, _named in python_mappings(maps):
         facts = interpreter_file(pid, entry)
         if not isinstance(facts, str) and facts.runtime:

@@ -18,7 +18,7 @@ from optrace.frontend.python.interpreterfile import EVAL, find_symbols
 from optrace.frontend.python.memory import ProcessMemory
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile
 from optrace.frontend.symbols.lru import LruCache
-from optrace.procfs import MapEntry, maps_entries
+from optrace.procfs import MapEntry, read_maps
 from optrace.pythonlayout import PythonProcess
 from pythons import REFUSED, SUPPORTED, build_fake_python, child, require
 
@@ -28,7 +28,7 @@ VERSIONS = {"3.11-debian": "3.11.2", "3.8": "3.8", "3.9": "3.9", "3.10": "3.10",
 
 
 def executable_maps(pid: int) -> list[MapEntry]:
-    return [entry for entry in maps_entries(pid) if entry.executable]
+    return [entry for entry in read_maps(pid).entries if entry.executable]
 
 
 def eval_code_in_file(path: str, size: int) -> bytes:
@@ -145,7 +145,7 @@ def mapped(path: Path) -> tuple[mmap.mmap, MapEntry]:
     """``path`` mapped executable into this process, and its /proc/self/maps entry."""
     with open(path, "rb") as stream:
         mapping = mmap.mmap(stream.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC)
-    return mapping, next(entry for entry in maps_entries(os.getpid()) if entry.file_path == str(path))
+    return mapping, next(entry for entry in read_maps(os.getpid().entries) if entry.file_path == str(path))
 
 
 @pytest.mark.parametrize("content", [

@@ -13,7 +13,7 @@ import pytest
 from optrace.frontend.python.codeobject import TRUNCATED
 from optrace.frontend.python.interpreter import find_interpreter
 from optrace.frontend.python.walker import MAX_FRAMES, thread_stack, thread_states
-from optrace.procfs import maps_entries
+from optrace.procfs import read_maps
 from optrace.pythonlayout import PythonProcess
 from pythons import PROGRAMS, SUPPORTED, build_fake_python, child, require
 
@@ -24,7 +24,7 @@ MAIN = ["c", "b", "a", "<module>"]
 
 
 def found(pid: int) -> PythonProcess:
-    process = find_interpreter(pid, [entry for entry in maps_entries(pid) if entry.executable])
+    process = find_interpreter(pid, [entry for entry in read_maps(pid).entries if entry.executable])
     assert isinstance(process, PythonProcess), process
     return process
 

@@ -65,8 +65,14 @@ def seconds_per_thread(doc: dict) -> dict[str, float]:
     return {row["comm"]: row["nanoseconds"] / NS for row in doc["rows"]}
 
 
-def test_blocking_functions_share_of_off_cpu_time(tmp_path, workloads):
-    data, timings = record(tmp_path, "--off-cpu", "--", str(workloads / "offcpu"), "0.5")
+@pytest.fixture(scope="module")
+def off_cpu_run(bpf_ready, tmp_path_factory, workloads) -> tuple[Path, dict]:
+    """One `record --off-cpu -- offcpu 0.5` and the workload's own timings, for the tests that only read it."""
+    return record(tmp_path_factory.mktemp("off-cpu"), "--off-cpu", "--", str(workloads / "offcpu"), "0.5")
+
+
+def test_blocking_functions_share_of_off_cpu_time(off_cpu_run):
+    data, timings = off_cpu_run
     doc = report(data, "--event", "off-cpu", "--children", "--sort", "symbol")
     assert (doc["report"]["event"], doc["report"]["unit"]) == ("off-cpu", "nanoseconds")
     total = doc["report"]["total"]
@@ -168,8 +174,8 @@ def test_wall_splits_on_and_off_cpu_as_designed(tmp_path, workloads):
     assert_seconds(by_symbol["burner"]["children"] / NS, burner_life, doc, 0.5, rel=0.1, abs_=0)
 
 
-def test_text_report_prints_human_times(tmp_path, workloads):
-    data, _ = record(tmp_path, "--off-cpu", "--", str(workloads / "offcpu"), "0.2")
+def test_text_report_prints_human_times(tmp_path, off_cpu_run):
+    data, _ = off_cpu_run
     text = run_optrace("report", "-i", str(data), "--event", "off-cpu", "--sort", "comm", check=True).stdout
     assert "# Time: " in text and "of event 'off-cpu'" in text
     line = next(line for line in text.splitlines() if line.rstrip().endswith("mutex_waiter"))

@@ -34,9 +34,10 @@ def share(rows: list[dict], symbol: str) -> float:
     return sum(r["percent"] for r in rows if r["symbol"] == symbol)
 
 
-def test_demo_shares_match_design(tmp_path, workloads):
-    """hot_a 40%, hot_b 20%, lib_burn (shared library) 20%, the C++ method 20%: each within 5 points."""
-    data = record(tmp_path, "-F", "999", "--", str(workloads / "demo"), "3")
+def test_demo_shares_match_design(demo_record):
+    """hot_a 40%, hot_b 20%, lib_burn (shared library) 20%, the C++ method 20%: each within 5 points (the
+    shared `record -F 999 -- demo 3`)."""
+    data = demo_record
     rows = report_json(data, "--comm", "demo")["rows"]
     assert share(rows, "hot_a") == pytest.approx(40, abs=5)
     assert share(rows, "hot_b") == pytest.approx(20, abs=5)

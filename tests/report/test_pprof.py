@@ -15,7 +15,7 @@ from optrace.exporters.pprofproto import profile_pb2
 from optrace.model import Frame, Record, RecordMeta, Sample
 from optrace.recordfile import write_record
 from pprofclient import go_pprof, top
-from support import OPTRACE, WORKLOADS, assert_one_line_error
+from support import OPTRACE, assert_one_line_error
 
 
 def pprof_of(optrace, record: Path, out: Path, *args: str) -> Path:
@@ -93,10 +93,9 @@ def test_bad_input_is_one_line(optrace, tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("bpf_ready")
-def test_ground_truth_workload(optrace, workloads: Path, tmp_path: Path) -> None:
+def test_ground_truth_workload(optrace, demo_record: Path, tmp_path: Path) -> None:
     """demo spends 40% of its CPU in hot_a: report and `go tool pprof -top` say the same (±1 point)."""
-    record = tmp_path / "demo.data"
-    optrace("record", "-F", "499", "-o", str(record), "--", str(WORKLOADS / "demo"), "2", check=True, timeout=300)
+    record = demo_record
     rows = top(str(pprof_of(optrace, record, tmp_path / "demo.pb.gz")), tmp_path)
     report = report_percents(optrace, record)
     assert abs(report["hot_a"] - 40) <= 5, report

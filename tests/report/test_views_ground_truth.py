@@ -3,7 +3,7 @@ the flame graph in headless Chromium shows demo's designed shares, the call tree
 --children, and `diff` of two runs of workloads/shares.c shows the change set by its argument.
 
 With OPTRACE_SCREENSHOTS=DIR the flame graph and the differential one are also saved there as PNGs
-(the README's pictures are made this way: `OPTRACE_SCREENSHOTS=docs/images pytest -k screenshots`)."""
+(the docs' pictures are made this way: `OPTRACE_SCREENSHOTS=docs/images pytest -k screenshots`)."""
 from __future__ import annotations
 
 import json
@@ -20,13 +20,6 @@ from browser import dump_dom, read_page, screenshot, share
 from support import run_optrace, wait_perf_events
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
-
-
-@pytest.fixture(scope="module")
-def demo_record(tmp_path_factory: pytest.TempPathFactory, workloads: Path, bpf_ready: None) -> Path:
-    out = tmp_path_factory.mktemp("views") / "demo.data"
-    run_optrace("record", "-F", "999", "-o", str(out), "--", str(workloads / "demo"), "3", check=True, timeout=300)
-    return out
 
 
 def report_json(data: Path, *args: str) -> dict:
@@ -99,16 +92,9 @@ def test_wall_record_reports_wall_time_without_the_tracepoints_frames(tmp_path: 
     assert len(waits) >= 3 and leaves == {"schedule_[k]"}, leaves
 
 
-def record_shares(tmp_path: Path, workloads: Path, pct: int) -> Path:
-    out = tmp_path / f"shares{pct}.data"
-    run_optrace("record", "-F", "999", "-o", str(out), "--", str(workloads / "shares"), str(pct), "2",
-                check=True, timeout=300)
-    return out
-
-
-def test_diff_shows_the_known_change(tmp_path: Path, workloads: Path) -> None:
+def test_diff_shows_the_known_change(tmp_path: Path, shares_records: tuple[Path, Path]) -> None:
     """shares 30 then 70: share_a gains 40 points and share_b loses 40 (within 3)."""
-    base, new = record_shares(tmp_path, workloads, 30), record_shares(tmp_path, workloads, 70)
+    base, new = shares_records
     proc = run_optrace("diff", str(base), str(new), "--comm", "shares", "-f", "json", check=True)
     rows = {row["symbol"]: row for row in json.loads(proc.stdout)["rows"]}
     assert rows["share_a"]["delta_percent"] == pytest.approx(40, abs=3)
@@ -119,17 +105,17 @@ def test_diff_shows_the_known_change(tmp_path: Path, workloads: Path) -> None:
     assert share(read_page(dump_dom(out)), "share_a", 2) == pytest.approx(40, abs=3)
 
 
-def test_screenshots(tmp_path: Path, workloads: Path) -> None:
-    """The README's pictures, from real runs of the README's commands (in a scratch folder, so the pages
-    name the files as the README does): the demo's flame graph searching for hot_, and the differential
-    graph of shares 30 -> 70."""
+def test_screenshots(tmp_path: Path, demo_record: Path, shares_records: tuple[Path, Path]) -> None:
+    """The docs' pictures, from real records made by the docs' commands (`record -F 999 -- demo 3`, `record
+    -F 999 -- shares 30 2` and `70 2`: the shared ones), reported in a scratch folder under the docs' file
+    names, so the pages name the files as the docs do: the demo's flame graph searching for hot_, and the
+    differential graph of shares 30 -> 70."""
     def optrace(*args: str) -> None:
         run_optrace(*args, check=True, timeout=300, cwd=tmp_path)
 
-    optrace("record", "-F", "999", "-o", "demo.data", "--", str(workloads / "demo"), "3")
+    for record, name in ((demo_record, "demo.data"), (shares_records[0], "base.data"), (shares_records[1], "new.data")):
+        shutil.copyfile(record, tmp_path / name)
     optrace("report", "-i", "demo.data", "-f", "flamegraph", "-o", "flamegraph.html")
-    optrace("record", "-F", "999", "-o", "base.data", "--", str(workloads / "shares"), "30", "2")
-    optrace("record", "-F", "999", "-o", "new.data", "--", str(workloads / "shares"), "70", "2")
     optrace("diff", "base.data", "new.data", "-f", "flamegraph", "-o", "diff.html")
     shots = [(tmp_path / "flamegraph.html", tmp_path / "flamegraph.png", "#search=hot_"),
              (tmp_path / "diff.html", tmp_path / "diff-flamegraph.png", "")]

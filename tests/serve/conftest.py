@@ -12,7 +12,7 @@ import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from optrace.exporters.webconfig import TlsFiles
+from optrace.frontend.serve.webconfig import TlsFiles
 
 
 def scrape(url: str, context: ssl.SSLContext | None = None, gzip_ok: bool = False, timeout: float = 10) -> str:

@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optrace.exporters.cardinality import OTHER, SeriesGuard
-from optrace.exporters.daemon import ServeDaemon, ServeOptions
-from optrace.exporters.httpserver import ListenAddress, TlsFiles, WebConfig
-from optrace.exporters.prometheus import ExporterInfo, MetricsPage
-from optrace.exporters.totals import add_leaf_rows, leaf_labels
-from optrace.frontend.metricsources import CallSource
-from optrace.exporters.totals import Delta, ExporterTotals, guard_for
+from optrace.frontend.serve.cardinality import OTHER, SeriesGuard
+from optrace.frontend.serve.daemon import ServeDaemon
+from optrace.frontend.serve.options import ServeOptions
+from optrace.frontend.serve.httpserver import ListenAddress, TlsFiles, WebConfig
+from optrace.frontend.serve.metricspage import ExporterInfo, MetricsPage
+from optrace.frontend.serve.totals import add_leaf_rows, leaf_labels
+from optrace.frontend.serve.sources import CallSource
+from optrace.frontend.serve.totals import Delta, ExporterTotals, guard_for
 from optrace.errors import OptraceError
 from optrace.model import CallCount, Frame, Sample
 

@@ -271,9 +271,10 @@ def test_guard_and_memory_stay_bounded_as_processes_come_and_go(bpf_ready, uniqu
     the guard caps the series, and stopping closes every BPF program it opened."""
     import threading
 
-    from optrace.exporters.daemon import ServeDaemon, ServeOptions
-    from optrace.exporters.httpserver import ListenAddress
-    from optrace.frontend.metricsources import build_sources
+    from optrace.frontend.serve.daemon import ServeDaemon
+    from optrace.frontend.serve.options import ServeOptions
+    from optrace.frontend.serve.httpserver import ListenAddress
+    from optrace.frontend.serve.sources import build_sources
 
     progs_before = bpf_prog_ids(os.getpid())
     options = ServeOptions(listen=ListenAddress("127.0.0.1", 0), frequency_hz=999, max_series=30, drain_interval_s=0.2)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from optrace.exporters.daemon import DEFAULT_PORT, ServeOptions
-from optrace.exporters.httpserver import ListenAddress, TlsFiles, WebConfig
-from optrace.frontend.serveconfig import build_options, load_config_file
+from optrace.frontend.serve.options import DEFAULT_PORT, ServeOptions
+from optrace.frontend.serve.httpserver import ListenAddress, TlsFiles, WebConfig
+from optrace.frontend.serve.config import build_options, load_config_file
 
 YAML = """
 listen: "[::1]:9555"

@@ -13,14 +13,15 @@ from collections import Counter
 
 import pytest
 
-from optrace.exporters import httpserver
-from optrace.exporters.cardinality import CUT_MARK, MAX_LABEL_CHARS, bound_label
-from optrace.exporters.daemon import ServeDaemon, ServeOptions
-from optrace.exporters.httpserver import ListenAddress
-from optrace.exporters.prometheus import ExporterInfo, MetricsPage
+from optrace.frontend.serve import httpserver
+from optrace.frontend.serve.cardinality import CUT_MARK, MAX_LABEL_CHARS, bound_label
+from optrace.frontend.serve.daemon import ServeDaemon
+from optrace.frontend.serve.options import ServeOptions
+from optrace.frontend.serve.httpserver import ListenAddress
+from optrace.frontend.serve.metricspage import ExporterInfo, MetricsPage
 from optrace.bpf.profiler import DrainResult
-from optrace.frontend.metricsources import ProfileSource
-from optrace.exporters.totals import Delta, ExporterTotals
+from optrace.frontend.serve.sources import ProfileSource
+from optrace.frontend.serve.totals import Delta, ExporterTotals
 from optrace.model import Frame, RawSample, Sample, UserFrame
 
 CPU = "optrace_cpu_samples_total"

@@ -19,13 +19,14 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from optrace.exporters import profilewindows
-from optrace.exporters.daemon import ServeDaemon, ServeOptions
-from optrace.exporters.httpserver import ListenAddress
+from optrace.frontend.serve import profilewindows
+from optrace.frontend.serve.daemon import ServeDaemon
+from optrace.frontend.serve.options import ServeOptions
+from optrace.frontend.serve.httpserver import ListenAddress
 from optrace.exporters.pprofproto import profile_pb2
-from optrace.exporters.profilewindows import OVER_LIMIT, _Window
-from optrace.exporters.totals import Delta
-from optrace.exporters.webconfig import WebConfig
+from optrace.frontend.serve.profilewindows import OVER_LIMIT, _Window
+from optrace.frontend.serve.totals import Delta
+from optrace.frontend.serve.webconfig import WebConfig
 from optrace.model import Frame, Sample
 from pprofclient import top
 

@@ -17,11 +17,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optrace.exporters.daemon import ServeDaemon, ServeOptions
-from optrace.exporters.httpserver import ListenAddress
-from optrace.exporters.webconfig import BasicAuth, TlsFiles, WebConfig, load_web_config
+from optrace.frontend.serve.daemon import ServeDaemon
+from optrace.frontend.serve.options import ServeOptions
+from optrace.frontend.serve.httpserver import ListenAddress
+from optrace.frontend.serve.webconfig import BasicAuth, TlsFiles, WebConfig, load_web_config
 from optrace.errors import OptraceError
-from optrace.frontend.serveconfig import build_options
+from optrace.frontend.serve.config import build_options
 
 CPU = "optrace_cpu_samples_total"
 

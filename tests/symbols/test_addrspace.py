@@ -16,13 +16,13 @@ from optrace.fileaccess import RefusedFile
 from optrace.frontend.symbols import access, buildid
 from optrace.frontend.symbols.addrspace import AddressSpace, AddressSpaces
 from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id_file
-from optrace.procfs import parse_maps, read_maps_text
+from optrace.procfs import read_maps
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="/proc/PID/map_files needs root")
 
 
 def mapping_of(address: int):
-    return next(e for e in parse_maps(read_maps_text(os.getpid())) if e.contains(address))
+    return next(e for e in read_maps(os.getpid()).entries if e.contains(address))
 
 
 def file_offset_of_symbol(path: str, name: str) -> int:

@@ -21,7 +21,7 @@ from optrace.frontend.symbols.access import ELF_POLICY, FileRef, problem_kind
 from optrace.frontend.symbols.elffile import ElfFormatError
 from optrace.frontend.unwind.builder import ChildProcessBuilder, InProcessBuilder
 from optrace.frontend.unwind.cache import UnwindTableCache
-from optrace.frontend.symbols.cfi import CfiError
+from optrace.frontend.symbols.leb128 import DwarfError
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 
 LIBC = Path("/usr/lib/x86_64-linux-gnu/libc.so.6")
@@ -99,7 +99,7 @@ def test_a_stop_ends_the_wait_and_the_child(child):
         calls.append(1)
         return len(calls) >= 3
     started = time.monotonic()
-    with pytest.raises(CfiError, match="session is ending"):
+    with pytest.raises(DwarfError, match="session is ending"):
         converted(child, CC1, stop_on_the_third_look)  # 0.6 s of CPU in the child
     assert time.monotonic() - started < 1.0
     assert not Path(f"/proc/{pid}").exists()

@@ -16,7 +16,7 @@ from optrace.frontend.symbols.buildid import read_build_id_file
 from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.table import EMPTY, build_table
-from optrace.procfs import parse_maps, read_maps_text
+from optrace.procfs import read_maps
 
 LIBLZMA = os.path.realpath("/lib/x86_64-linux-gnu/liblzma.so.5")  # FileRef follows no symlink
 LIBC = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
@@ -56,7 +56,7 @@ def test_two_processes_convert_once(omit_fp_binary: Path):
 
 def _wait_for_mapping(pid: int, path: str):
     for _ in range(200):
-        for entry in parse_maps(read_maps_text(pid)):
+        for entry in read_maps(pid).entries:
             if entry.path == path and entry.executable:
                 return entry
         threading.Event().wait(0.01)

@@ -24,7 +24,7 @@ from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.frontend.unwind.table import build_table
 from optrace.model import Frame, RawSample, Sample, UserFrame
-from optrace.procfs import parse_maps, read_maps_text
+from optrace.procfs import read_maps
 
 CAPACITY = 100  # rows
 GONE_PID = 4_194_000  # above every pid_max default: never in /proc
@@ -272,7 +272,7 @@ def _wait_for_mapping(pid: int, path: str):
     """The mapping of `path`, once the process waits on stdin: by then the loader has mapped every library,
     so each process of the test has the same files (the binary alone is mapped before ld.so runs)."""
     for _ in range(500):
-        entries = parse_maps(read_maps_text(pid))
+        entries = read_maps(pid).entries
         ours = [entry for entry in entries if entry.path == path and entry.executable]
         libc = any("libc.so" in (entry.path or "") and entry.executable for entry in entries)
         if ours and libc and _waiting_on_stdin(pid):

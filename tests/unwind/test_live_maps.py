@@ -20,13 +20,13 @@ from optrace.frontend.symbols.elffile import PT_LOAD, ProgramHeader
 from optrace.frontend.unwind.cache import UnwindFile, UnwindTableCache
 from optrace.frontend.unwind.table import CFA_END, EMPTY
 from optrace.frontend.symbols.vdso import read_own_vdso
-from optrace.procfs import MapEntry, parse_maps, read_maps_text
+from optrace.procfs import MapEntry, read_maps
 
 SAMPLES_PER_MAPPING = 400
 
 
 def _mapping_of(pid: int, address: int) -> MapEntry:
-    return next(entry for entry in parse_maps(read_maps_text(pid)) if entry.contains(address))
+    return next(entry for entry in read_maps(pid).entries if entry.contains(address))
 
 
 def test_bias_gives_the_dynamic_symbols_address():
@@ -62,7 +62,7 @@ def test_rows_found_from_live_addresses_are_readelfs(live_processes):
     checked, files, mismatches = 0, set(), []
     expected_by_file: dict[str, Expected] = {}
     for proc in live_processes:
-        for entry in parse_maps(read_maps_text(proc.pid)):
+        for entry in read_maps(proc.pid).entries:
             if not (entry.is_file and entry.executable):
                 continue
             unwind = cache.file_of_mapping(proc.pid, entry)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.table import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, RBP_AT_CFA,
                                            RBP_SAME)
-from optrace.procfs import MapEntry, parse_maps, read_maps_text
+from optrace.procfs import MapEntry, read_maps
 
 PTRACE_GETREGS, PTRACE_ATTACH, PTRACE_DETACH = 12, 16, 17
 USER_REGS = ("r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss fs_base "
@@ -47,7 +47,7 @@ def walk(pid: int, regs: dict[str, int], cache: UnwindTableCache, max_frames: in
     """(frames, why it stopped: "complete", "expression", "no mapping", "no cfi", "read fault", "depth"),
     from the registers of the stopped process ``pid``. "no cfi": frame pointers could not go on from code
     without CFI (as the BPF walker's UNWIND_NO_CFI), e.g. libgmp's hand-written mpn_* routines."""
-    maps = [entry for entry in parse_maps(read_maps_text(pid)) if entry.executable]
+    maps = [entry for entry in read_maps(pid).entries if entry.executable]
     pc, sp, bp = regs["rip"], regs["rsp"], regs["rbp"]
     frames: list[Frame] = []
     with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:

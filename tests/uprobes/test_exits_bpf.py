@@ -14,8 +14,8 @@ import pytest
 
 from optrace.bpf import uprobes
 from optrace.bpf.uprobes import BpfUprobeAttacher, exit_has_group_dead
-from optrace.frontend.metricsources import CallSource
-from optrace.exporters.totals import Delta
+from optrace.frontend.serve.sources import CallSource
+from optrace.frontend.serve.totals import Delta
 from optrace.frontend.uprobes.manager import ProbeManager
 from optrace.frontend.uprobes.counter import CallCounter
 

@@ -279,8 +279,8 @@ class ManagerCounter:
 def test_call_source_counts_every_call_once_while_processes_come_and_go(manager, kernel):
     """serve's increments keyed by (binary, offset, pid): an exited pid's calls are neither lost nor
     counted again as unattributed once it is no longer listed."""
-    from optrace.frontend.metricsources import CallSource
-    from optrace.exporters.totals import Delta
+    from optrace.frontend.serve.sources import CallSource
+    from optrace.frontend.serve.totals import Delta
 
     source = CallSource(["/bin/x:f16"], comms=[], targets=None)
     source.counter = ManagerCounter(manager, manager.register([probe(0x10)]))
@@ -317,8 +317,8 @@ def test_call_source_is_exact_when_totals_are_read_before_the_rows(manager, kern
     """The kernel's maps are read one after the other: hits landing in between are in the rows but not
     yet in the totals read just before. Such a skew must not show as (then be counted twice as)
     unattributed calls; CI once saw 1264 calls for 1234 made."""
-    from optrace.frontend.metricsources import CallSource
-    from optrace.exporters.totals import Delta
+    from optrace.frontend.serve.sources import CallSource
+    from optrace.frontend.serve.totals import Delta
 
     source = CallSource(["/bin/x:f16"], comms=[], targets=None)
     source.counter = ManagerCounter(manager, manager.register([probe(0x10)]))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import platform
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -21,8 +21,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from optrace import __version__
-from optrace.exporters.cardinality import Labels
-from optrace.exporters.totals import (CALL_LABELS, CALLS_METRIC, CPU_LABELS, CPU_METRIC, OFFCPU_METRIC,
+from optrace.frontend.serve.cardinality import Labels
+from optrace.frontend.serve.totals import (CALL_LABELS, CALLS_METRIC, CPU_LABELS, CPU_METRIC, OFFCPU_METRIC,
                                       ExporterTotals, TotalsSnapshot)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -84,52 +84,60 @@ class CounterFamilyText:
         self._prefixes = {labels: p for labels, p in self._prefixes.items() if labels in values}
 
 
+def counted_by(name: str, help_text: str, label: str, counts: Mapping[str, float]) -> CounterMetricFamily:
+    """A counter family with one series per key of ``counts``, in key order."""
+    family = CounterMetricFamily(name, help_text, labels=[label])
+    for key, count in sorted(counts.items()):
+        family.add_metric([key], count)
+    return family
+
+
 def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[Metric]:
     """What the exporter says about itself."""
-    lost = CounterMetricFamily("optrace_lost_samples", "Samples or stacks the kernel side could not keep, "
-                               "by reason.", labels=["reason"])
-    for reason, count in sorted(snap.lost.items()):
-        lost.add_metric([reason], count)
-    yield lost
+    yield counted_by("optrace_lost_samples", "Samples or stacks the kernel side could not keep, by reason.",
+                     "reason", snap.lost)
     yield CounterMetricFamily("optrace_idle_samples", "Samples of the idle task (pid 0), not in "
                               "optrace_cpu_samples_total.", value=snap.idle_samples)
-    events = CounterMetricFamily("optrace_process_events", "Processes exec'd and exited, as the profiler saw "
-                                 "them (the symbolizer works for those that get sampled).", labels=["event"])
-    for event in ("exec", "exit"):
-        events.add_metric([event], snap.process_events.get(event, 0))
-    yield events
+    yield counted_by("optrace_process_events", "Processes exec'd and exited, as the profiler saw them (the "
+                     "symbolizer works for those that get sampled).", "event",
+                     {event: snap.process_events.get(event, 0) for event in ("exec", "exit")})
     yield CounterMetricFamily("optrace_unresolved_frames", "Samples whose leaf frame could not be named "
                               "(counted as symbol=\"[unknown]\").", value=snap.unresolved_frames)
-    quality = CounterMetricFamily("optrace_stacks", "CPU samples with a user stack, by quality: complete (its "
-                                  "outermost frame is a thread's first) or why the walk stopped.", labels=["quality"])
-    for outcome, count in sorted(snap.stack_quality.items()):
-        quality.add_metric([outcome], count)
-    yield quality
+    yield counted_by("optrace_stacks", "CPU samples with a user stack, by quality: complete (its outermost "
+                     "frame is a thread's first) or why the walk stopped.", "quality", snap.stack_quality)
     yield CounterMetricFamily("optrace_jit_refused_files", "JIT symbol files (perf maps, jitdumps) refused "
                               "as untrusted or malformed.", value=snap.jit_refused_files)
-    overflow = CounterMetricFamily("optrace_cardinality_overflow", "Samples or calls counted in an [other] "
-                                   "series because the metric reached --max-series.", labels=["metric"])
-    series = GaugeMetricFamily("optrace_series", "Series a metric has (at most --max-series).",
-                               labels=["metric"])
-    expired = CounterMetricFamily("optrace_series_expired", "Series dropped after --series-idle-expiry "
-                                  "seconds without a new sample or call (a series seen again restarts "
-                                  "from 0).", labels=["metric"])
-    for metric, count in sorted(snap.overflow.items()):
-        overflow.add_metric([metric], count)
-    for metric, count in sorted(snap.expired.items()):
-        expired.add_metric([metric], count)
+    yield from series_families(snap)
+    yield counted_by("optrace_read_errors", "Failures contained within one drain (one process's symbols, one "
+                     "source's drain), by kind: the daemon went on.", "kind", snap.read_errors)
+    yield from cache_families(snap)
+    yield CounterMetricFamily("optrace_drains", "Kernel map drains done.", value=snap.drains)
+    yield CounterMetricFamily("optrace_drain_seconds", "Wall time spent draining the kernel maps and "
+                              "turning them into series, symbolizing included.", value=snap.drain_seconds)
+    yield CounterMetricFamily("optrace_symbolize_seconds", "Wall time spent symbolizing.",
+                              value=snap.symbolize_seconds)
+    frequency = GaugeMetricFamily("optrace_sampling_frequency_hertz", "Sampling frequency per CPU.",
+                                  labels=["event"])
+    frequency.add_metric([info.event], info.frequency_hz)
+    yield frequency
+    yield InfoMetricFamily("optrace_build", "optrace build information.",
+                           value={"version": __version__, "python": platform.python_version()})
+
+
+def series_families(snap: TotalsSnapshot) -> Iterator[Metric]:
+    """The cardinality guard's own numbers: series folded into [other], expired, and held now."""
+    yield counted_by("optrace_cardinality_overflow", "Samples or calls counted in an [other] series because the "
+                     "metric reached --max-series.", "metric", snap.overflow)
+    yield counted_by("optrace_series_expired", "Series dropped after --series-idle-expiry seconds without a new "
+                     "sample or call (a series seen again restarts from 0).", "metric", snap.expired)
+    series = GaugeMetricFamily("optrace_series", "Series a metric has (at most --max-series).", labels=["metric"])
     series.add_metric([CPU_METRIC], len(snap.cpu_samples))
     series.add_metric([CALLS_METRIC], len(snap.uprobe_calls))
     series.add_metric([OFFCPU_METRIC], len(snap.off_cpu_ns))
-    yield overflow
-    yield expired
     yield series
-    errors = CounterMetricFamily("optrace_read_errors", "Failures contained within one drain (one "
-                                 "process's symbols, one source's drain), by kind: the daemon went on.",
-                                 labels=["kind"])
-    for kind, count in sorted(snap.read_errors.items()):
-        errors.add_metric([kind], count)
-    yield errors
+
+
+def cache_families(snap: TotalsSnapshot) -> Iterator[Metric]:
     entries = GaugeMetricFamily("optrace_symbol_cache_entries", "What the symbolizer and the JIT symbol "
                                 "reader keep now, by cache (each is capped; for explaining serve's memory).",
                                 labels=["cache"])
@@ -142,17 +150,6 @@ def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[M
             entries.add_metric([cache], size)
     yield entries
     yield sizes
-    yield CounterMetricFamily("optrace_drains", "Kernel map drains done.", value=snap.drains)
-    yield CounterMetricFamily("optrace_drain_seconds", "Wall time spent draining the kernel maps and "
-                              "turning them into series, symbolizing included.", value=snap.drain_seconds)
-    yield CounterMetricFamily("optrace_symbolize_seconds", "Wall time spent symbolizing.",
-                              value=snap.symbolize_seconds)
-    frequency = GaugeMetricFamily("optrace_sampling_frequency_hertz", "Sampling frequency per CPU.",
-                                  labels=["event"])
-    frequency.add_metric([info.event], info.frequency_hz)
-    yield frequency
-    yield InfoMetricFamily("optrace_build", "optrace build information.",
-                           value={"version": __version__, "python": platform.python_version()})
 
 
 class _SnapshotCollector(Collector):

@@ -16,71 +16,25 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-from optrace.exporters.httpserver import ListenAddress, MetricsServer
-from optrace.exporters.profilewindows import ProfileWindows
-from optrace.exporters.prometheus import ExporterInfo, MetricsPage
-from optrace.exporters.totals import DEFAULT_SERIES_IDLE_S, Delta, ExporterTotals
-from optrace.exporters.webconfig import WebConfig
+from optrace.containment import contain, count_failure
 from optrace.errors import OptraceError
-from optrace.escape import escape_controls
+from optrace.frontend.serve.httpserver import ListenAddress, MetricsServer
+from optrace.frontend.serve.metricspage import ExporterInfo, MetricsPage
+from optrace.frontend.serve.options import ServeOptions
+from optrace.frontend.serve.profilewindows import ProfileWindows
+from optrace.frontend.serve.source import Source
+from optrace.frontend.serve.totals import Delta, ExporterTotals
 
-T = TypeVar("T")
-
-DEFAULT_PORT = 9469
-DEFAULT_MAX_SERIES = 10000
-# CFI unwinding, as record's default. Its tables are converted in a child process (SessionOptions.
-# unwind_in_child): converting them on a thread of serve's interpreter stopped the drain loop for 12-18 s
-# in tests/hostile's live test (the GIL, shared with the drain naming hostile files).
-SERVE_CALL_GRAPH = "dwarf"
 RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
-
-
-@dataclass
-class ServeOptions:
-    listen: ListenAddress = field(default_factory=lambda: ListenAddress("127.0.0.1", DEFAULT_PORT))
-    frequency_hz: int = 99
-    uprobes: list[str] = field(default_factory=list)
-    pids: list[int] = field(default_factory=list)
-    comms: list[str] = field(default_factory=list)
-    max_series: int = DEFAULT_MAX_SERIES
-    series_idle_s: float = DEFAULT_SERIES_IDLE_S  # 0: series never expire
-    web: WebConfig = field(default_factory=WebConfig)
-    drain_interval_s: float = 1.0
-    off_cpu: bool = False  # also export optrace_offcpu_seconds_total
-    off_cpu_every: int = 1  # N: one wait in N recorded, counted N times (OffCpuOptions.every)
-    call_graph: str = SERVE_CALL_GRAPH  # how user stacks are walked (SessionOptions.call_graph)
+DRAIN_FAILED = 'counted in optrace_read_errors_total{kind="drain"}'
 
 
 class StopRequest(Protocol):
     def wait(self, seconds: float) -> bool: ...  # True once a stop was requested
-
-
-class Source(Protocol):
-    event: str | None  # the sampling event once started ("cpu-clock"...), None for non-sampling sources
-
-    def start(self) -> None: ...
-
-    def collect(self, delta: Delta) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def contain(delta: Delta, kind: str, call: Callable[[], T]) -> T | None:
-    """``call()``, or None when it raised: the failure is counted in ``delta.read_errors[kind]`` and
-    warned about once per kind and exception type (the daemon dedupes), so one hostile or malformed
-    file costs only what depended on it."""
-    try:
-        return call()
-    except Exception as exc:  # containment is the point: any bug or bad input in one process's work
-        delta.read_errors[kind] += 1
-        delta.warnings.append(f"{kind} failed and was skipped ({type(exc).__name__}: {escape_controls(str(exc))[:200]}); "
-                              f"counted in optrace_read_errors_total{{kind=\"{kind}\"}}")
-        return None
 
 
 class ServeDaemon:
@@ -137,7 +91,8 @@ class ServeDaemon:
         started = time.perf_counter()
         delta = Delta(want_stacks=self.windows.active())
         for source in self.sources:
-            contain(delta, "drain", partial(source.collect, delta))
+            contain(partial(source.collect, delta),
+                    lambda exc: count_failure(delta.read_errors, delta.warnings, "drain", exc, DRAIN_FAILED))
         self.windows.drained(delta.stacks, time.monotonic())
         self.totals.apply(delta, drain_seconds=time.perf_counter() - started)
         for message in delta.warnings:

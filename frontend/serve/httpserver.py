@@ -31,9 +31,9 @@ from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from optrace import __version__
-from optrace.exporters.profilewindows import WAIT_SLACK_S, WindowRefused, parse_seconds
-from optrace.exporters.prometheus import CONTENT_TYPE
-from optrace.exporters.webconfig import BasicAuth, TlsFiles, WebConfig, tls_context
+from optrace.frontend.serve.profilewindows import WAIT_SLACK_S, WindowRefused, parse_seconds
+from optrace.frontend.serve.metricspage import CONTENT_TYPE
+from optrace.frontend.serve.webconfig import BasicAuth, TlsFiles, WebConfig, tls_context
 from optrace.fileaccess import printable
 from optrace.errors import OptraceError
 

@@ -1,7 +1,8 @@
 """Can this machine record? Each check says ok or FAIL and, when it fails, the command that fixes it.
 
-`optrace doctor` prints them all; `optrace record` calls :func:`require_recording` first so it fails early
-with one line instead of a BCC compile error. Nothing here imports BCC (it is only looked up).
+`optrace doctor` prints them all; whatever loads BPF (record, top, serve, the uprobe counter) calls
+:func:`require_recording` first so it fails early with one line instead of a BCC compile error. Nothing
+here imports BCC (it is only looked up), and nothing here prints: the doctor command does.
 """
 from __future__ import annotations
 
@@ -172,27 +173,6 @@ def check_btf() -> CheckResult:
                        required=False)
 
 
-def check_python() -> CheckResult:
-    """The CPythons running now, and whether their layout is known (Python frames: bpf/python.c)."""
-    from optrace.bpf.btf import kernel_offsets
-    from optrace.frontend.python.survey import running_interpreters
-
-    offsets = kernel_offsets()
-    if offsets is None or not offsets.task_fsbase:
-        return CheckResult("python", False, "no thread fs base offset in the kernel's BTF: Python frames cannot "
-                           "find their threads", "a kernel with CONFIG_DEBUG_INFO_BTF=y", required=False)
-    if os.geteuid() != 0:
-        return CheckResult("python", True, "run as root to look at the interpreters running now", required=False)
-    found = running_interpreters()
-    if not found:
-        return CheckResult("python", True, "no CPython process running now (3.8 to 3.14 are known)", required=False)
-    known = sorted(f"{name} ({len(pids)})" for name, pids in found.items() if not name.startswith("refused"))
-    refused = sorted(f"{name} ({len(pids)}: pid {pids[0]})" for name, pids in found.items() if name.startswith("refused"))
-    detail = "; ".join((["layout known: " + ", ".join(known)] if known else []) + refused)
-    return CheckResult("python", not refused, detail, "those processes keep native stacks only" if refused else "",
-                       required=False)
-
-
 CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_privileges,
     check_bpf_syscall,
@@ -203,17 +183,11 @@ CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_btf,
     check_syscall_tracepoints,
     check_off_cpu,
-    check_python,
 )
 
 
 def run_checks() -> list[CheckResult]:
     return [check() for check in CHECKS]
-
-
-def format_result(result: CheckResult) -> str:
-    line = f"{result.status:<4}  {result.name:<20}  {result.detail}"
-    return f"{line}: fix: {result.fix}" if result.fix and not result.ok else line
 
 
 def summary(result: CheckResult) -> str:

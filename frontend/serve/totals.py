@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from optrace.exporters.cardinality import Labels, SeriesGuard, bound_labels
+from optrace.frontend.serve.cardinality import Labels, SeriesGuard, bound_labels
 from optrace.model import UNKNOWN, Frame, Sample
 
 CPU_LABELS = ("comm", "dso", "symbol")

@@ -25,15 +25,15 @@ from typing import Any
 
 import yaml
 
-from optrace.exporters.cardinality import MIN_SERIES
-from optrace.exporters.daemon import DEFAULT_PORT, ServeOptions
-from optrace.exporters.httpserver import ListenAddress
-from optrace.exporters.webconfig import CONFIG_POLICY, TlsFiles, WebConfig, load_web_config, tls_context
-from optrace.fileaccess import RefusedFile, read_file
-from optrace.frontend.cliopts import CALL_GRAPHS
-from optrace.frontend.commands.record import check_frequency
-from optrace.frontend.session import check_off_cpu_every
+from optrace.defaults import CALL_GRAPHS
 from optrace.errors import OptraceError
+from optrace.fileaccess import RefusedFile, read_file
+from optrace.frontend.cliopts import check_frequency
+from optrace.frontend.serve.cardinality import MIN_SERIES
+from optrace.frontend.serve.httpserver import ListenAddress
+from optrace.frontend.serve.options import DEFAULT_PORT, ServeOptions
+from optrace.frontend.serve.webconfig import CONFIG_POLICY, TlsFiles, WebConfig, load_web_config, tls_context
+from optrace.frontend.session import check_off_cpu_every
 from optrace.frontend.target import check_pids, parse_pids
 from optrace.frontend.uprobes.spec import parse_spec
 

@@ -1,8 +1,8 @@
-"""What `optrace serve` drains each period, as exporters.daemon.Source objects: the CPU profile (a
-:class:`~optrace.frontend.session.ProfilingSession` naming each sample's leaf) and the uprobe call counts,
-each turned into a :class:`~optrace.exporters.totals.Delta` of what it saw since the previous drain.
+"""What `optrace serve` drains each period, as :class:`~optrace.frontend.serve.source.Source` objects:
+the CPU profile (a :class:`~optrace.frontend.session.ProfilingSession` naming each sample's leaf) and the
+uprobe call counts, each turned into a :class:`~optrace.frontend.serve.totals.Delta` of what it saw since the previous drain.
 
-With ``--call-graph dwarf`` (the default, exporters/daemon.py SERVE_CALL_GRAPH) user stacks are unwound
+With ``--call-graph dwarf`` (the default, SERVE_CALL_GRAPH in options.py) user stacks are unwound
 from CFI in BPF, as in record, though serve names whole stacks only while a /debug/pprof/profile
 collection runs: the walk is in the kernel, and what user space keeps for it is bounded for a daemon
 (bpf/unwindmaps.py's generations; the unwind tables held, SERVE_UNWIND_CACHE_BYTES, and only until the
@@ -17,8 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from optrace.exporters.daemon import SERVE_CALL_GRAPH, ServeOptions, Source
-from optrace.exporters.totals import Delta, add_leaf_rows, add_off_cpu_rows
+from optrace.frontend.serve.options import SERVE_CALL_GRAPH, ServeOptions
+from optrace.frontend.serve.source import Source
+from optrace.frontend.serve.totals import Delta, add_leaf_rows, add_off_cpu_rows
 from optrace.frontend.session import SCAN_SLICE_S, OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.model import UNKNOWN
