@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import subprocess
@@ -23,8 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (OPTRACE, WORKLOADS, Launched, ToolRun, md_table, median, quartiles,  # noqa: E402
-                      optrace_system_wide_fds, run_timed, write_results)
+from benchlib import (OPTRACE, WORKLOADS, Launched, ToolRun, first_in_line, md_table, median,  # noqa: E402
+                      optrace_system_wide_fds, quartiles, run_timed, write_results)
 
 BENCH_BUDGET_S = 1260  # read by bench/run.py; the slowdown stage adapts its pairs to fit
 FREQUENCIES = (99, 999)
@@ -144,26 +143,15 @@ def log(message: str) -> None:
     print(f"[bench_profile {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _nice_target() -> None:
-    """Targets run at nice -20 in their own autogroup (the kernel balances CPU between autogroups
-    before nice values count), so a busy shared machine steals less of their CPU; baseline and
-    profiled runs alike, which keeps the pairs comparable."""
-    os.setsid()
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write("-20")
-    except OSError:
-        pass
-    os.nice(-20)
-
-
 class Target:
-    """A workload started with a pipe on stdin: it waits for a line to start and for EOF to exit.
+    """A workload started with a pipe on stdin: it waits for a line to start and for EOF to exit. Targets
+    run first in line (benchlib.first_in_line): a busy shared machine steals less of their CPU; baseline
+    and profiled runs alike, which keeps the pairs comparable.
     A context manager: the process is gone when the block ends, whatever happened in it."""
 
     def __init__(self, argv: list[str], nice: bool = True):
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     preexec_fn=_nice_target if nice else None)
+                                     preexec_fn=first_in_line if nice else None)
         self.first_line = self.proc.stdout.readline().strip()
 
     def __enter__(self) -> "Target":

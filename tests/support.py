@@ -14,7 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))  # the benchmarks' measuring helpers, shared with the tests
-from benchlib import bpf_map_keys, bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, held_bpf_ids  # noqa: E402,F401
+from benchlib import (bpf_map_keys, bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, first_in_line,  # noqa: E402,F401
+                      held_bpf_ids)
 WORKLOADS = REPO / "workloads" / "build"
 OPTRACE = Path(sys.executable).parent / "optrace"
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -22,8 +22,9 @@ optrace's shares are compared with py-spy's as py-spy counts: each thread's samp
 was runnable per second on a CPU over the window (/proc/PID/task/TID/schedstat). The weighing assumes that a
 thread's waits fall on its functions evenly, so a window where a thread waited more than MAX_CPU_WAIT per
 second of CPU fails as too busy. Even first in line, the checksum thread waited 0.13-0.26 s per second of
-CPU here (load 2-5): raw, py-spy's checksum was 2.3-3.2 points above optrace's; weighed, within 0.6. py-spy samples at SPY_HZ for WINDOW_S: at 99 Hz a share of 25 % moves by 1.7 points (two standard
-deviations) from one window to the next, too close to 3 points to tell a fault from chance.
+CPU here (load 2-5): raw, py-spy's checksum was 2.3-3.2 points above optrace's; weighed, within 0.6. py-spy
+samples at SPY_HZ for WINDOW_S: at 99 Hz a share of 25 % moves by 1.7 points (two standard deviations) from
+one window to the next, too close to 3 points to tell a fault from chance.
 """
 from __future__ import annotations
 
