@@ -10,7 +10,7 @@ from click.core import ParameterSource
 
 from optrace.frontend.serve.options import DEFAULT_MAX_SERIES, DEFAULT_PORT, SERVE_CALL_GRAPH
 from optrace.frontend.serve.totals import DEFAULT_SERIES_IDLE_S
-from optrace.frontend.cliopts import frequency_option, pid_option, unwind_option
+from optrace.frontend.cliopts import frequency_option, pid_option, python_option, unwind_option
 from optrace.frontend.serve.config import SETTING_TYPES, build_options, load_config_file
 from optrace.heap import large_blocks_mapped, one_arena
 
@@ -46,6 +46,7 @@ def say(message: str) -> None:
               metavar="SECONDS", help="Drop a series that has not moved for this long (0: never); "
                                       "if it comes back it starts again from 0 (a counter reset).")
 @unwind_option(default=SERVE_CALL_GRAPH)
+@python_option()
 @click.option("--off-cpu", "off_cpu", is_flag=True,
               help="Also export optrace_offcpu_seconds_total: where threads wait off CPU.")
 @click.option("--off-cpu-every", "off_cpu_every", type=int, default=1, show_default=True, metavar="N",

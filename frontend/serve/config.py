@@ -13,6 +13,7 @@ A config file holds the same settings as the flags, under these keys::
     tls_cert = "/etc/optrace/cert.pem"   # --tls-cert/--tls-key: TLS without a web config
     tls_key = "/etc/optrace/key.pem"
     call_graph = "dwarf"             # --call-graph: dwarf (CFI unwinding in BPF) or fp
+    python = true                    # --python on|off: Python functions in place of the interpreter's frames
 
 Every value is checked here, so a bad file or flag is one clear line before any BPF is loaded. The
 same checks run again when serve reloads (SIGHUP), except that -p processes may have exited by then.
@@ -52,6 +53,7 @@ SETTING_TYPES: dict[str, type] = {
     "off_cpu": bool,
     "off_cpu_every": int,
     "call_graph": str,
+    "python": bool,
 }
 
 TYPE_NAMES = {str: "a string", int: "an integer", list: "a list", bool: "true or false"}
@@ -144,6 +146,7 @@ def build_options(settings: dict[str, Any], reloading: bool = False) -> ServeOpt
     options.call_graph = settings.get("call_graph", options.call_graph)
     if options.call_graph not in CALL_GRAPHS:
         raise OptraceError(f"bad call_graph {options.call_graph!r}: expected {' or '.join(CALL_GRAPHS)}")
+    options.python = settings.get("python", options.python)
     options.web = web_settings(settings.get("web_config"), settings.get("tls_cert"), settings.get("tls_key"))
     if options.web.tls is not None:
         tls_context(options.web.tls)  # unusable files fail here, not after the BPF compile

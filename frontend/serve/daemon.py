@@ -6,7 +6,7 @@ here, whatever way the loop ends (stop request, exception). A source whose drain
 drain's rows of that source (counted in ``optrace_read_errors_total{kind="drain"}``), never the
 daemon. A reload (SIGHUP) re-reads the settings between two drains: the web config (TLS, users,
 headers) and the series idle time apply at once; settings that shape the BPF side or the guard
-(listen, frequency, uprobes, pids, comms, max_series, call_graph) need a restart, and a change to them is warned
+(listen, frequency, uprobes, pids, comms, max_series, call_graph, python) need a restart, and a change to them is warned
 about and left as it was. A reload that fails keeps the running settings.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from optrace.frontend.serve.profilewindows import ProfileWindows
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, ExporterTotals
 
-RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph")
+RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph", "python")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 DRAIN_FAILED = 'counted in optrace_read_errors_total{kind="drain"}'
 

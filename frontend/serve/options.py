@@ -31,3 +31,4 @@ class ServeOptions:
     off_cpu: bool = False  # also export optrace_offcpu_seconds_total
     off_cpu_every: int = 1  # N: one wait in N recorded, counted N times (OffCpuOptions.every)
     call_graph: str = SERVE_CALL_GRAPH  # how user stacks are walked (SessionOptions.call_graph)
+    python: bool = True  # Python frames (SessionOptions.python)

@@ -35,7 +35,8 @@ SERVE_UNWIND_CACHE_BYTES = 32 << 20
 
 def build_sources(options: ServeOptions) -> list[Source]:
     off_cpu = OffCpuOptions(every=options.off_cpu_every) if options.off_cpu else None
-    profile = ProfileSource(options.frequency_hz, options.pids, options.comms, off_cpu, options.call_graph)
+    profile = ProfileSource(options.frequency_hz, options.pids, options.comms, off_cpu, options.call_graph,
+                            options.python)
     sources: list[Source] = [profile]
     if options.uprobes:
         targets = profile.target_pids if options.pids else None
@@ -49,14 +50,14 @@ class ProfileSource:
     for months), turned into per-drain rows."""
 
     def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: OffCpuOptions | None = None,
-                 call_graph: str = SERVE_CALL_GRAPH) -> None:
+                 call_graph: str = SERVE_CALL_GRAPH, python: bool = True) -> None:
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
             raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks
             programs_at_exec=False, learn_at_exec=False, forget_exited=True,
             off_cpu=off_cpu, call_graph=call_graph,
             unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False,
-            unwind_in_child=True, jit_names_in_files=True, scan_slice_s=SCAN_SLICE_S))
+            unwind_in_child=True, jit_names_in_files=True, scan_slice_s=SCAN_SLICE_S, python=python))
         self._refused_seen = 0
         self.event: str | None = None
 

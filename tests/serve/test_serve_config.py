@@ -15,6 +15,7 @@ comms: [nginx]
 max_series: 500
 series_idle_expiry: 90
 call_graph: fp
+python: false
 off_cpu: true
 off_cpu_every: 16
 tls_cert: {cert}
@@ -28,6 +29,7 @@ comms = ["nginx"]
 max_series = 500
 series_idle_expiry = 90
 call_graph = "fp"
+python = false
 off_cpu = true
 off_cpu_every = 16
 tls_cert = "{cert}"
@@ -50,7 +52,7 @@ def test_yaml_and_toml_hold_the_same_settings(tmp_path, self_signed):
     (tmp_path / "a.toml").write_text(TOML.format(cert=cert, key=key))
     expected = ServeOptions(listen=ListenAddress("::1", 9555), frequency_hz=49, uprobes=["c:malloc", "c:free"],
                             comms=["nginx"], max_series=500, series_idle_s=90, web=WebConfig(TlsFiles(cert, key)),
-                            call_graph="fp", off_cpu=True, off_cpu_every=16)
+                            call_graph="fp", off_cpu=True, off_cpu_every=16, python=False)
     assert build_options(load_config_file(str(tmp_path / "a.yaml"))) == expected
     assert build_options(load_config_file(str(tmp_path / "a.toml"))) == expected
 
@@ -58,7 +60,7 @@ def test_yaml_and_toml_hold_the_same_settings(tmp_path, self_signed):
 def test_defaults_listen_on_loopback_only():
     options = build_options({})
     assert options.listen == ListenAddress("127.0.0.1", DEFAULT_PORT) and options.web == WebConfig()
-    assert options.series_idle_s == 600 and options.call_graph == "dwarf"
+    assert options.series_idle_s == 600 and options.call_graph == "dwarf" and options.python
 
 
 def test_flags_override_the_config_file(tmp_path, optrace):
