@@ -96,7 +96,7 @@ def test_bad_config_files(tmp_path, optrace, config_text, suffix, message):
     pytest.param(["--listen", "no.such.host.invalid:9469"], "cannot listen on no.such.host.invalid:9469",
                  marks=pytest.mark.root),  # as another user serve stops first at "needs root"
     (["--max-series", "2"], "--max-series must be at least 3"),
-    (["--call-graph", "lbr"], "'lbr' is not one of 'dwarf', 'fp'"),
+    (["--call-graph", "lbr"], "'lbr' is not one of dwarf, dwarf,SIZE or fp"),
     (["-F", "0"], "frequency 0 Hz is out of range"),
     (["-p", "999999999"], "no such process: 999999999"),
     (["-p", "abc"], "not a process id: 'abc'"),
