@@ -320,7 +320,7 @@ def serve_round(mode: str, workdir: Path) -> dict:
             "processes": len(tools), "series": series}
 
 
-def _serving_url(err, proc: subprocess.Popen, timeout: float = 120) -> str:
+def _serving_url(err, proc: subprocess.Popen, timeout: float = 300) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         err.seek(0)
@@ -473,6 +473,8 @@ def markdown(res: dict) -> str:
                   "figures include the other engineers' processes the shared machine runs.", ""]
     rows = [[t["name"], t["target"], t["measured"], "met" if t["met"] else "NOT met"] for t in res["targets"]]
     parts += ["### Targets", "", md_table(["what", "target", "measured", "verdict"], rows), ""]
+    if res["errors"]:
+        parts += ["### Failures in this run", ""] + [f"- {stage}: {error}" for stage, error in res["errors"].items()]
     return "\n".join(parts)
 
 
@@ -485,14 +487,18 @@ def main() -> int:
            "load_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
            "deep_rounds": 2 if args.quick else DEEP_ROUNDS, "slow_rounds": 2 if args.quick else SLOW_ROUNDS,
            "serve_rounds": 1 if args.quick else SERVE_ROUNDS}
-    res: dict = {"area": "python", "config": cfg}
+    res: dict = {"area": "python", "config": cfg, "errors": {}}
+    stages = {"deep": lambda w: measure_deep(cfg["deep_rounds"], w),
+              "slowdown": lambda w: measure_slowdown(cfg["slow_rounds"], w),
+              "threads": measure_threads,
+              "serve": lambda w: measure_serve(cfg["serve_rounds"], w)}
     with tempfile.TemporaryDirectory(prefix="optrace-bench-python-") as tmp:
-        workdir = Path(tmp)
-        res["deep"] = measure_deep(cfg["deep_rounds"], workdir)
-        res["slowdown"] = measure_slowdown(cfg["slow_rounds"], workdir)
-        res["threads"] = measure_threads(workdir)
-        log(f"threads: {res['threads']}")
-        res["serve"] = measure_serve(cfg["serve_rounds"], workdir)
+        for stage, measure in stages.items():
+            try:
+                res[stage] = measure(Path(tmp))
+            except Exception as exc:  # one failed stage must not hide the others' figures
+                res["errors"][stage] = f"{type(exc).__name__}: {exc}"
+            log(f"{stage}: {res.get(stage) if stage == 'threads' else res['errors'].get(stage, 'done')}")
     cfg["load_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     res["targets"] = targets(res)
     write_results("python", res)
