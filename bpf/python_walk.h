@@ -65,7 +65,8 @@ struct py_proc {
     u8 entry_kind;
     u8 entry_value;
     u8 instr_kind;
-    u8 pad[3];
+    u8 frame_bytes;  // of a frame read: up to its last field the walk reads (a frame may end a mapping)
+    u8 pad[2];
     u32 instance;  // tells this process from an earlier one with its pid (py_seen)
 };
 
@@ -142,7 +143,10 @@ static inline u64 python_next(struct python_walk *pw, struct py_proc *proc, stru
             pw->status = PY_CHAIN_END;
         return 0;
     }
-    if (bpf_probe_read_user(s->frame, sizeof(s->frame), (void *)frame)) {
+    u32 size = proc->frame_bytes;
+    asm volatile("" : "+r"(size));  // the mask below stays, as the verifier needs it
+    size &= PY_FRAME_WINDOW - 1;
+    if (bpf_probe_read_user(s->frame, size, (void *)frame)) {
         pw->frame = 0;
         python_fail(pw, PY_READ_FAULT);
         return 0;

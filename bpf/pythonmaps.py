@@ -12,19 +12,27 @@ import ctypes
 import struct
 
 from optrace.bpf.pidtables import forget_pid, has_pid
-from optrace.pythonlayout import CAPTURE_SIZE, PythonProcess
+from optrace.pythonlayout import CAPTURE_SIZE, FRAME_WINDOW, PythonProcess
 
 # enum python_status in python_walk.h, by value ("" for PY_OK)
 PYTHON_STATUSES = ("", "no_thread", "read_fault", "depth_limit", "loop", "chain_end")
-# struct py_proc: runtime, two eval ranges, the code tag mask; 15 offsets; entry kind and value, instr kind;
-# the process instance
-PY_PROC = struct.Struct("<6Q15H3B3xI")
+# struct py_proc: runtime, two eval ranges, the code tag mask; 15 offsets; entry kind and value, instr kind,
+# frame bytes; the process instance
+PY_PROC = struct.Struct("<6Q15H4B2xI")
 NO_OFFSET = 0xFFFF
 MAX_CAPTURES = 65536  # captures held between two takes (a drain takes them): beyond, they are dropped
 
 
 def python_status_name(value: int) -> str:
     return PYTHON_STATUSES[value] if value < len(PYTHON_STATUSES) else "read_fault"
+
+
+def frame_bytes(layout) -> int:
+    """The bytes of a frame the walker reads: up to the end of the last field it looks at (8-byte fields, the
+    entry byte), rounded up to 8: a frame near the end of its mapping is still read whole. Below FRAME_WINDOW
+    (python.c masks it to that)."""
+    fields = [layout.frame_previous + 8, layout.frame_code + 8, layout.frame_instr + 8, layout.frame_entry + 1]
+    return min(FRAME_WINDOW - 8, -(-max(fields) // 8) * 8)
 
 
 def packed_process(process: PythonProcess, instance: int) -> bytes:
@@ -42,7 +50,7 @@ def packed_process(process: PythonProcess, instance: int) -> bytes:
         layout.tstate_frame, offset(layout.cframe_current_frame), layout.frame_previous, layout.frame_code,
         layout.frame_instr, offset(layout.frame_entry), layout.code_adaptive, layout.code_name,
         layout.code_qualname, layout.code_filename, layout.code_linetable,
-        layout.entry_kind, layout.entry_value, layout.instr_kind, instance & 0xFFFFFFFF)
+        layout.entry_kind, layout.entry_value, layout.instr_kind, frame_bytes(layout), instance & 0xFFFFFFFF)
 
 
 class PythonMaps:
