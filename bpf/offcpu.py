@@ -2,7 +2,7 @@
 kernel's per-stack sums of off-CPU nanoseconds as RawSamples (user frames as raw IPs, for the session to
 name with the process's mappings).
 
-This module and its siblings are the only ones that import BCC.
+This module and its siblings are the only ones that load BPF programs (bpf/loader.py).
 """
 from __future__ import annotations
 

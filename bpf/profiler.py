@@ -2,7 +2,7 @@
 (or cycles) event, on every CPU for the whole machine, else on the target processes' threads
 (perfevents.py), and drain the kernel's aggregated counts as RawSamples.
 
-This module and its siblings are the only ones that import BCC.
+This module and its siblings are the only ones that load BPF programs (bpf/loader.py).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from operator import itemgetter
 from typing import Callable, Iterable, Mapping, Sequence
 
 from optrace.bpf import perfevents
+from optrace.bpf.abi import PerfHWConfig, PerfSWConfig, PerfType, ProgType, online_cpus
 from optrace.bpf.eventbuffers import EventBuffers
-from optrace.bpf.loader import counter_increments, import_bcc, load_bcc, load_function
+from optrace.bpf.loader import counter_increments, load_bcc, load_function
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.perfevents import TaskEvents
 from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
@@ -223,35 +224,34 @@ class Profiler:
     def attach(self) -> None:
         """Start sampling: on every CPU for the whole machine, else on the targets' threads (and what they
         start later, see perfevents.py), the pids added so far now and those added later at once."""
-        bcc = import_bcc()
         if self._initial_pids is None:
-            self._attach_sampler(bcc)
+            self._attach_sampler()
             return
-        name, ev_type, ev_config = self._task_event(bcc)
-        prog_fd = load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT).fd
+        name, ev_type, ev_config = self._task_event()
+        prog_fd = load_function(self._bpf, b"on_sample", ProgType.PERF_EVENT).fd
         self._tasks = TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
         self.event = name
         for pid in self._pids:
             self._tasks.add_process(pid)
 
-    def _task_event(self, bcc) -> tuple[str, int, int]:
-        for name, ev_type, ev_config in self._event_choices(bcc):
+    def _task_event(self) -> tuple[str, int, int]:
+        for name, ev_type, ev_config in self._event_choices():
             if perfevents.probe(ev_type, ev_config, self.frequency_hz):
                 return name, ev_type, ev_config
         raise OptraceError("cannot open a cpu-clock perf event: check perf_event_paranoid and run optrace doctor")
 
     @staticmethod
-    def _event_choices(bcc) -> list[tuple[str, int, int]]:
+    def _event_choices() -> list[tuple[str, int, int]]:
         """cycles where a PMU exists, else the software cpu-clock (as BCC's profile does)."""
-        attempts = [("cpu-clock", bcc.PerfType.SOFTWARE, bcc.PerfSWConfig.CPU_CLOCK)]
+        attempts = [("cpu-clock", PerfType.SOFTWARE, PerfSWConfig.CPU_CLOCK)]
         if os.path.isdir("/sys/bus/event_source/devices/cpu"):
-            attempts.insert(0, ("cycles", bcc.PerfType.HARDWARE, bcc.PerfHWConfig.CPU_CYCLES))
+            attempts.insert(0, ("cycles", PerfType.HARDWARE, PerfHWConfig.CPU_CYCLES))
         return attempts
 
-    def _attach_sampler(self, bcc) -> None:
+    def _attach_sampler(self) -> None:
         # Loaded here, not inside attach_perf_event: a refused program is not a perf event that failed to open.
-        load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT)
-        for name, ev_type, ev_config in self._event_choices(bcc):
+        load_function(self._bpf, b"on_sample", ProgType.PERF_EVENT)
+        for name, ev_type, ev_config in self._event_choices():
             try:
                 self._bpf.attach_perf_event(
                     ev_type=ev_type, ev_config=ev_config, fn_name=b"on_sample", sample_freq=self.frequency_hz
@@ -427,10 +427,6 @@ def default_stack_storage(frequency_hz: int, cpus: int, drain_seconds: float = 1
     return min(MAX_STACKS, max(MIN_STACKS, 1 << max(0, math.ceil(math.log2(max(wanted, 1))))))
 
 
-def online_cpus() -> list[int]:
-    return list(import_bcc().utils.get_online_cpus())
-
-
 def _raw_ips(table, stack_id: int) -> tuple[int, ...]:
     """One stack of a stack map, left in it (bpf/offcpu.py: a stack may still be named later)."""
     try:
@@ -492,7 +488,7 @@ def _lookup(table, pid: int) -> int:
 
 def _insert_if_absent(table, pid: int, value: int) -> None:
     """BPF_NOEXIST: an epoch the sampler or a tracepoint set meanwhile is kept."""
-    from bcc.libbcc import lib
+    from optrace.bpf.bcclib import lib
 
     key, leaf = table.Key(pid), table.Leaf(value)
     lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)

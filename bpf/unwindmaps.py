@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from optrace.bpf.abi import ProgType
 from optrace.bpf.loader import load_function
 from optrace.bpf.stackstore import GRACE_SECONDS
 from optrace.model import UserFrame
@@ -140,9 +141,7 @@ class UnwindMaps:
         the start-up path (the kernel's verification took 0.11 s here before forget() in unwind.c,
         0.015 s now): until it is in place the tail call fails and samples take frame-pointer stacks
         (unwind.c). Safe to call twice."""
-        from bcc import BPF  # bpf/ is the one folder that imports BCC
-
-        step = load_function(self._bpf, b"unwind_step", BPF.PERF_EVENT)
+        step = load_function(self._bpf, b"unwind_step", ProgType.PERF_EVENT)
         progs = self._bpf[b"unwind_progs"]
         progs[progs.Key(0)] = progs.Leaf(step.fd)
 

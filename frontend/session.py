@@ -43,6 +43,7 @@ DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
 SCAN_SLICE_S = 0.1  # SessionOptions.scan_slice_s for daemons and live views
 BUSY_PROCESSES = 32  # SessionOptions.unwind_busy_first: the busiest processes whose tables load before the attach
 BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
+BUSY_WINDOW_SECONDS = 0.1  # the least time their CPU use is measured over (a stored program loads in 0.02 s)
 YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
 
@@ -245,6 +246,7 @@ class ProfilingSession:
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         self._kallsyms = KernelSymbolsLoader()  # parsed while BCC compiles (the compile releases the GIL)
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
+        measured_from = time.monotonic()
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
                                  cfi_unwind=cfi, fold=opts.fold)
@@ -275,7 +277,7 @@ class ProfilingSession:
             if opts.symbols_before_attach:
                 self._contain("symbols", self.symbolizer.load_symbols, pid)
         if cpu_before is not None:
-            self._unwind_busy(cpu_before)
+            self._unwind_busy(cpu_before, measured_from)
         self.profiler.attach()
         if self.off_cpu is not None:
             self.off_cpu.attach()
@@ -495,11 +497,13 @@ class ProfilingSession:
         finally:
             self._unwind_queued.discard(pid)
 
-    def _unwind_busy(self, cpu_before: Mapping[int, int]) -> None:
+    def _unwind_busy(self, cpu_before: Mapping[int, int], measured_from: float) -> None:
         """Wait for the walker, then load the tables of the processes that used CPU since ``cpu_before``
-        (the busiest first, at most BUSY_PROCESSES) and optrace's own, for up to BUSY_UNWIND_SECONDS:
+        (taken at ``measured_from``, at least BUSY_WINDOW_SECONDS ago: CPU time is counted in 10 ms ticks;
+        the busiest first, at most BUSY_PROCESSES) and optrace's own, for up to BUSY_UNWIND_SECONDS:
         what is not loaded by then is loaded once sampled, as without this."""
         self._unwind_step.result()
+        time.sleep(max(0.0, measured_from + BUSY_WINDOW_SECONDS - time.monotonic()))
         cpu_after = process_cpu_ticks()
         used = {pid: ticks - cpu_before.get(pid, 0) for pid, ticks in cpu_after.items()}
         own = os.getpid()

@@ -87,6 +87,13 @@ class CacheDirectory:
         except OSError:
             pass
 
+    def names(self) -> list[str]:
+        """The entries' names (not those being written)."""
+        if self._fd is None:
+            return []
+        with os.scandir(self._fd) as listing:
+            return sorted(item.name for item in listing if not item.name.startswith(".new-"))
+
     def rejected(self) -> None:
         self.stats["bad"] += 1
 
