@@ -3,13 +3,14 @@ their key and value types and of a perf output's events), and each function's in
 places where a map's fd goes. bpf/programobject.py makes a running program of it; bpf/programcache.py
 stores it.
 
-Encoded as a JSON header and the instructions as payload. Decoding trusts nothing of what it is given
+Encoded as JSON and the instructions, in one payload. Decoding trusts nothing of what it is given
 (the cache's checksum says only that the entry is the one written, not that a program written by
 another optrace is sound): every field is checked for type and range, every relocation must name a map
 and point at a ``ld_imm64`` carrying a map reference, and anything else is a :class:`CompiledError`.
 """
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from optrace.bpf.abi import INSN_SIZE, LD_IMM64, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE
 
 INSN = struct.Struct("<BBhi")
+LENGTH = struct.Struct("<I")
+MAX_DESCRIPTION = 4 << 20
 MAX_TABLES = 256
 MAX_FUNCTIONS = 256
 MAX_INSNS = 1_000_000  # the kernel's own limit per program
@@ -104,14 +107,15 @@ def relocated(function: FunctionSpec, map_fds: list[int]) -> bytes:
     return bytes(insns)
 
 
-def encode(program: CompiledProgram) -> tuple[dict, bytes]:
-    """(header, payload): the instructions back to back, each function's place in the header."""
+def encode(program: CompiledProgram) -> bytes:
+    """The description's JSON (its length first, u32) and the instructions back to back, each function's
+    place in the description: one payload, all of it under the cache entry's checksum."""
     functions, offset = [], 0
     for function in program.functions:
         functions.append({"name": function.name.decode(), "offset": offset, "size": len(function.insns),
                           "relocations": [list(pair) for pair in function.relocations]})
         offset += len(function.insns)
-    header = {
+    description = {
         "license": program.license.decode(),
         "kern_version": program.kern_version,
         "kernel_offsets": list(program.kernel_offsets) if program.kernel_offsets is not None else None,
@@ -120,25 +124,37 @@ def encode(program: CompiledProgram) -> tuple[dict, bytes]:
                     "event_fields": list(t.event_fields)} for t in program.tables],
         "functions": functions,
     }
-    return header, b"".join(function.insns for function in program.functions)
+    text = json.dumps(description).encode()
+    return LENGTH.pack(len(text)) + text + b"".join(function.insns for function in program.functions)
 
 
-def decode(header: dict, payload: bytes) -> CompiledProgram:
-    """The program of an entry, checked (see the module docstring)."""
+def decode(payload: bytes) -> CompiledProgram:
+    """The program of an entry's payload, checked (see the module docstring)."""
+    if len(payload) < LENGTH.size:
+        raise CompiledError("not a stored program: too short")
+    (length,) = LENGTH.unpack_from(payload)
+    if length > MAX_DESCRIPTION or LENGTH.size + length > len(payload):
+        raise CompiledError("not a stored program: its description is longer than the entry")
     try:
-        tables = tuple(_table(item) for item in _list(header["tables"], MAX_TABLES))
-        functions = tuple(_function(item, payload, len(tables)) for item in _list(header["functions"], MAX_FUNCTIONS))
-        offsets = header["kernel_offsets"]
+        description = json.loads(payload[LENGTH.size:LENGTH.size + length])
+    except (ValueError, RecursionError):
+        raise CompiledError("not a stored program: its description is not JSON") from None
+    insns = payload[LENGTH.size + length:]
+    try:
+        tables = tuple(_table(item) for item in _list(description["tables"], MAX_TABLES))
+        functions = tuple(_function(item, insns, len(tables)) for item in _list(description["functions"], MAX_FUNCTIONS))
+        offsets = description["kernel_offsets"]
         if offsets is not None:
             offsets = tuple(_int(value, 0, 1 << 16) for value in _list(offsets, 8))
-        return CompiledProgram(license=_name(header["license"]), kern_version=_int(header["kern_version"], 0, 1 << 32),
+        return CompiledProgram(license=_name(description["license"]),
+                               kern_version=_int(description["kern_version"], 0, 1 << 32),
                                tables=tables, functions=functions, kernel_offsets=offsets)
     except (KeyError, TypeError, AttributeError) as exc:
         raise CompiledError(f"not a stored program: {exc!r}") from None
 
 
 def _table(item: dict) -> TableSpec:
-    desc = [_text(item[key]) for key in ("key_desc", "leaf_desc")]
+    desc = [_json_text(item[key]) for key in ("key_desc", "leaf_desc")]
     return TableSpec(name=_name(item["name"]), map_type=_int(item["type"], 1, 1 << 16),
                      key_size=_int(item["key_size"], 0, 1 << 16), value_size=_int(item["value_size"], 0, 1 << 30),
                      max_entries=_int(item["max_entries"], 0, MAX_ENTRIES), flags=_int(item["flags"], 0, 1 << 32),
@@ -178,6 +194,15 @@ def _int(value: Any, low: int, high: int) -> int:
 def _text(value: Any) -> str:
     if not isinstance(value, str) or len(value) > MAX_DESC:
         raise CompiledError("a description of the wrong type or length")
+    return value
+
+
+def _json_text(value: Any) -> str:
+    """A type description: JSON (its ctypes type is built when the table is first used, typedesc.py)."""
+    try:
+        json.loads(_text(value))
+    except (ValueError, RecursionError):
+        raise CompiledError("a type description that is not JSON") from None
     return value
 
 

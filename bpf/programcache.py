@@ -12,7 +12,8 @@ An entry is the compiled program (bpf/compiled.py) under a key of everything the
   - optrace's version and the code that writes and reads an entry (this module, compiled.py, bcccompile.py).
 A kernel, a header package, a BCC or a program change is a new key: a miss, a compile, never a wrong
 program. The entry's header repeats its key, so an entry copied under another entry's name (another
-program, another kernel) is refused; the rest is the cache directory's (optrace/cachedir.py: root's in
+program, another kernel) is refused, and the whole program is in the checksummed payload (the header
+only names it); the rest is the cache directory's (optrace/cachedir.py: root's in
 /var/cache/optrace/programs, private, checksummed, bounded, least recently used out first).
 """
 from __future__ import annotations
@@ -156,7 +157,7 @@ class ProgramCache:
         try:
             if header.get("key") != key.digest:
                 raise CompiledError("the entry is another program's")
-            program = decode(header, payload)
+            program = decode(payload)
         except CompiledError:
             self.entries.rejected()
             return None
@@ -164,10 +165,9 @@ class ProgramCache:
         return program
 
     def save(self, key: ProgramKey, program: CompiledProgram) -> None:
-        header, payload = encode(program)
-        header.update(key=key.digest, sources=list(key.sources), text_sha256=key.text_sha256,
-                      kernel=kernel_identity(), compiler=compiler_identity(), format=format_fingerprint())
-        self.entries.write(key.name, header, payload)
+        header = {"key": key.digest, "sources": list(key.sources), "text_sha256": key.text_sha256,
+                  "kernel": kernel_identity(), "compiler": compiler_identity(), "format": format_fingerprint()}
+        self.entries.write(key.name, header, encode(program))
 
     def headers(self) -> list[dict]:
         """The headers of the good entries (doctor: which programs are stored, for which kernel)."""

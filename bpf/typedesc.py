@@ -83,7 +83,7 @@ def _member(member: Any, anonymous: list[str], depth: int) -> tuple:
         return name, decode_type(kind, depth + 1) * extra[0]
     if isinstance(extra, int) and not isinstance(extra, bool) and 0 < extra <= 64:
         return name, decode_type(kind, depth + 1), extra
-    if extra in KINDS:  # a nested struct or union; an unnamed one's members read as the outer's
+    if isinstance(extra, str) and extra in KINDS:  # a nested struct or union; an unnamed one's members read as the outer's
         if name == "":
             name = f"__anon{len(anonymous)}"
             anonymous.append(name)
