@@ -4,6 +4,7 @@ interface (bpf/programobject.py)."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import platform
 import threading
@@ -48,10 +49,24 @@ class ProgramLoad:
     seconds: float
     cache_problem: str | None = None
 
-    def describe(self) -> str:
-        how = "compiled (and stored)" if self.compiled and not self.cache_problem else \
-            "compiled" if self.compiled else "stored"
-        return f"{'+'.join(self.sources)}: {how}, {self.seconds:.2f} s"
+    @property
+    def name(self) -> str:
+        return "+".join(self.sources)
+
+    @property
+    def how(self) -> str:
+        """"stored" (loaded from the program cache: no compiler), "compiled" (and stored for the next runs),
+        or "compiled, not stored" (the cache cannot be used: ``cache_problem``)."""
+        if not self.compiled:
+            return "stored"
+        return "compiled, not stored" if self.cache_problem else "compiled"
+
+
+def loads_summary(loads: Sequence[ProgramLoad]) -> str:
+    """One line for -v and serve's log: each program, whether it compiled, how long its load took."""
+    parts = [f"{load.name} {load.how} ({load.seconds:.2f} s)" for load in loads]
+    problems = sorted({load.cache_problem for load in loads if load.cache_problem})
+    return "BPF programs: " + ("; ".join(parts) or "none loaded") + "".join(f" [{problem}]" for problem in problems)
 
 
 _loads: list[ProgramLoad] = []
@@ -74,7 +89,7 @@ def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = (), kernel_headers
     layouts are x86_64's; else (or with ``kernel_headers=True``) against the headers. A program compiled
     against the headers because the BTF could not be read after all is not stored."""
     started = time.monotonic()
-    text = "".join(path.read_text() for path in (*PRELUDE, *sources)).encode()
+    text = program_text(sources)
     if kernel_headers is None:
         kernel_headers = not own_types_apply()
     key = program_key(text, _flags(cflags, kernel_headers), [path.name for path in sources])
@@ -93,6 +108,33 @@ def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = (), kernel_headers
     with _loads_lock:
         _loads.append(ProgramLoad(key.sources, map_fds is not None, time.monotonic() - started, problem))
     return program
+
+
+def program_text(sources: Sequence[Path]) -> bytes:
+    return "".join(path.read_text() for path in (*PRELUDE, *sources)).encode()
+
+
+def stored_programs() -> tuple[dict[str, int], str | None]:
+    """The programs stored for this kernel, compiler and optrace (by name: how many builds, one per set of
+    options), and why none can be stored (the cache's problem, or None). For doctor."""
+    cache = ProgramCache.default()
+    try:
+        current = cache.current_headers()
+        problem = cache.problem
+    finally:
+        cache.close()
+    builds: dict[str, int] = {}
+    texts: dict[tuple[str, ...], str] = {}
+    here = Path(__file__).parent
+    for header in current:
+        sources = tuple(str(name) for name in header.get("sources", ()))
+        if sources not in texts:
+            paths = [here / name for name in sources]
+            texts[sources] = hashlib.sha256(program_text(paths)).hexdigest() if all(
+                path.name == str(path.relative_to(here)) and path.is_file() for path in paths) else ""
+        if texts[sources] and header.get("text_sha256") == texts[sources]:
+            builds["+".join(sources)] = builds.get("+".join(sources), 0) + 1
+    return builds, problem
 
 
 def _flags(cflags: Sequence[str], kernel_headers: bool) -> list[str]:

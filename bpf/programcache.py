@@ -169,6 +169,9 @@ class ProgramCache:
                   "kernel": kernel_identity(), "compiler": compiler_identity(), "format": format_fingerprint()}
         self.entries.write(key.name, header, encode(program))
 
-    def headers(self) -> list[dict]:
-        """The headers of the good entries (doctor: which programs are stored, for which kernel)."""
-        return [entry[0] for entry in map(self.entries.read, self.entries.names()) if entry is not None]
+    def current_headers(self) -> list[dict]:
+        """The headers of the good entries stored for this kernel, compiler and optrace (doctor: which
+        programs a run would load without a compiler; their text is the caller's to compare)."""
+        now = {"kernel": kernel_identity(), "compiler": compiler_identity(), "format": format_fingerprint()}
+        headers = [entry[0] for entry in map(self.entries.read, self.entries.names()) if entry is not None]
+        return [header for header in headers if all(header.get(name) == value for name, value in now.items())]

@@ -172,6 +172,36 @@ def check_btf() -> CheckResult:
                        required=False)
 
 
+PROGRAM_KINDS = {  # a program's main source -> what loads it
+    "profile.c": "record, top, serve",
+    "offcpu.c": "--off-cpu",
+    "uprobe_count.c": "count, --uprobe",
+}
+WARM_FIX = "sudo make setup (it runs each kind once), or any first run of the commands: they store what they compile"
+
+
+def check_bpf_programs() -> CheckResult:
+    """Whether the programs are stored for this kernel (bpf/programcache.py): then no compiler runs before
+    the first sample. Informational: a cold cache costs a compile (about 1 s of CPU per program)."""
+    from optrace.bpf.loader import stored_programs
+
+    builds, problem = stored_programs()
+    if problem:
+        return CheckResult("BPF programs", False, f"never stored ({problem}): every run compiles them",
+                           "give the cache directory to this user alone", required=False)
+    stored = {kind: sum(n for name, n in builds.items() if kind in name.split("+")) for kind in PROGRAM_KINDS}
+    missing = [f"{kind} ({PROGRAM_KINDS[kind]})" for kind, n in stored.items() if not n]
+    kernel = os.uname().release
+    if not missing:
+        kinds = ", ".join(f"{kind} x{n}" for kind, n in stored.items())
+        return CheckResult("BPF programs", True, f"warm for kernel {kernel}: stored ({kinds}; one per set of "
+                           "options), loaded without a compiler", required=False)
+    warm = [kind for kind, n in stored.items() if n]
+    return CheckResult("BPF programs", False, f"cold for kernel {kernel}: {', '.join(missing)} not stored"
+                       + (f" ({', '.join(warm)} are)" if warm else "") + ": their first run compiles (about 1 s of "
+                       "CPU each)", WARM_FIX, required=False)
+
+
 CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_privileges,
     check_bpf_syscall,
@@ -182,6 +212,7 @@ CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_btf,
     check_syscall_tracepoints,
     check_off_cpu,
+    check_bpf_programs,
 )
 
 

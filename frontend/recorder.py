@@ -17,6 +17,7 @@ from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 
 from optrace import __version__
+from optrace.bpf.loader import ProgramLoad, program_loads
 from optrace.bpf.profiler import FoldedCounts
 from optrace.frontend.codecapture import capture_session
 from optrace.frontend.loopwait import LoopWait
@@ -126,6 +127,7 @@ class Recorder:
         self._targets: set[int] = set()
         self._ended: float | None = None
         self._end_lock = threading.Lock()
+        self._loads_before = len(program_loads())  # this process's loads before the recording's
         opts = options
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
@@ -157,6 +159,11 @@ class Recorder:
             return self._build_record(started, self._ended - t0, call_counts)
         finally:
             self.session.close()
+
+    @property
+    def program_loads(self) -> list[ProgramLoad]:
+        """The BPF programs this recording loaded (stored or compiled)."""
+        return program_loads()[self._loads_before:]
 
     def _time_up(self) -> None:
         """Sampling ends now, even while a drain is busy (a timer thread calls this at -d); the samples
@@ -300,6 +307,7 @@ class Recorder:
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
             off_cpu=self._off_cpu_meta(off_cpu),
+            bpf_programs={load.name: load.how for load in self.program_loads},
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu,
                       functions=functions)

@@ -158,6 +158,10 @@ class RecordMeta:
     # jitdumps: refused, corrupt, too many...), "jit_symbols_dropped" (entries over the symbol budget).
     file_problems: dict[str, int] = field(default_factory=dict)
     off_cpu: OffCpuMeta | None = None  # set when the record holds off-CPU time
+    # The BPF programs the recording loaded, by their sources ("stackstore.c+profile.c+unwind.c"), and how:
+    # "stored" (from the program cache, no compiler before the first sample), "compiled" (and stored for
+    # the next runs) or "compiled, not stored" (bpf/programcache.py)
+    bpf_programs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
