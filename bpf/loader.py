@@ -6,22 +6,17 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from optrace.bpf.bcccompile import compile_program
-from optrace.bpf.btf import kernel_offsets
 from optrace.bpf.compiled import CompiledProgram
-from optrace.bpf.kallsymsview import start_compile
 from optrace.bpf.programcache import ProgramCache, program_key
 from optrace.bpf.programobject import ProgramObject
 from optrace.errors import OptraceError
 from optrace.kernel import VMLINUX_BTF
-from optrace.heap import release_free_memory
 
 
 def counter_increments(table, reasons: tuple[str, ...], seen: list[int]) -> dict[str, int]:
@@ -148,7 +143,13 @@ def _compiled(text: bytes, cflags: Sequence[str], kernel_headers: bool) -> tuple
     Clang and LLVM free what the compile took (about 60 MB here), but glibc keeps freed heap
     mapped: it is handed back to the system at once, and the compiler's code pages are dropped from
     this process's page tables, so a long-running `optrace serve` does not carry the compile's memory
-    for its whole life (113 MB of RSS after the compile, 37 MB after both)."""
+    for its whole life (113 MB of RSS after the compile, 37 MB after both). Imported here: a stored program
+    needs none of it."""
+    from optrace.bpf.bcccompile import compile_program
+    from optrace.bpf.btf import kernel_offsets
+    from optrace.bpf.kallsymsview import start_compile
+    from optrace.heap import release_free_memory
+
     compiling = start_compile(lambda: compile_program(text, _flags(cflags, kernel_headers)))
     offsets = kernel_offsets()
     compiled, map_fds = compiling.result()
@@ -175,7 +176,7 @@ def load_function(program, name: bytes, prog_type: int, **kw):
 
 def own_types_apply() -> bool:
     """Whether kernel_types.h's declarations hold for this kernel: x86_64, with BTF for the offsets."""
-    return platform.machine() == "x86_64" and os.path.exists(VMLINUX_BTF)
+    return os.uname().machine == "x86_64" and os.path.exists(VMLINUX_BTF)
 
 
 def set_kernel_offsets(program, offsets: Sequence[int] | None) -> None:

@@ -205,6 +205,7 @@ class Profiler:
         (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
         self._bpf = load_bcc([STACK_STORE, PROGRAM, UNWINDER] if self.cfi_unwind else [STACK_STORE, PROGRAM],
                              self._cflags)
+        self._bpf.preload(b"on_sample", ProgType.PERF_EVENT)  # verified while the rest is set up (attach waits)
         self._counts = [MapTaker(self._bpf[f"counts{index}".encode()]) for index in (0, 1)]
         self._rawcounts = [MapTaker(self._bpf[f"rawcounts{index}".encode()]) for index in (0, 1)]
         if (self._counts[0].key_size, self._counts[0].value_size) != (COUNT_KEY.size, 8):

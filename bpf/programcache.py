@@ -22,7 +22,6 @@ import functools
 import hashlib
 import json
 import os
-import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +85,7 @@ def _file_identity(path: str) -> list:
 def compiler_identity() -> list:
     """libbcc.so's file as the dynamic loader would find it (the usual directories; a miss only costs a
     compile)."""
-    arch = platform.machine()
+    arch = os.uname().machine
     for directory in LIBRARY_DIRS:
         path = os.path.join(directory.format(arch=arch), COMPILER_LIBRARY)
         if os.path.exists(path):

@@ -13,7 +13,9 @@ from __future__ import annotations
 import ctypes as ct
 import json
 import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from optrace.bpf import bpfsyscall
@@ -49,6 +51,7 @@ class ProgramObject:
         self.open_perf_events: dict[tuple[int, int], dict[int, int]] = {}
         self.perf_buffers: dict[tuple[int, int], int] = {}
         self._ringbuf_manager: int | None = None
+        self._loading: dict[bytes, Future[Function]] = {}  # functions being loaded on threads (preload)
         self._map_fds: list[int] = list(map_fds) if map_fds is not None else []
         try:
             if map_fds is None:
@@ -83,10 +86,33 @@ class ProgramObject:
         return self[name]
 
     # -- functions ---------------------------------------------------------------------------------------
+    def preload(self, func_name: bytes, prog_type: int, attach_type: int = -1) -> None:
+        """Start loading the function on a thread of its own: the kernel verifies it (the sampler: 17 ms
+        here) while the caller goes on (the syscall releases the interpreter); :meth:`load_func` takes the
+        result, or the error."""
+        if func_name in self.funcs or func_name in self._loading:
+            return
+        loading: Future[Function] = Future()
+        self._loading[func_name] = loading
+
+        def load() -> None:
+            try:
+                loading.set_result(self._load(func_name, prog_type, attach_type))
+            except BaseException as exc:  # handed to load_func's caller
+                loading.set_exception(exc)
+
+        threading.Thread(target=load, name="optrace-verify", daemon=True).start()
+
     def load_func(self, func_name: bytes, prog_type: int, device=None, attach_type: int = -1) -> Function:
         """The function loaded as ``prog_type`` (once: a second call returns the first load, as BCC's)."""
         if func_name in self.funcs:
             return self.funcs[func_name]
+        loading = self._loading.pop(func_name, None)
+        loaded = loading.result() if loading is not None else self._load(func_name, prog_type, attach_type)
+        self.funcs[func_name] = loaded
+        return loaded
+
+    def _load(self, func_name: bytes, prog_type: int, attach_type: int) -> Function:
         function = self.compiled.function(func_name)
         if function is None:
             raise Exception(f"Unknown program {func_name!r}")
@@ -96,8 +122,7 @@ class ProgramObject:
                                          attach_type if attach_type >= 0 else 0)
         except OSError as exc:
             raise Exception(f"Failed to load BPF program {func_name!r}: {exc.strerror}") from exc
-        loaded = self.funcs[func_name] = Function(self, func_name, fd)
-        return loaded
+        return Function(self, func_name, fd)
 
     def dump_func(self, func_name: bytes) -> bytes:
         """The function's instructions as they are loaded (map references set)."""
@@ -212,6 +237,11 @@ class ProgramObject:
         if self._ringbuf_manager is not None:
             lib.bpf_free_ringbuf(self._ringbuf_manager)
             self._ringbuf_manager = None
+        for name in list(self._loading):  # their loads end (and their fds are closed) before the maps go
+            try:
+                self.load_func(name, 0)
+            except Exception:
+                pass
         for function in self.funcs.values():
             os.close(function.fd)
         self.funcs.clear()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import time
 from collections import Counter
@@ -19,7 +18,6 @@ from dataclasses import dataclass, field
 from optrace import __version__
 from optrace.bpf.loader import ProgramLoad, program_loads
 from optrace.bpf.profiler import FoldedCounts
-from optrace.frontend.codecapture import capture_session
 from optrace.frontend.loopwait import LoopWait
 from optrace.frontend.session import OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
@@ -283,10 +281,12 @@ class Recorder:
         idle = lost.pop("idle", 0)
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
+        from optrace.frontend.codecapture import capture_session  # not imported on the way to the first sample
+
         functions = capture_session(session, frames, samples)  # before the warnings are taken: its own go in
         meta = RecordMeta(
             optrace_version=__version__,
-            hostname=socket.gethostname(),
+            hostname=os.uname().nodename,  # socket.gethostname(), without importing socket
             kernel=os.uname().release,
             started=started,
             duration_s=round(duration, 3),

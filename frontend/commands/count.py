@@ -14,6 +14,7 @@ from optrace.errors import OptraceError
 from optrace.exporters.formats import CALL_COUNTS
 from optrace.frontend.report.callcounts import CountOptions, CountReport, interval_report
 from optrace.frontend.cliopts import pid_option, say_program_loads, verbose_option
+from optrace.frontend.startpriority import start_done
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import check_pids, shell_status
 from optrace.frontend.uprobes.counter import CallCounter
@@ -59,6 +60,7 @@ class _Run:
     def start(self) -> None:
         """Attach, then start the clock (and the command): -d counts attached time, not compile time."""
         self.counter.start()
+        start_done()  # the probes are attached: the priority the command started at is given back
         self.started = time.monotonic()
         self.deadline = self.started + self.duration if self.duration else None
         if self.command:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from optrace.bpf import loader
+from optrace.bpf import bcccompile, loader
+from optrace.bpf import btf as btf_module
 from optrace.bpf.btf import VMLINUX, BtfTypes
 
 PT_REGS = ("r15", "r14", "r13", "r12", "bp", "bx", "r11", "r10", "r9", "r8", "ax", "cx", "dx", "si", "di",
@@ -57,13 +58,13 @@ class CompileSpy:
 
     def __init__(self, monkeypatch) -> None:
         self.cflags: list[list[str]] = []
-        compile_program = loader.compile_program
+        compile_program = bcccompile.compile_program
 
         def spied(text: bytes, cflags):
             self.cflags.append(list(cflags))
             return compile_program(text, cflags)
 
-        monkeypatch.setattr(loader, "compile_program", spied)
+        monkeypatch.setattr(bcccompile, "compile_program", spied)
 
 
 def test_the_profiler_compiles_without_the_kernel_headers(bpf_ready, monkeypatch, fresh_program_cache):
@@ -75,7 +76,7 @@ def test_the_profiler_compiles_without_the_kernel_headers(bpf_ready, monkeypatch
 def test_unreadable_btf_compiles_against_the_headers(bpf_ready, monkeypatch, fresh_program_cache):
     """The fields the raw tracepoints read then have the headers' offsets: the program is compiled again."""
     spy = CompileSpy(monkeypatch)
-    monkeypatch.setattr(loader, "kernel_offsets", lambda: None)
+    monkeypatch.setattr(btf_module, "kernel_offsets", lambda: None)
     profiler = header_built("profiler")
     try:
         offsets = profiler._bpf[b"kernel_offsets"]
