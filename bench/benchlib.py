@@ -232,7 +232,9 @@ def provenance(argv: Sequence[str]) -> str:
     """When, at which commit and with which command a figure was made (for the figure's own text)."""
     commit = command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], "unknown")
     dirty = command_output(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], "")
-    command = " ".join([".venv/bin/python", str(Path(argv[0]).resolve().relative_to(ROOT)), *argv[1:]])
+    script = next(i for i, arg in enumerate(argv) if arg.endswith(".py"))  # after any VARIABLE=value
+    command = " ".join([*argv[:script], ".venv/bin/python", str(Path(argv[script]).resolve().relative_to(ROOT)),
+                        *argv[script + 1:]])
     return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}"
             f"{' (with uncommitted changes)' if dirty else ''}, `{command}`")
 

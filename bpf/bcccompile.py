@@ -12,7 +12,7 @@ import ctypes as ct
 import os
 from collections.abc import Sequence
 
-from optrace.bpf.compiled import CompiledProgram, FunctionSpec, TableSpec, relocations
+from optrace.bpf.compiled import CompiledError, CompiledProgram, FunctionSpec, TableSpec, relocations
 from optrace.errors import OptraceError
 
 # Module accessors BCC's Python leaves undeclared (a module pointer passed as a C int crashed once it
@@ -58,7 +58,11 @@ def compile_program(text: bytes, cflags: Sequence[str]) -> tuple[CompiledProgram
             tables.append(_table(lib, module, index))
             fds.append(os.dup(lib.bpf_table_fd_id(module, index)))
         table_of_fd = {lib.bpf_table_fd_id(module, index): index for index in range(len(tables))}
-        functions = tuple(_function(lib, module, index, table_of_fd) for index in range(lib.bpf_num_functions(module)))
+        try:
+            functions = tuple(_function(lib, module, index, table_of_fd)
+                              for index in range(lib.bpf_num_functions(module)))
+        except CompiledError as exc:
+            raise OptraceError(f"internal error: a BPF program optrace cannot load without BCC: {exc}") from exc
         compiled = CompiledProgram(license=lib.bpf_module_license(module), kern_version=lib.bpf_module_kern_version(module),
                                    tables=tuple(tables), functions=functions)
     except BaseException:

@@ -166,7 +166,8 @@ class ProgArrayTable(ArrayTable):
 class PerCpuMixin:
     """A value per possible CPU: ``Leaf`` is an array of them (8-byte slots, as the kernel copies them)."""
 
-    def _per_cpu(self) -> None:
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.sLeaf = self.Leaf
         self.total_cpu = len(possible_cpus())
         if ct.sizeof(self.sLeaf) % 8 == 0:
@@ -176,7 +177,8 @@ class PerCpuMixin:
         else:
             raise IndexError("Leaf must be aligned to 8 bytes")
 
-    def _values(self, raw):
+    def __getitem__(self, key):
+        raw = super().__getitem__(key)
         if ct.sizeof(self.sLeaf) % 8 == 0:
             return raw
         values = (self.sLeaf * self.total_cpu)()
@@ -186,21 +188,11 @@ class PerCpuMixin:
 
 
 class PerCpuArrayTable(PerCpuMixin, ArrayTable):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._per_cpu()
-
-    def __getitem__(self, key):
-        return self._values(super().__getitem__(key))
+    pass
 
 
 class PerCpuHashTable(PerCpuMixin, Table):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._per_cpu()
-
-    def __getitem__(self, key):
-        return self._values(super().__getitem__(key))
+    pass
 
 
 class PerfEventArrayTable(ArrayTable):

@@ -242,7 +242,7 @@ class ProfilingSession:
         cfi = opts.call_graph == "dwarf"
         self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids,
                                      scan_slice_s=self.options.scan_slice_s)
-        for pid in opts.pids or ():  # before the compile: a target that exits soon after is still named
+        for pid in opts.pids or ():  # before the programs load: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
         measured_from = time.monotonic()

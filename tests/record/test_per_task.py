@@ -35,13 +35,17 @@ def record_pid(monkeypatch, pid: int, after_attach: Callable[[], None], **option
 def record_killed_soon(monkeypatch, argv: list[str]) -> tuple[Record, int]:
     """``record -p`` of a command killed 0.1 s after the sampler starts; the record and its exit status."""
     target = subprocess.Popen(argv)
+    return record_until_killed(monkeypatch, target), target.returncode
+
+
+def record_until_killed(monkeypatch, target: subprocess.Popen) -> Record:
+    """``record -p`` of a running target, killed 0.1 s after the sampler starts."""
     try:
-        record = record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
-                            frequency_hz=4999, duration_s=30)
+        return record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
+                          frequency_hz=4999, duration_s=30)
     finally:
         target.kill()
         target.wait()
-    return record, target.returncode
 
 
 def test_everything_is_released_before_the_recording_returns(monkeypatch):
@@ -81,12 +85,7 @@ def test_library_mapped_after_the_first_look_is_named_when_its_process_is_gone(m
             time.sleep(0.005)
 
     monkeypatch.setattr(Profiler, "load", load_then_wait_for_the_library)
-    try:
-        record = record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
-                            frequency_hz=4999, duration_s=30)
-    finally:
-        target.kill()
-        target.wait()
+    record = record_until_killed(monkeypatch, target)
     leaves = leaf_samples(record, "dlopen-late")
     assert sum(leaves.values()) > 0, "no sample in the 0.1 s between attach and exit"
     assert leaves["lib_burn"] >= 0.9 * sum(leaves.values()), leaves
