@@ -231,7 +231,8 @@ def command_output(argv: Sequence[str], default: str = "not found") -> str:
 def provenance(argv: Sequence[str]) -> str:
     """When, at which commit and with which command a figure was made (for the figure's own text)."""
     commit = command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], "unknown")
-    dirty = command_output(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], "")
+    dirty = command_output(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":!bench/outcomes", ":!bench/README.md"], "")  # bench/run.py writes those first
     script = next(i for i, arg in enumerate(argv) if arg.endswith(".py"))  # after any VARIABLE=value
     command = " ".join([*argv[:script], ".venv/bin/python", str(Path(argv[script]).resolve().relative_to(ROOT)),
                         *argv[script + 1:]])
