@@ -6,9 +6,9 @@ OPTRACE    := $(VENV)/bin/optrace
 STAMP      := $(VENV)/.installed
 WORKLOADS  := workloads/build
 
-.PHONY: setup system venv bytecode demo test test-unit bench workloads cli-docs clean
+.PHONY: setup system venv bytecode demo test test-unit bench workloads cli-docs warm clean
 
-setup: system venv bytecode workloads cli-docs
+setup: system venv bytecode workloads cli-docs warm
 
 system:
 	@if [ "$$(id -u)" -ne 0 ]; then echo "make setup needs root (system packages, kernel headers, tracefs): run with sudo" >&2; exit 1; fi
@@ -32,6 +32,11 @@ bytecode: venv
 
 workloads:
 	@$(MAKE) -s -C workloads
+
+# The BPF programs compiled once for this kernel and stored (bpf/programcache.py): the commands then load
+# them without a compiler on the way to the first sample. Each kind is loaded by its command, once.
+warm: venv bytecode
+	@OPTRACE=$(OPTRACE) sh scripts/warm-programs.sh
 
 # Man pages (optrace-COMMAND(1)) and bash/zsh/fish completion, generated from the CLI itself.
 CLI_DOCS   := build/cli

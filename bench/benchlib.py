@@ -244,6 +244,18 @@ def command_output(argv: Sequence[str], default: str = "not found") -> str:
     return text.splitlines()[0] if text else default
 
 
+def provenance(argv: Sequence[str]) -> str:
+    """When, at which commit and with which command a figure was made (for the figure's own text)."""
+    commit = command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], "unknown")
+    dirty = command_output(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":!bench/outcomes", ":!bench/README.md"], "")  # bench/run.py writes those first
+    script = next(i for i, arg in enumerate(argv) if arg.endswith(".py"))  # after any VARIABLE=value
+    command = " ".join([*argv[:script], ".venv/bin/python", str(Path(argv[script]).resolve().relative_to(ROOT)),
+                        *argv[script + 1:]])
+    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}"
+            f"{' (with uncommitted changes)' if dirty else ''}, `{command}`")
+
+
 def machine_info() -> dict[str, str]:
     """The facts a reader needs to judge the numbers: hardware, kernel, load, tool versions."""
     cpu = "unknown"

@@ -14,13 +14,13 @@ import ctypes
 import select
 from collections.abc import Iterable
 
+from optrace.bpf.bcclib import lib
+
 
 class EventBuffers:
     """The perf buffers a BPF object has opened so far (build it after ``open_perf_buffer``)."""
 
     def __init__(self, bpf) -> None:
-        from bcc.libbcc import lib
-
         self._consume = lib.perf_reader_consume
         self._readers = {lib.perf_reader_fd(reader): reader for reader in bpf.perf_buffers.values()}
         self._all = self._array(list(self._readers.values()))

@@ -1,26 +1,23 @@
-"""Loading a BPF program through BCC: the one place that imports bcc and compiles C."""
+"""Loading a BPF program: stored (bpf/programcache.py) when this machine compiled it before, else compiled by
+BCC (bpf/bcccompile.py, the one place that imports bcc) and stored; either way a program object with BCC's
+interface (bpf/programobject.py)."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
-import platform
+import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from optrace.bpf.btf import KernelOffsets, kernel_offsets
-from optrace.bpf.kallsymsview import start_compile
+from optrace.bpf.compiled import CompiledProgram
+from optrace.bpf.programcache import ProgramCache, program_key
+from optrace.bpf.programobject import ProgramObject
 from optrace.errors import OptraceError
 from optrace.kernel import VMLINUX_BTF
-from optrace.heap import release_free_memory
 from optrace.procfs import read_maps
-
-
-def import_bcc():
-    try:
-        import bcc
-    except ImportError as exc:
-        raise OptraceError("BCC is not importable (Debian package python3-bpfcc): run sudo make setup") from exc
-    return bcc
 
 
 def counter_increments(table, reasons: tuple[str, ...], seen: list[int]) -> dict[str, int]:
@@ -38,33 +35,135 @@ def counter_increments(table, reasons: tuple[str, ...], seen: list[int]) -> dict
 PRELUDE = tuple(Path(__file__).with_name(name) for name in ("kernel_types.h", "kernel_offsets.h", "table_bytes.h"))
 
 
+@dataclass(frozen=True)
+class ProgramLoad:
+    """One program this process loaded: its sources, whether it was ``compiled`` (else stored), how long the
+    load took (seconds of wall time), and why no program is stored when the cache cannot be used."""
+
+    sources: tuple[str, ...]
+    compiled: bool
+    seconds: float
+    cache_problem: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "+".join(self.sources)
+
+    @property
+    def how(self) -> str:
+        """"stored" (loaded from the program cache: no compiler), "compiled" (and stored for the next runs),
+        or "compiled, not stored" (the cache cannot be used: ``cache_problem``)."""
+        if not self.compiled:
+            return "stored"
+        return "compiled, not stored" if self.cache_problem else "compiled"
+
+
+def loads_summary(loads: Sequence[ProgramLoad]) -> str:
+    """One line for -v and serve's log: each program, whether it compiled, how long its load took."""
+    parts = [f"{load.name} {load.how} ({load.seconds:.2f} s)" for load in loads]
+    problems = sorted({load.cache_problem for load in loads if load.cache_problem})
+    return "BPF programs: " + ("; ".join(parts) or "none loaded") + "".join(f" [{problem}]" for problem in problems)
+
+
+_loads: list[ProgramLoad] = []
+_loads_lock = threading.Lock()
+
+
+def program_loads() -> list[ProgramLoad]:
+    """The programs this process has loaded so far (record's meta, -v, serve's log say which compiled)."""
+    with _loads_lock:
+        return list(_loads)
+
+
 def load_bcc(sources: Sequence[Path], cflags: Sequence[str] = (), kernel_headers: bool | None = None):
-    """``bcc.BPF`` of the sources (after :data:`PRELUDE`), with BCC's absence or a failed compile as an
-    OptraceError; the kernel's field offsets (read from its BTF while clang compiles on its own thread,
-    see kallsymsview.py, which releases the GIL) are set before anything is attached by the caller.
+    """The program of the sources (after :data:`PRELUDE`) with its maps created, the kernel's field
+    offsets (from its BTF) set, nothing attached but BCC's auto-attached tracepoints; BCC's absence or a
+    failed compile is an OptraceError.
 
     The programs are compiled against kernel_types.h's own declarations, not the kernel headers (0.5 s
     instead of 1.3 s here), where the kernel's BTF gives the offsets of the fields they read and the
-    layouts are x86_64's; else (or with ``kernel_headers=True``) against the headers.
+    layouts are x86_64's; else (or with ``kernel_headers=True``) against the headers. A program compiled
+    against the headers because the BTF could not be read after all is not stored."""
+    started = time.monotonic()
+    text = program_text(sources)
+    if kernel_headers is None:
+        kernel_headers = not own_types_apply()
+    key = program_key(text, _flags(cflags, kernel_headers), [path.name for path in sources])
+    cache = ProgramCache.default()
+    try:
+        compiled, map_fds = cache.load(key), None
+        if compiled is None:
+            compiled, map_fds = _compiled(text, cflags, kernel_headers)
+            if kernel_headers or compiled.kernel_offsets is not None:  # not a fallback: the next run tries again
+                cache.save(key, compiled)
+        problem = cache.problem
+    finally:
+        cache.close()
+    program = ProgramObject(compiled, map_fds)
+    set_kernel_offsets(program, compiled.kernel_offsets)
+    with _loads_lock:
+        _loads.append(ProgramLoad(key.sources, map_fds is not None, time.monotonic() - started, problem))
+    return program
+
+
+def program_text(sources: Sequence[Path]) -> bytes:
+    return "".join(path.read_text() for path in (*PRELUDE, *sources)).encode()
+
+
+def stored_programs() -> tuple[dict[str, int], str | None]:
+    """The programs stored for this kernel, compiler and optrace (by name: how many builds, one per set of
+    options), and why none can be stored (the cache's problem, or None). For doctor."""
+    cache = ProgramCache.default()
+    try:
+        current = cache.current_headers()
+        problem = cache.problem
+    finally:
+        cache.close()
+    builds: dict[str, int] = {}
+    texts: dict[tuple[str, ...], str] = {}
+    here = Path(__file__).parent
+    for header in current:
+        sources = tuple(str(name) for name in header.get("sources", ()))
+        if sources not in texts:
+            paths = [here / name for name in sources]
+            texts[sources] = hashlib.sha256(program_text(paths)).hexdigest() if all(
+                path.name == str(path.relative_to(here)) and path.is_file() for path in paths) else ""
+        if texts[sources] and header.get("text_sha256") == texts[sources]:
+            builds["+".join(sources)] = builds.get("+".join(sources), 0) + 1
+    return builds, problem
+
+
+def _flags(cflags: Sequence[str], kernel_headers: bool) -> list[str]:
+    return [*cflags, "-DKERNEL_HEADERS"] if kernel_headers else list(cflags)
+
+
+def _compiled(text: bytes, cflags: Sequence[str], kernel_headers: bool) -> tuple[CompiledProgram, list[int]]:
+    """BCC's compile, on a thread of its own (see kallsymsview.py, which releases the GIL) while the
+    kernel's field offsets are read from its BTF; against the headers when the BTF is unreadable after all.
 
     Clang and LLVM free what the compile took (about 60 MB here), but glibc keeps freed heap
     mapped: it is handed back to the system at once, and the compiler's code pages are dropped from
     this process's page tables, so a long-running `optrace serve` does not carry the compile's memory
-    for its whole life (113 MB of RSS after the compile, 37 MB after both)."""
-    bcc = import_bcc()
-    text = "".join(path.read_text() for path in (*PRELUDE, *sources)).encode()
-    if kernel_headers is None:
-        kernel_headers = not own_types_apply()
-    compiling = start_compile(lambda: _compiled(bcc, text, cflags, kernel_headers))
+    for its whole life (113 MB of RSS after the compile, 37 MB after both). Imported here: a stored program
+    needs none of it."""
+    from optrace.bpf.bcccompile import compile_program
+    from optrace.bpf.btf import kernel_offsets
+    from optrace.bpf.kallsymsview import start_compile
+    from optrace.heap import release_free_memory
+
+    compiling = start_compile(lambda: compile_program(text, _flags(cflags, kernel_headers)))
     offsets = kernel_offsets()
-    program = compiling.result()
+    compiled, map_fds = compiling.result()
     if offsets is None and not kernel_headers:  # unreadable BTF after all: the headers' offsets
-        program.cleanup()
-        program = start_compile(lambda: _compiled(bcc, text, cflags, True)).result()
-    set_kernel_offsets(program, offsets)
+        for fd in map_fds:
+            os.close(fd)
+        compiled, map_fds = start_compile(lambda: compile_program(text, _flags(cflags, True))).result()
+    if offsets is not None:
+        compiled = replace(compiled, kernel_offsets=(offsets.task_tgid, offsets.binprm_filename, offsets.task_fsbase,
+                                                     offsets.task_state))
     release_free_memory()
     release_compiler_code()
-    return program
+    return compiled, map_fds
 
 
 def load_function(program, name: bytes, prog_type: int, **kw):
@@ -79,23 +178,16 @@ def load_function(program, name: bytes, prog_type: int, **kw):
 
 def own_types_apply() -> bool:
     """Whether kernel_types.h's declarations hold for this kernel: x86_64, with BTF for the offsets."""
-    return platform.machine() == "x86_64" and os.path.exists(VMLINUX_BTF)
+    return os.uname().machine == "x86_64" and os.path.exists(VMLINUX_BTF)
 
 
-def _compiled(bcc, text: bytes, cflags: Sequence[str], kernel_headers: bool):
-    flags = [*cflags, "-DKERNEL_HEADERS"] if kernel_headers else list(cflags)
-    try:
-        return bcc.BPF(text=text, cflags=flags)
-    except Exception as exc:
-        raise OptraceError(f"cannot load the BPF program: {exc} (optrace doctor tells what is missing)") from exc
-
-
-def set_kernel_offsets(program, offsets: KernelOffsets | None) -> None:
+def set_kernel_offsets(program, offsets: Sequence[int] | None) -> None:
+    """The programs' kernel field offsets (enum kernel_offset's order: task_tgid, binprm_filename, task_fsbase,
+    task_state)."""
     if offsets is None:
         return
     table = program[b"kernel_offsets"]
-    values = (offsets.task_tgid, offsets.binprm_filename, offsets.task_fsbase, offsets.task_state)
-    for index, value in enumerate(values):  # enum kernel_offset
+    for index, value in enumerate(offsets):
         table[table.Key(index)] = table.Leaf(value)
 
 

@@ -14,13 +14,13 @@ import errno
 import mmap
 import os
 
+from optrace.bpf.bcclib import lib
+
 
 class MapTaker:
     """Reads and deletes every entry of one BPF hash map (``BPF_MAP_LOOKUP_AND_DELETE_BATCH``)."""
 
     def __init__(self, table) -> None:
-        from bcc.libbcc import lib
-
         self._batch = lib.bpf_lookup_and_delete_batch
         self._fd = table.map_fd
         self.key_size = ctypes.sizeof(table.Key)

@@ -4,14 +4,15 @@ time sums a drain takes, and the stacks open waits still name.
 
 Waits are walked by the CPU sampler's own programs (the CFI walker, Python frames) and named by the same
 decoder: bpf/profiler.py drains them with the CPU counts, from the same flip of the active set. This module
-and its siblings are the only ones that import BCC.
+and its siblings are the only ones that load BPF programs (bpf/loader.py).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from optrace.bpf.loader import counter_increments, import_bcc, load_function
+from optrace.bpf.abi import PerfSWConfig, PerfType, ProgType
+from optrace.bpf.loader import counter_increments, load_function
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.perfevents import TaskEvents
 from optrace.errors import OptraceError
@@ -62,14 +63,13 @@ class OffCpuWaits:
         self._tasks: TaskEvents | None = None
 
     def attach(self, whole_machine: bool, pids: Iterable[int]) -> None:
-        bcc = import_bcc()
         try:
             self._bpf.attach_raw_tracepoint(tp=TRACEPOINT.encode(), fn_name=b"on_switch_in")
         except Exception as exc:
             raise OptraceError(f"cannot attach to the {ATTACHMENT}: {exc} (optrace doctor tells what is missing)"
                                ) from exc
-        switch_out = load_function(self._bpf, b"on_switch_out", bcc.BPF.PERF_EVENT)
-        software, switches = bcc.PerfType.SOFTWARE, bcc.PerfSWConfig.CONTEXT_SWITCHES
+        switch_out = load_function(self._bpf, b"on_switch_out", ProgType.PERF_EVENT)
+        software, switches = PerfType.SOFTWARE, PerfSWConfig.CONTEXT_SWITCHES
         if whole_machine:
             self._bpf.attach_perf_event(ev_type=software, ev_config=switches, fn_name=b"on_switch_out",
                                         sample_period=SWITCH_OUTS_PERIOD)

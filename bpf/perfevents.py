@@ -6,7 +6,7 @@ process that is not profiled pays nothing; a per-CPU event with a pid filter in 
 at the sampling rate and runs the program in every task.
 
 BCC's ``attach_perf_event`` opens one event per CPU and never sets ``inherit``; libbcc's raw variant
-prints to stderr when a thread has just exited. So the syscall is made here (BCC's attr struct).
+prints to stderr when a thread has just exited. So the syscall is made here.
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import os
 from collections.abc import Callable
 from functools import partial
 
-from optrace.bpf.loader import import_bcc
 from optrace.errors import OptraceError
 
 SYS_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}.get(os.uname().machine, 298)
@@ -27,6 +26,27 @@ PERF_EVENT_IOC_SET_BPF = 0x40042408
 ANY_CPU = -1
 GONE = (errno.ESRCH, errno.ENOENT)  # the thread exited between listing and opening
 ROUNDS = 8  # threads listed again until no new one shows up (one created meanwhile inherited nothing)
+FLAG_DISABLED, FLAG_INHERIT, FLAG_FREQ = 1 << 0, 1 << 1, 1 << 10  # perf_event_attr's bit fields
+
+
+class PerfEventAttr(ctypes.Structure):
+    """The head of ``struct perf_event_attr`` (PERF_ATTR_SIZE_VER5 = 112 bytes with the padding);
+    ``sample_period`` is ``sample_freq`` with FLAG_FREQ, ``config1`` a uprobe's path, ``config2`` its offset."""
+
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),
+        ("sample_type", ctypes.c_uint64),
+        ("read_format", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("wakeup_events", ctypes.c_uint32),
+        ("bp_type", ctypes.c_uint32),
+        ("config1", ctypes.c_uint64),
+        ("config2", ctypes.c_uint64),
+        ("rest", ctypes.c_uint8 * 40),
+    ]
 
 
 class TaskEvents:
@@ -87,16 +107,12 @@ def probe(ev_type: int, ev_config: int, frequency_hz: int) -> bool:
     return True
 
 
-def _attr(ev_type: int, ev_config: int, frequency_hz: int, inherit: bool, period: bool = False):
-    attr = import_bcc().perf.Perf.perf_event_attr()
-    attr.type = ev_type
-    attr.size = ctypes.sizeof(attr)
-    attr.config = ev_config
-    attr.sample_freq = frequency_hz  # a union with sample_period
-    attr.freq = 0 if period else 1
-    attr.inherit = int(inherit)
-    attr.disabled = 1  # enabled once the program is attached
-    return attr
+def _attr(ev_type: int, ev_config: int, frequency_hz: int, inherit: bool, period: bool = False) -> PerfEventAttr:
+    """Sampling at ``frequency_hz`` (with ``period``: every ``frequency_hz``-th event), disabled until the program
+    is attached."""
+    flags = (0 if period else FLAG_FREQ) | FLAG_DISABLED | (FLAG_INHERIT if inherit else 0)
+    return PerfEventAttr(type=ev_type, size=ctypes.sizeof(PerfEventAttr), config=ev_config, sample_period=frequency_hz,
+                         flags=flags)
 
 
 def _threads(pid: int) -> list[int]:

@@ -2,7 +2,7 @@
 (or cycles) event, on every CPU for the whole machine, else on the target processes' threads
 (perfevents.py), and drain the kernel's aggregated counts as RawSamples.
 
-This module and its siblings are the only ones that import BCC.
+This module and its siblings are the only ones that load BPF programs (bpf/loader.py).
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from operator import itemgetter
 from typing import Callable, Iterable, Mapping, Sequence
 
 from optrace.bpf import perfevents
+from optrace.bpf.abi import PerfHWConfig, PerfSWConfig, PerfType, ProgType, online_cpus
 from optrace.bpf.eventbuffers import EventBuffers
-from optrace.bpf.loader import counter_increments, import_bcc, load_bcc, load_function
+from optrace.bpf.loader import counter_increments, load_bcc, load_function
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.offcpu import OffCpuWaits, WaitOptions
 from optrace.bpf.perfevents import TaskEvents
@@ -226,6 +227,7 @@ class Profiler:
         """Compile and load the programs and add the initial pids; nothing is sampled until :meth:`attach`
         (the caller may read the targets' mappings in between, so their samples are raw IPs from the first)."""
         self._bpf = load_bcc(self._sources(), self._cflags)
+        self._bpf.preload(b"on_sample", ProgType.PERF_EVENT)  # verified while the rest is set up (attach waits)
         self._counts = [MapTaker(self._bpf[f"counts{index}".encode()]) for index in (0, 1)]
         self._rawcounts = [MapTaker(self._bpf[f"rawcounts{index}".encode()]) for index in (0, 1)]
         if (self._counts[0].key_size, self._counts[0].value_size) != (COUNT_KEY.size, 8):
@@ -261,12 +263,11 @@ class Profiler:
     def attach(self) -> None:
         """Start sampling: on every CPU for the whole machine, else on the targets' threads (and what they
         start later, see perfevents.py), the pids added so far now and those added later at once."""
-        bcc = import_bcc()
         if self._initial_pids is None:
-            self._attach_sampler(bcc)
+            self._attach_sampler()
         else:
-            name, ev_type, ev_config = self._task_event(bcc)
-            prog_fd = load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT).fd
+            name, ev_type, ev_config = self._task_event()
+            prog_fd = load_function(self._bpf, b"on_sample", ProgType.PERF_EVENT).fd
             self._tasks = TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
             self.event = name
             for pid in self._pids:
@@ -274,24 +275,24 @@ class Profiler:
         if self.waits is not None:
             self.waits.attach(self._initial_pids is None, self._pids)
 
-    def _task_event(self, bcc) -> tuple[str, int, int]:
-        for name, ev_type, ev_config in self._event_choices(bcc):
+    def _task_event(self) -> tuple[str, int, int]:
+        for name, ev_type, ev_config in self._event_choices():
             if perfevents.probe(ev_type, ev_config, self.frequency_hz):
                 return name, ev_type, ev_config
         raise OptraceError("cannot open a cpu-clock perf event: check perf_event_paranoid and run optrace doctor")
 
     @staticmethod
-    def _event_choices(bcc) -> list[tuple[str, int, int]]:
+    def _event_choices() -> list[tuple[str, int, int]]:
         """cycles where a PMU exists, else the software cpu-clock (as BCC's profile does)."""
-        attempts = [("cpu-clock", bcc.PerfType.SOFTWARE, bcc.PerfSWConfig.CPU_CLOCK)]
+        attempts = [("cpu-clock", PerfType.SOFTWARE, PerfSWConfig.CPU_CLOCK)]
         if os.path.isdir("/sys/bus/event_source/devices/cpu"):
-            attempts.insert(0, ("cycles", bcc.PerfType.HARDWARE, bcc.PerfHWConfig.CPU_CYCLES))
+            attempts.insert(0, ("cycles", PerfType.HARDWARE, PerfHWConfig.CPU_CYCLES))
         return attempts
 
-    def _attach_sampler(self, bcc) -> None:
+    def _attach_sampler(self) -> None:
         # Loaded here, not inside attach_perf_event: a refused program is not a perf event that failed to open.
-        load_function(self._bpf, b"on_sample", bcc.BPF.PERF_EVENT)
-        for name, ev_type, ev_config in self._event_choices(bcc):
+        load_function(self._bpf, b"on_sample", ProgType.PERF_EVENT)
+        for name, ev_type, ev_config in self._event_choices():
             try:
                 self._bpf.attach_perf_event(
                     ev_type=ev_type, ev_config=ev_config, fn_name=b"on_sample", sample_freq=self.frequency_hz
@@ -486,8 +487,6 @@ def default_stack_storage(frequency_hz: int, cpus: int, drain_seconds: float = 1
     return min(MAX_STACKS, max(MIN_STACKS, 1 << max(0, math.ceil(math.log2(max(wanted, 1))))))
 
 
-def online_cpus() -> list[int]:
-    return list(import_bcc().utils.get_online_cpus())
 
 
 def _decode_ips(value: bytes) -> tuple[int, ...]:
@@ -542,7 +541,7 @@ def _lookup(table, pid: int) -> int:
 
 def _insert_if_absent(table, pid: int, value: int) -> None:
     """BPF_NOEXIST: an epoch the sampler or a tracepoint set meanwhile is kept."""
-    from bcc.libbcc import lib
+    from optrace.bpf.bcclib import lib
 
     key, leaf = table.Key(pid), table.Leaf(value)
     lib.bpf_update_elem(table.map_fd, ctypes.byref(key), ctypes.byref(leaf), BPF_NOEXIST)

@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
+from optrace.bpf.abi import ProgType
 from optrace.bpf.loader import load_function
 from optrace.bpf.pidtables import forget_pid, has_pid
 from optrace.bpf.pythonmaps import python_status_name
@@ -146,10 +147,8 @@ class UnwindMaps:
         python.c's programs too (the program was compiled with them). This runs off the start-up path (the
         kernel's verification took 0.11 s here before forget() in unwind.c, 0.015 s now): until it is in
         place the tail call fails and samples take frame-pointer stacks (unwind.c). Safe to call twice."""
-        from bcc import BPF  # bpf/ is the one folder that imports BCC
-
         programs = [(PROG_UNWIND_STEP, b"unwind_step")] + (list(PYTHON_PROGRAMS) if python else [])
-        loaded = [(index, load_function(self._bpf, name, BPF.PERF_EVENT).fd) for index, name in programs]
+        loaded = [(index, load_function(self._bpf, name, ProgType.PERF_EVENT).fd) for index, name in programs]
         progs = self._bpf[b"unwind_progs"]
         for index, fd in loaded:
             progs[progs.Key(index)] = progs.Leaf(fd)

@@ -45,7 +45,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optrace.bpf.loader import import_bcc, load_bcc, load_function
+from optrace.bpf.abi import ProgType
+from optrace.bpf.loader import load_bcc, load_function
+from optrace.bpf.perfevents import PerfEventAttr
 from optrace.errors import OptraceError
 from optrace.fileaccess import printable
 from optrace.probes import ExitedRow, KernelCounts, UnprobeableError, UprobeTarget
@@ -70,25 +72,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
 
-class _PerfEventAttr(ctypes.Structure):
-    """The head of ``struct perf_event_attr`` (PERF_ATTR_SIZE_VER5 = 112 bytes with the padding)."""
-
-    _fields_ = [
-        ("type", ctypes.c_uint32),
-        ("size", ctypes.c_uint32),
-        ("config", ctypes.c_uint64),
-        ("sample_period", ctypes.c_uint64),
-        ("sample_type", ctypes.c_uint64),
-        ("read_format", ctypes.c_uint64),
-        ("flags", ctypes.c_uint64),
-        ("wakeup_events", ctypes.c_uint32),
-        ("bp_type", ctypes.c_uint32),
-        ("config1", ctypes.c_uint64),  # uprobe_path
-        ("config2", ctypes.c_uint64),  # probe_offset
-        ("rest", ctypes.c_uint8 * 40),
-    ]
-
-
 def _syscall_numbers() -> tuple[int, int]:
     try:
         return _SYSCALLS[platform.machine()]
@@ -111,8 +94,8 @@ def open_uprobe_event(path: str, offset: int, shown: str | None = None) -> int:
     except OSError as exc:
         raise OptraceError(f"the kernel has no uprobe PMU ({_UPROBE_PMU_TYPE}): needs CONFIG_UPROBE_EVENTS") from exc
     path_buf = ctypes.create_string_buffer(os.fsencode(path))
-    attr = _PerfEventAttr(type=pmu_type, size=ctypes.sizeof(_PerfEventAttr), sample_period=1, wakeup_events=1,
-                          config1=ctypes.addressof(path_buf), config2=offset)
+    attr = PerfEventAttr(type=pmu_type, size=ctypes.sizeof(PerfEventAttr), sample_period=1, wakeup_events=1,
+                         config1=ctypes.addressof(path_buf), config2=offset)
     fd = _libc.syscall(_syscall_numbers()[0], ctypes.byref(attr), -1, 0, -1, _PERF_FLAG_FD_CLOEXEC)
     if fd < 0:
         raise _os_error(f"cannot set a uprobe at offset {offset:#x} of {shown or path}")
@@ -248,15 +231,14 @@ class BpfUprobeAttacher:
         _live.add(self)
 
     def _load(self, handler: str, multi: bool | None) -> tuple[int, bool]:
-        bcc = import_bcc()
         if multi is not False:
             try:
-                return self._bpf.load_func(handler.encode(), bcc.BPF.KPROBE,
+                return self._bpf.load_func(handler.encode(), ProgType.KPROBE,
                                            attach_type=_BPF_TRACE_UPROBE_MULTI).fd, True
             except Exception:
                 if multi:
                     raise OptraceError("this kernel has no uprobe_multi links (needs Linux 6.6)") from None
-        return load_function(self._bpf, handler.encode(), bcc.BPF.KPROBE).fd, False
+        return load_function(self._bpf, handler.encode(), ProgType.KPROBE).fd, False
 
     def attach(self, targets: Sequence[UprobeTarget]) -> list[int | UnprobeableError]:
         ids = self._allocate(len(targets))

@@ -13,6 +13,7 @@ import click
 
 from optrace import __version__
 from optrace.errors import OptraceError
+from optrace.frontend.startpriority import raise_for_start
 
 # name -> (module under optrace.frontend.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,6 +29,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+SAMPLING_COMMANDS = ("record", "top", "serve", "count")  # started at a raised priority (frontend/startpriority.py)
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -35,6 +39,8 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
             return None
+        if name in SAMPLING_COMMANDS and not ctx.resilient_parsing:  # before its imports: they are its start too
+            raise_for_start()
         module = importlib.import_module(f"optrace.frontend.commands.{COMMANDS[name][0]}")
         return module.command
 

@@ -105,6 +105,19 @@ def python_option() -> Callable[[Any], Any]:
                              "process) in place of the interpreter's eval frames; needs --call-graph dwarf.")
 
 
+def verbose_option() -> Callable[[Any], Any]:
+    """``-v`` of the commands that load BPF programs (record, count, top): say whether they were compiled."""
+    return click.option("-v", "--verbose", is_flag=True,
+                        help="Say which BPF programs were loaded stored and which were compiled (and how long each took).")
+
+
+def say_program_loads(loads) -> None:
+    """The -v line: the BPF programs loaded (bpf/loader.py's ProgramLoad list), on stderr."""
+    from optrace.bpf.loader import loads_summary  # only commands that loaded programs get here
+
+    click.echo(f"optrace: {loads_summary(loads)}", err=True)
+
+
 def perf_sort_keys(text: str, valid: tuple[str, ...]) -> str:
     """perf's `--sort` spelling -> optrace's: `sym` is `symbol`, `overhead`/`sample` are dropped (rows are
     ordered by samples anyway); a perf key optrace does not record is an error that says so."""

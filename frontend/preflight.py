@@ -173,6 +173,36 @@ def check_btf() -> CheckResult:
                        required=False)
 
 
+PROGRAM_KINDS = {  # a program's main source -> what loads it
+    "profile.c": "record, top, serve",
+    "offcpu.c": "--off-cpu",
+    "uprobe_count.c": "count, --uprobe",
+}
+WARM_FIX = "sudo make setup (it runs each kind once), or any first run of the commands: they store what they compile"
+
+
+def check_bpf_programs() -> CheckResult:
+    """Whether the programs are stored for this kernel (bpf/programcache.py): then no compiler runs before
+    the first sample. Informational: a cold cache costs a compile (about 1 s of CPU per program)."""
+    from optrace.bpf.loader import stored_programs
+
+    builds, problem = stored_programs()
+    if problem:
+        return CheckResult("BPF programs", False, f"never stored ({problem}): every run compiles them",
+                           "give the cache directory to this user alone", required=False)
+    stored = {kind: sum(n for name, n in builds.items() if kind in name.split("+")) for kind in PROGRAM_KINDS}
+    missing = [f"{kind} ({PROGRAM_KINDS[kind]})" for kind, n in stored.items() if not n]
+    kernel = os.uname().release
+    if not missing:
+        kinds = ", ".join(f"{kind} x{n}" for kind, n in stored.items())
+        return CheckResult("BPF programs", True, f"warm for kernel {kernel}: stored ({kinds}; one per set of "
+                           "options), loaded without a compiler", required=False)
+    warm = [kind for kind, n in stored.items() if n]
+    return CheckResult("BPF programs", False, f"cold for kernel {kernel}: {', '.join(missing)} not stored"
+                       + (f" ({', '.join(warm)} are)" if warm else "") + ": their first run compiles (about 1 s of "
+                       "CPU each)", WARM_FIX, required=False)
+
+
 CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_privileges,
     check_bpf_syscall,
@@ -183,6 +213,7 @@ CHECKS: tuple[Callable[[], CheckResult], ...] = (
     check_btf,
     check_syscall_tracepoints,
     check_off_cpu,
+    check_bpf_programs,
 )
 
 
@@ -195,9 +226,14 @@ def summary(result: CheckResult) -> str:
     return f"{result.detail}: {result.fix}" if result.fix else result.detail
 
 
+# The checks that can stop a recording (the others only inform: the BTF one alone read 5 MB, 10-20 ms on
+# the way to the first sample)
+RECORDING_CHECKS = (check_privileges, check_bpf_syscall, check_kernel_headers, check_bcc, check_tracefs)
+
+
 def require_recording(uprobes: bool = False) -> None:
     """Raise OptraceError for the first required check that fails (tracefs only when uprobes are used)."""
-    for check in CHECKS:
+    for check in RECORDING_CHECKS:
         result = check()
         if not result.ok and result.required and (uprobes or not result.uprobes_only):
             raise OptraceError(f"cannot record: {summary(result)} (see optrace doctor)")

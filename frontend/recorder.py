@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import time
 from collections import Counter
@@ -18,15 +17,13 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from optrace import __version__
+from optrace.bpf.loader import ProgramLoad, program_loads
 from optrace.bpf.profiler import FoldedCounts
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
-from optrace.frontend.codecapture import capture_session
 from optrace.frontend.loopwait import LoopWait
 from optrace.frontend.session import DEFAULT_JIT_MAX_FILE_SIZE, OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
-from optrace.frontend.python.outcomes import interpreters, sample_outcomes
-from optrace.frontend.python.sourcecapture import capture_sources, read_source
 from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
@@ -131,6 +128,7 @@ class Recorder:
         self._targets: set[int] = set()
         self._ended: float | None = None
         self._end_lock = threading.Lock()
+        self._loads_before = len(program_loads())  # this process's loads before the recording's
         opts = options
         self.session = ProfilingSession(SessionOptions(
             frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
@@ -162,6 +160,11 @@ class Recorder:
             return self._build_record(started, self._ended - t0, call_counts)
         finally:
             self.session.close()
+
+    @property
+    def program_loads(self) -> list[ProgramLoad]:
+        """The BPF programs this recording loaded (stored or compiled)."""
+        return program_loads()[self._loads_before:]
 
     def _time_up(self) -> None:
         """Sampling ends now, even while a drain is busy (a timer thread calls this at -d); the samples
@@ -282,11 +285,15 @@ class Recorder:
         idle = lost.pop("idle", 0)
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
+        from optrace.frontend.codecapture import capture_session  # not imported on the way to the first sample
+        from optrace.frontend.python.outcomes import interpreters, sample_outcomes
+        from optrace.frontend.python.sourcecapture import capture_sources
+
         functions = capture_session(session, frames, samples)  # before the warnings are taken: its own go in
         sources = capture_sources(frames, samples, partial(read_source_of, python)) if python else []
         meta = RecordMeta(
             optrace_version=__version__,
-            hostname=socket.gethostname(),
+            hostname=os.uname().nodename,  # socket.gethostname(), without importing socket
             kernel=os.uname().release,
             started=started,
             duration_s=round(duration, 3),
@@ -309,6 +316,7 @@ class Recorder:
             off_cpu=self._off_cpu_meta(off_cpu),
             python=sample_outcomes(raw, frames, samples, python),
             interpreters=interpreters(python),
+            bpf_programs={load.name: load.how for load in self.program_loads},
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu,
                       functions=functions, python_sources=sources)
@@ -326,6 +334,8 @@ class Recorder:
 
 def read_source_of(outcomes: dict, pid: int, file: str) -> list[str] | None:
     """A Python process's source file, read as its user could (outcomes: PythonProcesses.outcomes())."""
+    from optrace.frontend.python.sourcecapture import read_source
+
     outcome = outcomes.get(pid)
     return read_source(pid, file, outcome.uid) if outcome is not None and outcome.uid is not None else None
 

@@ -32,8 +32,8 @@ from optrace.bpf.profiler import DrainResult, FoldedCounts
 from optrace.containment import contain, count_failure
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
+from optrace.frontend.startpriority import start_done
 from optrace.heap import release_free_memory
-from optrace.kernel import CAP_SYS_NICE, effective_capabilities
 from optrace.model import Frame, RawSample, Sample, UserFrame
 from optrace.procfs import exec_path, process_cpu_ticks, read_maps
 
@@ -45,6 +45,7 @@ DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
 SCAN_SLICE_S = 0.1  # SessionOptions.scan_slice_s for daemons and live views
 BUSY_PROCESSES = 32  # SessionOptions.unwind_busy_first: the busiest processes whose tables load before the attach
 BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
+BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a stored program loads in 0.02 s)
 YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
 
@@ -254,10 +255,10 @@ class ProfilingSession:
         cfi = opts.call_graph == "dwarf"
         self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids,
                                      scan_slice_s=self.options.scan_slice_s)
-        for pid in opts.pids or ():  # before the compile: a target that exits soon after is still named
+        for pid in opts.pids or ():  # before the programs load: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
-        self._kallsyms = KernelSymbolsLoader()  # parsed while BCC compiles (the compile releases the GIL)
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
+        measured_from = time.monotonic()
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
                                  cfi_unwind=cfi, fold=opts.fold, python=opts.python, waits=wait_options(opts.off_cpu))
@@ -267,7 +268,6 @@ class ProfilingSession:
 
             self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer.add_names)
             self.symbolizer.python_lookup = self.python.frame
-        self._kallsyms.compile_done()
 
         if cfi:
             from optrace.frontend.unwind.builder import ChildProcessBuilder
@@ -287,12 +287,18 @@ class ProfilingSession:
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
-            self._unwind_later(pid)
             if opts.symbols_before_attach:
                 self._contain("symbols", self.symbolizer.load_symbols, pid)
         if cpu_before is not None:
-            self._unwind_busy(cpu_before)
+            self._unwind_busy(cpu_before, measured_from)
         self.profiler.attach()
+        start_done()  # the priority the command started at is given back (frontend/startpriority.py)
+        # After the attach, off the way to the first sample (they only compete with it for the interpreter and
+        # the CPUs: a stored program leaves no compile to hide them behind): the targets' unwind tables (the
+        # walker follows frame pointers until they are in place) and the kernel symbols (named at the end).
+        for pid in opts.pids or ():
+            self._unwind_later(pid)
+        self._kallsyms = KernelSymbolsLoader()
 
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
@@ -507,11 +513,13 @@ class ProfilingSession:
         finally:
             self._unwind_queued.discard(pid)
 
-    def _unwind_busy(self, cpu_before: Mapping[int, int]) -> None:
+    def _unwind_busy(self, cpu_before: Mapping[int, int], measured_from: float) -> None:
         """Wait for the walker, then load the tables of the processes that used CPU since ``cpu_before``
-        (the busiest first, at most BUSY_PROCESSES) and optrace's own, for up to BUSY_UNWIND_SECONDS:
+        (taken at ``measured_from``, at least BUSY_WINDOW_SECONDS ago: CPU time is counted in 10 ms ticks;
+        the busiest first, at most BUSY_PROCESSES) and optrace's own, for up to BUSY_UNWIND_SECONDS:
         what is not loaded by then is loaded once sampled, as without this."""
         self._unwind_step.result()
+        time.sleep(max(0.0, measured_from + BUSY_WINDOW_SECONDS - time.monotonic()))
         cpu_after = process_cpu_ticks()
         used = {pid: ticks - cpu_before.get(pid, 0) for pid, ticks in cpu_after.items()}
         own = os.getpid()
@@ -728,28 +736,17 @@ class ProfilingSession:
 class KernelSymbolsLoader:
     """/proc/kallsyms loaded (its table read back when stored, see kallsyms.py) in a thread started now,
     handed to the symbolizer when it first names samples; a failure becomes the symbolizer's own warning
-    (it loads them again itself).
-
-    Until :meth:`compile_done` the thread runs at nice 19: beside BCC's compile, which is on the way to the
-    first sample, it takes only a CPU the compile leaves (the bench's target keeps one of two busy). Only
-    where its priority can be set back (CAP_SYS_NICE): left at nice 19 on a machine whose CPUs are all busy it
-    would get ~1.5 % of one, tens of seconds for the parse."""
+    (it loads them again itself). A session starts it once the sampler is attached: before, it would only
+    compete with the way to the first sample (0.066 s of CPU for a stored table, 0.13-0.16 s parsed)."""
 
     def __init__(self) -> None:
         self._table = None
-        self._lock = threading.Lock()
-        self._yielding = bool(effective_capabilities() & (1 << CAP_SYS_NICE))
-        self._priority = os.getpriority(os.PRIO_PROCESS, 0)  # the starting thread's
-        self._niced_tid: int | None = None  # set while the thread is at nice 19 and alive
         self._thread: threading.Thread | None = threading.Thread(target=self._load, name="kallsyms", daemon=True)
         self._thread.start()
 
     def _load(self) -> None:
         from optrace.frontend.symbols.kallsyms import Kallsyms, stored_symbols
 
-        with self._lock:
-            if self._yielding and _set_thread_priority(threading.get_native_id(), YIELDING_NICE):
-                self._niced_tid = threading.get_native_id()
         stored = None
         try:
             stored = stored_symbols()
@@ -759,38 +756,15 @@ class KernelSymbolsLoader:
         finally:
             if stored is not None:
                 stored.close()
-            with self._lock:
-                self._niced_tid = None  # the thread id is not ours to renice once the thread ends
-
-    def compile_done(self) -> None:
-        """The parse goes on at the starting thread's priority."""
-        with self._lock:
-            self._yielding = False
-            if self._niced_tid is not None:
-                _set_thread_priority(self._niced_tid, self._priority)
-                self._niced_tid = None
 
     def hand_to(self, symbolizer) -> None:
         if self._thread is None:
             return
-        self.compile_done()
         self._thread.join()
         self._thread = None
         if self._table is not None:
             symbolizer.use_kernel_symbols(self._table)
             self._table = None
-
-
-YIELDING_NICE = 19
-
-
-def _set_thread_priority(tid: int, nice: int) -> bool:
-    """Linux nices threads one by one: PRIO_PROCESS with a thread id sets that thread's alone."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, nice)
-    except OSError:
-        return False
-    return True
 
 
 def leaf_only(sample: RawSample) -> RawSample:

@@ -1,6 +1,6 @@
 """A private directory of checksummed entries kept between runs, as perf keeps ~/.debug: the unwind
-tables converted from files' CFI (frontend/unwind/tablestore.py) and the parsed kernel symbols
-(frontend/symbols/kallsyms.py).
+tables converted from files' CFI (frontend/unwind/tablestore.py), the parsed kernel symbols
+(frontend/symbols/kallsyms.py) and the compiled BPF programs (bpf/programcache.py).
 
 Root's entries live in ``/var/cache/optrace/<kind>`` (``$XDG_CACHE_HOME/optrace/<kind>`` or
 ``~/.cache/optrace/<kind>`` for another user; ``$OPTRACE_CACHE_DIR/<kind>`` when that is set, and
@@ -86,6 +86,13 @@ class CacheDirectory:
             os.utime(key, dir_fd=self._fd, follow_symlinks=False)
         except OSError:
             pass
+
+    def names(self) -> list[str]:
+        """The entries' names (not those being written)."""
+        if self._fd is None:
+            return []
+        with os.scandir(self._fd) as listing:
+            return sorted(item.name for item in listing if not item.name.startswith(".new-"))
 
     def rejected(self) -> None:
         self.stats["bad"] += 1

@@ -176,6 +176,10 @@ class RecordMeta:
     python: dict[str, int] = field(default_factory=dict)
     # The interpreters met: "<version> <file>" or "refused: <reason>" -> processes
     interpreters: dict[str, int] = field(default_factory=dict)
+    # The BPF programs the recording loaded, by their sources ("stackstore.c+profile.c+unwind.c"), and how:
+    # "stored" (from the program cache, no compiler before the first sample), "compiled" (and stored for
+    # the next runs) or "compiled, not stored" (bpf/programcache.py)
+    bpf_programs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

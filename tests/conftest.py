@@ -39,6 +39,14 @@ def bpf_ready() -> None:
         missing_capability("kernel headers for BCC are missing: run make setup")
 
 
+@pytest.fixture
+def fresh_program_cache(monkeypatch, tmp_path: Path) -> Path:
+    """An empty cache directory of this test's: every BPF program it loads is compiled (bpf/programcache.py)."""
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("OPTRACE_CACHE_DIR", str(directory))
+    return directory
+
+
 @pytest.fixture(scope="session")
 def workloads() -> Path:
     """The bundled C/C++ workloads, built once."""

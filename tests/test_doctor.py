@@ -13,6 +13,7 @@ from optrace import kernel
 from optrace.frontend import preflight
 from optrace.frontend.commands.doctor import format_result
 from optrace.frontend.preflight import CheckResult, require_recording
+from optrace.frontend.python.survey import check_python
 from optrace.errors import OptraceError
 
 OPTRACE = str(Path(sys.executable).parent / "optrace")
@@ -26,15 +27,39 @@ def test_doctor_ok_as_root(bpf_ready, optrace) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     names = ["privileges", "bpf syscall", "kernel headers", "BCC", "tracefs", "perf_event_paranoid", "BTF",
-             "syscall tracepoints", "off-CPU"]
+             "syscall tracepoints", "off-CPU", "BPF programs", "python"]
     headers = preflight.check_kernel_headers()  # warn on this VM: Debian's 6.1 headers for a 6.18 kernel
     assert headers.status in ("ok", "warn")
-    expected = ["warn" if name == "kernel headers" else "ok" for name in names] if headers.status == "warn" \
-        else ["ok"] * len(names)
+    programs = preflight.check_bpf_programs()  # warn until the suite has loaded each kind (its own cache)
+    python = check_python()  # warn while a process runs an interpreter the walker does not know
+    expected = [{"kernel headers": headers.status, "BPF programs": programs.status, "python": python.status}.get(name, "ok")
+                for name in names]
     assert [line.split("  ")[0].strip() for line in lines[:-1]] == expected
     assert [line[6:28].strip() for line in lines[:-1]] == names
     assert "running as root" in lines[0]
     assert proc.stderr == ""
+
+
+def test_doctor_says_whether_the_programs_are_stored_for_this_kernel(bpf_ready, fresh_program_cache, monkeypatch):
+    from optrace.bpf import programcache
+    from optrace.bpf.offcpu import OffCpuTracer
+    from optrace.bpf.profiler import Profiler
+    from optrace.bpf.uprobes import BpfUprobeAttacher
+
+    cold = preflight.check_bpf_programs()
+    assert cold.status == "warn" and not cold.required
+    assert "cold for kernel" in cold.detail and all(kind in cold.detail for kind in preflight.PROGRAM_KINDS)
+    for program in (Profiler(99, pids=[], cfi_unwind=True), OffCpuTracer([], stack_storage_size=1024)):
+        program.load()
+        program.close()
+    assert preflight.check_bpf_programs().detail.endswith("uprobe_count.c (count, --uprobe) not stored (profile.c, "
+                                                       "offcpu.c are): their first run compiles (about 1 s of CPU each)")
+    BpfUprobeAttacher().close()
+    warm = preflight.check_bpf_programs()
+    assert warm.ok and warm.detail.startswith(f"warm for kernel {os.uname().release}: stored (profile.c x1, ")
+    real = programcache.kernel_identity()
+    monkeypatch.setattr(programcache, "kernel_identity", lambda: {**real, "release": "6.1.0-other"})
+    assert preflight.check_bpf_programs().status == "warn"  # another kernel's run finds none of these
 
 
 @needs_root_and_setpriv

@@ -13,7 +13,8 @@ import click
 from optrace.errors import OptraceError
 from optrace.exporters.formats import CALL_COUNTS
 from optrace.frontend.report.callcounts import CountOptions, CountReport, interval_report
-from optrace.frontend.cliopts import pid_option
+from optrace.frontend.cliopts import pid_option, say_program_loads, verbose_option
+from optrace.frontend.startpriority import start_done
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import check_pids, shell_status
 from optrace.frontend.uprobes.counter import CallCounter
@@ -59,6 +60,7 @@ class _Run:
     def start(self) -> None:
         """Attach, then start the clock (and the command): -d counts attached time, not compile time."""
         self.counter.start()
+        start_done()  # the probes are attached: the priority the command started at is given back
         self.started = time.monotonic()
         self.deadline = self.started + self.duration if self.duration else None
         if self.command:
@@ -118,10 +120,11 @@ def _print(out: TextIO, report: CountReport, fmt: str, per_pid: bool, interval_m
                    " --format json on stdout choose stderr or null (or give -o): the JSON stays whole.")
 @click.option("--max-probes", type=click.IntRange(min=1), default=DEFAULT_MAX_MATCHES, show_default=True,
               help="Most functions one glob may match.")
+@verbose_option()
 @click.pass_context
 def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], duration: float | None,
             interval: float | None, cumulative: bool, per_pid: bool, fmt: str, output: str,
-            command_stdout: str | None, max_probes: int) -> None:
+            command_stdout: str | None, max_probes: int, verbose: bool) -> None:
     """Count exact calls of functions: SPEC is BINARY:SYMBOL, LIB:SYMBOL (c:malloc), LIB:GLOB (c:str*)
     or BINARY:0xADDRESS. Counts every process unless -p or -- CMD ARGS... is given. Ctrl-C prints the
     final counts.
@@ -144,7 +147,7 @@ def command(ctx: click.Context, specs: tuple[str, ...], pids: tuple[int, ...], d
         click.echo(f"optrace: warning: {warning}", err=True)
     try:
         with output_stream(output) as out:
-            _count(run, out, fmt, per_pid, interval, cumulative)
+            _count(run, out, fmt, per_pid, interval, cumulative, verbose)
     finally:
         run.counter.close()
     if run.child is not None and run.child.returncode:
@@ -158,12 +161,17 @@ def _check_outputs(fmt: str, output: str, command: list[str], command_stdout: st
                            " with -o FILE, or send the command's with --command-stdout stderr (or null)")
 
 
-def _count(run: _Run, out: TextIO, fmt: str, per_pid: bool, interval: float | None, cumulative: bool) -> None:
+def _count(run: _Run, out: TextIO, fmt: str, per_pid: bool, interval: float | None, cumulative: bool,
+           verbose: bool = False) -> None:
     """Count until the end (-d, the command, the -p processes) or Ctrl-C / SIGTERM, then print the
     totals; with -i, each interval's calls (or the running totals) on the way."""
     with StopSignals() as stops:
         try:
             run.start()
+            if verbose:
+                from optrace.bpf.loader import program_loads
+
+                say_program_loads(program_loads())
             for warning in run.counter.warnings[len(run.counter.resolve().warnings):]:
                 click.echo(f"optrace: warning: {warning}", err=True)
             functions = len(run.counter.probes)

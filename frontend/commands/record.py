@@ -7,7 +7,8 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
-from optrace.frontend.cliopts import check_frequency, frequency_option, pid_option, python_option, unwind_option
+from optrace.frontend.cliopts import (check_frequency, frequency_option, pid_option, python_option, say_program_loads,
+                                      unwind_option, verbose_option)
 from optrace.frontend.session import DEFAULT_JIT_MAX_FILE_SIZE, OffCpuOptions, check_off_cpu_every
 from optrace.frontend.target import check_command, check_pids, describe_exit, shell_status
 from optrace.escape import escape_controls
@@ -47,10 +48,11 @@ SAMPLED_EVENTS = ("cpu-clock",)
               help="With --off-cpu: user stacks only, like perf's --off-cpu (the kernel stack is most of the cost).")
 @click.option("--off-cpu-every", "every", type=int, default=1, show_default=True, metavar="N",
               help="With --off-cpu: record one wait in N (at random) and count it N times; N times fewer stacks taken.")
+@verbose_option()
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx: click.Context, output, frequency, event, stacks, call_graph, python, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
-            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every,
+            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every, verbose,
             command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
 
@@ -83,6 +85,8 @@ def command(ctx: click.Context, output, frequency, event, stacks, call_graph, py
     recorder = Recorder(options)
     record = recorder.run()
     write_record(record, output)
+    if verbose:
+        say_program_loads(recorder.program_loads)
     summarize(record, output)
     if event and record.meta.event not in ("", event):
         click.echo(f"optrace: note: -e {event}: this CPU has a PMU, and {record.meta.event} was sampled", err=True)

@@ -76,5 +76,11 @@ def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
     daemon = ServeDaemon(options, build_sources(options), on_warning=lambda message: say(f"warning: {message}"), on_info=say,
                          reload=lambda: build_options(merged_settings(ctx, config, flags), reloading=True),
                          reload_requested=reload_requested)
+    def ready(url: str) -> None:
+        from optrace.bpf.loader import loads_summary, program_loads
+
+        say(loads_summary(program_loads()))
+        say(f"serving {url} (Ctrl-C or SIGTERM to stop, SIGHUP to reload)")
+
     with StopSignals() as stop:
-        daemon.run(stop, on_ready=lambda url: say(f"serving {url} (Ctrl-C or SIGTERM to stop, SIGHUP to reload)"))
+        daemon.run(stop, on_ready=ready)

@@ -7,7 +7,8 @@ import sys
 import click
 
 from optrace.errors import OptraceError
-from optrace.frontend.cliopts import check_frequency, frequency_option, pid_option, python_option, unwind_option
+from optrace.frontend.cliopts import (check_frequency, frequency_option, pid_option, python_option, say_program_loads,
+                                      unwind_option, verbose_option)
 from optrace.frontend.report.rows import parse_sort_keys
 
 
@@ -26,7 +27,9 @@ from optrace.frontend.report.rows import parse_sort_keys
 @click.option("--stdio", is_flag=True, help="Print a plain table every interval (the default when not on a terminal).")
 @click.option("--rows", type=click.IntRange(1), default=50, show_default=True, help="Rows per plain table.")
 @click.option("-n", "--iterations", type=click.IntRange(1), help="Stop after this many refreshes.")
-def command(pids, system_wide, frequency, interval, sort, call_graph, python, zero, children, stdio, rows, iterations) -> None:
+@verbose_option()
+def command(pids, system_wide, frequency, interval, sort, call_graph, python, zero, children, stdio, rows, iterations,
+            verbose) -> None:
     """Show the hottest functions now, refreshed live, like perf top (q, Ctrl-C or SIGTERM to stop)."""
     from optrace.frontend.preflight import require_recording
     from optrace.frontend.stopsignals import StopSignals
@@ -54,3 +57,7 @@ def command(pids, system_wide, frequency, interval, sort, call_graph, python, ze
                 run(engine, PlainUi(sys.stdout, stop, rows), stop)
         finally:
             engine.close()
+    if verbose:  # after the screen is gone
+        from optrace.bpf.loader import program_loads
+
+        say_program_loads(program_loads())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from optrace.fileaccess import BoundedFile, RefusedFile, printable, reader_for
 from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
 from optrace.frontend.symbols.buildid import FileIdentity
-from optrace.frontend.symbols.elffile import EM_X86_64, SHT_NOBITS, ElfFile
+from optrace.frontend.symbols.elffile import EM_X86_64, ElfFile
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.python.gilfunction import take_gil_range
 from optrace.frontend.python.symbolnames import find_symbols

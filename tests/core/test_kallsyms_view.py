@@ -78,7 +78,7 @@ def reader_source(tmp_path):
     return path
 
 
-def test_programs_compiled_in_the_view_call_the_helpers_themselves(reader_source):
+def test_programs_compiled_in_the_view_call_the_helpers_themselves(reader_source, fresh_program_cache):
     program = loader.load_bcc([reader_source])
     try:
         calls = helper_calls(program, b"reads")
@@ -103,7 +103,8 @@ class RefusingLibc:
         return -1
 
 
-def test_nothing_is_mounted_over_kallsyms_unless_the_namespace_is_private(monkeypatch, reader_source):
+def test_nothing_is_mounted_over_kallsyms_unless_the_namespace_is_private(monkeypatch, reader_source,
+                                                                         fresh_program_cache):
     libc = RefusingLibc()
     monkeypatch.setattr(kallsymsview, "_libc", libc)
     assert is_the_real_file(kallsymsview.start_compile(read_kallsyms).result())

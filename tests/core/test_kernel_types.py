@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from optrace.bpf import loader
+from optrace.bpf import bcccompile, loader
+from optrace.bpf import btf as btf_module
 from optrace.bpf.btf import VMLINUX, BtfTypes
 
 PT_REGS = ("r15", "r14", "r13", "r12", "bp", "bx", "r11", "r10", "r9", "r8", "ax", "cx", "dx", "si", "di",
@@ -53,29 +54,29 @@ def test_the_perf_event_context_is_the_running_kernels(layouts):
 
 
 class CompileSpy:
+    """The cflags of every compile (run with an empty program cache: each load compiles)."""
+
     def __init__(self, monkeypatch) -> None:
         self.cflags: list[list[str]] = []
-        bcc = loader.import_bcc()
-        seen = self.cflags
+        compile_program = bcccompile.compile_program
 
-        class SpiedBPF(bcc.BPF):  # a subclass: BCC reads class attributes through the name
-            def __init__(self, *args, **kwargs) -> None:
-                seen.append(list(kwargs.get("cflags", [])))
-                super().__init__(*args, **kwargs)
+        def spied(text: bytes, cflags):
+            self.cflags.append(list(cflags))
+            return compile_program(text, cflags)
 
-        monkeypatch.setattr(bcc, "BPF", SpiedBPF)
+        monkeypatch.setattr(bcccompile, "compile_program", spied)
 
 
-def test_the_profiler_compiles_without_the_kernel_headers(bpf_ready, monkeypatch):
+def test_the_profiler_compiles_without_the_kernel_headers(bpf_ready, monkeypatch, fresh_program_cache):
     spy = CompileSpy(monkeypatch)
     header_built("profiler").close()
     assert len(spy.cflags) == 1 and "-DKERNEL_HEADERS" not in spy.cflags[0]
 
 
-def test_unreadable_btf_compiles_against_the_headers(bpf_ready, monkeypatch):
+def test_unreadable_btf_compiles_against_the_headers(bpf_ready, monkeypatch, fresh_program_cache):
     """The fields the raw tracepoints read then have the headers' offsets: the program is compiled again."""
     spy = CompileSpy(monkeypatch)
-    monkeypatch.setattr(loader, "kernel_offsets", lambda: None)
+    monkeypatch.setattr(btf_module, "kernel_offsets", lambda: None)
     profiler = header_built("profiler")
     try:
         offsets = profiler._bpf[b"kernel_offsets"]
@@ -101,7 +102,7 @@ def header_built(kind: str):
 
 
 @pytest.mark.parametrize("kind", ["profiler", "profiler-all", "uprobes"])
-def test_each_program_builds_against_the_headers_too(bpf_ready, monkeypatch, kind):
+def test_each_program_builds_against_the_headers_too(bpf_ready, monkeypatch, fresh_program_cache, kind):
     """Where BTF is missing, or on another architecture, this is the path taken: it must still build."""
     spy = CompileSpy(monkeypatch)
     monkeypatch.setattr(loader, "own_types_apply", lambda: False)

@@ -20,13 +20,12 @@ class RefusingProgram:
 
 
 def test_a_refused_sampler_is_named_in_the_error():
-    from optrace.bpf.loader import import_bcc
     from optrace.bpf.profiler import Profiler
 
     profiler = Profiler(99, pids=None)
     profiler._bpf = RefusingProgram()
     with pytest.raises(OptraceError) as caught:
-        profiler._attach_sampler(import_bcc())
+        profiler._attach_sampler()
     message = str(caught.value)
     assert "the kernel did not load the BPF program on_sample" in message and "temporarily unavailable" in message
     assert "perf event" not in message

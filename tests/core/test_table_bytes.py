@@ -33,17 +33,9 @@ def fields(desc) -> int:
 
 
 def descriptions(program) -> dict[str, tuple]:
-    lib = loader.import_bcc().lib
-    return {name: (json.loads(lib.bpf_table_key_desc(program.module, name.encode())),
-                   json.loads(lib.bpf_table_leaf_desc(program.module, name.encode()))) for name in table_names(program)}
-
-
-def table_names(program) -> list[str]:
-    lib = loader.import_bcc().lib
-    name_of, count = lib.bpf_table_name, lib.bpf_num_tables  # not declared by BCC: a module pointer is not an int
-    name_of.restype, name_of.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_ulonglong]
-    count.restype, count.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
-    return [name_of(program.module, index).decode() for index in range(count(program.module))]
+    """BCC's descriptions of the program's tables (as its compile gave them, stored with the program)."""
+    return {table.name.decode(): (json.loads(table.key_desc), json.loads(table.leaf_desc))
+            for table in program.compiled.tables}
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from optrace.bpf.loader import import_bcc
+from optrace.bpf.bcccompile import import_bcc
 from optrace.bpf.maptaker import MapTaker
 
 pytestmark = pytest.mark.bpf

@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -33,13 +35,17 @@ def record_pid(monkeypatch, pid: int, after_attach: Callable[[], None], **option
 def record_killed_soon(monkeypatch, argv: list[str]) -> tuple[Record, int]:
     """``record -p`` of a command killed 0.1 s after the sampler starts; the record and its exit status."""
     target = subprocess.Popen(argv)
+    return record_until_killed(monkeypatch, target), target.returncode
+
+
+def record_until_killed(monkeypatch, target: subprocess.Popen) -> Record:
+    """``record -p`` of a running target, killed 0.1 s after the sampler starts."""
     try:
-        record = record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
-                            frequency_hz=4999, duration_s=30)
+        return record_pid(monkeypatch, target.pid, lambda: threading.Timer(0.1, target.kill).start(),
+                          frequency_hz=4999, duration_s=30)
     finally:
         target.kill()
         target.wait()
-    return record, target.returncode
 
 
 def test_everything_is_released_before_the_recording_returns(monkeypatch):
@@ -64,11 +70,22 @@ def test_target_exiting_soon_after_attach_is_named(monkeypatch, workloads):
 
 
 def test_library_mapped_after_the_first_look_is_named_when_its_process_is_gone(monkeypatch, workloads):
-    """The target maps a library between the look before the compile and the one after it, then is killed
-    0.1 s after the sampler starts: the library's samples are named from the second look's mappings
-    (the symbolizer used to know only the first, so they were [unknown], as in a CI run of the test above)."""
-    record, _status = record_killed_soon(monkeypatch, [str(workloads / "dlopen-late"), str(workloads / "libburn.so"),
-                                                       "0.05", "60"])
+    """The target maps a library between the look before the program's load and the one after it (the
+    load waits for it: a stored program loads in a few milliseconds), then is killed 0.1 s after the
+    sampler starts: the library's samples are named from the second look's mappings (the symbolizer used
+    to know only the first, so they were [unknown], as in a CI run of the test above)."""
+    library = workloads / "libburn.so"
+    target = subprocess.Popen([str(workloads / "dlopen-late"), str(library), "0.05", "60"])
+    load = Profiler.load
+
+    def load_then_wait_for_the_library(self: Profiler) -> None:
+        load(self)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and str(library) not in Path(f"/proc/{target.pid}/maps").read_text():
+            time.sleep(0.005)
+
+    monkeypatch.setattr(Profiler, "load", load_then_wait_for_the_library)
+    record = record_until_killed(monkeypatch, target)
     leaves = leaf_samples(record, "dlopen-late")
     assert sum(leaves.values()) > 0, "no sample in the 0.1 s between attach and exit"
     assert leaves["lib_burn"] >= 0.9 * sum(leaves.values()), leaves

@@ -48,7 +48,7 @@ def _readiness_cleared(profiler: Profiler) -> int:
     """Poll the event buffers' fds as the kernel's perf_poll sees them: that clears their readiness."""
     import select
 
-    from bcc.libbcc import lib
+    from optrace.bpf.bcclib import lib
 
     poller = select.poll()
     for reader in profiler._bpf.perf_buffers.values():

@@ -5,7 +5,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -265,56 +264,3 @@ def test_one_symbol_per_address_the_preferred_alias_first_in_file_order(rows) ->
     assert list(table._addresses) == sorted(expected)
     for address, (name, module) in expected.items():
         assert table.find(address) == KernelSymbol(name.decode(), module)
-
-
-class ParseSpy:
-    """Kallsyms.load as the loader's thread runs it: the thread's priority now, and again once let go."""
-
-    def __init__(self, monkeypatch) -> None:
-        import threading
-
-        self.priorities: list[int] = []
-        self.go_on = threading.Event()
-
-        def load(path=None, stored=None):
-            own = lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-            self.priorities.append(own())
-            self.go_on.wait(10)
-            self.priorities.append(own())
-            return Kallsyms.__new__(Kallsyms)
-
-        monkeypatch.setattr(Kallsyms, "load", staticmethod(load))
-
-
-def loader_with(monkeypatch, capabilities: int):
-    from optrace.frontend import session
-
-    monkeypatch.setattr(session, "effective_capabilities", lambda: capabilities)
-    spy = ParseSpy(monkeypatch)
-    return session.KernelSymbolsLoader(), spy
-
-
-def test_kernel_symbols_yield_to_the_compile_then_go_on_at_the_callers_priority(monkeypatch) -> None:
-    """The parse (0.3-0.5 s of CPU) runs while BCC compiles, which is on the way to the first sample: at nice 19
-    until the compile is done, then at the starting thread's priority (at nice 19 on a machine whose CPUs are
-    all busy it would get ~1.5 % of one); the starting thread keeps its own throughout."""
-    from optrace.kernel import CAP_SYS_NICE
-
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    loader, spy = loader_with(monkeypatch, 1 << CAP_SYS_NICE)
-    deadline = time.monotonic() + 10
-    while not spy.priorities and time.monotonic() < deadline:
-        time.sleep(0.01)
-    loader.compile_done()
-    spy.go_on.set()
-    loader._thread.join()
-    assert spy.priorities == [19, before] and before < 19
-    assert os.getpriority(os.PRIO_PROCESS, 0) == before
-
-
-def test_kernel_symbols_keep_their_priority_where_it_could_not_be_set_back(monkeypatch) -> None:
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    loader, spy = loader_with(monkeypatch, 0)  # no CAP_SYS_NICE
-    spy.go_on.set()
-    loader._thread.join()
-    assert spy.priorities == [before, before]

@@ -105,15 +105,14 @@ def test_python_walker_verifies_in_few_instructions():
 def test_walker_verifies_in_few_instructions():
     """unwind_step (4 frames) is verified in <= 30k instructions (17k on Linux 6.18; 160k, 0.11 s of CPU
     at every start, before its mapping search's midpoint went through memory, see forget() in unwind.c)."""
-    from bcc import BPF
-
+    from optrace.bpf.abi import ProgType
     from optrace.bpf.profiler import Profiler
 
     profiler = Profiler(99, pids=None, cfi_unwind=True)
     profiler.load()
     try:
         for program, limit in ((b"unwind_step", 30_000), (b"on_sample", 60_000)):
-            name, count = verified_instructions(profiler._bpf.load_func(program, BPF.PERF_EVENT).fd)
+            name, count = verified_instructions(profiler._bpf.load_func(program, ProgType.PERF_EVENT).fd)
             assert name == program.decode()
             assert 0 < count <= limit, f"{name}: {count} instructions verified"
     finally:
