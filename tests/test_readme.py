@@ -126,12 +126,13 @@ def test_the_cli_check_sees_what_the_cli_lacks():
         "optrace report has no option --no-such-option", "no command 'shw' in optrace jit", None, None]
 
 
-def test_python_comes_first_with_its_example_marked_for_later():
+def test_python_comes_first_with_its_checked_example():
     sections = re.findall(r"^## (.+)$", README, re.M)
     assert sections.index("Python") < sections.index("One example per command")
     start, end = (match.start() for match in re.finditer(re.escape(PYTHON_MARKER), README))
     example = README[start:end]
-    assert "sudo optrace record -- python3 app.py" in example and "optrace report" in example
+    assert "<!-- checked: shape -->" in example and "optrace record" in example and "python3" in example
+    assert "optrace report" in example and "[.] rank" in example
 
 
 def anchor(heading: str) -> str:
