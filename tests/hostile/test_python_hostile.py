@@ -41,6 +41,7 @@ from support import (bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, perf_e
                      run_optrace)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))  # for groundtruth, pythons
+from benchlib import read_exe  # noqa: E402 - tests/support.py puts bench/ on the path
 from groundtruth import DESIGNED, PYGROUND, design_between, has_pyground_frame, inclusive, parse_folded  # noqa: E402
 from pythons import build_fake_python, require  # noqa: E402
 
@@ -85,18 +86,11 @@ def spawn_fake(user: HostileUser, fake: Path, shape: str) -> subprocess.Popen:
     """The fake, spinning, as the user (its pid is the Popen's: setpriv and nice exec it)."""
     proc = user.spawn(fake, shape, "spin")
     deadline = time.monotonic() + 30
-    while _exe(proc.pid) != str(fake):
+    while read_exe(proc.pid) != str(fake):
         assert proc.poll() is None and time.monotonic() < deadline, f"{shape}: {proc.stderr.read()}"
         time.sleep(0.02)
     time.sleep(0.2)  # its fake interpreter made (microseconds after the exec)
     return proc
-
-
-def _exe(pid: int) -> str:
-    try:
-        return os.readlink(f"/proc/{pid}/exe")
-    except OSError:
-        return ""
 
 
 def wait_walked(running: Running, pids: set[int], timeout: float = 120) -> None:
@@ -229,7 +223,7 @@ def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30) -> dic
                 session = int(Path(cmdline.parent, "stat").read_text().rsplit(")", 1)[1].split()[3])
             except (OSError, ValueError, IndexError):
                 continue
-            if session == launcher.pid and argv[0] == bytes(fake) and _exe(int(cmdline.parent.name)) == str(fake):
+            if session == launcher.pid and argv[0] == bytes(fake) and read_exe(int(cmdline.parent.name)) == str(fake):
                 found[argv[1].decode()] = int(cmdline.parent.name)
         if set(found) == set(SHAPES):
             time.sleep(0.2)  # their fake interpreters made (microseconds after the exec)
