@@ -47,6 +47,7 @@ from optrace.errors import OptraceError
 from optrace.heap import gc_paused
 from optrace.model import Record
 from optrace.schema import SchemaError, decode, encode, table_class, table_columns
+from optrace.outputdir import invoking_uid
 from optrace.outputfile import write_atomically
 
 MAGIC = b"OPTRDATA"
@@ -97,11 +98,7 @@ class Source:
 
 def foreign_owner(uid: int) -> int | None:
     """None for the user's own file (theirs, or under sudo the invoking user's, as `record` leaves it)."""
-    euid = os.geteuid()
-    sudo_uid = os.environ.get("SUDO_UID", "")
-    if uid == euid or (euid == 0 and sudo_uid.isdigit() and uid == int(sudo_uid)):
-        return None
-    return uid
+    return None if uid in (os.geteuid(), invoking_uid()) else uid
 
 
 def write_record(record: Record, path: str | os.PathLike[str]) -> None:

@@ -18,7 +18,8 @@ from support import REPO
 FOLDERS = {"optrace": "optrace", "bpf": "optrace.bpf", "frontend": "optrace.frontend",
            "jitmaps": "optrace.jitmaps", "exporters": "optrace.exporters"}
 CORE_MODULES = {"optrace", "optrace.errors", "optrace.model", "optrace.schema", "optrace.recordfile",
-                "optrace.procfs", "optrace.kernel", "optrace.fileaccess", "optrace.outputfile", "optrace.escape",
+                "optrace.procfs", "optrace.kernel", "optrace.fileaccess", "optrace.outputdir", "optrace.outputfile",
+                "optrace.escape",
                 "optrace.heap", "optrace.probes", "optrace.cachedir", "optrace.pythonlayout"}
 # folder -> the optrace packages its files may import (besides their own folder and the core)
 ALLOWED = {
