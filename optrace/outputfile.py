@@ -1,10 +1,12 @@
 """Writing an output file the user named (``-o``), the way ``record -o`` always has: never through a
 planted symlink, never half-written.
 
-The data goes to a new temporary file beside the target (``mkstemp``: ``O_CREAT|O_EXCL``, so nothing that
-already exists is opened), is flushed and synced, then renamed over the target. ``rename`` replaces a
-symlink at the target instead of following it, so ``/tmp/report.txt -> /etc/shadow`` planted by another
-user is replaced, and the final name holds either the previous file or the complete new one.
+The target's folder is opened without following another user's symlink on the way (:mod:`optrace.outputdir`);
+in it, the data goes to a new temporary file (``O_CREAT|O_EXCL|O_NOFOLLOW``, so nothing that already exists
+is opened), is flushed and synced, then renamed over the target, all relative to that folder's descriptor.
+``rename`` replaces a symlink at the target instead of following it, so ``/tmp/report.txt -> /etc/shadow``
+planted by another user is replaced, and the final name holds either the previous file or the complete new
+one.
 
 One exception, which every tool writes to: a name that is the null device itself (``/dev/null``, not a
 link to it) is opened and written, without following a link, blocking or a rename.
@@ -18,11 +20,11 @@ import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import IO, TextIO
 
 from optrace.errors import OptraceError
 from optrace.fileaccess import printable
+from optrace.outputdir import Target, invoking_uid, open_target
 
 
 def write_atomically(path: str | os.PathLike[str], data: bytes, *, keep_previous: bool = False) -> None:
@@ -36,17 +38,24 @@ def write_atomically(path: str | os.PathLike[str], data: bytes, *, keep_previous
 def atomic_output(path: str | os.PathLike[str], mode: str = "w", *, keep_previous: bool = False,
                   encoding: str = "utf-8", errors: str = "backslashreplace") -> Iterator[IO]:
     """A stream whose content replaces ``path`` when the block ends without an exception (and is
-    discarded otherwise). Raises OSError when the file cannot be created or renamed."""
-    import tempfile  # only writers need it; report's start-up stays lean
-
-    if is_null_device(path):
-        with _null_output(path, mode, encoding, errors) as out:
+    discarded otherwise). Raises OSError when the folder cannot be opened (or only through another user's
+    symlink), or the file cannot be created or renamed."""
+    target = open_target(path)
+    try:
+        if is_null_device(target):
+            with _null_output(target, mode, encoding, errors) as out:
+                yield out
+            return
+        check_target(target, os.fspath(path))
+        with _replacing(target, mode, keep_previous, encoding, errors) as out:
             yield out
-        return
-    check_target(path)
-    final = Path(path)
-    directory = final.parent if str(final.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp")
+    finally:
+        os.close(target.dir_fd)
+
+
+@contextmanager
+def _replacing(target: Target, mode: str, keep_previous: bool, encoding: str, errors: str) -> Iterator[IO]:
+    fd, tmp_name = _create_temporary(target)
     try:
         text = {} if "b" in mode else {"encoding": encoding, "errors": errors}
         with os.fdopen(fd, mode, **text) as out:
@@ -56,56 +65,75 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "w", *, keep_previou
             _give_to_sudo_user(out.fileno())
             os.fsync(out.fileno())
         if keep_previous:
-            _keep_previous(final)
-        os.replace(tmp_name, final)
+            _keep_previous(target)
+        os.replace(tmp_name, target.name, src_dir_fd=target.dir_fd, dst_dir_fd=target.dir_fd)
     except BaseException:
-        _unlink_quietly(tmp_name)
+        _unlink_quietly(target.dir_fd, tmp_name)
         raise
-    _fsync_dir(directory)
+    _fsync_dir(target.dir_fd)
 
 
-def check_target(path: str | os.PathLike[str]) -> None:
-    """Raise OSError when ``path`` is, or leads to, something that is not a regular file: the rename would
+TEMPORARY_TRIES = 100  # names tried before giving up (mkstemp's habit, with 2**32 names each time)
+
+
+def _create_temporary(target: Target) -> tuple[int, str]:
+    """A new file ``.<name>.<random>.tmp`` beside the target, open for writing, mode 0600."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(TEMPORARY_TRIES):
+        name = f".{target.name}.{os.urandom(4).hex()}.tmp"
+        try:
+            return os.open(name, flags, 0o600, dir_fd=target.dir_fd), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", target.name)
+
+
+def check_target(target: Target, shown: str) -> None:
+    """Raise OSError when the target is, or leads to, something that is not a regular file: the rename would
     replace a device, FIFO or socket for everyone (as root, ``-o /dev/zero``), or when it is a link into
     /proc: ``-o /dev/stdout``, a symlink to ``/proc/self/fd/1``, leads to a regular file when stdout was
     redirected to one, and the rename replaced /dev/stdout for the whole machine. A new name or a symlink to
-    a regular file is fine: it is replaced.
+    a regular file is fine: it is replaced. ``shown`` is the path for messages.
     (The null device itself is written as it is: see :func:`is_null_device`.)"""
-    if os.path.islink(path) and os.readlink(path).startswith("/proc/"):
-        raise OSError(errno.EEXIST, "a link into /proc, to a process's open file, is never replaced", os.fspath(path))
     try:
-        mode = os.stat(path).st_mode
+        itself = os.stat(target.name, dir_fd=target.dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return  # a new name
+    if stat.S_ISLNK(itself.st_mode) and os.readlink(target.name, dir_fd=target.dir_fd).startswith("/proc/"):
+        raise OSError(errno.EEXIST, "a link into /proc, to a process's open file, is never replaced", shown)
+    try:
+        mode = os.stat(target.name, dir_fd=target.dir_fd).st_mode  # what a link leads to (only looked at)
     except OSError:
-        return  # a new name, a dangling symlink: the rename makes a regular file
+        return  # a dangling symlink: the rename makes a regular file
     if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), shown)
     if not stat.S_ISREG(mode):
-        raise OSError(errno.EEXIST, "not a regular file (a device, FIFO or socket is never replaced)",
-                      os.fspath(path))
+        raise OSError(errno.EEXIST, "not a regular file (a device, FIFO or socket is never replaced)", shown)
 
 
 NULL_DEVICE = os.makedev(1, 3)  # Linux's /dev/null: character device 1, 3
 
 
-def is_null_device(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` itself (a link is not followed) is the null device."""
+def is_null_device(target: Target) -> bool:
+    """Whether the target itself (a link is not followed) is the null device."""
     try:
-        info = os.lstat(path)
+        info = os.stat(target.name, dir_fd=target.dir_fd, follow_symlinks=False)
     except OSError:
         return False
     return stat.S_ISCHR(info.st_mode) and info.st_rdev == NULL_DEVICE
 
 
 @contextmanager
-def _null_output(path: str | os.PathLike[str], mode: str, encoding: str, errors: str) -> Iterator[IO]:
+def _null_output(target: Target, mode: str, encoding: str, errors: str) -> Iterator[IO]:
     """The null device, opened as it is written to by every tool, with the rules of any other open of a
     name someone else may swap: no link followed, no blocking (a FIFO put there fails), and what was opened
     checked to be the null device still."""
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    fd = os.open(target.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                 dir_fd=target.dir_fd)
     info = os.fstat(fd)
     if not (stat.S_ISCHR(info.st_mode) and info.st_rdev == NULL_DEVICE):
         os.close(fd)
-        raise OSError(errno.EEXIST, "not a regular file (a device, FIFO or socket is never replaced)", os.fspath(path))
+        raise OSError(errno.EEXIST, "not a regular file (a device, FIFO or socket is never replaced)", target.name)
     text = {} if "b" in mode else {"encoding": encoding, "errors": errors}
     with os.fdopen(fd, mode, **text) as out:
         yield out
@@ -125,39 +153,38 @@ def current_umask() -> int:
 
 def _give_to_sudo_user(fd: int) -> None:
     """Under sudo the file goes to the invoking user (SUDO_UID/SUDO_GID), who can then read and move it."""
-    uid, gid = os.environ.get("SUDO_UID", ""), os.environ.get("SUDO_GID", "")
-    if os.geteuid() != 0 or not uid.isdigit():
-        return
-    os.fchown(fd, int(uid), int(gid) if gid.isdigit() else -1)
+    uid, gid = invoking_uid(), os.environ.get("SUDO_GID", "")
+    if uid != os.geteuid():
+        os.fchown(fd, uid, int(gid) if gid.isdigit() else -1)
 
 
-def _keep_previous(final: Path) -> None:
+def _keep_previous(target: Target) -> None:
     """Make the current file (if a regular file) also reachable as <name>.old, without ever removing it
     from the final name: a hard link, so a crash before the rename leaves the old file in place."""
     try:
-        if not stat.S_ISREG(os.lstat(final).st_mode):
+        if not stat.S_ISREG(os.stat(target.name, dir_fd=target.dir_fd, follow_symlinks=False).st_mode):
             return
     except FileNotFoundError:
         return
-    old = final.with_name(final.name + ".old")
-    _unlink_quietly(old)
+    old = target.name + ".old"
+    _unlink_quietly(target.dir_fd, old)
     try:
-        os.link(final, old, follow_symlinks=False)
+        os.link(target.name, old, src_dir_fd=target.dir_fd, dst_dir_fd=target.dir_fd, follow_symlinks=False)
     except OSError:
         pass  # a filesystem without hard links: the new file still replaces the old one atomically
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _fsync_dir(dir_fd: int) -> None:
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)  # O_PATH cannot be synced
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _unlink_quietly(name: str | os.PathLike[str]) -> None:
+def _unlink_quietly(dir_fd: int, name: str) -> None:
     try:
-        os.unlink(name)
+        os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
 

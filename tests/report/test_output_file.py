@@ -1,15 +1,18 @@
 """`report -o FILE` writes like `record -o` (optrace.outputfile): a new file renamed over the name, so a
-symlink planted there is replaced, not followed, and the name holds the old or the whole new report."""
+symlink planted there is replaced, not followed, and the name holds the old or the whole new report; the
+folders on the way are never reached through another user's symlink (optrace.outputdir)."""
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from support import OPTRACE
+from support import OPTRACE, assert_one_line_error, run_as_nobody
 
 ROOT = os.geteuid() == 0
 
@@ -112,3 +115,100 @@ def test_a_link_into_proc_is_not_replaced(optrace, record_file: Path, out_dir: P
                               stderr=subprocess.PIPE, text=True, timeout=60)
     assert proc.returncode == 1 and "a link into /proc" in proc.stderr
     assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1" and redirected.read_text() == ""
+
+
+@pytest.fixture
+def root_only_victim(tmp_path: Path) -> Path:
+    """A root-only (0600) out.data in a folder of root's: what a planted folder link would have replaced."""
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    victim = folder / "out.data"
+    victim.write_text("root:secret\n")
+    victim.chmod(0o600)
+    return victim
+
+
+@pytest.fixture
+def nobodys_folder_link(root_only_victim: Path) -> Iterator[Path]:
+    """/tmp/<name>, made by user nobody: a symlink to the victim's folder (/tmp is sticky and world-writable,
+    so the link stays nobody's)."""
+    link = Path(f"/tmp/optrace-evil-{secrets.token_hex(4)}")
+    made = run_as_nobody("ln", "-s", str(root_only_victim.parent), str(link))
+    assert made.returncode == 0, made.stderr
+    assert link.lstat().st_uid == 65534
+    yield link
+    link.unlink()
+
+
+def assert_untouched(victim: Path) -> None:
+    info = victim.stat()
+    assert victim.read_text() == "root:secret\n"
+    assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (0o600, 0, 0)
+    assert [p.name for p in victim.parent.iterdir()] == ["out.data"]  # no temporary file left either
+
+
+@pytest.mark.skipif(not ROOT, reason="a root-only victim and a link of another user need root")
+@pytest.mark.parametrize("sudo", [False, True], ids=["root", "sudo"])
+def test_report_into_another_users_folder_link_is_refused(optrace, record_file: Path, root_only_victim: Path,
+                                                          nobodys_folder_link: Path, monkeypatch, sudo: bool) -> None:
+    """-o /tmp/evil/out.data with /tmp/evil nobody's link to a root folder: replaced the root-only file with
+    the report (0644, the sudo user's) before; now one line, and the folder is never written into. Under sudo
+    the invoking user (here uid 1000) is not the link's owner either."""
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    if sudo:
+        monkeypatch.setenv("SUDO_UID", "1000")
+        monkeypatch.setenv("SUDO_GID", "1000")
+    out = nobodys_folder_link / "out.data"
+    proc = optrace("report", "-i", str(record_file), "-o", str(out))
+    one_line_error(proc, f"cannot write {out}: {nobodys_folder_link} is a symbolic link of uid 65534: only root's"
+                         f" and the invoking user's links are followed")
+    assert_untouched(root_only_victim)
+
+
+@pytest.mark.skipif(not ROOT, reason="a root-only victim and a link of another user need root")
+def test_a_link_deeper_in_the_path_is_refused_too(optrace, record_file: Path, root_only_victim: Path,
+                                                  nobodys_folder_link: Path, tmp_path: Path) -> None:
+    """The link reached through root's own links and a '..': every component is checked, not only the first."""
+    (tmp_path / "mine").symlink_to("/tmp")
+    out = tmp_path / "mine" / ".." / "tmp" / nobodys_folder_link.name / "." / "out.data"
+    proc = optrace("report", "-i", str(record_file), "-o", str(out))
+    one_line_error(proc, f"/tmp/{nobodys_folder_link.name} is a symbolic link of uid 65534")
+    assert_untouched(root_only_victim)
+
+
+@pytest.mark.skipif(not ROOT, reason="records as root")
+def test_record_into_another_users_folder_link_is_refused(bpf_ready, root_only_victim: Path,
+                                                          nobodys_folder_link: Path) -> None:
+    out = nobodys_folder_link / "out.data"
+    proc = subprocess.run([str(OPTRACE), "record", "-F", "99", "-o", str(out), "--", "sleep", "0.2"],
+                          capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc, f"cannot write {out}: {nobodys_folder_link} is a symbolic link of uid 65534")
+    assert_untouched(root_only_victim)
+
+
+def test_permitted_links_on_the_way_are_followed(optrace, record_file: Path, tmp_path: Path) -> None:
+    """Root's links (/var/run -> /run, as Debian has it) and the user's own, relative or absolute, chained,
+    with '..' after a link (the kernel's meaning: the link target's parent)."""
+    assert os.readlink("/var/run") in ("/run", "../run")
+    real = tmp_path / "real" / "deep"
+    real.mkdir(parents=True)
+    (tmp_path / "rel").symlink_to("real/deep")
+    (tmp_path / "abs").symlink_to(tmp_path / "rel")
+    for out, written in [(tmp_path / "abs" / "r.txt", real / "r.txt"),
+                         (tmp_path / "abs" / ".." / "up.txt", real.parent / "up.txt")]:
+        optrace("report", "-i", str(record_file), "-o", str(out), check=True)
+        assert written.read_text().startswith("# optrace report")
+    if ROOT:
+        name = f"optrace-test-{secrets.token_hex(4)}.txt"
+        try:
+            optrace("report", "-i", str(record_file), "-o", f"/var/run/{name}", check=True)
+            assert Path("/run", name).read_text().startswith("# optrace report")
+        finally:
+            Path("/run", name).unlink(missing_ok=True)
+
+
+def test_a_loop_of_links_is_one_error(optrace, record_file: Path, tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    one_line_error(optrace("report", "-i", str(record_file), "-o", str(tmp_path / "a" / "r.txt")),
+                   "Too many levels of symbolic links")
