@@ -199,6 +199,7 @@ def tls_context(tls: TlsFiles) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[tls.min_version]
     context.maximum_version = TLS_VERSIONS[tls.max_version]
+    context.options |= ssl.OP_NO_RENEGOTIATION  # TLS 1.2 renegotiation: a client-driven CPU cost, never needed
     for name in (tls.cert, tls.key) + ((tls.client_ca,) if tls.client_ca else ()):
         if not os.access(name, os.R_OK):
             raise OptraceError(f"cannot read TLS file {name}: it does not exist or is not readable")
