@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 from optrace import __version__
 from optrace.frontend.serve.metricspage import CONTENT_TYPE
 from optrace.frontend.serve.profilewindows import WindowRefused, parse_seconds
-from optrace.frontend.serve.webconfig import BasicAuth, WebConfig, tls_context
+from optrace.frontend.serve.webconfig import AuthBusy, BasicAuth, WebConfig, tls_context
 
 PROFILE_PATH = "/debug/pprof/profile"  # Go's net/http/pprof
 ProfileCollector = Callable[[str, int], bytes]  # (client address, seconds) -> gzipped pprof
@@ -100,8 +100,8 @@ def _profile(request: Request, collect: ProfileCollector) -> Response:
 
 class Routes:
     """GET (and HEAD) `/metrics`, `/` and (with ``profile``) `/debug/pprof/profile`, 404 elsewhere, 405 for
-    any other method, 401 without valid credentials when the web config has users. Every answer carries
-    the web config's headers."""
+    any other method, 401 without valid credentials when the web config has users (429 while too many
+    password checks wait, see BasicAuth). Every answer carries the web config's headers."""
 
     def __init__(self, render: Callable[[], bytes], profile: ProfileCollector | None = None) -> None:
         self._render = render
@@ -116,7 +116,11 @@ class Routes:
     def _answer(self, request: Request, endpoint: Endpoint) -> Response:
         if request.method not in ("GET", "HEAD"):
             return Response(405, "Method Not Allowed", [("Allow", "GET, HEAD")])
-        if not endpoint.auth.allows(request.headers.get("authorization")):
+        try:
+            allowed = endpoint.auth.allows(request.headers.get("authorization"))
+        except AuthBusy as busy:
+            return text_response(429, "Too Many Requests", str(busy), [("Retry-After", "1")])
+        if not allowed:
             return Response(401, "Unauthorized", [("WWW-Authenticate", 'Basic realm="optrace"'),
                                                   ("Content-Type", "text/plain")], b"Unauthorized\n")
         if request.path == "/metrics":

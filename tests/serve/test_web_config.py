@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import http.client
+import secrets
+import statistics
 import ssl
 import threading
 import time
@@ -20,7 +22,9 @@ from hypothesis import strategies as st
 from optrace.frontend.serve.daemon import ServeDaemon
 from optrace.frontend.serve.options import ServeOptions
 from optrace.frontend.serve.httpserver import ListenAddress
-from optrace.frontend.serve.webconfig import BasicAuth, TlsFiles, WebConfig, load_web_config
+from optrace.frontend.serve import webconfig
+from optrace.frontend.serve.webconfig import (AUTH_CACHE_SIZE, MAX_PASSWORD_CHECKS, AuthBusy, BasicAuth, TlsFiles,
+                                              WebConfig, load_web_config)
 from optrace.errors import OptraceError
 from optrace.frontend.serve.config import build_options
 
@@ -108,6 +112,72 @@ def test_basic_auth_needs_a_user_and_its_password(running):
     assert headers["X-Frame-Options"] == "deny" and headers["X-Content-Type-Options"] == "nosniff"
     assert get(run.url.removesuffix("metrics"))[0] == 401  # every path, the index page too
     assert get(run.url, "prom", "s3cret" + "x" * 80)[0] == 401  # past bcrypt's 72 bytes: refused, not an error
+
+
+def timed_401(url: str, user: str, password: str) -> float:
+    started = time.perf_counter()
+    status = get(url, user, password)[0]
+    assert status == 401
+    return time.perf_counter() - started
+
+
+def test_an_unknown_user_takes_as_long_as_a_wrong_password(running):
+    """No user names by timing: a known user's hash has cost 8 (~30 ms here), and an unknown user's password
+    was checked against a decoy of cost 10 (4 times as long); now a decoy of the users' own cost. Fresh
+    names and passwords each time (a repeated one is answered from the cache, known or not), interleaved,
+    medians compared."""
+    run = running(f"basic_auth_users:\n  prom: {bcrypt_hash('s3cret', cost=8)}\n")
+    known, unknown = [], []
+    for attempt in range(30):
+        guess = secrets.token_hex(8)
+        known.append(timed_401(run.url, "prom", guess))
+        unknown.append(timed_401(run.url, f"user{attempt}-{guess}", guess))
+    ratio = statistics.median(unknown) / statistics.median(known)
+    print(f"medians: wrong password {statistics.median(known) * 1e3:.1f} ms, unknown user "
+          f"{statistics.median(unknown) * 1e3:.1f} ms (ratio {ratio:.2f})")
+    assert 0.8 <= ratio <= 1.25
+
+
+def test_unknown_users_are_checked_at_the_costs_users_have():
+    users = {"a": bcrypt_hash("x", cost=4).encode(), "b": bcrypt_hash("y", cost=6).encode(),
+             "c": bcrypt_hash("z", cost=6).encode()}
+    auth = BasicAuth(users)
+    costs = [int(auth._decoy(f"name{i}")[4:6]) for i in range(300)]
+    assert set(costs) == {4, 6} and 60 < costs.count(4) < 140  # a third of the users have cost 4
+    assert auth._decoy("name7") == auth._decoy("name7")  # one name, one cost: no average to take
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_wrong_guesses_do_not_push_the_right_password_out_of_the_cache(monkeypatch):
+    auth = BasicAuth({"prom": bcrypt_hash("pw").encode()})
+    assert auth.allows(basic("prom", "pw"))
+    for guess in range(AUTH_CACHE_SIZE * 2):
+        assert not auth.allows(basic("prom", f"guess{guess}"))
+    monkeypatch.setattr(webconfig, "_bcrypt_matches", lambda *args: pytest.fail("a bcrypt for a cached password"))
+    assert auth.allows(basic("prom", "pw"))
+
+
+def test_too_many_password_checks_at_once_are_refused_not_queued():
+    """Each wrong password costs a bcrypt, one at a time: the requests past MAX_PASSWORD_CHECKS get 429 at once
+    instead of holding a worker each (a flood of guesses would hold them all)."""
+    auth = BasicAuth({"prom": bcrypt_hash("pw", cost=12).encode()})
+    outcomes: list[str] = []
+
+    def guess(n: int) -> None:
+        try:
+            outcomes.append(str(auth.allows(basic("prom", f"wrong{n}"))))
+        except AuthBusy:
+            outcomes.append("busy")
+
+    threads = [threading.Thread(target=guess, args=(n,)) for n in range(MAX_PASSWORD_CHECKS + 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert sorted(outcomes) == ["False"] * MAX_PASSWORD_CHECKS + ["busy"] * 3
 
 
 def test_basic_auth_checks_malformed_headers_without_errors():
@@ -199,6 +269,8 @@ GOOD_HASH = "$2b$04$" + "a" * 53
     ("rate_limit: {burst: 1}\n", "unknown setting rate_limit"),
     ("basic_auth_users:\n  prom: hunter2\n", "the password of 'prom' is not a bcrypt hash"),
     ("basic_auth_users:\n  'a:b': " + GOOD_HASH + "\n", "bad user name 'a:b'"),
+    ("basic_auth_users:\n  prom: $2b$15$" + "a" * 53 + "\n", "the hash of 'prom' has bcrypt cost 15, over 14"),
+    ("basic_auth_users:\n  prom: $2y$31$" + "a" * 53 + "\n", "the hash of 'prom' has bcrypt cost 31, over 14"),
     ("tls_server_config:\n  cert_file: c.pem\n", "tls_server_config.key_file is missing"),
     ("tls_server_config:\n  cert: inline\n", "tls_server_config.cert is not supported by optrace serve"),
     ("tls_server_config:\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "cipher_suites is not supported"),
