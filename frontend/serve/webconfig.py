@@ -34,10 +34,10 @@ from typing import Any
 import bcrypt
 import yaml
 
-from optrace.fileaccess import FilePolicy, RefusedFile, printable, read_file
+from optrace.fileaccess import printable
 from optrace.errors import OptraceError
+from optrace.frontend.serve.settingsfile import read_settings, require_settings
 
-CONFIG_POLICY = FilePolicy(max_size=1 << 20, follow_symlinks=True)  # root's own file: symlinks are fine
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -114,18 +114,12 @@ def _fail(path: str, message: str) -> OptraceError:
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
-    try:
-        data = read_file(path, CONFIG_POLICY)
-    except (OSError, RefusedFile) as exc:
-        raise OptraceError(f"cannot read web config {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if data is None:
-        raise OptraceError(f"cannot read web config {path}: it does not exist")
+    data = read_settings(path, "web config")
     try:
         settings = yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise _fail(path, f"not valid YAML: {str(exc).splitlines()[0] if str(exc) else 'parse error'}") from None
-    if settings is None:
-        return {}
+    require_settings(settings, path, "web config", "leave out --web-config to serve plain HTTP without users")
     if not isinstance(settings, dict):
         raise _fail(path, "expected a mapping at the top level")
     return settings

@@ -375,7 +375,8 @@ def scrape_status(url: str, user: str, password: str) -> int:
 
 def test_sighup_reloads_the_web_config_and_is_never_fatal(bpf_ready, tmp_path):
     """A running serve gets SIGHUP: a new basic-auth user works at once, the old one is refused; a
-    broken web config on the next SIGHUP is one warning and the last good settings stay."""
+    broken, empty or world-writable web config on the next SIGHUP is one error line and the last good
+    settings stay."""
     import bcrypt
 
     def users(name: str, password: str) -> str:
@@ -400,5 +401,16 @@ def test_sighup_reloads_the_web_config_and_is_never_fatal(bpf_ready, tmp_path):
         err = serve.stderr_path.read_text()
         assert "reloaded the settings: serving http://127.0.0.1:" in err
         assert "not a bcrypt hash" in err and "Traceback" not in err
+        web.write_text("")  # truncated (an editor, a failed copy): it reloaded as "no users", silently
+        serve.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "has no settings" in serve.stderr_path.read_text(), 10, "the empty file's refusal")
+        web.write_text(users("mallory", "m"))
+        web.chmod(0o666)
+        serve.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: "writable by other users" in serve.stderr_path.read_text(), 10, "the open file's refusal")
+        assert scrape_status(serve.url, "mallory", "m") == 401 and scrape_status(serve.url, "bob", "b") == 200
+        refusals = [line for line in serve.stderr_path.read_text().splitlines() if "has no settings" in line
+                    or "writable by other users" in line]
+        assert len(refusals) == 2 and all(r.startswith("optrace: error: reload failed, still serving") for r in refusals)
     finally:
         assert serve.stop() == 0

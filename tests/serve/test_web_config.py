@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import http.client
+import os
+import re
 import secrets
 import statistics
 import ssl
@@ -254,10 +256,80 @@ def test_tls_flags_still_work_and_clash_with_a_tls_web_config(tmp_path, self_sig
         build_options({"tls_cert": self_signed.cert, "tls_key": self_signed.key, "web_config": str(config)})
 
 
-def test_an_empty_web_config_is_plain_http_without_auth(tmp_path):
+@pytest.mark.parametrize("text", ["", "# basic_auth_users:\n#   prom: $2b$...\n", "null\n", "{}\n"])
+def test_a_web_config_without_settings_is_refused(tmp_path, text):
+    """Not plain HTTP without users: a truncated file must not open /metrics (see the reload test)."""
     config = tmp_path / "web.yml"
-    config.write_text("")
-    assert load_web_config(str(config)) == WebConfig()
+    config.write_text(text)
+    with pytest.raises(OptraceError, match="has no settings .empty, or only comments.: leave out --web-config"):
+        load_web_config(str(config))
+
+
+def unsafe_settings_files(tmp_path: Path) -> dict[str, Path]:
+    """Web configs another user could change: by mode, by owner, by folder (each holds a valid config)."""
+    text = f"basic_auth_users:\n  prom: {GOOD_HASH}\n"
+    made = {}
+    for name, mode in (("writable by other users (mode 0666)", 0o666), ("writable by other users (mode 0620)", 0o620)):
+        made[name] = tmp_path / f"{mode:o}.yml"
+        made[name].write_text(text)
+        made[name].chmod(mode)
+    made["owned by uid 65534"] = tmp_path / "nobody.yml"
+    made["owned by uid 65534"].write_text(text)
+    os.chown(made["owned by uid 65534"], 65534, 65534)
+    for name, mode in (("open", 0o777), ("nobodys", 0o755)):
+        folder = tmp_path / name
+        folder.mkdir()
+        folder.chmod(mode)
+        if name == "nobodys":
+            os.chown(folder, 65534, 65534)
+        (folder / "web.yml").write_text(text)
+    made[f"the folder {tmp_path}/open is writable by other users (mode 0777)"] = tmp_path / "open" / "web.yml"
+    made[f"the folder {tmp_path}/nobodys is owned by uid 65534"] = tmp_path / "nobodys" / "web.yml"
+    return made
+
+
+@pytest.mark.root
+def test_a_web_config_another_user_could_change_is_refused(tmp_path):
+    for problem, path in unsafe_settings_files(tmp_path).items():
+        with pytest.raises(OptraceError, match=re.escape(problem)):
+            load_web_config(str(path))
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # as /tmp: others cannot replace root's file in it
+    (sticky / "web.yml").write_text(f"basic_auth_users:\n  prom: {GOOD_HASH}\n")
+    assert list(load_web_config(str(sticky / "web.yml")).users) == ["prom"]
+
+
+@pytest.mark.root
+def test_sighup_refuses_an_empty_invalid_or_unsafe_web_config_and_keeps_the_users(running, tmp_path):
+    """The issue's finding: an empty web config reloaded as "no auth", silently. Each of these is refused
+    with an error line, and the users of the last good config stay."""
+    run = running(f"basic_auth_users:\n  alice: {bcrypt_hash('a')}\n")
+    errors: list[str] = []
+    run.daemon._on_error = errors.append
+    folder = tmp_path / "unsafe"
+    folder.mkdir()
+    bad = {"has no settings": "", "not valid YAML": "basic_auth_users: [\n", "not a bcrypt hash": "basic_auth_users:\n  x: y\n"}
+    for problem, text in bad.items():
+        run.web_config.write_text(text)
+        reload_and_wait(run, errors)
+        assert problem in errors[-1] and errors[-1].startswith("reload failed, still serving with the previous")
+        assert get(run.url)[0] == 401 and get(run.url, "alice", "a")[0] == 200
+    for problem, path in unsafe_settings_files(folder).items():
+        run.web_config.unlink()
+        run.web_config.symlink_to(path)  # the unsafe file, with a user "prom" of its own
+        reload_and_wait(run, errors)
+        assert problem in errors[-1]
+        assert get(run.url)[0] == 401 and get(run.url, "alice", "a")[0] == 200
+
+
+def reload_and_wait(run: Running, errors: list[str]) -> None:
+    before = len(errors)
+    run.daemon.request_reload()
+    deadline = time.monotonic() + 10
+    while len(errors) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(errors) == before + 1, "the reload was not refused"
 
 
 GOOD_HASH = "$2b$04$" + "a" * 53
