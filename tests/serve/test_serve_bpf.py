@@ -23,7 +23,7 @@ import pytest
 from support import bpf_prog_ids, loaded_prog_ids
 
 OPTRACE = Path(sys.executable).parent / "optrace"
-CPU = "optrace_cpu_samples_total"
+CPU = "optrace_cpu_seconds_total"
 CALLS = "optrace_uprobe_calls_total"
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -119,7 +119,7 @@ def increase(run: WorkloadRun, expo, name: str, **labels: str) -> float:
 
 def test_hot_function_has_its_share_of_samples(workload_run, expo):
     total = increase(workload_run, expo, CPU, comm="srvdemo")
-    assert total > 0.8 * 2 * 499  # 2 s of CPU at 499 Hz, give or take lost samples
+    assert 0.8 * 2 < total < 2.2  # 2 s of CPU (samples / 499 Hz), give or take lost samples
     shares = {symbol: increase(workload_run, expo, CPU, comm="srvdemo", symbol=symbol) / total
               for symbol in ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix(double)")}
     shares["lost"] = {reason: increase(workload_run, expo, "optrace_lost_samples_total", reason=reason)
@@ -146,7 +146,7 @@ def test_jit_symbols_are_named(workload_run, expo):
     """jitcode runs 70% of its CPU time in code it copied to anonymous memory and named in its perf map."""
     total = increase(workload_run, expo, CPU, comm="srvjit")
     jit = increase(workload_run, expo, CPU, comm="srvjit", dso="[jit]", symbol="jitcode::hot loop(long)")
-    assert total > 0.8 * 499
+    assert total > 0.8  # seconds: srvjit runs 1 s of CPU
     assert abs(jit / total - 0.70) < 0.07, (jit, total)
 
 

@@ -26,7 +26,7 @@ from optrace.frontend.serve.totals import Delta, ExporterTotals
 from optrace.model import Frame, RawSample, Sample, UserFrame
 from serve.slowclients import source_address
 
-CPU = "optrace_cpu_samples_total"
+CPU = "optrace_cpu_seconds_total"  # samples / 99 Hz here
 
 
 # -- label values and series ----------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def test_a_million_long_names_cost_bounded_series_page_and_label_length(expo):
     text = MetricsPage(totals, ExporterInfo(99, "cpu-clock")).render().decode()
     series = expo.samples(text, CPU)
     assert len(series) == 9501  # 9,500 regular series and java's symbol="[other]" (5% kept back for those)
-    assert sum(series.values()) == 1_000_000  # every sample still counted, most in [other]
+    assert sum(series.values()) == pytest.approx(1_000_000 / 99)  # every sample still counted, most in [other]
     assert len(text) < 3_500_000
     assert "\x1b" not in text
     assert max(len(dict(key)["symbol"]) for key in series) <= MAX_LABEL_CHARS
@@ -83,10 +83,10 @@ def test_idle_series_expire_and_restart_from_zero(expo):
     text = page.render().decode()
     assert set(expo.samples(text, CPU)) == {tuple(zip(("comm", "dso", "symbol"), busy))}
     assert expo.value(text, "optrace_series_expired_total", metric=CPU) == 1
-    assert expo.value(text, CPU, comm="busy") == 25
+    assert expo.value(text, CPU, comm="busy") == pytest.approx(25 / 99)
     clock.now += 5
     totals.apply(Delta(cpu_samples=Counter({idle: 2})), 0)  # back: a new series, from 0
-    assert expo.value(page.render().decode(), CPU, comm="gone") == 2
+    assert expo.value(page.render().decode(), CPU, comm="gone") == pytest.approx(2 / 99)
 
 
 def test_expired_series_make_room_under_the_guard():
@@ -142,7 +142,7 @@ def test_a_source_that_raises_costs_its_drain_only(expo):
         daemon.drain_once()
     text = MetricsPage(daemon.totals, ExporterInfo(99, "cpu-clock")).render().decode()
     assert expo.value(text, "optrace_read_errors_total", kind="drain") == 5
-    assert expo.value(text, CPU, comm="ok") == 5
+    assert expo.value(text, CPU, comm="ok") == pytest.approx(5 / 99)
     assert expo.value(text, "optrace_drains_total") == 10
     assert len(warnings) == 1 and "Boom" in warnings[0] and "\n" not in warnings[0]  # once, not every drain
 

@@ -30,7 +30,7 @@ from optrace.frontend.serve.webconfig import (AUTH_CACHE_SIZE, MAX_PASSWORD_CHEC
 from optrace.errors import OptraceError
 from optrace.frontend.serve.config import build_options
 
-CPU = "optrace_cpu_samples_total"
+CPU = "optrace_cpu_seconds_total"
 
 
 def bcrypt_hash(password: str, cost: int = 4) -> str:
