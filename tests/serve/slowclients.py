@@ -99,7 +99,6 @@ class Clients:
 
     def send_line(self, sock: socket.socket, now: float) -> None:
         line = b"X-Slow-%d: a\r\n" % random.randrange(10**6) if sock in self.started else b"GET /metrics HTTP/1.1\r\n"
-        self.started.add(sock)
         try:
             sock.send(line)
         except BlockingIOError:  # still connecting: try again soon
@@ -107,6 +106,7 @@ class Clients:
         except OSError:
             self.drop(sock)
             return
+        self.started.add(sock)
         self.next_line[sock] = now + random.uniform(*HEADER_EVERY_S)
 
     def run(self, seconds: float) -> dict[str, int]:
