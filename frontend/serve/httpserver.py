@@ -52,7 +52,7 @@ from optrace.frontend.serve.webconfig import TlsFiles, WebConfig
 
 LISTEN_BACKLOG = 4096  # the kernel caps it at net.core.somaxconn
 MAX_CONNECTIONS = 4096
-MAX_PER_ADDRESS = 64
+MAX_PER_ADDRESS = 256
 FD_RESERVE = 1024  # descriptors kept for the profiler (perf events, BPF maps, probes, files being read)
 FIRST_BYTE_S = 10.0
 HEAD_S = 20.0
@@ -226,6 +226,7 @@ class MetricsServer:
         self._loop.set_exception_handler(self._loop_problem)
         self._thread: threading.Thread | None = None
         self._listener: asyncio.Server | None = None
+        self._serving = threading.Event()
 
     @property
     def url(self) -> str:
@@ -245,6 +246,7 @@ class MetricsServer:
         """Stops accepting, drops the connections waiting for a request, lets those being answered finish
         (a profile request that serve's stop just answered with 503) for up to CLOSE_S, then stops."""
         if self._thread is not None and self._thread.is_alive():
+            self._serving.wait(CLOSE_S)  # a stop right after start: the listener exists before it is closed
             self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._wind_down()))
             self._thread.join(CLOSE_S * 2)
         self._workers.shutdown(wait=False, cancel_futures=True)
@@ -262,6 +264,7 @@ class MetricsServer:
         asyncio.set_event_loop(self._loop)
         self._listener = self._loop.run_until_complete(asyncio.start_server(self._connected, sock=self._sock,
                                                                             backlog=LISTEN_BACKLOG))
+        self._serving.set()
         self._loop.run_forever()
         pending = asyncio.all_tasks(self._loop)
         for task in pending:

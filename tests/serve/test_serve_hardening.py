@@ -367,6 +367,16 @@ def test_a_new_connection_pushes_out_the_one_waiting_longest():
     assert limits.held() == 3 and limits.held("a") == 2
 
 
+def test_a_server_stopped_as_it_starts_stops_at_once():
+    """A stop that came before the listener existed used to leave the loop running (close() hung)."""
+    for _ in range(100):
+        server = httpserver.MetricsServer(ListenAddress("127.0.0.1", 0))
+        server.start(lambda: b"page")
+        started = time.monotonic()
+        server.close()
+        assert time.monotonic() - started < 5 and not server._thread.is_alive()
+
+
 def test_keep_alive_answers_requests_one_after_another(daemon_url):
     import http.client
 
