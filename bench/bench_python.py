@@ -336,7 +336,7 @@ def _serving_url(err, proc: subprocess.Popen, timeout: float = 300) -> str:
 
 def _series(url: str) -> int:
     body = subprocess.run(["curl", "-s", url], capture_output=True, text=True, timeout=60).stdout
-    return sum(1 for line in body.splitlines() if line.startswith("optrace_cpu_samples_total{"))
+    return sum(1 for line in body.splitlines() if line.startswith("optrace_cpu_seconds_total{"))
 
 
 def measure_serve(rounds: int, workdir: Path) -> dict:

@@ -221,7 +221,7 @@ def exporter_counters(url: str) -> dict[str, float]:
     found = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(optrace_\w+_total) (\S+)$", text, re.M)}
     for m in re.finditer(r'^optrace_process_events_total\{event="(\w+)"\} (\S+)$', text, re.M):
         found[m.group(1)] = float(m.group(2))
-    series = re.search(r'^optrace_series\{metric="optrace_cpu_samples_total"\} (\S+)$', text, re.M)
+    series = re.search(r'^optrace_series\{metric="optrace_cpu_seconds_total"\} (\S+)$', text, re.M)
     found["series"] = float(series.group(1)) if series else 0.0
     return found
 

@@ -189,7 +189,7 @@ def sample(pid: int, url: str, started: float) -> Sample:
                   tables_mb=round(metric(text, r'optrace_symbol_cache_bytes\{cache="table"\}') / 2**20, 1),
                   dsos=int(metric(text, r'optrace_symbol_cache_entries\{cache="dsos"\}')),
                   jit_symbols=int(metric(text, r'optrace_symbol_cache_entries\{cache="jit_symbols"\}')),
-                  series=int(metric(text, r'optrace_series\{metric="optrace_cpu_samples_total"\}')),
+                  series=int(metric(text, r'optrace_series\{metric="optrace_cpu_seconds_total"\}')),
                   page_kb=round(len(text.encode()) / 1024, 1),
                   execs=int(metric(text, r'optrace_process_events_total\{event="exec"\}')),
                   read_errors=int(metric(text, r"optrace_read_errors_total\{[^}]*\}")),

@@ -79,7 +79,8 @@ class FilePolicy:
 
     ``owners``: the uids it may belong to (None: any owner). ``follow_symlinks``: only for paths built
     from the system's own configuration; magic links are never followed. ``single_link``: refuse a file
-    with other hard links (a planted hard link to someone else's file in /tmp).
+    with other hard links (a planted hard link to someone else's file in /tmp). ``private``: refuse a file
+    with a group or other write bit (a settings file only its owner may change).
     """
 
     owners: frozenset[int] | None = None
@@ -87,6 +88,7 @@ class FilePolicy:
     follow_symlinks: bool = False
     single_link: bool = False
     read_seconds: float = DEFAULT_READ_SECONDS
+    private: bool = False
 
 
 ANY_FILE = FilePolicy()
@@ -187,6 +189,8 @@ def check_descriptor(fd: int, shown: str, policy: FilePolicy = ANY_FILE) -> os.s
     if policy.owners is not None and st.st_uid not in policy.owners:
         wanted = " or ".join(f"uid {u}" if u else "root" for u in sorted(policy.owners))
         raise RefusedFile(shown, "owner", f"is owned by uid {st.st_uid}, not {wanted}")
+    if policy.private and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RefusedFile(shown, "writable", f"is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})")
     if st.st_size > policy.max_size:
         raise RefusedFile(shown, "too_large", f"is {st.st_size} bytes, over the {policy.max_size}-byte limit")
     return st

@@ -97,6 +97,26 @@ def read_maps(pid: int | str, unreadable: Callable[[OSError], None] | None = Non
         return None
 
 
+def device_number(dev: str) -> int:
+    """The ``st_dev`` of a maps line's "major:minor" (hex)."""
+    major, _, minor = dev.partition(":")
+    return os.makedev(int(major, 16), int(minor, 16))
+
+
+def processes_mapping(files: set[tuple[int, int]], skip: int | None = None) -> dict[tuple[int, int], int]:
+    """How many processes map each of ``files`` ((st_dev, st_ino) pairs) now, ``skip`` left out; the
+    processes whose maps cannot be read are not counted."""
+    counts = dict.fromkeys(files, 0)
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == skip:
+            continue
+        maps = read_maps(name)
+        mapped = {(device_number(e.dev), e.inode) for e in maps.entries if e.inode} if maps is not None else set()
+        for key in mapped & files:
+            counts[key] += 1
+    return counts
+
+
 JITDUMP_NAME = re.compile(r"(?:^|/)jit-(\d+)\.dump$")
 
 

@@ -75,7 +75,8 @@ def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
     require_recording(uprobes=bool(options.uprobes))
     daemon = ServeDaemon(options, build_sources(options), on_warning=lambda message: say(f"warning: {message}"), on_info=say,
                          reload=lambda: build_options(merged_settings(ctx, config, flags), reloading=True),
-                         reload_requested=reload_requested)
+                         reload_requested=reload_requested, on_error=lambda message: say(f"error: {message}"))
+
     def ready(url: str) -> None:
         from optrace.frontend.cliopts import program_loads_line
 

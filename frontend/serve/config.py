@@ -28,12 +28,12 @@ import yaml
 
 from optrace.defaults import CALL_GRAPHS
 from optrace.errors import OptraceError
-from optrace.fileaccess import RefusedFile, read_file
 from optrace.frontend.cliopts import check_frequency
 from optrace.frontend.serve.cardinality import MIN_SERIES
 from optrace.frontend.serve.httpserver import ListenAddress
 from optrace.frontend.serve.options import DEFAULT_PORT, ServeOptions
-from optrace.frontend.serve.webconfig import CONFIG_POLICY, TlsFiles, WebConfig, load_web_config, tls_context
+from optrace.frontend.serve.settingsfile import read_settings, require_settings
+from optrace.frontend.serve.webconfig import TlsFiles, WebConfig, load_web_config, tls_context
 from optrace.frontend.session import check_off_cpu_every
 from optrace.frontend.target import check_pids, parse_pids
 from optrace.frontend.uprobes.spec import parse_spec
@@ -64,18 +64,14 @@ def load_config_file(path: str) -> dict[str, Any]:
     suffix = Path(path).suffix.lower()
     if suffix not in (".yaml", ".yml", ".toml"):
         raise OptraceError(f"config {path}: unknown format: name it .yaml, .yml or .toml")
-    try:
-        data = read_file(path, CONFIG_POLICY)  # a FIFO or a device blocks nothing
-    except (OSError, RefusedFile) as exc:
-        raise OptraceError(f"cannot read config {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if data is None:
-        raise OptraceError(f"cannot read config {path}: No such file or directory")
+    data = read_settings(path, "config")
     try:
         settings = tomllib.loads(data.decode()) if suffix == ".toml" else yaml.safe_load(data)
     except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise OptraceError(f"config {path}: not valid {suffix[1:].upper()}: {first_line}") from None
-    return check_setting_types(settings if settings is not None else {}, path)
+    require_settings(settings, path, "config", "leave out --config for the defaults")
+    return check_setting_types(settings, path)
 
 
 def check_setting_types(settings: object, path: str) -> dict[str, Any]:

@@ -7,7 +7,8 @@ drain's rows of that source (counted in ``optrace_read_errors_total{kind="drain"
 daemon. A reload (SIGHUP) re-reads the settings between two drains: the web config (TLS, users,
 headers) and the series idle time apply at once; settings that shape the BPF side or the guard
 (listen, frequency, uprobes, pids, comms, max_series, call_graph, python) need a restart, and a change to them is warned
-about and left as it was. A reload that fails keeps the running settings.
+about and left as it was. A reload that fails keeps the running settings and is an error line: a settings
+file that is empty, invalid or writable by another user (settingsfile.py) is refused.
 """
 from __future__ import annotations
 
@@ -42,9 +43,11 @@ class ServeDaemon:
                  on_warning: Callable[[str], None] = lambda message: None,
                  reload: Callable[[], ServeOptions] | None = None,
                  on_info: Callable[[str], None] = lambda message: None,
-                 reload_requested: threading.Event | None = None) -> None:
+                 reload_requested: threading.Event | None = None,
+                 on_error: Callable[[str], None] | None = None) -> None:
         self.options = options
         self._on_warning = on_warning
+        self._on_error = on_error or on_warning  # a refused reload: serve goes on, but nothing was applied
         self._on_info = on_info
         self._reload_options = reload
         self._reload_requested = reload_requested or threading.Event()
@@ -118,10 +121,10 @@ class ServeDaemon:
             if self._server is not None:
                 self._server.configure(new.web)
         except OptraceError as exc:
-            self._on_warning(f"reload failed, still serving with the previous settings: {exc}")
+            self._on_error(f"reload failed, still serving with the previous settings: {exc}")
             return
         except Exception as exc:  # a bug in reading settings must not take the daemon down either
-            self._on_warning(f"reload failed, still serving with the previous settings: internal error: {exc!r}")
+            self._on_error(f"reload failed, still serving with the previous settings: internal error: {exc!r}")
             return
         for name in RESTART_ONLY:
             if getattr(new, name) != getattr(self.options, name):

@@ -1,7 +1,12 @@
 """The `/metrics` page: the exporter's totals in the Prometheus text format (0.0.4).
 
-Self-metrics come from a prometheus-client custom collector rendered by ``generate_latest``. The two
-large families (``optrace_cpu_samples_total`` and ``optrace_uprobe_calls_total``, up to
+Units as Prometheus names them: CPU time in seconds (``optrace_cpu_seconds_total``: the samples of a
+series divided by the sampling frequency, so ``rate()`` reads as CPUs busy, and hosts sampled at
+different ``-F`` add up), counts as whole numbers (``optrace_drains_total 4``, not ``4.0``: what
+prometheus-client's ``generate_latest`` prints for every value). The totals keep samples, exactly.
+
+Self-metrics are prometheus-client metric families, written out here (:func:`family_text`). The two
+large families (``optrace_cpu_seconds_total`` and ``optrace_uprobe_calls_total``, up to
 ``--max-series`` series each) are rendered from line prefixes computed once per series: measured
 on this machine, ``generate_latest`` spends 37 ms (text) to 68 ms (OpenMetrics) on 10,000 series, and
 its gzip another 18 ms, against under 10 ms here when every series changed. A series' labels never
@@ -15,10 +20,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from optrace import __version__
 from optrace.frontend.serve.cardinality import Labels
@@ -26,7 +29,8 @@ from optrace.frontend.serve.totals import (CALL_LABELS, CALLS_METRIC, CPU_LABELS
                                       ExporterTotals, TotalsSnapshot)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-CPU_HELP = "CPU samples whose leaf frame (self time) is this symbol, JIT symbols included."
+CPU_HELP = ("CPU time whose leaf frame (self time) is this symbol, JIT symbols included: samples divided by the "
+            "sampling frequency, so rate() is in CPUs.")
 CALLS_HELP = "Exact calls of a uprobe-probed function, counted in the kernel."
 OFFCPU_HELP = ("Time threads waited off CPU (serve --off-cpu), by where they waited: the innermost user "
                "frame, or for kernel threads the caller of schedule().")
@@ -49,7 +53,8 @@ class CounterFamilyText:
     """Renders one large counter family, caching each series' `name{labels} ` prefix."""
 
     def __init__(self, name: str, help_text: str, label_names: tuple[str, ...], divisor: float = 0.0) -> None:
-        """``divisor``: values are shown divided by it (nanoseconds as seconds); 0 shows them as they are."""
+        """``divisor``: values are shown divided by it (nanoseconds or samples as seconds); 0 shows them as
+        they are (whole numbers)."""
         self._name = name
         self._divisor = divisor
         self._label_names = label_names
@@ -72,7 +77,7 @@ class CounterFamilyText:
         for labels, value in values.items():
             cached = lines.get(labels)
             if cached is None or cached[0] != value:
-                shown = value / self._divisor if self._divisor else value
+                shown = value_text(value / self._divisor if self._divisor else value)
                 cached = lines[labels] = (value, f"{self._prefix(labels)}{shown}\n")
             out.append(cached[1])
         if len(lines) > len(values):  # series expired since the last page
@@ -82,6 +87,31 @@ class CounterFamilyText:
     def _forget_missing(self, values: dict[Labels, int]) -> None:
         self._lines = {labels: line for labels, line in self._lines.items() if labels in values}
         self._prefixes = {labels: p for labels, p in self._prefixes.items() if labels in values}
+
+
+def value_text(value: float) -> str:
+    """A whole number as one (``4``), anything else as Prometheus' Go clients print it (``0.25``, ``+Inf``)."""
+    return str(value) if isinstance(value, int) else floatToGoString(value)
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+def family_text(family: Metric) -> str:
+    """One metric family in the text format, as ``generate_latest`` writes it (a counter's name with its
+    ``_total``, an info family as a gauge ``_info``), but whole numbers without ``.0``."""
+    name, kind = family.name, family.type
+    if kind == "counter":
+        name += "_total"
+    elif kind == "info":
+        name, kind = name + "_info", "gauge"
+    lines = [f"# HELP {name} {escape_help(family.documentation)}\n# TYPE {name} {kind}\n"]
+    for sample in family.samples:
+        pairs = ",".join(f'{key}="{escape_label_value(value)}"' for key, value in sorted(sample.labels.items()))
+        lines.append(f"{sample.name}{{{pairs}}} {value_text(sample.value)}\n" if pairs
+                     else f"{sample.name} {value_text(sample.value)}\n")
+    return "".join(lines)
 
 
 def counted_by(name: str, help_text: str, label: str, counts: Mapping[str, float]) -> CounterMetricFamily:
@@ -97,7 +127,7 @@ def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[M
     yield counted_by("optrace_lost_samples", "Samples or stacks the kernel side could not keep, by reason.",
                      "reason", snap.lost)
     yield CounterMetricFamily("optrace_idle_samples", "Samples of the idle task (pid 0), not in "
-                              "optrace_cpu_samples_total.", value=snap.idle_samples)
+                              "optrace_cpu_seconds_total.", value=snap.idle_samples)
     yield counted_by("optrace_process_events", "Processes exec'd and exited, as the profiler saw them (the "
                      "symbolizer works for those that get sampled).", "event",
                      {event: snap.process_events.get(event, 0) for event in ("exec", "exit")})
@@ -152,27 +182,13 @@ def cache_families(snap: TotalsSnapshot) -> Iterator[Metric]:
     yield sizes
 
 
-class _SnapshotCollector(Collector):
-    """A prometheus-client collector over the snapshot the page is being rendered from."""
-
-    def __init__(self, info: ExporterInfo) -> None:
-        self.info = info
-        self.snapshot: TotalsSnapshot | None = None
-
-    def collect(self) -> Iterator[Metric]:
-        if self.snapshot is not None:
-            yield from self_metric_families(self.snapshot, self.info)
-
-
 class MetricsPage:
     """Renders `/metrics`; a page is rendered at most once per drain, whoever scrapes it."""
 
     def __init__(self, totals: ExporterTotals, info: ExporterInfo) -> None:
         self._totals = totals
-        self._collector = _SnapshotCollector(info)
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(self._collector)
-        self._cpu = CounterFamilyText(CPU_METRIC, CPU_HELP, CPU_LABELS)
+        self._info = info
+        self._cpu = CounterFamilyText(CPU_METRIC, CPU_HELP, CPU_LABELS, divisor=info.frequency_hz)
         self._calls = CounterFamilyText(CALLS_METRIC, CALLS_HELP, CALL_LABELS)
         self._off_cpu = CounterFamilyText(OFFCPU_METRIC, OFFCPU_HELP, CPU_LABELS, divisor=NS_PER_S)
         self._lock = threading.Lock()
@@ -183,10 +199,10 @@ class MetricsPage:
             if self._page is not None and self._page[0] == self._totals.generation:
                 return self._page[1]
             snap = self._totals.snapshot()
-            self._collector.snapshot = snap
             text = self._cpu.render(snap.cpu_samples) + self._calls.render(snap.uprobe_calls)
             if snap.off_cpu_ns:
                 text += self._off_cpu.render(snap.off_cpu_ns)
-            page = text.encode("utf-8") + generate_latest(self._registry)
+            text += "".join(family_text(family) for family in self_metric_families(snap, self._info))
+            page = text.encode("utf-8")
             self._page = (snap.generation, page)
             return page

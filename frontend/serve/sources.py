@@ -22,6 +22,7 @@ from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, add_leaf_rows, add_off_cpu_rows
 from optrace.frontend.session import SCAN_SLICE_S, OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
+from optrace.frontend.uprobes.reach import slowed_processes
 from optrace.model import UNKNOWN
 
 
@@ -109,7 +110,9 @@ class CallSource:
     """Exact uprobe call counts: the probe manager's cumulative counts since start, turned into
     per-drain increments by (binary, symbol, comm). Calls the kernel could not attribute to a process
     (its per-pid map was full) are counted with comm="[unknown]" from their own kernel counter, so the
-    totals stay exact. An exited process is listed one last time with its final count, then dropped."""
+    totals stay exact. An exited process is listed one last time with its final count, then dropped.
+    What starting the probes has to say (how many processes they slow down, IFUNC resolvers, glob matches
+    the kernel refused) comes with the first drain's warnings."""
 
     event = None
 
@@ -119,6 +122,7 @@ class CallSource:
         self._targets = targets
         self._seen: dict[tuple[str, int, int | None], int] = {}  # (binary, offset, pid or None) -> calls
         self._target_set: set[int] = set()  # read once per drain, not once per pid
+        self._start_warnings: list[str] = []
         self.counter = None
 
     def start(self) -> None:
@@ -127,8 +131,11 @@ class CallSource:
         pid_filter = self._target_set.__contains__ if self._targets else None
         self.counter = CallCounter(self._specs, pid_filter=pid_filter)
         self.counter.start()
+        self._start_warnings = [*slowed_processes(self.counter.probes), *self.counter.warnings]
 
     def collect(self, delta: Delta) -> None:
+        delta.warnings.extend(self._start_warnings)
+        self._start_warnings = []
         if self._targets:
             self._target_set.clear()
             self._target_set.update(self._targets())

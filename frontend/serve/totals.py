@@ -20,7 +20,7 @@ from optrace.model import UNKNOWN, Frame, Sample
 
 CPU_LABELS = ("comm", "dso", "symbol")
 CALL_LABELS = ("binary", "symbol", "comm")
-CPU_METRIC = "optrace_cpu_samples_total"
+CPU_METRIC = "optrace_cpu_seconds_total"  # kept in samples, shown in seconds (samples / -F)
 OFFCPU_METRIC = "optrace_offcpu_seconds_total"  # serve --off-cpu; kept in nanoseconds, shown in seconds
 CALLS_METRIC = "optrace_uprobe_calls_total"
 DEFAULT_SERIES_IDLE_S = 600.0

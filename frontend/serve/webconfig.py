@@ -34,10 +34,10 @@ from typing import Any
 import bcrypt
 import yaml
 
-from optrace.fileaccess import FilePolicy, RefusedFile, printable, read_file
+from optrace.fileaccess import printable
 from optrace.errors import OptraceError
+from optrace.frontend.serve.settingsfile import read_settings, require_settings
 
-CONFIG_POLICY = FilePolicy(max_size=1 << 20, follow_symlinks=True)  # root's own file: symlinks are fine
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -53,9 +53,28 @@ TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_
 UNSUPPORTED_TLS_KEYS = {"cert", "key", "client_ca", "cipher_suites", "curve_preferences", "client_allowed_sans"}
 TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
-# What an unknown user's password is checked against, so "no such user" costs what "wrong password" does.
-DECOY_HASH = b"$2b$10$pKyjhDsqguz52Lb85.wbneuRvn/ReI0Q3SFjLI/QMUnMFsRyRFx/a"  # of a phrase nobody sends
-AUTH_CACHE_SIZE = 256
+# A bcrypt check costs 2**cost rounds: 0.13 s at cost 10 on the loaded 2-core test VM, 1.8 s at 14, 3.6 s at
+# 15, 14 s at 17 (htpasswd's own limit: more than Prometheus' default 10 s scrape timeout) and days at 31.
+# Every wrong password a client sends costs one check, one at a time: 14 keeps a check, and a scraper's
+# first one behind the few let wait (MAX_PASSWORD_CHECKS), within that timeout on a slow machine.
+MAX_BCRYPT_COST = 14
+# What an unknown user's password is checked against, at the cost of a real user's hash, so "no such user"
+# costs what "wrong password" does (hashes of random phrases, thrown away).
+DECOY_HASHES = {
+    4: b"$2b$04$iCxkW1mSUrxSblBVZqgN4.KtogPC1ICFkVrrmy8oHNWHtgoeppGp.",
+    5: b"$2b$05$NbdOSsbyQne1DD8Tm9zkFe68yA75l1eG3n49F2GB/GhZ3n1MDPTD6",
+    6: b"$2b$06$7rriPCIYpu0nOZ1RSHaJDeU64bn7mY7ZewnelKU8BrNchPYdU/w9.",
+    7: b"$2b$07$EsAYtdGwykAbqycF.1jd4OgOF/6K6JSTEMBDAh4l8dBcjb6j62ikW",
+    8: b"$2b$08$ajvirM5drxpAqki67jZ0uuNStuNMsz6wkL7eKHP3SmqioXwaWq41i",
+    9: b"$2b$09$DSEIWjmB8Tx8d.p3zoEhGOxagyKPzu7gjXJxIjbuldBu/fEW/TMta",
+    10: b"$2b$10$otFzaYDw8h9FK8oKTtqVtOCFM5MT0Utwn92DmtImRGD5HRkmon/4i",
+    11: b"$2b$11$U/Z/NHiAWBD2AqkRZFR2OuN.sGU3oFQyChsGZvZAiWQIm2.RInNdK",
+    12: b"$2b$12$kOuxiJiZ/JslMPu3io/reuIw9C35V8Rx4IBPaKL/ycwz0V6gGOFSO",
+    13: b"$2b$13$194X5oTGdubjtw3xB7nTi.AJl0C6lEfroLP1gczVRMEEbPOZxqv7m",
+    14: b"$2b$14$9NDxfBu1fnN3YQcSi6cReuvefkNRCuk7/qjUsCuyfBSXkKs9IXIHm",
+}
+AUTH_CACHE_SIZE = 256  # outcomes kept, for right and for wrong passwords each
+MAX_PASSWORD_CHECKS = 4  # bcrypt checks running or waiting for their turn; more: 429 at once
 
 
 @dataclass(frozen=True)
@@ -95,18 +114,12 @@ def _fail(path: str, message: str) -> OptraceError:
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
-    try:
-        data = read_file(path, CONFIG_POLICY)
-    except (OSError, RefusedFile) as exc:
-        raise OptraceError(f"cannot read web config {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if data is None:
-        raise OptraceError(f"cannot read web config {path}: it does not exist")
+    data = read_settings(path, "web config")
     try:
         settings = yaml.safe_load(data)
     except yaml.YAMLError as exc:
         raise _fail(path, f"not valid YAML: {str(exc).splitlines()[0] if str(exc) else 'parse error'}") from None
-    if settings is None:
-        return {}
+    require_settings(settings, path, "web config", "leave out --web-config to serve plain HTTP without users")
     if not isinstance(settings, dict):
         raise _fail(path, "expected a mapping at the top level")
     return settings
@@ -190,6 +203,10 @@ def _users(users: dict[str, Any], path: str) -> dict[str, bytes]:
             raise _fail(path, f"basic_auth_users: bad user name {name!r} (a non-empty string without ':')")
         if not isinstance(hashed, str) or not BCRYPT_HASH.fullmatch(hashed):
             raise _fail(path, f"basic_auth_users: the password of {name!r} is not a bcrypt hash ($2b$COST$...)")
+        if _cost(hashed.encode()) > MAX_BCRYPT_COST:
+            raise _fail(path, f"basic_auth_users: the hash of {name!r} has bcrypt cost {_cost(hashed.encode())}, over "
+                              f"{MAX_BCRYPT_COST}: every wrong password would cost serve that much CPU; hash it again "
+                              f"with a cost of 10 to {MAX_BCRYPT_COST}")
         checked[name] = hashed.encode()
     return checked
 
@@ -199,6 +216,7 @@ def tls_context(tls: TlsFiles) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[tls.min_version]
     context.maximum_version = TLS_VERSIONS[tls.max_version]
+    context.options |= ssl.OP_NO_RENEGOTIATION  # TLS 1.2 renegotiation: a client-driven CPU cost, never needed
     for name in (tls.cert, tls.key) + ((tls.client_ca,) if tls.client_ca else ()):
         if not os.access(name, os.R_OK):
             raise OptraceError(f"cannot read TLS file {name}: it does not exist or is not readable")
@@ -216,20 +234,31 @@ def tls_context(tls: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+class AuthBusy(Exception):
+    """MAX_PASSWORD_CHECKS bcrypt checks are already running or waiting: answer 429, not wait."""
+
+
 class BasicAuth:
-    """Checks ``Authorization: Basic`` headers against bcrypt hashes, as exporter-toolkit does: an
-    unknown user is checked against a decoy hash (same cost as a wrong password, so timing does not
-    tell which users exist); one bcrypt at a time (it costs ~0.1 s of CPU at cost 10); outcomes are
-    cached, keyed by a SHA-256 of user, hash and password (no password is kept), so a scraper that
-    keeps sending the right password costs one bcrypt, not one per scrape."""
+    """Checks ``Authorization: Basic`` headers against bcrypt hashes, as exporter-toolkit does, but
+    without telling which users exist: an unknown user's password is checked against a decoy hash of
+    the cost a real user's hash has (with users of several costs, one picked per name by a keyed hash,
+    as often as users have it), so it takes the time a wrong password takes. One bcrypt at a time (~0.1 s
+    of CPU at cost 10), at most MAX_PASSWORD_CHECKS running or waiting (a flood of wrong passwords gets
+    429s, never every worker). Outcomes are cached, keyed by a SHA-256 of user, hash and password (no
+    password is kept), right and wrong ones apart: a scraper that keeps sending the right password costs
+    one bcrypt, and wrong guesses cannot push it out of the cache."""
 
     def __init__(self, users: dict[str, bytes]) -> None:
         self.users = users
+        self._costs = sorted(_cost(hashed) for hashed in users.values())
+        self._name_key = os.urandom(16)
         self._bcrypt_lock = threading.Lock()
-        self._cache_lock = threading.Lock()
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._lock = threading.Lock()
+        self._checks = 0  # running or waiting for the bcrypt lock
+        self._outcomes: dict[bool, OrderedDict[bytes, None]] = {True: OrderedDict(), False: OrderedDict()}
 
     def allows(self, authorization: str | None) -> bool:
+        """Raises AuthBusy when the check would have to wait behind too many others."""
         if not self.users:
             return True
         credentials = _basic_credentials(authorization)
@@ -237,18 +266,49 @@ class BasicAuth:
             return False
         user, password = credentials
         known = user in self.users
-        hashed = self.users[user] if known else DECOY_HASH
+        hashed = self.users[user] if known else self._decoy(user)
         key = hashlib.sha256(b"\0".join((user.encode("utf-8", "surrogateescape"), hashed, password))).digest()
-        with self._cache_lock:
-            cached = self._cache.get(key)
-        if cached is None:
+        matches = self._cached(key)
+        if matches is None:
+            matches = self._check(password, hashed)
+            self._remember(key, matches)
+        return known and matches
+
+    def _decoy(self, user: str) -> bytes:
+        digest = hashlib.blake2b(user.encode("utf-8", "surrogateescape"), key=self._name_key, digest_size=8).digest()
+        return DECOY_HASHES[self._costs[int.from_bytes(digest, "little") % len(self._costs)]]
+
+    def _cached(self, key: bytes) -> bool | None:
+        with self._lock:
+            for outcome, keys in self._outcomes.items():
+                if key in keys:
+                    keys.move_to_end(key)
+                    return outcome
+        return None
+
+    def _remember(self, key: bytes, outcome: bool) -> None:
+        with self._lock:
+            keys = self._outcomes[outcome]
+            keys[key] = None
+            while len(keys) > AUTH_CACHE_SIZE:
+                keys.popitem(last=False)
+
+    def _check(self, password: bytes, hashed: bytes) -> bool:
+        with self._lock:
+            if self._checks >= MAX_PASSWORD_CHECKS:
+                raise AuthBusy(f"{MAX_PASSWORD_CHECKS} password checks are already running or waiting: try again")
+            self._checks += 1
+        try:
             with self._bcrypt_lock:
-                cached = _bcrypt_matches(password, hashed)
-            with self._cache_lock:
-                self._cache[key] = cached
-                while len(self._cache) > AUTH_CACHE_SIZE:
-                    self._cache.popitem(last=False)
-        return known and cached
+                return _bcrypt_matches(password, hashed)
+        finally:
+            with self._lock:
+                self._checks -= 1
+
+
+def _cost(hashed: bytes) -> int:
+    """The cost of a hash that BCRYPT_HASH matched ($2b$12$...)."""
+    return int(hashed[4:6])
 
 
 def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:

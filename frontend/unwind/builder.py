@@ -167,6 +167,14 @@ def _receive(sock: socket.socket, stop: Callable[[], bool] = lambda: False,
     return _exactly(sock, length, stop, deadline)
 
 
+def _readable(sock: socket.socket, seconds: float) -> bool:
+    """poll, not select: serve may hold thousands of connections, and select() fails on a descriptor
+    numbered 1024 or more (the child inherits the number its socket had in serve)."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(seconds * 1000))
+
+
 def _exactly(sock: socket.socket, size: int, stop: Callable[[], bool], deadline: float) -> bytes:
     buffer = bytearray(size)
     view, got = memoryview(buffer), 0
@@ -175,7 +183,7 @@ def _exactly(sock: socket.socket, size: int, stop: Callable[[], bool], deadline:
             raise DwarfError("stopped: the session is ending")
         if time.monotonic() > deadline:
             raise BudgetExceeded("the table builder did not answer in time")
-        if not select.select([sock], [], [], 0.2)[0]:
+        if not _readable(sock, 0.2):
             continue
         try:
             count = sock.recv_into(view[got:])
@@ -211,7 +219,7 @@ def _drop_privileges() -> None:
 
 def _serve_one(sock: socket.socket, idle_seconds: float) -> bool:
     """Answer one request; False once the parent is gone or we were idle for ``idle_seconds``."""
-    if not select.select([sock], [], [], idle_seconds)[0]:
+    if not _readable(sock, idle_seconds):
         return False
     message, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 1)
     if not message or not fds:

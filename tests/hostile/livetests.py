@@ -421,7 +421,7 @@ def test_serve_survives_sighup(served):
 
 
 def test_control_process_named_by_serve(served):
-    assert re.search(r'optrace_cpu_samples_total\{[^}]*comm="hcontrol"[^}]*symbol="%s"' % CONTROL_SYMBOL,
+    assert re.search(r'optrace_cpu_seconds_total\{[^}]*comm="hcontrol"[^}]*symbol="%s"' % CONTROL_SYMBOL,
                      served.last_body), "the ordinary program beside the rows lost its names"
 
 

@@ -25,7 +25,7 @@ def scrape(url: str, context: ssl.SSLContext | None = None, gzip_ok: bool = Fals
 
 
 def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """{sorted label items: value} of every sample called ``name`` (e.g. optrace_cpu_samples_total)."""
+    """{sorted label items: value} of every sample called ``name`` (e.g. optrace_cpu_seconds_total)."""
     found = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -1,6 +1,7 @@
 """The exporter core without BPF: guard, totals, page, HTTP(S) server, daemon loop, with fake sources."""
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ from optrace.frontend.serve.totals import Delta, ExporterTotals, guard_for
 from optrace.errors import OptraceError
 from optrace.model import CallCount, Frame, Sample
 
-CPU = "optrace_cpu_samples_total"
+CPU = "optrace_cpu_seconds_total"
 LABEL_SETS = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["/x", "/y"]), st.text(min_size=1, max_size=3))
 
 
@@ -129,12 +130,29 @@ def test_call_source_keeps_glob_rows_apart():
     assert second.uprobe_calls == Counter({("/lib/libc.so.6", "getpid", "p"): 2, ("/lib/libc.so.6", "getppid", "p"): 2})
 
 
+def test_cpu_time_is_in_seconds_and_counts_are_whole_numbers(expo):
+    """Prometheus' conventions: CPU in seconds (samples / -F: rate() reads as CPUs), counts printed as the
+    integers they are (prometheus-client's generate_latest printed every value as a float: 4.0)."""
+    totals = ExporterTotals(100)
+    totals.apply(Delta(cpu_samples=Counter({("demo", "/w/demo", "hot_a"): 81, ("demo", "/w/demo", "hot_b"): 198}),
+                       lost=Counter({"counts_map_full": 2}), idle_samples=5, execs=3), 0.25)
+    text = MetricsPage(totals, ExporterInfo(99, "cpu-clock")).render().decode()
+    assert expo.value(text, CPU, symbol="hot_a") == pytest.approx(81 / 99)
+    assert f'{CPU}{{comm="demo",dso="/w/demo",symbol="hot_b"}} 2.0\n' in text  # seconds: a float, even when whole
+    assert "optrace_cpu_samples_total" not in text
+    for line in ('optrace_lost_samples_total{reason="counts_map_full"} 2', "optrace_idle_samples_total 5",
+                 'optrace_process_events_total{event="exec"} 3', "optrace_drains_total 1", "optrace_drain_seconds_total 0.25",
+                 f'optrace_series{{metric="{CPU}"}} 2', 'optrace_sampling_frequency_hertz{event="cpu-clock"} 99'):
+        assert f"\n{line}\n" in text, line
+    assert re.search(r'\noptrace_build_info\{python="[^"]+",version="[^"]+"\} 1\n', text)
+
+
 def test_page_parses_escapes_labels_and_has_no_created_series(expo):
     totals = ExporterTotals(100)
     weird = 'op"er\\ator\n<>' + "\udcff"  # an undecodable byte as os.fsdecode leaves it
     totals.apply(Delta(cpu_samples=Counter({("demo", "/w/demo", weird): 7}), lost=Counter({"counts_map_full": 2})), 0.5)
     text = MetricsPage(totals, ExporterInfo(99, "cpu-clock")).render().decode()
-    assert expo.samples(text, CPU) == {(("comm", "demo"), ("dso", "/w/demo"), ("symbol", 'op"er\\ator?<>?')): 7}
+    assert expo.samples(text, CPU) == {(("comm", "demo"), ("dso", "/w/demo"), ("symbol", 'op"er\\ator?<>?')): 7 / 99}
     assert expo.value(text, "optrace_lost_samples_total", reason="counts_map_full") == 2
     assert expo.value(text, "optrace_drains_total") == 1
     assert expo.value(text, "optrace_drain_seconds_total") == 0.5
@@ -214,9 +232,9 @@ def test_many_scrapers_see_monotonic_counters_and_capped_series(served, expo):
         time.sleep(0.05)
     assert len(expo.samples(text, CPU)) == 50
     assert expo.value(text, "optrace_cardinality_overflow_total", metric=CPU) > 0
-    total = sum(expo.samples(text, CPU).values())
+    total = sum(expo.samples(text, CPU).values()) * expo.value(text, "optrace_sampling_frequency_hertz")
     drains = expo.value(text, "optrace_drains_total")
-    assert total == drains * 11  # every sample is somewhere: nothing lost to the guard
+    assert round(total) == drains * 11  # every sample is somewhere: nothing lost to the guard
 
 
 def test_index_page_404_and_405(served):

@@ -120,6 +120,22 @@ def test_bad_flags(optrace, args, message):
     assert message in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("name, text, mode, message", [
+    ("empty.yaml", "", 0o644, "config {path} has no settings (empty, or only comments): leave out --config"),
+    ("comments.toml", "# listen = '0.0.0.0:9469'\n", 0o644, "config {path} has no settings"),
+    ("open.yaml", "frequency: 49\n", 0o666, "cannot read config {path}: is writable by other users (mode 0666)"),
+])
+def test_a_config_file_without_settings_or_that_others_can_write_is_refused(tmp_path, optrace, name, text, mode, message):
+    """It names the web config (basic auth, TLS): another user must not be able to change it, and a truncated
+    one must not drop it."""
+    path = tmp_path / name
+    path.write_text(text)
+    path.chmod(mode)
+    result = optrace("serve", "--config", str(path), timeout=60)
+    assert result.returncode == 1 and result.stderr.startswith(f"optrace: {message.format(path=path)}")
+    assert result.stderr.count("\n") == 1
+
+
 def test_bad_tls_files_fail_before_bpf_loads(tmp_path, optrace, pem_files):
     cert, key = pem_files
     result = optrace("serve", "--listen", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key, timeout=60)

@@ -31,7 +31,7 @@ from optrace.model import Frame, Sample
 from pprofclient import top
 
 OPTRACE = Path(sys.executable).parent / "optrace"
-CPU = "optrace_cpu_samples_total"
+CPU = "optrace_cpu_seconds_total"
 FRAMES = [Frame("main", "/w/app"), Frame("hot_a", "/w/app"), Frame("hot_b", "/w/app"), Frame("evil\x1b[2J\udc80", "/w/app")]
 
 
@@ -204,7 +204,7 @@ def test_ground_truth_from_the_url(workloads: Path, tmp_path: Path, expo) -> Non
     assert ran < 25, f"ppdemo took {ran:.1f} s of wall time: the machine is too loaded for the 30 s window"
     total = expo.value(after, CPU, comm="ppdemo") - expo.value(before, CPU, comm="ppdemo")
     hot_a = expo.value(after, CPU, comm="ppdemo", symbol="hot_a") - expo.value(before, CPU, comm="ppdemo", symbol="hot_a")
-    assert total > 0.8 * 499
+    assert total > 0.8  # seconds: ppdemo ran 1 s of CPU
     assert abs(rows[0]["hot_a"].flat_percent - 100 * hot_a / total) <= 1, (rows[0]["hot_a"], hot_a, total)
     assert abs(rows[0]["hot_a"].flat_percent - 40) <= 5
     assert rows[0]["main"].cum_percent >= 90

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import base64
 import http.client
+import os
+import re
+import secrets
+import statistics
 import ssl
 import threading
 import time
@@ -20,11 +24,13 @@ from hypothesis import strategies as st
 from optrace.frontend.serve.daemon import ServeDaemon
 from optrace.frontend.serve.options import ServeOptions
 from optrace.frontend.serve.httpserver import ListenAddress
-from optrace.frontend.serve.webconfig import BasicAuth, TlsFiles, WebConfig, load_web_config
+from optrace.frontend.serve import webconfig
+from optrace.frontend.serve.webconfig import (AUTH_CACHE_SIZE, MAX_PASSWORD_CHECKS, AuthBusy, BasicAuth, TlsFiles,
+                                              WebConfig, load_web_config)
 from optrace.errors import OptraceError
 from optrace.frontend.serve.config import build_options
 
-CPU = "optrace_cpu_samples_total"
+CPU = "optrace_cpu_seconds_total"
 
 
 def bcrypt_hash(password: str, cost: int = 4) -> str:
@@ -110,6 +116,72 @@ def test_basic_auth_needs_a_user_and_its_password(running):
     assert get(run.url, "prom", "s3cret" + "x" * 80)[0] == 401  # past bcrypt's 72 bytes: refused, not an error
 
 
+def timed_401(url: str, user: str, password: str) -> float:
+    started = time.perf_counter()
+    status = get(url, user, password)[0]
+    assert status == 401
+    return time.perf_counter() - started
+
+
+def test_an_unknown_user_takes_as_long_as_a_wrong_password(running):
+    """No user names by timing: a known user's hash has cost 8 (~30 ms here), and an unknown user's password
+    was checked against a decoy of cost 10 (4 times as long); now a decoy of the users' own cost. Fresh
+    names and passwords each time (a repeated one is answered from the cache, known or not), interleaved,
+    medians compared."""
+    run = running(f"basic_auth_users:\n  prom: {bcrypt_hash('s3cret', cost=8)}\n")
+    known, unknown = [], []
+    for attempt in range(30):
+        guess = secrets.token_hex(8)
+        known.append(timed_401(run.url, "prom", guess))
+        unknown.append(timed_401(run.url, f"user{attempt}-{guess}", guess))
+    ratio = statistics.median(unknown) / statistics.median(known)
+    print(f"medians: wrong password {statistics.median(known) * 1e3:.1f} ms, unknown user "
+          f"{statistics.median(unknown) * 1e3:.1f} ms (ratio {ratio:.2f})")
+    assert 0.8 <= ratio <= 1.25
+
+
+def test_unknown_users_are_checked_at_the_costs_users_have():
+    users = {"a": bcrypt_hash("x", cost=4).encode(), "b": bcrypt_hash("y", cost=6).encode(),
+             "c": bcrypt_hash("z", cost=6).encode()}
+    auth = BasicAuth(users)
+    costs = [int(auth._decoy(f"name{i}")[4:6]) for i in range(300)]
+    assert set(costs) == {4, 6} and 60 < costs.count(4) < 140  # a third of the users have cost 4
+    assert auth._decoy("name7") == auth._decoy("name7")  # one name, one cost: no average to take
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_wrong_guesses_do_not_push_the_right_password_out_of_the_cache(monkeypatch):
+    auth = BasicAuth({"prom": bcrypt_hash("pw").encode()})
+    assert auth.allows(basic("prom", "pw"))
+    for guess in range(AUTH_CACHE_SIZE * 2):
+        assert not auth.allows(basic("prom", f"guess{guess}"))
+    monkeypatch.setattr(webconfig, "_bcrypt_matches", lambda *args: pytest.fail("a bcrypt for a cached password"))
+    assert auth.allows(basic("prom", "pw"))
+
+
+def test_too_many_password_checks_at_once_are_refused_not_queued():
+    """Each wrong password costs a bcrypt, one at a time: the requests past MAX_PASSWORD_CHECKS get 429 at once
+    instead of holding a worker each (a flood of guesses would hold them all)."""
+    auth = BasicAuth({"prom": bcrypt_hash("pw", cost=12).encode()})
+    outcomes: list[str] = []
+
+    def guess(n: int) -> None:
+        try:
+            outcomes.append(str(auth.allows(basic("prom", f"wrong{n}"))))
+        except AuthBusy:
+            outcomes.append("busy")
+
+    threads = [threading.Thread(target=guess, args=(n,)) for n in range(MAX_PASSWORD_CHECKS + 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert sorted(outcomes) == ["False"] * MAX_PASSWORD_CHECKS + ["busy"] * 3
+
+
 def test_basic_auth_checks_malformed_headers_without_errors():
     auth = BasicAuth({"prom": bcrypt_hash("pw").encode()})
     for header in [None, "", "Basic", "Basic !!!", "Bearer abc", "Basic " + base64.b64encode(b"no-colon").decode(),
@@ -184,10 +256,80 @@ def test_tls_flags_still_work_and_clash_with_a_tls_web_config(tmp_path, self_sig
         build_options({"tls_cert": self_signed.cert, "tls_key": self_signed.key, "web_config": str(config)})
 
 
-def test_an_empty_web_config_is_plain_http_without_auth(tmp_path):
+@pytest.mark.parametrize("text", ["", "# basic_auth_users:\n#   prom: $2b$...\n", "null\n", "{}\n"])
+def test_a_web_config_without_settings_is_refused(tmp_path, text):
+    """Not plain HTTP without users: a truncated file must not open /metrics (see the reload test)."""
     config = tmp_path / "web.yml"
-    config.write_text("")
-    assert load_web_config(str(config)) == WebConfig()
+    config.write_text(text)
+    with pytest.raises(OptraceError, match="has no settings .empty, or only comments.: leave out --web-config"):
+        load_web_config(str(config))
+
+
+def unsafe_settings_files(tmp_path: Path) -> dict[str, Path]:
+    """Web configs another user could change: by mode, by owner, by folder (each holds a valid config)."""
+    text = f"basic_auth_users:\n  prom: {GOOD_HASH}\n"
+    made = {}
+    for name, mode in (("writable by other users (mode 0666)", 0o666), ("writable by other users (mode 0620)", 0o620)):
+        made[name] = tmp_path / f"{mode:o}.yml"
+        made[name].write_text(text)
+        made[name].chmod(mode)
+    made["owned by uid 65534"] = tmp_path / "nobody.yml"
+    made["owned by uid 65534"].write_text(text)
+    os.chown(made["owned by uid 65534"], 65534, 65534)
+    for name, mode in (("open", 0o777), ("nobodys", 0o755)):
+        folder = tmp_path / name
+        folder.mkdir()
+        folder.chmod(mode)
+        if name == "nobodys":
+            os.chown(folder, 65534, 65534)
+        (folder / "web.yml").write_text(text)
+    made[f"the folder {tmp_path}/open is writable by other users (mode 0777)"] = tmp_path / "open" / "web.yml"
+    made[f"the folder {tmp_path}/nobodys is owned by uid 65534"] = tmp_path / "nobodys" / "web.yml"
+    return made
+
+
+@pytest.mark.root
+def test_a_web_config_another_user_could_change_is_refused(tmp_path):
+    for problem, path in unsafe_settings_files(tmp_path).items():
+        with pytest.raises(OptraceError, match=re.escape(problem)):
+            load_web_config(str(path))
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # as /tmp: others cannot replace root's file in it
+    (sticky / "web.yml").write_text(f"basic_auth_users:\n  prom: {GOOD_HASH}\n")
+    assert list(load_web_config(str(sticky / "web.yml")).users) == ["prom"]
+
+
+@pytest.mark.root
+def test_sighup_refuses_an_empty_invalid_or_unsafe_web_config_and_keeps_the_users(running, tmp_path):
+    """The issue's finding: an empty web config reloaded as "no auth", silently. Each of these is refused
+    with an error line, and the users of the last good config stay."""
+    run = running(f"basic_auth_users:\n  alice: {bcrypt_hash('a')}\n")
+    errors: list[str] = []
+    run.daemon._on_error = errors.append
+    folder = tmp_path / "unsafe"
+    folder.mkdir()
+    bad = {"has no settings": "", "not valid YAML": "basic_auth_users: [\n", "not a bcrypt hash": "basic_auth_users:\n  x: y\n"}
+    for problem, text in bad.items():
+        run.web_config.write_text(text)
+        reload_and_wait(run, errors)
+        assert problem in errors[-1] and errors[-1].startswith("reload failed, still serving with the previous")
+        assert get(run.url)[0] == 401 and get(run.url, "alice", "a")[0] == 200
+    for problem, path in unsafe_settings_files(folder).items():
+        run.web_config.unlink()
+        run.web_config.symlink_to(path)  # the unsafe file, with a user "prom" of its own
+        reload_and_wait(run, errors)
+        assert problem in errors[-1]
+        assert get(run.url)[0] == 401 and get(run.url, "alice", "a")[0] == 200
+
+
+def reload_and_wait(run: Running, errors: list[str]) -> None:
+    before = len(errors)
+    run.daemon.request_reload()
+    deadline = time.monotonic() + 10
+    while len(errors) == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(errors) == before + 1, "the reload was not refused"
 
 
 GOOD_HASH = "$2b$04$" + "a" * 53
@@ -199,6 +341,8 @@ GOOD_HASH = "$2b$04$" + "a" * 53
     ("rate_limit: {burst: 1}\n", "unknown setting rate_limit"),
     ("basic_auth_users:\n  prom: hunter2\n", "the password of 'prom' is not a bcrypt hash"),
     ("basic_auth_users:\n  'a:b': " + GOOD_HASH + "\n", "bad user name 'a:b'"),
+    ("basic_auth_users:\n  prom: $2b$15$" + "a" * 53 + "\n", "the hash of 'prom' has bcrypt cost 15, over 14"),
+    ("basic_auth_users:\n  prom: $2y$31$" + "a" * 53 + "\n", "the hash of 'prom' has bcrypt cost 31, over 14"),
     ("tls_server_config:\n  cert_file: c.pem\n", "tls_server_config.key_file is missing"),
     ("tls_server_config:\n  cert: inline\n", "tls_server_config.cert is not supported by optrace serve"),
     ("tls_server_config:\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "cipher_suites is not supported"),

@@ -49,6 +49,21 @@ def test_the_child_gives_the_same_files_as_the_calling_thread(child, omit_fp_bin
     assert child.started == 1
 
 
+def test_the_child_works_beside_thousands_of_descriptors(child):
+    """serve holding thousands of connections: its socket to the child is numbered past 1023, where select()
+    fails (ValueError: filedescriptor out of range), in the parent and in the child, which keeps the number."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), max(hard, 2048)))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert converted(child, LIBC).table.count > 1000
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def test_the_child_runs_unprivileged(child):
     converted(child, LIBC)
     status = Path(f"/proc/{child.child_pid}/status").read_text()

@@ -1,0 +1,139 @@
+"""What serve answers: `/metrics` (the page), `/` (a short HTML page pointing to it) and
+`/debug/pprof/profile?seconds=N`, with what the web config asks for (basic auth, extra headers; TLS is
+the server's, httpserver.py). A request comes in whole (its head read by the server); the answer is one
+:class:`Response`, built on a worker thread (a page render, a password check, a profile's N seconds).
+"""
+from __future__ import annotations
+
+import gzip
+import html
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs
+
+from optrace import __version__
+from optrace.frontend.serve.metricspage import CONTENT_TYPE
+from optrace.frontend.serve.profilewindows import WindowRefused, parse_seconds
+from optrace.frontend.serve.webconfig import AuthBusy, BasicAuth, WebConfig, tls_context
+
+PROFILE_PATH = "/debug/pprof/profile"  # Go's net/http/pprof
+ProfileCollector = Callable[[str, int], bytes]  # (client address, seconds) -> gzipped pprof
+TEXT = "text/plain; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # percent-decoded, without the query
+    query: str
+    client: str  # the peer's address: one profile collection at a time per client
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names; a repeated header: its last value
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    reason: str
+    headers: list[tuple[str, str]]
+    body: bytes = b""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What the web config makes of the endpoint, swapped whole when it is reloaded."""
+
+    context: ssl.SSLContext | None
+    auth: BasicAuth
+    headers: list[tuple[str, str]]
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.context else "http"
+
+
+def endpoint_for(web: WebConfig) -> Endpoint:
+    """Raises OptraceError (nothing changed) when the TLS files cannot be used."""
+    return Endpoint(tls_context(web.tls) if web.tls else None, BasicAuth(web.users), list(web.headers.items()))
+
+
+def text_response(status: int, reason: str, message: str, headers: list[tuple[str, str]] | None = None) -> Response:
+    return Response(status, reason, [("Content-Type", TEXT), *(headers or [])], f"{message}\n".encode())
+
+
+def index_page(scheme: str) -> bytes:
+    return (
+        "<!DOCTYPE html><html><head><title>optrace exporter</title></head><body>"
+        f"<h1>optrace {html.escape(__version__)}</h1>"
+        "<p>Continuous CPU profile and uprobe call counts for Prometheus.</p>"
+        f'<p><a href="/metrics">Metrics</a> ({scheme})</p>'
+        f'<p><a href="{PROFILE_PATH}?seconds=30">CPU profile of the next 30 s</a> (pprof)</p></body></html>\n'
+    ).encode()
+
+
+class _GzipCache:
+    """The gzip of the last page: a page is rendered once per drain, and compressed once too."""
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes, bytes] | None = None
+
+    def compress(self, page: bytes) -> bytes:
+        last = self._last
+        if last is not None and last[0] is page:
+            return last[1]
+        body = gzip.compress(page, compresslevel=1)  # level 1: 3 ms for 10k series, 9 costs 18
+        self._last = (page, body)
+        return body
+
+
+def _profile(request: Request, collect: ProfileCollector) -> Response:
+    """`/debug/pprof/profile?seconds=N`: blocks N seconds, then the pprof (see profilewindows)."""
+    try:
+        seconds = parse_seconds(parse_qs(request.query, keep_blank_values=True).get("seconds", []))
+        body = collect(request.client, seconds)
+    except WindowRefused as refused:
+        status, _, reason = refused.status.partition(" ")
+        return text_response(int(status), reason, str(refused))
+    return Response(200, "OK", [("Content-Type", "application/octet-stream"), ("X-Content-Type-Options", "nosniff"),
+                                ("Content-Disposition", 'attachment; filename="profile"')], body)
+
+
+class Routes:
+    """GET (and HEAD) `/metrics`, `/` and (with ``profile``) `/debug/pprof/profile`, 404 elsewhere, 405 for
+    any other method, 401 without valid credentials when the web config has users (429 while too many
+    password checks wait, see BasicAuth). Every answer carries the web config's headers."""
+
+    def __init__(self, render: Callable[[], bytes], profile: ProfileCollector | None = None) -> None:
+        self._render = render
+        self._profile = profile
+        self._gzipped = _GzipCache()
+
+    def respond(self, request: Request, endpoint: Endpoint) -> Response:
+        """The answer, body included for HEAD too: the server sends its length, not the body."""
+        answer = self._answer(request, endpoint)
+        return Response(answer.status, answer.reason, [*answer.headers, *endpoint.headers], answer.body)
+
+    def _answer(self, request: Request, endpoint: Endpoint) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return Response(405, "Method Not Allowed", [("Allow", "GET, HEAD")])
+        try:
+            allowed = endpoint.auth.allows(request.headers.get("authorization"))
+        except AuthBusy as busy:
+            return text_response(429, "Too Many Requests", str(busy), [("Retry-After", "1")])
+        if not allowed:
+            return Response(401, "Unauthorized", [("WWW-Authenticate", 'Basic realm="optrace"'),
+                                                  ("Content-Type", "text/plain")], b"Unauthorized\n")
+        if request.path == "/metrics":
+            return self._metrics(request)
+        if request.path == "/":
+            return Response(200, "OK", [("Content-Type", "text/html; charset=utf-8")], index_page(endpoint.scheme))
+        if request.path == PROFILE_PATH and self._profile is not None:
+            return _profile(request, self._profile)
+        return Response(404, "Not Found", [("Content-Type", "text/plain")], b"not found: try /metrics\n")
+
+    def _metrics(self, request: Request) -> Response:
+        body, headers = self._render(), [("Content-Type", CONTENT_TYPE)]
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            body = self._gzipped.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        return Response(200, "OK", headers, body)
