@@ -4,7 +4,8 @@ Three `optrace serve` agents, each started from docs/fleet/serve.yaml on its own
 (127.0.0.2-4: three hosts to Prometheus), all keeping only one workload's samples (`--comm`): a copy of
 workloads/build/demo under a name of this session, running while the session lasts (hot_a: 40% of its
 CPU). One real Prometheus scrapes them with docs/fleet/prometheus.yml's job and recording rule, every
-second instead of every 15 s. Everything is started once per session and only on loopback.
+second instead of every 15 s. Everything is started once for the tests of this folder, only on loopback,
+and stopped when they are done.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def _stop(agent: Agent) -> int:
     return agent.served.process.returncode
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fleet(bpf_ready, workloads: Path, agent_args: list[str], agent_env: dict[str, str],
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Three agents serving from docs/fleet/serve.yaml, and the workload they profile, running."""
@@ -71,7 +72,7 @@ def fleet(bpf_ready, workloads: Path, agent_args: list[str], agent_env: dict[str
     assert codes == [0] * len(agents), [agent.served.stderr_path.read_text()[-2000:] for agent in agents]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def prometheus(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     """Debian's Prometheus with docs/fleet/prometheus.yml (its file_sd listing the three agents) and
     optrace-rules.yml, scraping every second."""
