@@ -69,8 +69,6 @@ MAX_STOP_S = 120  # SIGINT/SIGTERM to exit: a whole-machine record names every p
 SERVE_NAMES_S = 120  # serve names the workload's functions within this (its tables load as it samples)
 
 
-@pytest.fixture(scope="module")
-
 def outcome_count(outcomes: dict[str, int], status: str) -> int:
     """Samples a walk ended with ``status``: with no Python frame (the status itself), or cut short after some
     (``cut: status``, RecordMeta.python)."""
@@ -80,6 +78,8 @@ def outcome_count(outcomes: dict[str, int], status: str) -> int:
 def samples_counted(outcomes: dict[str, int]) -> int:
     return sum(n for outcome, n in outcomes.items() if not outcome.startswith("cut: "))
 
+
+@pytest.fixture(scope="module")
 def fake_python(bpf_ready, hostile_user: HostileUser) -> Path:
     """fakepython.c built as python3.11 in the user's folder, the user's file."""
     if shutil.which("gcc") is None:

@@ -5,7 +5,6 @@ profiled) cannot add to the series these tests read: their comm and binary label
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -15,11 +14,13 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from prometheusserver import query, running_prometheus
 from support import bpf_prog_ids, loaded_prog_ids
 
 OPTRACE = Path(sys.executable).parent / "optrace"
@@ -39,12 +40,18 @@ class Served:
         return self.process.wait(timeout)
 
 
-def start_serve(args: list[str], tmp: Path, timeout: float = 60) -> Served:
-    """Start `optrace serve` and wait for its "serving URL" line (the BPF compile takes a few s)."""
+def launch_serve(args: list[str], tmp: Path, listen: str = "127.0.0.1:0", env: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> tuple[subprocess.Popen, Path]:
+    """`optrace serve` started, its stderr going to a file of ``tmp``: (process, that file)."""
     err_path = tmp / f"serve-{time.monotonic_ns()}.err"
     with open(err_path, "w") as err:
-        process = subprocess.Popen([str(OPTRACE), "serve", "--listen", "127.0.0.1:0", *args],
-                                   stdout=subprocess.DEVNULL, stderr=err)
+        process = subprocess.Popen([str(OPTRACE), "serve", "--listen", listen, *args],
+                                   stdout=subprocess.DEVNULL, stderr=err, env=env, preexec_fn=preexec_fn)
+    return process, err_path
+
+
+def await_serving(process: subprocess.Popen, err_path: Path, timeout: float = 60) -> Served:
+    """Wait for a launched serve's "serving URL" line (the BPF compile takes a few s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = re.search(r"serving (\S+)", err_path.read_text())
@@ -55,6 +62,11 @@ def start_serve(args: list[str], tmp: Path, timeout: float = 60) -> Served:
         time.sleep(0.1)
     process.kill()
     raise AssertionError(f"optrace serve did not start: {err_path.read_text()}")
+
+
+def start_serve(args: list[str], tmp: Path, timeout: float = 60) -> Served:
+    """Start `optrace serve` on a free loopback port and wait until it serves."""
+    return await_serving(*launch_serve(args, tmp), timeout)
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
@@ -161,75 +173,25 @@ scrape_configs:
 """
 
 
-def prometheus_query(base: str, query: str) -> list[dict]:
-    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-    with urllib.request.urlopen(url, timeout=5) as response:
-        body = json.load(response)
-    assert body["status"] == "success", body
-    return body["data"]["result"]
-
-
 @pytest.fixture
 def prometheus(served, tmp_path):
     """Debian's Prometheus on loopback, scraping the serve session every second."""
-    if shutil.which("prometheus") is None:
-        pytest.fail("prometheus is not installed (apt-get install prometheus)")
     target = urllib.parse.urlsplit(served.url).netloc
     (tmp_path / "prometheus.yml").write_text(PROMETHEUS_CONFIG.format(target=target))
-    process = subprocess.Popen(
-        ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         "--web.listen-address=127.0.0.1:0", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    yield process
-    process.terminate()
-    process.wait(20)
-
-
-def socket_inodes(pid: int) -> set[str]:
-    """Inodes of a process's sockets; its fds come and go while this reads them."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
-
-
-def prometheus_address(process: subprocess.Popen) -> str:
-    """Prometheus does not print an ephemeral port: find its listening socket in /proc."""
-    inodes = socket_inodes(process.pid)
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
-            return f"http://127.0.0.1:{int(fields[1].split(':')[1], 16)}"
-    return ""
-
-
-def prometheus_ready(process: subprocess.Popen) -> str:
-    """Prometheus listens before its storage is open and answers queries 503 until then: wait for /-/ready."""
-    base = prometheus_address(process)
-    if not base:
-        return ""
-    try:
-        with urllib.request.urlopen(f"{base}/-/ready", timeout=5) as response:
-            return base if response.status == 200 else ""
-    except OSError:  # HTTPError 503 is an OSError too
-        return ""
+    with running_prometheus(tmp_path / "prometheus.yml", tmp_path / "data") as server:
+        yield server.base
 
 
 def test_real_prometheus_ingests_the_counters(workload_run, prometheus, unique_workloads, expo):
-    base = wait_for(lambda: prometheus_ready(prometheus), 60, "prometheus to be ready")
+    base = prometheus
     binary = str(unique_workloads / "srvcalls")
-    calls = wait_for(lambda: prometheus_query(base, f'{CALLS}{{binary="{binary}"}}'), 30, "prometheus to scrape")
+    calls = wait_for(lambda: query(base, f'{CALLS}{{binary="{binary}"}}'), 30, "prometheus to scrape")
     assert [(r["metric"]["symbol"], r["metric"]["comm"], r["value"][1]) for r in calls] == [("target", "srvcalls", "1234")]
-    share = prometheus_query(base, f'sum({CPU}{{comm="srvdemo",symbol="hot_a"}}) / sum({CPU}{{comm="srvdemo"}})')
+    share = query(base, f'sum({CPU}{{comm="srvdemo",symbol="hot_a"}}) / sum({CPU}{{comm="srvdemo"}})')
     assert abs(float(share[0]["value"][1]) - 0.40) < 0.05
-    top = wait_for(lambda: prometheus_query(base, f"topk(10, sum by (symbol) (rate({CPU}[5m])))"), 10, "rates")
+    top = wait_for(lambda: query(base, f"topk(10, sum by (symbol) (rate({CPU}[5m])))"), 10, "rates")
     assert len(top) == 10 and all(float(r["value"][1]) >= 0 for r in top)
-    up = prometheus_query(base, 'up{job="optrace"}')
+    up = query(base, 'up{job="optrace"}')
     assert up[0]["value"][1] == "1"
 
 
