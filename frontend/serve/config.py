@@ -28,6 +28,7 @@ import yaml
 from optrace.defaults import CALL_GRAPHS
 from optrace.errors import OptraceError
 from optrace.fileaccess import RefusedFile, read_file
+from optrace.kernel import COMM_MAX
 from optrace.frontend.cliopts import check_frequency
 from optrace.frontend.serve.cardinality import MIN_SERIES
 from optrace.frontend.serve.httpserver import ListenAddress
@@ -37,7 +38,6 @@ from optrace.frontend.session import check_off_cpu_every
 from optrace.frontend.target import check_pids, parse_pids
 from optrace.frontend.uprobes.spec import parse_spec
 
-COMM_MAX = 15  # TASK_COMM_LEN - 1
 SETTING_TYPES: dict[str, type] = {
     "listen": str,
     "frequency": int,
