@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from optrace.model import Frame, Sample
 
-OVER_LIMIT = Frame(symbol="[stacks over the limit]", dso="[optrace]", resolved=False)
+OVER_LIMIT = Frame(symbol="[stacks over the limit]", dso="[optrace]")  # a name, not a fallback: resolved
 
 StackKey = tuple[int, str, tuple[int, ...]]  # (pid, comm, frame indices into StackTable.frames, leaf first)
 
