@@ -192,7 +192,10 @@ class _Builder:
         if index is None:
             table = self.request.dictionary.stack_table
             index = self.stacks[frames] = len(table)
-            table.add().location_indices.extend([self._location(f) for f in frames] or [self._location(-1)])
+            locations = list(map(self.locations.get, frames or (-1,)))  # in C: most frames are known already
+            if None in locations:
+                locations = [self._location(f) for f in frames or (-1,)]
+            table.add().location_indices.extend(locations)
         return index
 
     def _location(self, frame_index: int) -> int:

@@ -178,6 +178,10 @@ class MetricsPage:
         self._lock = threading.Lock()
         self._page: tuple[int, bytes] | None = None  # (generation, page)
 
+    def add_collector(self, collector: Collector) -> None:
+        """More self-metrics on the page (OTLP push's: frontend/serve/otlpexport.py), read at each render."""
+        self._registry.register(collector)
+
     def render(self) -> bytes:
         with self._lock:
             if self._page is not None and self._page[0] == self._totals.generation:
