@@ -4,10 +4,12 @@ agent's profiles name the workloads' hot function (demo: hot_a 40 %, under main)
 their values add up to the samples the agent's own /metrics counts (optrace_cpu_samples_total) within
 2 %. The receiver killed mid-run: every agent's queue stays within its bound, its memory does not grow
 past it, the oldest profiles are dropped and counted, and exports resume once the receiver is back.
-The same over http/protobuf to a small HTTP receiver, from one agent."""
+The same over http/protobuf to a small HTTP receiver, from one agent; and with --off-cpu, off-CPU time as a
+profile of its own."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from fleetagents import (AGENT_KEY, FLEET_ARGS, FLEET_HZ, QUEUE_BYTES, Agent, demo_copy, fake_container, otlp_fleet,  # noqa: F401
                          start_agent, workloads_running)
 from otlpdecode import DecodedProfile, plain
-from otlpreceiver import HttpReceiver, Inbox, Received
+from otlpreceiver import GrpcReceiver, HttpReceiver, Inbox, Received
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 CPU = "optrace_cpu_samples_total"
@@ -180,6 +182,34 @@ def test_http_protobuf_agent(bpf_ready, workloads, tmp_path) -> None:
         settled([agent])
         check_agent_against_its_counters(receiver.inbox, agent, (program.name,))
         assert {r.headers["x-scope-orgid"] for r in receiver.inbox.received} == {"fleet"}
+    finally:
+        assert agent.stop() == 0
+        receiver.stop()
+
+
+def test_off_cpu_is_its_own_profile(bpf_ready, workloads, tmp_path) -> None:
+    """serve --off-cpu: off-CPU time comes as off_cpu/nanoseconds profiles of whole stacks (from schedule()
+    in the kernel to main), their values the agent's own optrace_offcpu_seconds_total within 2 %."""
+    receiver = GrpcReceiver()
+    program = tmp_path / "offcpu_otlp"
+    shutil.copy(workloads / "offcpu", program)
+    comms = ("sleeper", "pipe_reader")
+    agent = start_agent("127.0.0.6", ["--off-cpu", "--otlp-interval", "2", *(f"--comm={c}" for c in comms),
+                                      "--comm", program.name, "--otlp-endpoint", receiver.endpoint], tmp_path)
+    try:
+        with workloads_running(([str(program), "1"], None)) as [running]:
+            assert running.wait(120) == 0
+        settled([agent])
+        page = agent.scrape()
+        profiles = [p for p in receiver.inbox.profiles() if p.sample_type == ("off_cpu", "nanoseconds")]
+        assert profiles and all(p.period == 0 and p.period_type == ("", "") for p in profiles)
+        for comm in comms:
+            counted = metric(page, "optrace_offcpu_seconds_total", comm=comm) * 1e9
+            total, leaves, inclusive = of_comm(profiles, comm)
+            assert counted > 0.3e9 and abs(total - counted) <= 0.02 * counted, (comm, total, counted)
+            assert inclusive["schedule"] >= 0.98 * total, (comm, leaves.most_common(4))
+        assert of_comm(profiles, "sleeper")[2]["clock_nanosleep"] >= 0.9 * of_comm(profiles, "sleeper")[0]
+        assert of_comm(profiles, "pipe_reader")[2]["read"] >= 0.8 * of_comm(profiles, "pipe_reader")[0]
     finally:
         assert agent.stop() == 0
         receiver.stop()
