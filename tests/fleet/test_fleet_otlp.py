@@ -107,6 +107,8 @@ def test_every_agent_pushes_the_workloads_named_and_counted(fleet_run) -> None:
     for agent in fleet.agents:
         check_agent_against_its_counters(fleet.receiver.inbox, agent, WORKLOADS)
         assert metric(agent.scrape(), "optrace_otlp_requests_total", outcome="rejected") == 0
+        lines = agent.stderr_path.read_text().splitlines()  # gRPC's own logging never reaches serve's stderr
+        assert all(line.startswith("optrace: ") for line in lines), lines
 
 
 def test_resources_say_which_host_process_and_container(fleet_run) -> None:
