@@ -64,6 +64,7 @@ PROFILE: Formats[Profile, ReportOptions] = Formats({  # optrace report --format
     "flamegraph": "optrace.exporters.flamegraph",
     "svg": "optrace.exporters.flamesvg",
     "pprof": "optrace.exporters.pprof",
+    "otlp": "optrace.exporters.otlp",
 })
 CALL_GRAPH: Formats[Profile, ReportOptions] = Formats({  # optrace report -G caller|callee --format
     "table": "optrace.exporters.callgraph",

@@ -8,6 +8,7 @@ import os
 import struct
 from pathlib import Path
 
+COMM_MAX = 15  # bytes of a program's name the kernel keeps as its command name (TASK_COMM_LEN - 1)
 CAP_SYS_ADMIN = 21
 CAP_SYS_NICE = 23
 CAP_PERFMON = 38

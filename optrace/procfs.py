@@ -1,4 +1,4 @@
-"""Reading /proc about a process: the one module that reads ``/proc/PID/{maps,stat,status,comm,exe}``.
+"""Reading /proc about a process: the one module that reads ``/proc/PID/{maps,stat,status,comm,exe,cmdline,cgroup}``.
 
 A :class:`MapEntry` is one line of ``/proc/PID/maps`` (perf's ``map``: an address range of one object).
 These files are the kernel's own (not another user's), so they are read directly; a process that is
@@ -13,6 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 DELETED_SUFFIX = " (deleted)"
+MAX_CMDLINE_BYTES = 4096  # of /proc/PID/cmdline: a process's own arguments may be megabytes
+MAX_CGROUP_BYTES = 16384  # of /proc/PID/cgroup: one line per hierarchy, each a path
+# A container's id at the end of a cgroup path, as container runtimes name them: 64 hex digits (Docker,
+# containerd, CRI-O, podman: ".../docker-<id>.scope", "/kubepods/.../<id>") or an ECS task's
+# "<32 hex>-<n>"; a last "/name" component after it is a cgroup the runtime made inside the container.
+CONTAINER_ID = re.compile(r"([0-9a-f]{64}|[0-9a-f]{32}-[0-9]+)(?:\.scope)?(?:/[a-z]+)?$")
 # Shared anonymous memory shows a path but holds no ELF object (perf's is_anon_memory, plus memfd,
 # which JITs such as .NET use to double-map code).
 ANONYMOUS_PREFIXES = ("/dev/zero", "/anon_hugepage", "/SYSV", "/memfd:")
@@ -192,6 +198,48 @@ def comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def _read_bounded(path: str, limit: int) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def executable(pid: int) -> str | None:
+    """The path of the process's executable as the kernel links it (without " (deleted)"), or None (a
+    kernel thread, a process gone or not ours to look at)."""
+    try:
+        path = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    return path.removesuffix(DELETED_SUFFIX)
+
+
+def command_line(pid: int) -> list[str] | None:
+    """The process's arguments (the first MAX_CMDLINE_BYTES bytes), None when it has none (a kernel
+    thread) or is gone. The process writes this memory itself: it may say anything."""
+    data = _read_bounded(f"/proc/{pid}/cmdline", MAX_CMDLINE_BYTES)
+    if not data:
+        return None
+    return data.rstrip(b"\0").decode("utf-8", "replace").split("\0")
+
+
+def container_id(pid: int) -> str | None:
+    """The id of the container the process runs in, from its cgroup paths (cgroup v1 and v2), or None."""
+    data = _read_bounded(f"/proc/{pid}/cgroup", MAX_CGROUP_BYTES)
+    return cgroup_container_id(data.decode("utf-8", "replace")) if data else None
+
+
+def cgroup_container_id(text: str) -> str | None:
+    """The container id in the text of a /proc/PID/cgroup (``ID:CONTROLLERS:PATH`` lines), or None."""
+    for line in text.splitlines():
+        found = CONTAINER_ID.search(line.split(":", 2)[-1])
+        if found:
+            return found.group(1)
+    return None
 
 
 def exec_path(pid: int, filename: str) -> str | None:

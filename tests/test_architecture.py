@@ -52,9 +52,9 @@ FRONTEND_LAYERS = (
     {"commands"},  # one module per command: parses options, calls the layers below, writes through formats
     {"cli"},
 )
-# frontend imports from exporters only the registry, and serve the pprof encoder (its /debug/pprof/profile
-# answers with pprof bytes, not a report on a stream)
-FRONTEND_FROM_EXPORTERS = {"optrace.exporters.formats", "optrace.exporters.pprof"}
+# frontend imports from exporters only the registry, and serve the pprof and OTLP encoders (its
+# /debug/pprof/profile answers with pprof bytes, its OTLP push sends requests: not reports on a stream)
+FRONTEND_FROM_EXPORTERS = {"optrace.exporters.formats", "optrace.exporters.pprof", "optrace.exporters.otlp"}
 PURE_MODELS = "optrace.frontend.report"  # imports only the core and jitmaps' file models
 COMMANDS = "optrace.frontend.commands"
 EXPORTER_HELPERS = {"formats", "budget"}  # the registry and the report writers' output budget

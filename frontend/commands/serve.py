@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -12,6 +13,7 @@ from optrace.frontend.serve.options import DEFAULT_MAX_SERIES, DEFAULT_PORT, SER
 from optrace.frontend.serve.totals import DEFAULT_SERIES_IDLE_S
 from optrace.frontend.cliopts import frequency_option, pid_option, python_option, unwind_option
 from optrace.frontend.serve.config import SETTING_TYPES, build_options, load_config_file
+from optrace.frontend.serve.otlpconfig import DEFAULT_INTERVAL_S, DEFAULT_QUEUE_BYTES, PROTOCOLS
 from optrace.heap import large_blocks_mapped, one_arena
 
 
@@ -31,6 +33,35 @@ def say(message: str) -> None:
         click.echo(f"optrace: {message}", err=True)
     except OSError:
         pass
+
+
+def otlp_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """The OTLP push flags: each also a config key and an OTEL_* variable (frontend/serve/otlpconfig.py)."""
+    flags = [
+        click.option("--otlp-endpoint", metavar="URL", help="Push OTLP profiles here (as OTEL_EXPORTER_OTLP_ENDPOINT: "
+                     "http/protobuf appends /v1development/profiles)."),
+        click.option("--otlp-profiles-endpoint", metavar="URL", help="The same, used as it is "
+                     "(OTEL_EXPORTER_OTLP_PROFILES_ENDPOINT)."),
+        click.option("--otlp-protocol", type=click.Choice(PROTOCOLS), help="Default grpc."),
+        click.option("--otlp-headers", metavar="K=V,...", help="Headers of every request (values %-encoded)."),
+        click.option("--otlp-certificate", metavar="PEM", help="CA to verify the OTLP server with."),
+        click.option("--otlp-client-key", metavar="PEM", help="mTLS: the client's key."),
+        click.option("--otlp-client-certificate", metavar="PEM", help="mTLS: the client's certificate."),
+        click.option("--otlp-insecure", is_flag=True, help="gRPC endpoint without a scheme: no TLS."),
+        click.option("--otlp-compression", type=click.Choice(("gzip", "none")), help="Default gzip."),
+        click.option("--otlp-timeout", type=int, metavar="SECONDS", help="Per request (default 10; 0: none)."),
+        click.option("--otlp-interval", type=int, metavar="SECONDS",
+                     help=f"One profile per this many seconds (default {DEFAULT_INTERVAL_S})."),
+        click.option("--otlp-queue-bytes", type=int, metavar="BYTES",
+                     help=f"Requests held while the backend is slow or down (default {DEFAULT_QUEUE_BYTES >> 20} MiB; "
+                          "the oldest are dropped)."),
+        click.option("--service-name", metavar="NAME", help="service.name of every resource (OTEL_SERVICE_NAME)."),
+        click.option("--resource-attributes", metavar="K=V,...", help="Added to every resource "
+                     "(OTEL_RESOURCE_ATTRIBUTES)."),
+    ]
+    for flag in reversed(flags):
+        command = flag(command)
+    return command
 
 
 @click.command()
@@ -56,9 +87,12 @@ def say(message: str) -> None:
               help="TLS and basic auth (bcrypt) for /metrics: a Prometheus exporter-toolkit web config file.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), help="Serve HTTPS with this certificate (PEM).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), help="Private key of --tls-cert (PEM).")
+@otlp_flags
 @click.pass_context
 def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
-    """Serve a continuous profile and call counts to Prometheus until SIGTERM or Ctrl-C.
+    """Serve a continuous profile and call counts to Prometheus until SIGTERM or Ctrl-C; with an OTLP
+    endpoint (--otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT), also push a profile of whole stacks every
+    interval.
 
     SIGHUP re-reads --config and --web-config (and TLS files): TLS, users, headers and the series
     idle time change at once; other settings need a restart."""

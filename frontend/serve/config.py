@@ -14,13 +14,17 @@ A config file holds the same settings as the flags, under these keys::
     tls_key = "/etc/optrace/key.pem"
     call_graph = "dwarf"             # --call-graph: dwarf (CFI unwinding in BPF) or fp
     python = true                    # --python on|off: Python functions in place of the interpreter's frames
+    otlp_endpoint = "http://collector:4317"  # --otlp-endpoint: OTLP push, and the otlp_* keys of
+                                     # frontend/serve/otlpconfig.py (each also from OTEL_* variables)
 
 Every value is checked here, so a bad file or flag is one clear line before any BPF is loaded. The
 same checks run again when serve reloads (SIGHUP), except that -p processes may have exited by then.
 """
 from __future__ import annotations
 
+import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +32,11 @@ import yaml
 
 from optrace.defaults import CALL_GRAPHS
 from optrace.errors import OptraceError
+from optrace.kernel import COMM_MAX
 from optrace.frontend.cliopts import check_frequency
 from optrace.frontend.serve.cardinality import MIN_SERIES
 from optrace.frontend.serve.httpserver import ListenAddress
+from optrace.frontend.serve.otlpconfig import OTLP_SETTING_TYPES, otlp_options
 from optrace.frontend.serve.options import DEFAULT_PORT, ServeOptions
 from optrace.frontend.serve.settingsfile import read_settings, require_settings
 from optrace.frontend.serve.webconfig import TlsFiles, WebConfig, load_web_config, tls_context
@@ -38,7 +44,6 @@ from optrace.frontend.session import check_off_cpu_every
 from optrace.frontend.target import check_pids, parse_pids
 from optrace.frontend.uprobes.spec import parse_spec
 
-COMM_MAX = 15  # TASK_COMM_LEN - 1
 SETTING_TYPES: dict[str, type] = {
     "listen": str,
     "frequency": int,
@@ -54,6 +59,7 @@ SETTING_TYPES: dict[str, type] = {
     "off_cpu_every": int,
     "call_graph": str,
     "python": bool,
+    **OTLP_SETTING_TYPES,
 }
 
 TYPE_NAMES = {str: "a string", int: "an integer", list: "a list", bool: "true or false"}
@@ -114,8 +120,10 @@ def off_cpu_every(every: int, off_cpu: bool) -> int:
     return every
 
 
-def build_options(settings: dict[str, Any], reloading: bool = False) -> ServeOptions:
-    """Validated ServeOptions from merged settings (keys as in SETTING_TYPES)."""
+def build_options(settings: dict[str, Any], reloading: bool = False,
+                  environ: Mapping[str, str] = os.environ) -> ServeOptions:
+    """Validated ServeOptions from merged settings (keys as in SETTING_TYPES) and, for what the flags and
+    the file leave unset, the OTEL_* variables of ``environ``."""
     options = ServeOptions()
     if "listen" in settings:
         options.listen = parse_listen(settings["listen"])
@@ -146,4 +154,5 @@ def build_options(settings: dict[str, Any], reloading: bool = False) -> ServeOpt
     options.web = web_settings(settings.get("web_config"), settings.get("tls_cert"), settings.get("tls_key"))
     if options.web.tls is not None:
         tls_context(options.web.tls)  # unusable files fail here, not after the BPF compile
+    options.otlp = otlp_options(settings, environ)
     return options

@@ -6,9 +6,11 @@ here, whatever way the loop ends (stop request, exception). A source whose drain
 drain's rows of that source (counted in ``optrace_read_errors_total{kind="drain"}``), never the
 daemon. A reload (SIGHUP) re-reads the settings between two drains: the web config (TLS, users,
 headers) and the series idle time apply at once; settings that shape the BPF side or the guard
-(listen, frequency, uprobes, pids, comms, max_series, call_graph, python) need a restart, and a change to them is warned
-about and left as it was. A reload that fails keeps the running settings and is an error line: a settings
-file that is empty, invalid or writable by another user (settingsfile.py) is refused.
+(listen, frequency, uprobes, pids, comms, max_series, call_graph, python, the OTLP push's) need a restart, and a
+change to them is warned about and left as it was. A reload that fails keeps the running settings and is an error
+line: a settings file that is empty, invalid or writable by another user (settingsfile.py) is refused. With OTLP
+push on, each drain's whole stacks also go to the exporter (frontend/serve/otlpexport.py), which sends on a
+thread of its own: a drain never waits for the network.
 """
 from __future__ import annotations
 
@@ -25,13 +27,15 @@ from optrace.errors import OptraceError
 from optrace.frontend.serve.httpserver import ListenAddress, MetricsServer
 from optrace.frontend.serve.metricspage import ExporterInfo, MetricsPage
 from optrace.frontend.serve.options import ServeOptions
+from optrace.frontend.serve.otlpexport import OtlpExporter
 from optrace.frontend.serve.profilewindows import ProfileWindows
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, ExporterTotals
 
-RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph", "python")
+RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "call_graph", "python", "otlp")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 DRAIN_FAILED = 'counted in optrace_read_errors_total{kind="drain"}'
+OTLP_FAILED = 'this drain\'s stacks are not in the OTLP profile; counted in optrace_read_errors_total{kind="otlp"}'
 
 
 class StopRequest(Protocol):
@@ -55,6 +59,7 @@ class ServeDaemon:
         self.sources = sources
         self.totals = ExporterTotals(options.max_series, options.series_idle_s)
         self.windows = ProfileWindows(options.frequency_hz, lambda: next((s.event for s in self.sources if s.event), ""))
+        self.otlp = OtlpExporter(options.otlp, options.frequency_hz) if options.otlp is not None else None
         self.address: ListenAddress | None = None
         self._server: MetricsServer | None = None
 
@@ -74,6 +79,10 @@ class ServeDaemon:
                 source.start()
             events = [s.event for s in self.sources if s.event]
             page = MetricsPage(self.totals, ExporterInfo(self.options.frequency_hz, events[0] if events else "none"))
+            if self.otlp is not None:
+                stack.callback(self.otlp.close)  # before the sources: its last interval is sent first
+                self.otlp.start()
+                page.add_collector(self.otlp.collector())
             server.start(page.render, self.windows.collect)
             self.address = server.address
             on_ready(server.url)
@@ -92,11 +101,16 @@ class ServeDaemon:
 
     def drain_once(self) -> None:
         started = time.perf_counter()
-        delta = Delta(want_stacks=self.windows.active())
+        pushing = self.otlp is not None  # OTLP push and pprof windows share one way to whole stacks
+        delta = Delta(want_stacks=self.windows.active() or pushing, want_off_cpu_stacks=pushing)
         for source in self.sources:
             contain(partial(source.collect, delta),
                     lambda exc: count_failure(delta.read_errors, delta.warnings, "drain", exc, DRAIN_FAILED))
         self.windows.drained(delta.stacks, time.monotonic())
+        if self.otlp is not None:
+            contain(partial(self.otlp.drained, delta),
+                    lambda exc: count_failure(delta.read_errors, delta.warnings, "otlp", exc, OTLP_FAILED))
+            delta.warnings.extend(self.otlp.take_warnings())
         self.totals.apply(delta, drain_seconds=time.perf_counter() - started)
         for message in delta.warnings:
             self.warn(message)

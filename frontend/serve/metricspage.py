@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from optrace import __version__
@@ -193,6 +194,10 @@ class MetricsPage:
         self._off_cpu = CounterFamilyText(OFFCPU_METRIC, OFFCPU_HELP, CPU_LABELS, divisor=NS_PER_S)
         self._lock = threading.Lock()
         self._page: tuple[int, bytes] | None = None  # (generation, page)
+
+    def add_collector(self, collector: Collector) -> None:
+        """More self-metrics on the page (OTLP push's: frontend/serve/otlpexport.py), read at each render."""
+        self._registry.register(collector)
 
     def render(self) -> bytes:
         with self._lock:

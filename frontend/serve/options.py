@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.frontend.serve.httpserver import ListenAddress
+from optrace.frontend.serve.otlpconfig import OtlpOptions
 from optrace.frontend.serve.totals import DEFAULT_SERIES_IDLE_S
 from optrace.frontend.serve.webconfig import WebConfig
 
@@ -32,3 +33,4 @@ class ServeOptions:
     off_cpu_every: int = 1  # N: one wait in N recorded, counted N times (OffCpuOptions.every)
     call_graph: str = SERVE_CALL_GRAPH  # how user stacks are walked (SessionOptions.call_graph)
     python: bool = True  # Python frames (SessionOptions.python)
+    otlp: OtlpOptions | None = None  # OTLP push (frontend/serve/otlpexport.py); None: off

@@ -10,7 +10,7 @@ opened (the first drain may hold up to one period from before the request).
 Bounded: N is 1..MAX_SECONDS; one collection at a time per client address and MAX_WINDOWS in all
 (more: 429); a window keeps at most MAX_WINDOW_STACKS distinct stacks and MAX_WINDOW_FRAMES frames,
 and counts the samples of any further stack in one ``[stacks over the limit]`` frame, so the total
-stays right.
+stays right (frontend/serve/stacktable.py, which OTLP's intervals share).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from optrace import __version__
 from optrace.exporters.pprof import encode
+from optrace.frontend.serve.stacktable import StackKey, StackTable
 from optrace.model import Frame, Record, RecordMeta, Sample
 
 MAX_SECONDS = 300
@@ -30,10 +31,7 @@ DEFAULT_SECONDS = 30  # Go's default
 MAX_WINDOWS = 8
 MAX_WINDOW_STACKS = 100_000
 MAX_WINDOW_FRAMES = 200_000
-OVER_LIMIT = Frame(symbol="[stacks over the limit]", dso="[optrace]", resolved=False)
 WAIT_SLACK_S = 30.0  # a window whose drain never comes (a stalled loop) is answered this long after its end
-
-StackKey = tuple[int, str, tuple[int, ...]]
 
 
 class WindowRefused(Exception):
@@ -62,38 +60,20 @@ class _Window:
     opened_wall: float
     opened: float  # monotonic
     ends: float  # monotonic
-    frames: list[Frame] = field(default_factory=list)
-    frame_ids: dict[Frame, int] = field(default_factory=dict)
-    stacks: Counter[StackKey] = field(default_factory=Counter)
+    table: StackTable = field(default_factory=lambda: StackTable(MAX_WINDOW_STACKS, MAX_WINDOW_FRAMES))
     closed_at: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def frames(self) -> list[Frame]:
+        return self.table.frames
+
+    @property
+    def stacks(self) -> Counter[StackKey]:
+        return self.table.stacks
+
     def add(self, frames: list[Frame], samples: list[Sample]) -> None:
-        local: dict[int, int] = {}
-        for sample in samples:
-            key = (sample.pid, sample.comm, self._frames(sample.frames, frames, local))
-            if key not in self.stacks and (len(self.stacks) >= MAX_WINDOW_STACKS or key[2] is None):
-                key = (0, "[optrace]", (self._intern(OVER_LIMIT),))
-            self.stacks[key] += sample.count
-
-    def _frames(self, indices: tuple[int, ...], frames: list[Frame], local: dict[int, int]) -> tuple[int, ...] | None:
-        """The stack in this window's frame table (None past MAX_WINDOW_FRAMES)."""
-        mapped = []
-        for index in indices:
-            mine = local.get(index)
-            if mine is None:
-                if len(self.frames) >= MAX_WINDOW_FRAMES and frames[index] not in self.frame_ids:
-                    return None
-                mine = local[index] = self._intern(frames[index])
-            mapped.append(mine)
-        return tuple(mapped)
-
-    def _intern(self, frame: Frame) -> int:
-        index = self.frame_ids.get(frame)
-        if index is None:
-            index = self.frame_ids[frame] = len(self.frames)
-            self.frames.append(frame)
-        return index
+        self.table.add(frames, samples)
 
 
 class ProfileWindows:

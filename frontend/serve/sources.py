@@ -4,7 +4,7 @@ uprobe call counts, each turned into a :class:`~optrace.frontend.serve.totals.De
 
 With ``--call-graph dwarf`` (the default, SERVE_CALL_GRAPH in options.py) user stacks are unwound
 from CFI in BPF, as in record, though serve names whole stacks only while a /debug/pprof/profile
-collection runs: the walk is in the kernel, and what user space keeps for it is bounded for a daemon
+collection runs or OTLP push is on (whose off-CPU stacks are named whole too): the walk is in the kernel, and what user space keeps for it is bounded for a daemon
 (bpf/unwindmaps.py's generations; the unwind tables held, SERVE_UNWIND_CACHE_BYTES, and only until the
 kernel holds their rows: keep_unwind_rows). Tables are converted in a child process (unwind_in_child), so
 the drain loop never shares its interpreter with a conversion.
@@ -87,6 +87,8 @@ class ProfileSource:
         delta.stack_quality.update(outermost_quality(drain.samples, outermost, frames, rows[len(drain.samples):]))
         if drain.off_cpu:
             add_off_cpu_rows(delta, *self.session.symbolize(self.session.off_cpu_leaves(drain.off_cpu)))
+            if delta.want_off_cpu_stacks:
+                delta.off_cpu_stacks = self.session.symbolize(drain.off_cpu, stacks=True)
         if delta.want_stacks:
             delta.stacks = named
         delta.symbolize_seconds += time.perf_counter() - started

@@ -50,6 +50,9 @@ class Delta:
     # stacks costs more than naming leaves): (frames, samples) as the symbolizer gave them.
     want_stacks: bool = False
     stacks: tuple[list[Frame], list[Sample]] | None = None
+    # Whole off-CPU stacks (nanoseconds), asked for while OTLP push is on (frontend/serve/otlpexport.py)
+    want_off_cpu_stacks: bool = False
+    off_cpu_stacks: tuple[list[Frame], list[Sample]] | None = None
 
 
 def guard_for(label_names: tuple[str, ...], coarse_label: str, max_series: int) -> SeriesGuard:

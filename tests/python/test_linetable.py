@@ -9,6 +9,7 @@ import subprocess
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from optrace.frontend.python.codeobject import MAX_CACHED_LINES, CodeInfo
 from optrace.frontend.python.linetable import line_of
 from optrace.pythonlayout import LINES_310, LINES_LNOTAB, LINES_LOCATIONS
 from pythons import PROGRAMS, SUPPORTED, require
@@ -57,3 +58,18 @@ def test_a_cut_table_gives_the_right_line_or_none(name):
 def test_garbage_tables_never_raise(kind, table, firstlineno, unit, complete):
     found = line_of(kind, table, firstlineno, unit, complete)
     assert found is None or isinstance(found, int)
+
+
+@pytest.mark.parametrize("name", SUPPORTED[-1:])
+def test_a_code_objects_lines_are_kept_as_found_and_bounded(name):
+    """CodeInfo.line gives the decoder's line for every unit, asked once or again, and keeps at most
+    MAX_CACHED_LINES of them (a process chooses the instructions its frame words carry)."""
+    code = next(c for c in interpreter_lines(name) if len(c["lines"]) > 10)
+    kind = KINDS.get(name, LINES_LOCATIONS)
+    info = CodeInfo("f", "f", "f.py", code["firstlineno"], bytes.fromhex(code["table"]), True, kind)
+    for _ in range(2):
+        assert [info.line(unit) for unit in range(len(code["lines"]))] == [
+            line_of(kind, info.linetable, info.firstlineno, unit) or 0 for unit in range(len(code["lines"]))]
+    for unit in range(MAX_CACHED_LINES * 2):
+        info.line(unit)
+    assert len(info._lines) == MAX_CACHED_LINES

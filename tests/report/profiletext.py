@@ -8,7 +8,7 @@ from optrace.frontend.report.rows import Profile, ReportOptions
 from optrace.model import Record
 
 FORMATS = PROFILE.names
-BINARY_FORMATS = ("pprof",)  # bytes (to a file), names interned once: no text to budget or escape
+BINARY_FORMATS = ("pprof", "otlp")  # bytes (to a file), names interned once: no text to budget or escape
 TEXT_FORMATS = tuple(name for name in FORMATS if name not in BINARY_FORMATS)
 
 

@@ -24,7 +24,8 @@ from optrace.frontend.serve.daemon import ServeDaemon
 from optrace.frontend.serve.options import ServeOptions
 from optrace.frontend.serve.httpserver import ListenAddress
 from optrace.exporters.pprofproto import profile_pb2
-from optrace.frontend.serve.profilewindows import OVER_LIMIT, _Window
+from optrace.frontend.serve.profilewindows import _Window
+from optrace.frontend.serve.stacktable import OVER_LIMIT
 from optrace.frontend.serve.totals import Delta
 from optrace.frontend.serve.webconfig import WebConfig
 from optrace.model import Frame, Sample
