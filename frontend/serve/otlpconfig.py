@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optrace.errors import OptraceError
-from optrace.fileaccess import RefusedFile, read_file
-from optrace.frontend.serve.webconfig import CONFIG_POLICY
+from optrace.frontend.serve.settingsfile import read_settings
 
 PROTOCOLS = ("grpc", "http/protobuf")
 # The OTel eBPF profiler, OTLP's reference profiling agent, speaks only gRPC; the spec lets an exporter
@@ -331,11 +330,5 @@ def tls_files(tls: OtlpTls) -> tuple[bytes | None, bytes | None, bytes | None]:
 
 
 def read_pem(path: str, source: str) -> bytes:
-    """A PEM file named by a setting (root's configuration: symlinks are fine, the size is bounded)."""
-    try:
-        data = read_file(path, CONFIG_POLICY)
-    except (OSError, RefusedFile) as exc:
-        raise OptraceError(f"cannot read {source} {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if data is None:
-        raise OptraceError(f"cannot read {source} {path}: No such file or directory")
-    return data
+    """A PEM file named by a setting, read as serve's settings files are (root's, in root's folders, bounded)."""
+    return read_settings(path, source)
