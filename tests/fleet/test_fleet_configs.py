@@ -20,7 +20,7 @@ import readmecheck
 from fleetkit import FLEET, discovery_from_file
 from optrace.frontend.cli import cli
 from optrace.frontend.serve.config import build_options, load_config_file
-from optrace.frontend.serve.httpserver import PROFILE_PATH
+from optrace.frontend.serve.routes import PROFILE_PATH
 from optrace.frontend.serve.options import DEFAULT_PORT
 from optrace.frontend.serve.profilewindows import MAX_SECONDS
 from prometheusserver import promtool

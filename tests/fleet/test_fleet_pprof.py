@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetkit import HOT, Fleet
-from optrace.frontend.serve.httpserver import PROFILE_PATH
+from optrace.frontend.serve.routes import PROFILE_PATH
 from pprofclient import TopRow, top
 
 SECONDS = 5
