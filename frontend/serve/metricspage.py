@@ -194,10 +194,12 @@ class MetricsPage:
         self._off_cpu = CounterFamilyText(OFFCPU_METRIC, OFFCPU_HELP, CPU_LABELS, divisor=NS_PER_S)
         self._lock = threading.Lock()
         self._page: tuple[int, bytes] | None = None  # (generation, page)
+        self._collectors: list[Collector] = []
 
     def add_collector(self, collector: Collector) -> None:
         """More self-metrics on the page (OTLP push's: frontend/serve/otlpexport.py), read at each render."""
-        self._registry.register(collector)
+        with self._lock:
+            self._collectors.append(collector)
 
     def render(self) -> bytes:
         with self._lock:
@@ -208,6 +210,7 @@ class MetricsPage:
             if snap.off_cpu_ns:
                 text += self._off_cpu.render(snap.off_cpu_ns)
             text += "".join(family_text(family) for family in self_metric_families(snap, self._info))
+            text += "".join(family_text(family) for collector in self._collectors for family in collector.collect())
             page = text.encode("utf-8")
             self._page = (snap.generation, page)
             return page
