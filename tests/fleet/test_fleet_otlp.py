@@ -1,7 +1,7 @@
 """The fleet's OTLP part: three `optrace serve` agents on 127.0.0.2-4 push whole-machine profiles to one
 receiver built on opentelemetry-proto's generated ProfilesService servicer, which decodes them: each
 agent's profiles name the workloads' hot function (demo: hot_a 40 %, under main), and for each workload
-their values add up to the samples the agent's own /metrics counts (optrace_cpu_samples_total) within
+their values add up to the samples the agent's own /metrics counts (optrace_cpu_seconds_total x -F) within
 2 %. The receiver killed mid-run: every agent's queue stays within its bound, its memory does not grow
 past it, the oldest profiles are dropped and counted, and exports resume once the receiver is back.
 The same over http/protobuf to a small HTTP receiver, from one agent; and with --off-cpu, off-CPU time as a
@@ -22,7 +22,7 @@ from otlpdecode import DecodedProfile, plain
 from otlpreceiver import GrpcReceiver, HttpReceiver, Inbox, Received
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
-CPU = "optrace_cpu_samples_total"
+CPU = "optrace_cpu_seconds_total"  # samples / -F
 WORKLOADS = ("otlpdemo2", "otlpdemo3", "otlpdemo4")
 
 
@@ -80,7 +80,7 @@ def check_agent_against_its_counters(inbox: Inbox, agent: Agent, comms: tuple[st
     profiles = cpu_profiles(inbox, agent)
     found = {}
     for comm in comms:
-        counted = metric(page, CPU, comm=comm)
+        counted = metric(page, CPU, comm=comm) * FLEET_HZ  # samples
         total, leaves, inclusive = of_comm(profiles, comm)
         found[comm] = (counted, total, leaves["hot_a"] / max(total, 1), inclusive["main"] / max(total, 1))
         assert counted > 0.8 * 2 * FLEET_HZ, (agent.name, comm, found[comm])  # 2 s of CPU, give or take
