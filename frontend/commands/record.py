@@ -79,8 +79,9 @@ def command(ctx: click.Context, output, frequency, event, stacks, call_graph, py
     )
     validate(options)
     from optrace.frontend.preflight import require_recording
-    from optrace.recordfile import write_record
+    from optrace.recordfile import check_record_output, write_record
 
+    check_record_output(output)
     require_recording(uprobes=bool(options.uprobes))
     recorder = Recorder(options)
     record = recorder.run()
