@@ -81,8 +81,8 @@ def command(ctx: click.Context, output, frequency, event, stacks, call_graph, py
     from optrace.frontend.preflight import require_recording
     from optrace.recordfile import check_record_output, write_record
 
-    check_record_output(output)
     require_recording(uprobes=bool(options.uprobes))
+    check_record_output(output)
     recorder = Recorder(options)
     record = recorder.run()
     write_record(record, output)
