@@ -53,6 +53,18 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "w", *, keep_previou
         os.close(target.dir_fd)
 
 
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise OSError now for what :func:`atomic_output` would refuse at the end (a folder that cannot be
+    opened, a device or a link into /proc at the name), so a long recording is not made for nothing. The
+    write still checks again: the name may change meanwhile."""
+    target = open_target(path)
+    try:
+        if not is_null_device(target):
+            check_target(target, os.fspath(path))
+    finally:
+        os.close(target.dir_fd)
+
+
 @contextmanager
 def _replacing(target: Target, mode: str, keep_previous: bool, encoding: str, errors: str) -> Iterator[IO]:
     fd, tmp_name = _create_temporary(target)

@@ -52,7 +52,7 @@ from optrace.heap import gc_paused
 from optrace.model import Record
 from optrace.schema import TABLE_LENGTHS, SchemaError, decode, encode, table_class, table_columns
 from optrace.outputdir import invoking_uid
-from optrace.outputfile import write_atomically
+from optrace.outputfile import check_writable, write_atomically
 
 MAGIC = b"OPTRDATA"
 PERF_MAGIC = b"PERFILE2"
@@ -104,11 +104,24 @@ def foreign_owner(uid: int) -> int | None:
     return None if uid in (os.geteuid(), invoking_uid()) else uid
 
 
+def check_record_output(path: str | os.PathLike[str]) -> None:
+    """RecordFileError before a recording when :func:`write_record` would refuse ``path`` after it."""
+    with _cannot_write(path):
+        check_writable(path)
+
+
 def write_record(record: Record, path: str | os.PathLike[str]) -> None:
     """Write `record` atomically (:mod:`optrace.outputfile`); a previous file is kept as ``<name>.old``
     (like perf), and under sudo the file is given to the invoking user."""
+    data = _serialize(record)
+    with _cannot_write(path):
+        write_atomically(path, data, keep_previous=True)
+
+
+@contextmanager
+def _cannot_write(path: str | os.PathLike[str]) -> Iterator[None]:
     try:
-        write_atomically(path, _serialize(record), keep_previous=True)
+        yield
     except OSError as exc:
         raise RecordFileError(f"cannot write {printable(path)}: {exc.strerror or exc}") from None
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from otlpreceiver import GrpcReceiver
-from support import bpf_prog_ids, first_in_line, loaded_prog_ids
+from support import bpf_prog_ids, first_in_line, still_loaded
 
 OPTRACE = Path(sys.executable).parent / "optrace"
 FLEET_ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
@@ -163,4 +163,4 @@ def otlp_fleet(bpf_ready, tmp_path_factory) -> Iterator[Fleet]:
         for agent in agents:
             agent.stop()
         receiver.stop()
-        assert not held & loaded_prog_ids(), "an agent left BPF programs behind"
+        assert not still_loaded(held), "an agent left BPF programs behind"

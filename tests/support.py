@@ -133,6 +133,15 @@ def loaded_prog_ids() -> set[int]:
     return {prog["id"] for prog in json.loads(out)}
 
 
+def still_loaded(prog_ids: set[int], within_s: float = 2.0) -> set[int]:
+    """Which of ``prog_ids`` are still loaded ``within_s`` after their holders closed them: the kernel frees a
+    closed program after an RCU grace period, a fraction of a second later on a loaded machine."""
+    deadline = time.monotonic() + within_s
+    while (left := prog_ids & loaded_prog_ids()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
 @contextmanager
 def running(argv: list[str]) -> Iterator[subprocess.Popen]:
     """A process for the duration of the block, killed and reaped afterwards."""

@@ -79,9 +79,10 @@ def command(ctx: click.Context, output, frequency, event, stacks, call_graph, py
     )
     validate(options)
     from optrace.frontend.preflight import require_recording
-    from optrace.recordfile import write_record
+    from optrace.recordfile import check_record_output, write_record
 
     require_recording(uprobes=bool(options.uprobes))
+    check_record_output(output)
     recorder = Recorder(options)
     record = recorder.run()
     write_record(record, output)

@@ -7,12 +7,13 @@ next to the off-CPU time of the same threads, so one flame graph shows where wal
 A record's main event (:func:`main_event`) is what it was recorded for: ``wall`` for ``record --wall``,
 ``off-cpu`` for ``record --off-cpu``, else ``cpu``; it is what `report` shows unless told otherwise.
 
-Off-CPU stacks are taken inside the sched_switch tracepoint, so the frames of the tracepoint's own
-machinery can sit above ``__schedule``: they are where the stack was taken, not where the thread waits,
-and are left out (:data:`TRACEPOINT_FRAMES`). The one seen here is ``__traceiter_sched_switch``: while
-another tracer is attached to the tracepoint too (``perf record -e sched:sched_switch``, another
-optrace), the kernel calls its probes from that function's loop, and the frame was the leaf of every
-off-CPU stack of a context-switching program (17 % of its wall-clock view, 27 % of an http.server's).
+Records made before off-CPU stacks moved to the context-switch perf event (bpf/offcpu.c) took them inside
+the sched_switch tracepoint, so the frames of the tracepoint's own machinery could sit above ``__schedule``:
+they are where the stack was taken, not where the thread waits, and are left out (:data:`TRACEPOINT_FRAMES`).
+The one seen was ``__traceiter_sched_switch``: while another tracer was attached to the tracepoint too
+(``perf record -e sched:sched_switch``, another optrace), the kernel called its probes from that function's
+loop, and the frame was the leaf of every off-CPU stack of a context-switching program (17 % of its
+wall-clock view, 27 % of an http.server's). Stacks taken today start at ``schedule()``.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """DWARF's LEB128 numbers, and the error of malformed DWARF: both the call-frame information's decoder
-(frontend/unwind/cfi.py) and the line programs' (srcline.py) read them, so they live here, below both."""
+(cfi.py) and the line programs' (srcline.py) read them, so they live in a module of their own."""
 from __future__ import annotations
 
 from optrace.errors import MalformedInput

@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import bpf_prog_ids, loaded_prog_ids, perf_event_fds  # noqa: F401 - loaded_prog_ids is used by the rows
+from support import bpf_prog_ids, perf_event_fds, still_loaded  # noqa: F401 - still_loaded is used by the rows
 
 # OPTRACE_UNDER_TEST: another optrace build to hold to the same rows (e.g. one from before issue 8's fixes).
 OPTRACE = Path(os.environ.get("OPTRACE_UNDER_TEST") or Path(sys.executable).parent / "optrace")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 import hostilefiles as hf
-from hostilekit import (DRAIN_S, HostileUser, Measured, Running, Scrape, Secret, kill_group, loaded_prog_ids,
+from hostilekit import (DRAIN_S, HostileUser, Measured, Running, Scrape, Secret, kill_group, still_loaded,
                         metric_sum, record_payload, remove_perf_maps, run_measured, scrape, wait_for_line)
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
@@ -267,7 +267,7 @@ def test_record_completes_in_time_and_bounded(recorded):
     assert meta["duration_s"] <= RECORD_SECONDS + 2 * DRAIN_S, \
         f"the recording loop took {meta['duration_s']} s for -d {RECORD_SECONDS}: {run.describe()}"
     run.assert_sane(max_wall_s=run.loaded_s + RECORD_SECONDS + 2 * DRAIN_S + FINISH_S)
-    assert run.prog_ids and not run.prog_ids & loaded_prog_ids()
+    assert run.prog_ids and not still_loaded(run.prog_ids)
 
 
 def test_record_nothing_secret_anywhere(recorded, secret):
@@ -413,7 +413,7 @@ def test_serve_stops_bounded_and_clean(served):
     run.assert_sane(max_wall_s=run.attached_s + SERVE_MAX_SECONDS + 120)
     assert run.returncode == 0, run.describe()
     assert run.stop_s <= 2 * DRAIN_S + 1, f"SIGTERM took {run.stop_s:.1f} s: {run.describe()}"
-    assert run.prog_ids and not run.prog_ids & loaded_prog_ids()
+    assert run.prog_ids and not still_loaded(run.prog_ids)
 
 
 def test_serve_survives_sighup(served):

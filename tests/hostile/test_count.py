@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hostilekit import assert_one_line, kill_group, loaded_prog_ids, run_measured
+from hostilekit import assert_one_line, kill_group, still_loaded, run_measured
 
 pytestmark = [pytest.mark.bpf]
 FUNCTION = "hostile_burn"
@@ -69,7 +69,7 @@ def test_count_refuses_address_off_instruction_boundaries(target, tmp_path, wher
     before = max(a for a in found.boundaries if a < address)
     nearest = {f"{before:#x}"} | {f"{a:#x}" for a in found.boundaries if a > address} | {f"{found.start:#x}"}
     assert any(text in run.stderr for text in nearest), f"no nearby valid address named: {run.stderr}"
-    assert not run.prog_ids & loaded_prog_ids()
+    assert not still_loaded(run.prog_ids)
 
 
 def test_count_accepts_an_instruction_boundary(target, tmp_path):
@@ -80,4 +80,4 @@ def test_count_accepts_an_instruction_boundary(target, tmp_path):
     run.assert_sane(max_wall_s=30)
     assert run.returncode == 0, run.describe()
     _alive(proc)
-    assert not run.prog_ids & loaded_prog_ids()
+    assert not still_loaded(run.prog_ids)

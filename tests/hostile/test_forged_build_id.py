@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from hostilekit import Running, kill_group, loaded_prog_ids, run_measured
+from hostilekit import Running, kill_group, still_loaded, run_measured
 
 pytestmark = [pytest.mark.bpf]
 BUILD_ID = "0x" + "5a" * 20
@@ -48,7 +48,7 @@ def test_forged_build_id_does_not_rename_roots_program(bpf_ready, hostile_user, 
             if proc is not None:
                 kill_group(proc)
     assert run.returncode == 0, run.describe()
-    assert not run.prog_ids & loaded_prog_ids()
+    assert not still_loaded(run.prog_ids)
     report = run_measured(["report", "-i", str(out), "--format", "json", "--comm", "hvictim,hspoofer"], tmp_path)
     rows = json.loads(report.stdout)["rows"]
     victims = [r for r in rows if r["comm"] == "hvictim" and not r["kernel"]]

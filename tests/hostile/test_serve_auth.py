@@ -7,7 +7,7 @@ import signal
 import bcrypt
 import pytest
 
-from hostilekit import Running, loaded_prog_ids, scrape, wait_for_line
+from hostilekit import Running, still_loaded, scrape, wait_for_line
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 PASSWORD = "correct horse battery staple"
@@ -41,7 +41,7 @@ def guarded(bpf_ready, tmp_path_factory):
         run = running.finish(timeout=15, stop_signal=signal.SIGTERM)
         assert run.returncode == 0, run.describe()
         run.assert_sane(max_wall_s=300)
-        assert not run.prog_ids & loaded_prog_ids()
+        assert not still_loaded(run.prog_ids)
 
 
 @pytest.mark.parametrize("credentials", [None, "prometheus:wrong", "nobody:" + PASSWORD])

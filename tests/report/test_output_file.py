@@ -186,6 +186,18 @@ def test_record_into_another_users_folder_link_is_refused(bpf_ready, root_only_v
     assert_untouched(root_only_victim)
 
 
+@pytest.mark.skipif(not ROOT, reason="records as root")
+def test_record_refuses_its_output_before_it_records(bpf_ready, out_dir: Path) -> None:
+    """-o at a device (as root: -o /dev/zero) is refused before the recording, not after it: the command
+    given is never run."""
+    device, ran = out_dir / "zero", out_dir / "ran"
+    os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 5))
+    proc = subprocess.run([str(OPTRACE), "record", "-o", str(device), "--", "touch", str(ran)],
+                          capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc, f"cannot write {device}: not a regular file")
+    assert not ran.exists() and stat.S_ISCHR(device.lstat().st_mode)
+
+
 def test_permitted_links_on_the_way_are_followed(optrace, record_file: Path, tmp_path: Path) -> None:
     """Root's links (/var/run -> /run, as Debian has it) and the user's own, relative or absolute, chained,
     with '..' after a link (the kernel's meaning: the link target's parent)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from prometheusserver import query, running_prometheus
-from support import bpf_prog_ids, loaded_prog_ids
+from support import bpf_prog_ids, still_loaded
 
 OPTRACE = Path(sys.executable).parent / "optrace"
 CPU = "optrace_cpu_seconds_total"
@@ -105,7 +105,7 @@ def served(bpf_ready, unique_workloads, tmp_path_factory):
     yield serve
     if serve.process.poll() is None:  # the SIGTERM test normally stopped it already
         serve.stop()
-    assert not prog_ids & loaded_prog_ids()
+    assert not still_loaded(prog_ids)
 
 
 @dataclass
@@ -223,7 +223,7 @@ def test_sigterm_exits_zero_and_detaches_everything(served):
     prog_ids = bpf_prog_ids(pid)
     assert prog_ids
     assert served.stop() == 0
-    assert not prog_ids & loaded_prog_ids()
+    assert not still_loaded(prog_ids)
     assert f"bcc_{pid}" not in Path("/sys/kernel/tracing/uprobe_events").read_text()
     assert "Traceback" not in served.stderr_path.read_text()
 

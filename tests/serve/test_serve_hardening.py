@@ -413,7 +413,8 @@ def test_reload_applies_the_idle_time_and_keeps_restart_only_settings(daemon_url
     daemon, url = daemon_url
     infos, warnings = [], []
     daemon._on_info, daemon._on_warning = infos.append, warnings.append
-    changed = ServeOptions(listen=ListenAddress("127.0.0.1", 1), series_idle_s=5, max_series=7)
+    changed = ServeOptions(listen=ListenAddress("127.0.0.1", 1), series_idle_s=5, max_series=7, off_cpu=True,
+                           off_cpu_every=3)
     daemon._reload_options = lambda: changed
     daemon.request_reload()
     deadline = time.monotonic() + 5
@@ -422,6 +423,7 @@ def test_reload_applies_the_idle_time_and_keeps_restart_only_settings(daemon_url
     assert infos and infos[0].startswith("reloaded the settings: serving http://127.0.0.1:")
     assert daemon.totals.series_idle_s == 5
     assert daemon.options.max_series == 10000 and daemon.options.listen.port == 0
-    assert sorted(w.split(":")[1].split()[0] for w in warnings) == ["listen", "max_series"]
+    assert sorted(w.split(":")[1].split()[0] for w in warnings) == ["listen", "max_series", "off_cpu", "off_cpu_every"]
+    assert not daemon.options.off_cpu and daemon.options.off_cpu_every == 1
     with urllib.request.urlopen(url, timeout=10) as response:  # still on the first port
         assert response.status == 200
