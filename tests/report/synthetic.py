@@ -10,7 +10,10 @@ whichever conftest pytest imported first (tests/jit's when both folders are coll
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from optrace.model import KERNEL_DSO, CallCount, Frame, Record, RecordMeta, Sample
+from optrace.recordfile import write_record
 
 DEMO = "/work/main/workloads/build/demo"
 LIBBURN = "/work/main/workloads/build/libburn.so"
@@ -45,3 +48,14 @@ def synthetic_record(with_calls: bool = False) -> Record:
     ]
     calls = [CallCount("c:write", LIBC, "write", 0x9000, 1234, {100: 1234})] if with_calls else []
     return Record(meta=meta, frames=list(FRAMES), samples=samples, calls=calls)
+
+
+def records_whole_stack_formats_refuse(folder: Path) -> tuple[Path, Path]:
+    """(a record without samples, one recorded with --no-stacks) written in ``folder``: what the formats of
+    whole stacks (pprof, OTLP) refuse in one line."""
+    empty, no_stacks = folder / "empty.data", folder / "leaf.data"
+    write_record(Record(synthetic_record().meta), empty)
+    leaf = synthetic_record()
+    leaf.meta.stacks = False
+    write_record(leaf, no_stacks)
+    return empty, no_stacks

@@ -17,7 +17,7 @@ from optrace.model import KERNEL_DSO, UNKNOWN, Frame, OffCpuMeta, Record, Sample
 from optrace.recordfile import read_record, write_record
 from otlpdecode import decode
 from support import OPTRACE, assert_one_line_error
-from synthetic import DEMO, synthetic_record
+from synthetic import DEMO, records_whole_stack_formats_refuse, synthetic_record
 
 
 def otlp_of(optrace, record: Path, out: Path, *args: str) -> ExportProfilesServiceRequest:
@@ -122,12 +122,7 @@ def test_filters_select_stacks(optrace, tmp_path: Path) -> None:
 
 
 def test_bad_input_is_one_line(optrace, tmp_path: Path) -> None:
-    empty = tmp_path / "empty.data"
-    write_record(Record(synthetic_record().meta), empty)
-    no_stacks = tmp_path / "leaf.data"
-    leaf = synthetic_record()
-    leaf.meta.stacks = False
-    write_record(leaf, no_stacks)
+    empty, no_stacks = records_whole_stack_formats_refuse(tmp_path)
     out = str(tmp_path / "r.otlp")
     assert_one_line_error(optrace("report", "-i", str(empty), "-f", "otlp", "-o", out), "no samples")
     assert_one_line_error(optrace("report", "-i", str(no_stacks), "-f", "otlp", "-o", out), "--no-stacks")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from synthetic import synthetic_record
+from synthetic import records_whole_stack_formats_refuse, synthetic_record
 from optrace.exporters.pprofproto import profile_pb2
 from optrace.model import Frame, Record, RecordMeta, Sample
 from optrace.recordfile import write_record
@@ -75,12 +75,7 @@ def test_hostile_names_stay_valid(optrace, tmp_path: Path) -> None:
 
 
 def test_bad_input_is_one_line(optrace, tmp_path: Path) -> None:
-    empty = tmp_path / "empty.data"
-    write_record(Record(synthetic_record().meta), empty)
-    no_stacks = tmp_path / "leaf.data"
-    leaf = synthetic_record()
-    leaf.meta.stacks = False
-    write_record(leaf, no_stacks)
+    empty, no_stacks = records_whole_stack_formats_refuse(tmp_path)
     out = str(tmp_path / "p.pb.gz")
     assert_one_line_error(optrace("report", "-i", str(empty), "-f", "pprof", "-o", out), "no samples")
     assert_one_line_error(optrace("report", "-i", str(no_stacks), "-f", "pprof", "-o", out), "--no-stacks")
