@@ -22,7 +22,7 @@ def test_busy_processes_have_their_tables_when_sampling_starts(busy_first):
     try:
         with ProfilingSession(SessionOptions(unwind_busy_first=busy_first, fold=True)) as session:
             loaded = session.profiler.unwind.has_process(busy.pid), session.profiler.unwind.has_process(os.getpid())
-            step = session._unwind_step.done()
+            step = session.unwinder._unwind_step.done()
     finally:
         busy.kill()
         busy.wait()

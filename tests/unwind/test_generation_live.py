@@ -46,7 +46,7 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
     try:
         session.start()
         maps = session.profiler.unwind
-        wait_until(lambda: first.pid in session._unwound, session, "the first table")
+        wait_until(lambda: first.pid in session.unwinder._unwound, session, "the first table")
         assert drain_for(session, 1.5)[first.pid]["outermost"] > 0
 
         second = subprocess.Popen([str(tmp_path / "unwind-tree"), "60"])
@@ -55,10 +55,10 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
         capacity = maps._capacity
         maps._capacity = maps.sizes()["unwind_rows"]  # full: the copies' rows do not fit
         monkeypatch.setattr(unwindmaps, "MIN_GENERATION_SECONDS", 0.0)
-        session.unwind(second.pid)
+        session.unwinder.unwind(second.pid)
         maps._capacity = capacity
         monkeypatch.setattr(unwindmaps, "MIN_GENERATION_SECONDS", 60.0)
-        assert maps.generation == 1 and set(session._unwound) == {second.pid} and not maps.has_process(first.pid)
+        assert maps.generation == 1 and set(session.unwinder._unwound) == {second.pid} and not maps.has_process(first.pid)
 
         wait_until(lambda: maps.has_process(first.pid), session, "the first table loaded again")
         outcomes = drain_for(session, 2.0)
@@ -69,7 +69,7 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
         first.kill()
         first.wait()
         drain_for(session, 1.0)
-        assert not maps.has_process(first.pid) and first.pid not in session._unwound
+        assert not maps.has_process(first.pid) and first.pid not in session.unwinder._unwound
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
