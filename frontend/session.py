@@ -10,7 +10,8 @@ an exit (JIT files read a last time; with ``forget_exited``, everything about it
 later). Each process's share of that work is contained: an exception there costs that process's names,
 counted in :attr:`ProfilingSession.read_errors`, never the session.
 
-What differs between `record` and `serve` is a setting of :class:`SessionOptions`, each with its reason.
+What differs between `record`, `serve` and `top` is their :class:`SessionMode`, each setting with its
+reason; what a user chooses within one is a field of :class:`SessionOptions`.
 """
 from __future__ import annotations
 
@@ -41,74 +42,116 @@ T = TypeVar("T")
 PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
 TRIM_EVERY = 60  # drains between two returns of the free heap to the system (forget_exited: serve, top)
 DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
-SCAN_SLICE_S = 0.1  # SessionOptions.scan_slice_s for daemons and live views
+SCAN_SLICE_S = 0.1  # SessionMode.scan_slice_s for daemons and live views
+# record holds up to 256 MiB of unwind tables; serve drops a file's rows once the kernel holds them
+# (keeping its build-id and load segments), so its cache holds only tables on their way to the kernel: at
+# most 32 MiB (cc1's table is 7.7 MB). A file is converted again (libc: 35 ms of CPU) only after a new
+# generation of the kernel's rows, or when it was evicted and a new process maps it. Keeping the rows in
+# both places cost a whole-machine serve 44 MB of rows (RSS 168 -> 125 MB) after BCC compiles (libLLVM).
+SERVE_UNWIND_CACHE_BYTES = 32 << 20  # SessionMode.unwind_cache_bytes of serve
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
+
+
+@dataclass(frozen=True)
+class SessionMode:
+    """What a session is for: record (a recording named once it ends), serve (a daemon that runs for months
+    and names leaves) or top (a live view). Its settings follow from that, each with its reason; a caller
+    picks one of RECORD, SERVE, TOP (tests derive variants with dataclasses.replace)."""
+
+    name: str
+    # Raw user IPs for processes whose mappings were read (cheaper per sample than the kernel's build-id
+    # stacks, see optrace.frontend.symbols.addrspace). serve keeps build-id stacks: with raw IPs, 2 of 6
+    # full test-suite runs lost about half of one demo function's samples in serve (never in record, never
+    # alone); kept out until understood.
+    raw_stacks: bool
+    # True: an exec'd program and its libraries are indexed at once (record: a short-lived program may be
+    # gone by the next drain). False: only once the process is sampled (serve: a busy machine execs
+    # hundreds of processes a second, most never sampled).
+    programs_at_exec: bool
+    # True: with pids (record of a command or of pids: a few targets), an exec'd process's mappings are
+    # read at once, so its samples are raw IPs from the first one. Never for the whole machine.
+    learn_at_exec: bool
+    # True: drop what is kept about an exited process one drain after its exit (serve runs for months).
+    # False: keep it to name the process's samples when the recording ends (record).
+    forget_exited: bool
+    # Bytes of unwind tables held in user space (None: UnwindTableCache's default); serve holds fewer.
+    unwind_cache_bytes: int | None
+    # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them (serve:
+    # they are converted again only after a new generation of bpf/unwindmaps.py)
+    keep_unwind_rows: bool
+    # True: unwind tables are converted in a child process (frontend/unwind/builder.py), not on a thread
+    # that shares the interpreter with the drain loop (serve: drains must not wait on a conversion)
+    unwind_in_child: bool
+    # True: JIT functions' code bytes are kept as they are loaded or sampled (record, for annotate)
+    keep_jit_code: bool
+    # True: perf maps are kept open and a name read back from its line when a sample needs it (serve, top:
+    # a 20,000-name map's copied names held 6-7 MB while its process lived). False: names are copied (record
+    # names its samples at the end, and a map rewritten in place by then would have lost them).
+    jit_names_in_files: bool
+    # True: counts whose stacks are named from files or kernel IPs alone come back undecoded, in
+    # Drain.folded, to be summed as they are and decoded once when the recording ends (record: see
+    # bpf/profiler.py's fold)
+    fold: bool
+    # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
+    # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
+    scan_slice_s: float | None
+    # True: for the whole machine (record -a), the walker and the unwind tables of the processes that used
+    # CPU while BCC compiled are in place before the sampler attaches, so the recording's first seconds
+    # cost what later ones do (else the walker is verified and those tables converted while sampling, and
+    # their stacks are raw IPs decoded at each drain until then). The attach comes that much later.
+    unwind_busy_first: bool
+    # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
+    # first rows come within a second of the attach)
+    symbols_before_attach: bool
+
+
+RECORD = SessionMode("record", raw_stacks=True, programs_at_exec=True, learn_at_exec=True, forget_exited=False,
+                     unwind_cache_bytes=None, keep_unwind_rows=True, unwind_in_child=False, keep_jit_code=True,
+                     jit_names_in_files=False, fold=True, scan_slice_s=None, unwind_busy_first=True,
+                     symbols_before_attach=False)
+SERVE = SessionMode("serve", raw_stacks=False, programs_at_exec=False, learn_at_exec=False, forget_exited=True,
+                    unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False, unwind_in_child=True,
+                    keep_jit_code=False, jit_names_in_files=True, fold=False, scan_slice_s=SCAN_SLICE_S,
+                    unwind_busy_first=False, symbols_before_attach=False)
+TOP = SessionMode("top", raw_stacks=True, programs_at_exec=False, learn_at_exec=False, forget_exited=True,
+                  unwind_cache_bytes=None, keep_unwind_rows=True, unwind_in_child=False, keep_jit_code=False,
+                  jit_names_in_files=True, fold=False, scan_slice_s=SCAN_SLICE_S, unwind_busy_first=False,
+                  symbols_before_attach=True)
 
 
 @dataclass
 class SessionOptions:
+    """What varies within a mode: the user's choices."""
+
+    mode: SessionMode
     frequency_hz: int = DEFAULT_FREQUENCY_HZ
     pids: list[int] | None = None  # None: the whole machine; else these processes and their children
     comms: frozenset[str] = frozenset()  # only samples of these commands (empty: all)
     # False: only each sample's leaf is named (serve's rows, record --no-stacks), so JIT files are read
     # only for processes whose leaf is in anonymous code.
     stacks: bool = True
-    # Raw user IPs for processes whose mappings were read (cheaper per sample than the kernel's build-id
-    # stacks, see optrace.frontend.symbols.addrspace). serve keeps build-id stacks: with raw IPs, 2 of 6
-    # full test-suite runs lost about half of one demo function's samples in serve (never in record, never
-    # alone); kept out until understood.
-    raw_stacks: bool = True
-    # True: an exec'd program and its libraries are indexed at once (record: a short-lived program may be
-    # gone by the next drain). False: only once the process is sampled (serve: a busy machine execs
-    # hundreds of processes a second, most never sampled).
-    programs_at_exec: bool = True
-    # True: read an exec'd process's mappings at once, so its samples are raw IPs from the first one
-    # (record of a command or of pids: a few targets). Not for the whole machine.
-    learn_at_exec: bool = False
-    # True: drop what is kept about an exited process one drain after its exit (serve runs for months).
-    # False: keep it to name the process's samples when the recording ends (record).
-    forget_exited: bool = False
     stack_storage_size: int | None = None  # None: sized from CPUs x Hz (bpf.profiler.default_stack_storage)
     # "dwarf": user stacks of processes whose files have CFI are unwound from it in BPF (frame pointers
     # where there is none, as in JIT code); "fp": the kernel's frame-pointer walk only (perf's names).
     # Independent of ``stacks``, which is about naming: serve names leaves, but whole stacks while a
     # pprof profile is collected. A caller that never names whole stacks passes "fp" (record --no-stacks).
     call_graph: str = DEFAULT_CALL_GRAPH
-    # Bytes of unwind tables held in user space (None: UnwindTableCache's default); serve holds fewer.
-    unwind_cache_bytes: int | None = None
-    # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them (serve:
-    # they are converted again only after a new generation of bpf/unwindmaps.py)
-    keep_unwind_rows: bool = True
-    # True: unwind tables are converted in a child process (frontend/unwind/builder.py), not on a thread
-    # that shares the interpreter with the drain loop (serve: drains must not wait on a conversion)
-    unwind_in_child: bool = False
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
-    # True: JIT functions' code bytes are kept as they are loaded or sampled (record, for annotate)
-    keep_jit_code: bool = False
-    # True: perf maps are kept open and a name read back from its line when a sample needs it (serve, top:
-    # a 20,000-name map's copied names held 6-7 MB while its process lived). False: names are copied (record
-    # names its samples at the end, and a map rewritten in place by then would have lost them).
-    jit_names_in_files: bool = False
-    # True: counts whose stacks are named from files or kernel IPs alone come back undecoded, in
-    # Drain.folded, to be summed as they are and decoded once when the recording ends (record: see
-    # bpf/profiler.py's fold)
-    fold: bool = False
-    # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
-    # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
-    scan_slice_s: float | None = None
-    # True (record -a): the walker and the unwind tables of the processes that used CPU while BCC compiled
-    # are in place before the sampler attaches, so the recording's first seconds cost what later ones do
-    # (else the walker is verified and those tables converted while sampling, and their stacks are raw
-    # IPs decoded at each drain until then). The attach comes that much later.
-    unwind_busy_first: bool = False
-    # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
-    # first rows come within a second of the attach)
-    symbols_before_attach: bool = False
     # True (with call_graph "dwarf"): the interpreter's eval frames of CPython processes are replaced by the
     # Python frames they ran (bpf/python.c, frontend/python/)
     python: bool = True
+
+    @property
+    def learn_at_exec(self) -> bool:
+        """SessionMode.learn_at_exec, with pids only."""
+        return self.mode.learn_at_exec and self.pids is not None
+
+    @property
+    def unwind_busy_first(self) -> bool:
+        """SessionMode.unwind_busy_first, for the whole machine only."""
+        return self.mode.unwind_busy_first and self.pids is None
 
 
 MAX_OFF_CPU_EVERY = 1_000_000  # OffCpuOptions.every
@@ -209,8 +252,8 @@ class ProfilingSession:
         from optrace.jitmaps.jitcode import JitCodeStore
 
         self.jit = JitSymbols(max_file_size=options.jit_max_file_size, jitdumps=options.jitdumps,
-                              code=JitCodeStore() if options.keep_jit_code else None,
-                              names_in_files=options.jit_names_in_files)
+                              code=JitCodeStore() if options.mode.keep_jit_code else None,
+                              names_in_files=options.mode.jit_names_in_files)
         self.build_ids = BuildIdCache()  # one read of each mapped file's build-id, for spaces and symbolizer
         self.spaces = AddressSpaces(self.build_ids)
         self.tracker = ProcessTracker()
@@ -236,14 +279,14 @@ class ProfilingSession:
         opts = self.options
         cfi = opts.call_graph == "dwarf"
         self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids,
-                                     scan_slice_s=self.options.scan_slice_s)
+                                     scan_slice_s=opts.mode.scan_slice_s)
         for pid in opts.pids or ():  # before the programs load: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
         measured_from = time.monotonic()
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
-                                 stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
-                                 cfi_unwind=cfi, fold=opts.fold, python=opts.python, waits=wait_options(opts.off_cpu))
+                                 stack_storage_size=opts.stack_storage_size, raw_stacks=opts.mode.raw_stacks,
+                                 cfi_unwind=cfi, fold=opts.mode.fold, python=opts.python, waits=wait_options(opts.off_cpu))
         self.profiler.load()
         if self.profiler.python is not None:
             from optrace.frontend.python.processes import PythonProcesses
@@ -258,19 +301,19 @@ class ProfilingSession:
             from optrace.frontend.unwind.processmaps import ProcessUnwinding
             from optrace.frontend.unwind.tablestore import TableStore
 
-            builder = ChildProcessBuilder() if opts.unwind_in_child else None
+            builder = ChildProcessBuilder() if opts.mode.unwind_in_child else None
             store = TableStore.default()
             if store.problem:
                 self.warnings.append(f"stored unwind tables: {store.problem}; every file is converted again")
-            unwinding = ProcessUnwinding(UnwindTableCache(opts.unwind_cache_bytes or DEFAULT_MAX_BYTES,
+            unwinding = ProcessUnwinding(UnwindTableCache(opts.mode.unwind_cache_bytes or DEFAULT_MAX_BYTES,
                                                           builder=builder, store=store))
         self.unwinder = UnwindScheduler(self.profiler, unwinding, self.python, self._contain,
-                                        keep_rows=opts.keep_unwind_rows, fold=opts.fold)
+                                        keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold)
         self.unwinder.start()
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
-            if opts.symbols_before_attach:
+            if opts.mode.symbols_before_attach:
                 self._contain("symbols", self.symbolizer.load_symbols, pid)
         if cpu_before is not None:
             self.unwinder.unwind_busy(cpu_before, measured_from, self.learn)
@@ -493,7 +536,7 @@ class ProfilingSession:
     def _note_execs(self, execs: list[tuple[int, str]]) -> None:
         for pid, filename in execs:
             path = exec_path(pid, filename)
-            if not self.options.programs_at_exec:
+            if not self.options.mode.programs_at_exec:
                 if path:
                     self.tracker.exec(pid, path)
                 continue
@@ -520,7 +563,7 @@ class ProfilingSession:
         for pid in {s.pid for s, jit in zip(samples, maybe_jit) if jit}:
             self._jit_pids.add(pid)
             self._contain("jit_symbols", self.jit.poll, pid, time)
-        if self.options.keep_jit_code:
+        if self.options.mode.keep_jit_code:
             for sample in (s for s, jit in zip(samples, maybe_jit) if jit and s.user and not s.kernel
                            and s.user[0].build_id is None):
                 self._contain("jit_code", self.jit.keep_code, sample.pid, sample.user[0].offset, time)
@@ -543,7 +586,7 @@ class ProfilingSession:
                 self.profiler.python.forget_process(pid)
         retired, self._exited = self._exited, []
         self.spaces.end_drain(retired)
-        if not self.options.forget_exited:
+        if not self.options.mode.forget_exited:
             return
         self._drains += 1
         if self._drains % PRUNE_EVERY == 0:  # gone without an exit event seen, or loaded after it was handled

@@ -4,6 +4,7 @@ the first one's table; the first is loaded again once sampled and its stacks are
 written again from the array's start; its table goes when it exits."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import time
@@ -12,7 +13,7 @@ from collections import Counter
 import pytest
 
 from optrace.bpf import unwindmaps
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.session import TOP, ProfilingSession, SessionOptions
 
 pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("bpf_ready")]
 
@@ -41,8 +42,8 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
         shutil.copy2(workloads / name, tmp_path / name)
     first = subprocess.Popen([str(workloads / "unwind-tree"), "60"])
     second = None
-    session = ProfilingSession(SessionOptions(frequency_hz=499, pids=[first.pid], raw_stacks=False,
-                                              programs_at_exec=False, forget_exited=True))
+    session = ProfilingSession(SessionOptions(dataclasses.replace(TOP, raw_stacks=False), frequency_hz=499,
+                                              pids=[first.pid]))
     try:
         session.start()
         maps = session.profiler.unwind

@@ -18,7 +18,7 @@ import pytest
 from optrace.bpf import unwindmaps
 from optrace.bpf.unwindmaps import FILE_FRAME, FILE_OFFSET_BITS, ROW_SIZE, ProcessMapping, UnwindMaps, decode_cfi
 from optrace.frontend import session as session_module
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.session import TOP, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.frontend.unwind import scheduler as scheduler_module
@@ -117,7 +117,7 @@ def maps(clock) -> tuple[UnwindMaps, Maps]:
 @pytest.fixture
 def session(maps) -> ProfilingSession:
     unwind, _ = maps
-    session = ProfilingSession(SessionOptions(forget_exited=True))
+    session = ProfilingSession(SessionOptions(TOP))
     session.profiler = SimpleNamespace(unwind=unwind, python=None, epoch=lambda pid: 7)
     session.unwinder = UnwindScheduler(session.profiler, SimpleNamespace(mappings=mappings_of), None, session._contain)
     session.unwinder._unwind_worker = Inline()
@@ -236,7 +236,7 @@ def test_serve_keeps_no_rows_the_kernel_holds_and_converts_again_after_a_new_gen
     capacity = 1 << 21
     bpf = Maps(capacity)
     unwind = UnwindMaps(bpf, capacity)
-    session = ProfilingSession(SessionOptions(forget_exited=True))
+    session = ProfilingSession(SessionOptions(TOP))
     session.profiler = SimpleNamespace(unwind=unwind, python=None, epoch=lambda pid: 7)
     session.unwinder = UnwindScheduler(session.profiler, ProcessUnwinding(UnwindTableCache()), None, session._contain,
                                        keep_rows=False)
