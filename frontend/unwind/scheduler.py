@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Protocol
 
+from optrace.bpf.profiler import Profiler
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.heap import release_free_memory
 from optrace.model import RawSample
@@ -42,7 +43,7 @@ class UnwindScheduler:
     it knows of them: which process's table was loaded at which epoch, and when. ``unwinding`` None (call
     graph "fp"): every call does nothing."""
 
-    def __init__(self, profiler, unwinding: ProcessUnwinding | None, python: PythonLooks | None,
+    def __init__(self, profiler: Profiler, unwinding: ProcessUnwinding | None, python: PythonLooks | None,
                  contain: Contain, keep_rows: bool = True, fold: bool = False) -> None:
         self.profiler = profiler
         self.unwinding = unwinding
