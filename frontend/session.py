@@ -267,7 +267,8 @@ class ProfilingSession:
         self._forgettable: list[int] = []  # exited before the last drain: forgotten at the next one
         self._drains = 0
         self.python = None  # PythonProcesses with options.python and call_graph "dwarf"
-        self.unwinder: UnwindScheduler | None = None  # from start: when processes get their unwind tables
+        # When processes get their unwind tables: one that does nothing until start (and with call graph "fp")
+        self.unwinder = UnwindScheduler(None, None, None, self._contain)
         self._kallsyms: KernelSymbolsLoader | None = None
         self._detaching: Future | None = None
 
@@ -329,8 +330,7 @@ class ProfilingSession:
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
         works until :meth:`close` (a recording names its samples after the profiler is gone)."""
-        if self.unwinder is not None:
-            self.unwinder.close()
+        self.unwinder.close()
         if self.profiler is not None:
             self.profiler.close()
 

@@ -43,7 +43,7 @@ class UnwindScheduler:
     it knows of them: which process's table was loaded at which epoch, and when. ``unwinding`` None (call
     graph "fp"): every call does nothing."""
 
-    def __init__(self, profiler: Profiler, unwinding: ProcessUnwinding | None, python: PythonLooks | None,
+    def __init__(self, profiler: Profiler | None, unwinding: ProcessUnwinding | None, python: PythonLooks | None,
                  contain: Contain, keep_rows: bool = True, fold: bool = False) -> None:
         self.profiler = profiler
         self.unwinding = unwinding
