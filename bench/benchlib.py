@@ -63,7 +63,7 @@ def first_in_line() -> None:
 def optrace_system_wide_fds() -> int:
     """The perf events `optrace record -a` holds once sampling: its exec and exit tracepoints, a perf
     buffer per CPU, then the sampler's event per CPU. The sampler comes last and, since the busiest
-    processes' unwind tables load before it (SessionOptions.unwind_busy_first), up to seconds after the
+    processes' unwind tables load before it (SessionMode.unwind_busy_first), up to seconds after the
     rest: waiting for a count that stays put would start the window before sampling does."""
     return 2 + 2 * (os.cpu_count() or 1)
 

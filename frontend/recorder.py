@@ -21,7 +21,9 @@ from optrace.bpf.loader import ProgramLoad, program_loads
 from optrace.bpf.profiler import FoldedCounts
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.frontend.loopwait import LoopWait
-from optrace.frontend.session import DEFAULT_JIT_MAX_FILE_SIZE, OffCpuOptions, ProfilingSession, SessionOptions
+from optrace.frontend.session import (
+    DEFAULT_JIT_MAX_FILE_SIZE, RECORD, OffCpuOptions, ProfilingSession, SessionOptions,
+)
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
 from optrace.frontend.unwind.quality import stack_quality
@@ -131,12 +133,11 @@ class Recorder:
         self._loads_before = len(program_loads())  # this process's loads before the recording's
         opts = options
         self.session = ProfilingSession(SessionOptions(
-            frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids), stacks=opts.stacks,
-            programs_at_exec=True, learn_at_exec=not opts.system_wide, forget_exited=False,
-            stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
-            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu, keep_jit_code=True, fold=True,
+            RECORD, frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids),
+            stacks=opts.stacks, stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
+            jitdumps=opts.jitdumps, off_cpu=opts.off_cpu,
             call_graph=opts.call_graph if opts.stacks else "fp",  # leaves only: nothing to unwind for
-            unwind_busy_first=opts.system_wide, python=opts.python))
+            python=opts.python))
 
     def run(self) -> Record:
         started = time.time()

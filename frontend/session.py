@@ -10,7 +10,8 @@ an exit (JIT files read a last time; with ``forget_exited``, everything about it
 later). Each process's share of that work is contained: an exception there costs that process's names,
 counted in :attr:`ProfilingSession.read_errors`, never the session.
 
-What differs between `record` and `serve` is a setting of :class:`SessionOptions`, each with its reason.
+What differs between `record`, `serve` and `top` is their :class:`SessionMode`, each setting with its
+reason; what a user chooses within one is a field of :class:`SessionOptions`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TypeVar
@@ -33,87 +33,125 @@ from optrace.containment import contain, count_failure
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
 from optrace.frontend.startpriority import start_done
+from optrace.frontend.unwind.scheduler import UnwindScheduler
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
-from optrace.procfs import exec_path, process_cpu_ticks, read_maps
+from optrace.procfs import exec_path, process_cpu_ticks
 
 T = TypeVar("T")
 PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
-TRIM_AFTER_RELEASE = 4 << 20  # bytes of unwind rows released at once that are worth giving back at once
 TRIM_EVERY = 60  # drains between two returns of the free heap to the system (forget_exited: serve, top)
 DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
-SCAN_SLICE_S = 0.1  # SessionOptions.scan_slice_s for daemons and live views
-BUSY_PROCESSES = 32  # SessionOptions.unwind_busy_first: the busiest processes whose tables load before the attach
-BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
-BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a stored program loads in 0.02 s)
-YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
+SCAN_SLICE_S = 0.1  # SessionMode.scan_slice_s for daemons and live views
+# record holds up to 256 MiB of unwind tables; serve drops a file's rows once the kernel holds them
+# (keeping its build-id and load segments), so its cache holds only tables on their way to the kernel: at
+# most 32 MiB (cc1's table is 7.7 MB). A file is converted again (libc: 35 ms of CPU) only after a new
+# generation of the kernel's rows, or when it was evicted and a new process maps it. Keeping the rows in
+# both places cost a whole-machine serve 44 MB of rows (RSS 168 -> 125 MB) after BCC compiles (libLLVM).
+SERVE_UNWIND_CACHE_BYTES = 32 << 20  # SessionMode.unwind_cache_bytes of serve
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
+
+
+@dataclass(frozen=True)
+class SessionMode:
+    """What a session is for: record (a recording named once it ends), serve (a daemon that runs for months
+    and names leaves) or top (a live view). Its settings follow from that, each with its reason; a caller
+    picks one of RECORD, SERVE, TOP (tests derive variants with dataclasses.replace)."""
+
+    name: str
+    # Raw user IPs for processes whose mappings were read (cheaper per sample than the kernel's build-id
+    # stacks, see optrace.frontend.symbols.addrspace). serve keeps build-id stacks: with raw IPs, 2 of 6
+    # full test-suite runs lost about half of one demo function's samples in serve (never in record, never
+    # alone); kept out until understood.
+    raw_stacks: bool
+    # True: an exec'd program and its libraries are indexed at once (record: a short-lived program may be
+    # gone by the next drain). False: only once the process is sampled (serve: a busy machine execs
+    # hundreds of processes a second, most never sampled).
+    programs_at_exec: bool
+    # True: with pids (record of a command or of pids: a few targets), an exec'd process's mappings are
+    # read at once, so its samples are raw IPs from the first one. Never for the whole machine.
+    learn_at_exec: bool
+    # True: drop what is kept about an exited process one drain after its exit (serve runs for months).
+    # False: keep it to name the process's samples when the recording ends (record).
+    forget_exited: bool
+    # Bytes of unwind tables held in user space (None: UnwindTableCache's default); serve holds fewer.
+    unwind_cache_bytes: int | None
+    # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them (serve:
+    # they are converted again only after a new generation of bpf/unwindmaps.py)
+    keep_unwind_rows: bool
+    # True: unwind tables are converted in a child process (frontend/unwind/builder.py), not on a thread
+    # that shares the interpreter with the drain loop (serve: drains must not wait on a conversion)
+    unwind_in_child: bool
+    # True: JIT functions' code bytes are kept as they are loaded or sampled (record, for annotate)
+    keep_jit_code: bool
+    # True: perf maps are kept open and a name read back from its line when a sample needs it (serve, top:
+    # a 20,000-name map's copied names held 6-7 MB while its process lived). False: names are copied (record
+    # names its samples at the end, and a map rewritten in place by then would have lost them).
+    jit_names_in_files: bool
+    # True: counts whose stacks are named from files or kernel IPs alone come back undecoded, in
+    # Drain.folded, to be summed as they are and decoded once when the recording ends (record: see
+    # bpf/profiler.py's fold)
+    fold: bool
+    # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
+    # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
+    scan_slice_s: float | None
+    # True: for the whole machine (record -a), the walker and the unwind tables of the processes that used
+    # CPU while BCC compiled are in place before the sampler attaches, so the recording's first seconds
+    # cost what later ones do (else the walker is verified and those tables converted while sampling, and
+    # their stacks are raw IPs decoded at each drain until then). The attach comes that much later.
+    unwind_busy_first: bool
+    # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
+    # first rows come within a second of the attach)
+    symbols_before_attach: bool
+
+
+RECORD = SessionMode("record", raw_stacks=True, programs_at_exec=True, learn_at_exec=True, forget_exited=False,
+                     unwind_cache_bytes=None, keep_unwind_rows=True, unwind_in_child=False, keep_jit_code=True,
+                     jit_names_in_files=False, fold=True, scan_slice_s=None, unwind_busy_first=True,
+                     symbols_before_attach=False)
+SERVE = SessionMode("serve", raw_stacks=False, programs_at_exec=False, learn_at_exec=False, forget_exited=True,
+                    unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False, unwind_in_child=True,
+                    keep_jit_code=False, jit_names_in_files=True, fold=False, scan_slice_s=SCAN_SLICE_S,
+                    unwind_busy_first=False, symbols_before_attach=False)
+TOP = SessionMode("top", raw_stacks=True, programs_at_exec=False, learn_at_exec=False, forget_exited=True,
+                  unwind_cache_bytes=None, keep_unwind_rows=True, unwind_in_child=False, keep_jit_code=False,
+                  jit_names_in_files=True, fold=False, scan_slice_s=SCAN_SLICE_S, unwind_busy_first=False,
+                  symbols_before_attach=True)
 
 
 @dataclass
 class SessionOptions:
+    """What varies within a mode: the user's choices."""
+
+    mode: SessionMode
     frequency_hz: int = DEFAULT_FREQUENCY_HZ
     pids: list[int] | None = None  # None: the whole machine; else these processes and their children
     comms: frozenset[str] = frozenset()  # only samples of these commands (empty: all)
     # False: only each sample's leaf is named (serve's rows, record --no-stacks), so JIT files are read
     # only for processes whose leaf is in anonymous code.
     stacks: bool = True
-    # Raw user IPs for processes whose mappings were read (cheaper per sample than the kernel's build-id
-    # stacks, see optrace.frontend.symbols.addrspace). serve keeps build-id stacks: with raw IPs, 2 of 6
-    # full test-suite runs lost about half of one demo function's samples in serve (never in record, never
-    # alone); kept out until understood.
-    raw_stacks: bool = True
-    # True: an exec'd program and its libraries are indexed at once (record: a short-lived program may be
-    # gone by the next drain). False: only once the process is sampled (serve: a busy machine execs
-    # hundreds of processes a second, most never sampled).
-    programs_at_exec: bool = True
-    # True: read an exec'd process's mappings at once, so its samples are raw IPs from the first one
-    # (record of a command or of pids: a few targets). Not for the whole machine.
-    learn_at_exec: bool = False
-    # True: drop what is kept about an exited process one drain after its exit (serve runs for months).
-    # False: keep it to name the process's samples when the recording ends (record).
-    forget_exited: bool = False
     stack_storage_size: int | None = None  # None: sized from CPUs x Hz (bpf.profiler.default_stack_storage)
     # "dwarf": user stacks of processes whose files have CFI are unwound from it in BPF (frame pointers
     # where there is none, as in JIT code); "fp": the kernel's frame-pointer walk only (perf's names).
     # Independent of ``stacks``, which is about naming: serve names leaves, but whole stacks while a
     # pprof profile is collected. A caller that never names whole stacks passes "fp" (record --no-stacks).
     call_graph: str = DEFAULT_CALL_GRAPH
-    # Bytes of unwind tables held in user space (None: UnwindTableCache's default); serve holds fewer.
-    unwind_cache_bytes: int | None = None
-    # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them (serve:
-    # they are converted again only after a new generation of bpf/unwindmaps.py)
-    keep_unwind_rows: bool = True
-    # True: unwind tables are converted in a child process (frontend/unwind/builder.py), not on a thread
-    # that shares the interpreter with the drain loop (serve: drains must not wait on a conversion)
-    unwind_in_child: bool = False
     jit_max_file_size: int = DEFAULT_JIT_MAX_FILE_SIZE
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
-    # True: JIT functions' code bytes are kept as they are loaded or sampled (record, for annotate)
-    keep_jit_code: bool = False
-    # True: perf maps are kept open and a name read back from its line when a sample needs it (serve, top:
-    # a 20,000-name map's copied names held 6-7 MB while its process lived). False: names are copied (record
-    # names its samples at the end, and a map rewritten in place by then would have lost them).
-    jit_names_in_files: bool = False
-    # True: counts whose stacks are named from files or kernel IPs alone come back undecoded, in
-    # Drain.folded, to be summed as they are and decoded once when the recording ends (record: see
-    # bpf/profiler.py's fold)
-    fold: bool = False
-    # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
-    # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
-    scan_slice_s: float | None = None
-    # True (record -a): the walker and the unwind tables of the processes that used CPU while BCC compiled
-    # are in place before the sampler attaches, so the recording's first seconds cost what later ones do
-    # (else the walker is verified and those tables converted while sampling, and their stacks are raw
-    # IPs decoded at each drain until then). The attach comes that much later.
-    unwind_busy_first: bool = False
-    # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
-    # first rows come within a second of the attach)
-    symbols_before_attach: bool = False
     # True (with call_graph "dwarf"): the interpreter's eval frames of CPython processes are replaced by the
     # Python frames they ran (bpf/python.c, frontend/python/)
     python: bool = True
+
+    @property
+    def learn_at_exec(self) -> bool:
+        """SessionMode.learn_at_exec, with pids only."""
+        return self.mode.learn_at_exec and self.pids is not None
+
+    @property
+    def unwind_busy_first(self) -> bool:
+        """SessionMode.unwind_busy_first, for the whole machine only."""
+        return self.mode.unwind_busy_first and self.pids is None
 
 
 MAX_OFF_CPU_EVERY = 1_000_000  # OffCpuOptions.every
@@ -214,8 +252,8 @@ class ProfilingSession:
         from optrace.jitmaps.jitcode import JitCodeStore
 
         self.jit = JitSymbols(max_file_size=options.jit_max_file_size, jitdumps=options.jitdumps,
-                              code=JitCodeStore() if options.keep_jit_code else None,
-                              names_in_files=options.jit_names_in_files)
+                              code=JitCodeStore() if options.mode.keep_jit_code else None,
+                              names_in_files=options.mode.jit_names_in_files)
         self.build_ids = BuildIdCache()  # one read of each mapped file's build-id, for spaces and symbolizer
         self.spaces = AddressSpaces(self.build_ids)
         self.tracker = ProcessTracker()
@@ -228,21 +266,9 @@ class ProfilingSession:
         self._exited: list[int] = []  # exits since the last drain: their address spaces go at its end
         self._forgettable: list[int] = []  # exited before the last drain: forgotten at the next one
         self._drains = 0
-        self.unwinding = None  # ProcessUnwinding with call_graph "dwarf"
         self.python = None  # PythonProcesses with options.python and call_graph "dwarf"
-        self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
-        # fold: pid -> build-ids of every CFI table given for it (set before the table, on the worker)
-        self._table_build_ids: dict[int, frozenset[bytes]] = {}
-        # pid -> when its table was loaded (monotonic), for YOUNG_SECONDS: the dynamic loader may still be
-        # mapping its libraries (a new epoch makes the sampler ignore the table), so polls look at it too.
-        # By age, not until the next drain: a table loaded at exec just before a drain would otherwise
-        # wait a whole drain interval for the libraries mapped after it (seen: 0.9 s of frame-pointer stacks).
-        self._young: dict[int, float] = {}
-        # Tables are built off the drain loop (a JVM's libraries take seconds): one worker thread, at most
-        # one queued job per process.
-        self._unwind_worker: ThreadPoolExecutor | None = None
-        self._unwind_step: Future | None = None  # the walking program's load, on the worker
-        self._unwind_queued: set[int] = set()
+        # When processes get their unwind tables: one that does nothing until start (and with call graph "fp")
+        self.unwinder = UnwindScheduler(None, None, None, self._contain)
         self._kallsyms: KernelSymbolsLoader | None = None
         self._detaching: Future | None = None
 
@@ -254,14 +280,14 @@ class ProfilingSession:
         opts = self.options
         cfi = opts.call_graph == "dwarf"
         self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids,
-                                     scan_slice_s=self.options.scan_slice_s)
+                                     scan_slice_s=opts.mode.scan_slice_s)
         for pid in opts.pids or ():  # before the programs load: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
         measured_from = time.monotonic()
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
-                                 stack_storage_size=opts.stack_storage_size, raw_stacks=opts.raw_stacks,
-                                 cfi_unwind=cfi, fold=opts.fold, python=opts.python, waits=wait_options(opts.off_cpu))
+                                 stack_storage_size=opts.stack_storage_size, raw_stacks=opts.mode.raw_stacks,
+                                 cfi_unwind=cfi, fold=opts.mode.fold, python=opts.python, waits=wait_options(opts.off_cpu))
         self.profiler.load()
         if self.profiler.python is not None:
             from optrace.frontend.python.processes import PythonProcesses
@@ -269,44 +295,42 @@ class ProfilingSession:
             self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer.add_names)
             self.symbolizer.python_lookup = self.python.frame
 
+        unwinding = None  # ProcessUnwinding with call_graph "dwarf"
         if cfi:
             from optrace.frontend.unwind.builder import ChildProcessBuilder
             from optrace.frontend.unwind.cache import DEFAULT_MAX_BYTES, UnwindTableCache
             from optrace.frontend.unwind.processmaps import ProcessUnwinding
             from optrace.frontend.unwind.tablestore import TableStore
 
-            builder = ChildProcessBuilder() if opts.unwind_in_child else None
+            builder = ChildProcessBuilder() if opts.mode.unwind_in_child else None
             store = TableStore.default()
             if store.problem:
                 self.warnings.append(f"stored unwind tables: {store.problem}; every file is converted again")
-            self.unwinding = ProcessUnwinding(UnwindTableCache(opts.unwind_cache_bytes or DEFAULT_MAX_BYTES,
-                                                               builder=builder, store=store))
-            self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
-            # First on the worker, verified while sampling starts (frame pointers until it is in place).
-            self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
+            unwinding = ProcessUnwinding(UnwindTableCache(opts.mode.unwind_cache_bytes or DEFAULT_MAX_BYTES,
+                                                          builder=builder, store=store))
+        self.unwinder = UnwindScheduler(self.profiler, unwinding, self.python, self._contain,
+                                        keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold)
+        self.unwinder.start()
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
-            if opts.symbols_before_attach:
+            if opts.mode.symbols_before_attach:
                 self._contain("symbols", self.symbolizer.load_symbols, pid)
         if cpu_before is not None:
-            self._unwind_busy(cpu_before, measured_from)
+            self.unwinder.unwind_busy(cpu_before, measured_from, self.learn)
         self.profiler.attach()
         start_done()  # the priority the command started at is given back (frontend/startpriority.py)
         # After the attach, off the way to the first sample (they only compete with it for the interpreter and
         # the CPUs: a stored program leaves no compile to hide them behind): the targets' unwind tables (the
         # walker follows frame pointers until they are in place) and the kernel symbols (named at the end).
         for pid in opts.pids or ():
-            self._unwind_later(pid)
+            self.unwinder.unwind_later(pid)
         self._kallsyms = KernelSymbolsLoader()
 
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
         works until :meth:`close` (a recording names its samples after the profiler is gone)."""
-        if self._unwind_worker is not None:
-            self.unwinding.cancel()  # else the table being built (up to its 10 s CPU budget) holds the exit
-            self._unwind_worker.shutdown(wait=True, cancel_futures=True)
-            self.unwinding.tables.close()
+        self.unwinder.close()
         if self.profiler is not None:
             self.profiler.close()
 
@@ -343,8 +367,7 @@ class ProfilingSession:
         """The recording's time is up: samples from now on are not kept (safe from another thread), and no
         more unwind tables are built (they would only compete with the final drain for the interpreter)."""
         self.profiler.stop_sampling()
-        if self.unwinding is not None:
-            self.unwinding.cancel()
+        self.unwinder.cancel()
 
     def add_pid(self, pid: int) -> None:
         """Profile one more process (and its children), e.g. a command started after the session."""
@@ -362,8 +385,7 @@ class ProfilingSession:
         execs, exits = self.profiler.poll_events(ready)
         self._note_execs(execs)
         self._note_exits(exits, now)
-        self._reload_changed(self._young_pids(now))
-        self._retry_python(now)
+        self.unwinder.poll(now)
 
     @property
     def event_fds(self) -> tuple[int, ...]:
@@ -371,16 +393,8 @@ class ProfilingSession:
         return self.profiler.event_fds
 
     def wants_polls(self, now: float) -> bool:
-        """Whether :meth:`poll` is wanted on a timer, events or not: a process whose table was loaded in
-        the last YOUNG_SECONDS may still be mapping its libraries."""
-        return bool(self._young_pids(now))
-
-    def _young_pids(self, now: float) -> set[int]:
-        """The processes whose table was loaded in the last YOUNG_SECONDS (older ones are dropped)."""
-        for pid, loaded in list(self._young.items()):  # the worker adds entries meanwhile
-            if now - loaded > YOUNG_SECONDS:
-                self._young.pop(pid, None)
-        return set(self._young)
+        """Whether :meth:`poll` is wanted on a timer, events or not (see UnwindScheduler.wants_polls)."""
+        return self.unwinder.wants_polls(now)
 
     def drain(self) -> Drain:
         result = self.profiler.drain()
@@ -400,7 +414,7 @@ class ProfilingSession:
         if self.options.off_cpu is not None:
             self._drain_off_cpu(drain, result)
 
-        self._unwind_processes(samples)
+        self.unwinder.unwind_processes(samples)
         self._end_processes(result.exits, result.time)
         return drain
 
@@ -416,7 +430,7 @@ class ProfilingSession:
         drain.off_cpu = [self._translated(s, translated, addresses) for s in result.off_cpu
                          if not self.options.comms or s.comm in self.options.comms]
         drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
-        self._unwind_processes(drain.off_cpu)
+        self.unwinder.unwind_processes(drain.off_cpu)
 
     @staticmethod
     def off_cpu_leaves(samples: list[RawSample]) -> list[RawSample]:
@@ -441,119 +455,9 @@ class ProfilingSession:
             self.profiler.mark_known(pid, epoch)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 
-    def unwind(self, pid: int) -> None:
-        """Give the BPF unwinder the process's executable mappings and their unwind tables (the epoch
-        first, as in :meth:`learn`: a mapping made meanwhile makes the sampler ignore this table)."""
-        if self.unwinding is None:
-            return
-        epoch = self.profiler.epoch(pid)
-        maps = self.profiler.unwind
-        loaded = None if self.options.keep_unwind_rows else maps.is_loaded
-        own = pid == os.getpid()  # walked by frame pointers (see _unwind_later)
-        mappings = self.unwinding.frame_pointer_mappings(pid) if own else self.unwinding.mappings(pid, loaded)
-        if not epoch or mappings is None:
-            return
-        generation = maps.generation
-        if self.options.fold:  # before the table: a stack it unwinds may be drained at once
-            ids = frozenset(m.build_id for m in mappings if m.build_id)
-            self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
-        maps.load_process(pid, epoch, mappings)
-        if maps.generation != generation:  # every other table was dropped: loaded again once sampled
-            self._unwound = {}
-            if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
-                mappings = self.unwinding.mappings(pid, loaded) or []
-                maps.load_process(pid, epoch, mappings)
-        if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
-            release_free_memory()
-        if self.python is not None and not own:
-            self._contain("python", self._look_at_python, pid)
-        self._unwound[pid] = epoch
-        self._young[pid] = time.monotonic()
-
-    def _look_at_python(self, pid: int) -> None:
-        """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""
-        maps = read_maps(pid)
-        if maps is not None:
-            self.python.look_at(pid, (entry for entry in maps.entries if entry.executable and entry.is_file))
-
-    def _retry_python(self, now: float) -> None:
-        """Look again, on the worker, at processes whose interpreter was not initialized when first looked at."""
-        if self.python is None:
-            return
-        for pid in self.python.to_retry(now):
-            try:
-                self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
-            except RuntimeError:  # shut down: the session is ending
-                return
-
-    def _unwind_later(self, pid: int, program: str | None = None) -> None:
-        """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
-        With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
-        (a compiler's first cc1 is: the next one finds them ready).
-
-        optrace's own process is walked by frame pointers only, through a table without rows (its frames
-        named by file, so its samples fold like others': at 10k samples a second, decoding its raw stacks at
-        every drain was a sixth of the drain): BCC maps libLLVM, libclang-cpp and libz3, 2.3 M unwind rows,
-        more than the kernel's row array holds (bpf/unwindmaps.py). Unwinding it cost serve 2 s of
-        conversion and 40 MB of transient memory at start and after every new generation, and its rows
-        filled 80 % of the array, so other processes' files started new generations sooner."""
-        if self._unwind_worker is None or pid in self._unwind_queued:
-            return
-        self._unwind_queued.add(pid)
-        try:
-            self._unwind_worker.submit(self._unwind_job, pid, program)
-        except RuntimeError:  # shut down: the session is ending
-            self._unwind_queued.discard(pid)
-
-    def _unwind_job(self, pid: int, program: str | None) -> None:
-        try:
-            if program:
-                self._contain("unwind_tables", self.unwinding.warm, program)
-            self._contain("unwind_tables", self.unwind, pid)
-        finally:
-            self._unwind_queued.discard(pid)
-
-    def _unwind_busy(self, cpu_before: Mapping[int, int], measured_from: float) -> None:
-        """Wait for the walker, then load the tables of the processes that used CPU since ``cpu_before``
-        (taken at ``measured_from``, at least BUSY_WINDOW_SECONDS ago: CPU time is counted in 10 ms ticks;
-        the busiest first, at most BUSY_PROCESSES) and optrace's own, for up to BUSY_UNWIND_SECONDS:
-        what is not loaded by then is loaded once sampled, as without this."""
-        self._unwind_step.result()
-        time.sleep(max(0.0, measured_from + BUSY_WINDOW_SECONDS - time.monotonic()))
-        cpu_after = process_cpu_ticks()
-        used = {pid: ticks - cpu_before.get(pid, 0) for pid, ticks in cpu_after.items()}
-        own = os.getpid()
-        busy = sorted((pid for pid, ticks in used.items() if ticks > 0 and pid != own), key=used.__getitem__,
-                      reverse=True)
-        for pid in [own, *busy[:BUSY_PROCESSES]]:
-            self.learn(pid)
-            self._unwind_later(pid)
-        done = self._unwind_worker.submit(lambda: None)  # after the jobs above (one worker thread)
-        futures_wait([done], timeout=BUSY_UNWIND_SECONDS)
-
     def prepare_unwind(self, executable: str) -> None:
-        """Build the unwind tables of a program about to be started (and its libraries) now, and wait for
-        the walking program: the command's stacks are unwound from its first instruction."""
-        if self.unwinding is not None:
-            self._contain("unwind_tables", self.unwinding.warm, executable)
-            self._unwind_step.result()
-
-    def _unwind_processes(self, samples: list[RawSample]) -> None:
-        """Processes sampled with frame-pointer stacks, and those whose mappings changed since their
-        table was loaded (exec, dlopen), get their tables now."""
-        if self.unwinding is None:
-            return
-        for pid in {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}:
-            self._unwind_later(pid)
-        self._reload_changed(set(self._unwound))
-        self._young_pids(time.monotonic())  # drops the old ones (serve does not poll)
-        self._retry_python(time.monotonic())
-
-    def _reload_changed(self, pids: set[int]) -> None:
-        """Load again the tables of processes whose mappings changed since (exec, dlopen)."""
-        for pid in pids:
-            if pid in self._unwound and self.profiler.epoch(pid) != self._unwound[pid]:
-                self._unwind_later(pid)
+        """Build the unwind tables of a program about to be started now (see UnwindScheduler.prepare_unwind)."""
+        self.unwinder.prepare_unwind(executable)
 
     def maybe_jit(self, sample: RawSample) -> bool:
         """A raw address outside every file mapping (and [vdso]) may be JIT code (its name depends on when
@@ -607,11 +511,7 @@ class ProfilingSession:
         sizes = {**self.symbolizer.cache_sizes(), "jit_processes": len(self._jit_pids),
                  "jit_symbols": self.jit.budget.entries, "jit_names_bytes": self.jit.budget.name_bytes,
                  "jit_files_kept": self.jit.budget.files}
-        if self.unwinding is not None:
-            tables = self.unwinding.tables
-            sizes.update(self.profiler.unwind.sizes(), unwind_processes=len(self._unwound),
-                         unwind_tables=len(tables), unwind_tables_bytes=tables.held_bytes)
-        return sizes
+        return {**sizes, **self.unwinder.sizes()}
 
     # -- processes -------------------------------------------------------------------------------------
     def _translated(self, sample: RawSample, done: dict[tuple, tuple[UserFrame, ...]],
@@ -636,13 +536,13 @@ class ProfilingSession:
     def _note_execs(self, execs: list[tuple[int, str]]) -> None:
         for pid, filename in execs:
             path = exec_path(pid, filename)
-            if not self.options.programs_at_exec:
+            if not self.options.mode.programs_at_exec:
                 if path:
                     self.tracker.exec(pid, path)
                 continue
-            self._unwound.pop(pid, None)
+            self.unwinder.execd(pid)
             if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
-                self._unwind_later(pid, path)
+                self.unwinder.unwind_later(pid, path)
                 self.learn(pid)
             if path:
                 self._contain("executable", self.symbolizer.add_executable, path)
@@ -652,8 +552,8 @@ class ProfilingSession:
                          ) -> list[bool]:
         """What the symbolizer and JIT symbols must know before this drain's samples are named; returns
         which samples may be in JIT code. A folded stack's frames are in files of its process's CFI table:
-        those build-ids stand for its frames (:attr:`_table_build_ids`)."""
-        tables = {pid: self._table_build_ids.get(pid, ()) for pid in folded_pids}
+        those build-ids stand for its frames (UnwindScheduler.table_build_ids)."""
+        tables = {pid: self.unwinder.table_build_ids(pid) for pid in folded_pids}
         executables, snapshot = self.tracker.sampled(samples, tables)
         for pid in snapshot:
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
@@ -663,7 +563,7 @@ class ProfilingSession:
         for pid in {s.pid for s, jit in zip(samples, maybe_jit) if jit}:
             self._jit_pids.add(pid)
             self._contain("jit_symbols", self.jit.poll, pid, time)
-        if self.options.keep_jit_code:
+        if self.options.mode.keep_jit_code:
             for sample in (s for s, jit in zip(samples, maybe_jit) if jit and s.user and not s.kernel
                            and s.user[0].build_id is None):
                 self._contain("jit_code", self.jit.keep_code, sample.pid, sample.user[0].offset, time)
@@ -681,17 +581,16 @@ class ProfilingSession:
         PRUNE_EVERY drains, those whose exit event was lost (the kernel's event buffer overflowed)."""
         self._note_exits(exits, now)
         for pid in self._exited:  # with those poll() saw: the unwinder's table goes at once
-            self._young.pop(pid, None)
-            if self._unwound.pop(pid, None) is not None:
-                self.profiler.unwind.forget_process(pid)
+            self.unwinder.exited(pid)
             if self.profiler.python is not None:
                 self.profiler.python.forget_process(pid)
         retired, self._exited = self._exited, []
         self.spaces.end_drain(retired)
-        if not self.options.forget_exited:
+        if not self.options.mode.forget_exited:
             return
         self._drains += 1
-        self._drop_unwound_exited()
+        if self._drains % PRUNE_EVERY == 0:  # gone without an exit event seen, or loaded after it was handled
+            self.unwinder.drop_unwound_exited()
         jit_tables = bool(self._jit_pids.intersection(self._forgettable))
         for pid in self._forgettable:
             self._contain("forget_process", self._forget, pid)
@@ -706,21 +605,11 @@ class ProfilingSession:
         if self._drains % PRUNE_EVERY == 0:
             self._forgettable += [pid for pid in self.tracker.pids() if not os.path.exists(f"/proc/{pid}")]
 
-    def _drop_unwound_exited(self) -> None:
-        """Every PRUNE_EVERY drains, the unwinder's tables of processes gone without an exit event seen, or
-        loaded by the worker after their exit was handled."""
-        if self.unwinding is None or self._drains % PRUNE_EVERY:
-            return
-        loaded = list(self._unwound)  # at once: the worker adds to it meanwhile
-        for pid in [pid for pid in loaded if not os.path.exists(f"/proc/{pid}")]:
-            self._unwound.pop(pid, None)
-            self.profiler.unwind.forget_process(pid)
-
     def _forget(self, pid: int) -> None:
         """Drop what is kept about a process, so memory does not grow with every process that ever ran."""
         self.tracker.forget(pid)
         self._jit_pids.discard(pid)
-        self._table_build_ids.pop(pid, None)
+        self.unwinder.forget(pid)
         self.symbolizer.forget_process(pid)
         self.jit.forget_process(pid)
         if self.python is not None:

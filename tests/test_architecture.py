@@ -14,7 +14,8 @@ into ``optrace.*`` by setuptools (pyproject.toml), which import-linter's file-sy
 installed package does not see.
 
 Beyond imports, rules that keep single ideas single: one containment helper, one base for the errors of
-malformed input, one reader of /proc/PID/maps, and exporters/ holding only the registry's writers.
+malformed input, one reader of /proc/PID/maps, exporters/ holding only the registry's writers, and a
+session that stays small.
 """
 from __future__ import annotations
 
@@ -58,6 +59,11 @@ FRONTEND_FROM_EXPORTERS = {"optrace.exporters.formats", "optrace.exporters.pprof
 PURE_MODELS = "optrace.frontend.report"  # imports only the core and jitmaps' file models
 COMMANDS = "optrace.frontend.commands"
 EXPORTER_HELPERS = {"formats", "budget"}  # the registry and the report writers' output budget
+# The session's size (issue 37: 773 lines, ProfilingSession 41 methods, SessionOptions 13 booleans that
+# three users set in 3 combinations); the booleans a user may still switch within a mode: stacks, python
+MAX_SESSION_LINES = 680
+MAX_SESSION_METHODS = 32
+MAX_SESSION_SWITCHES = 2
 MALFORMED_INPUT = ("optrace.frontend.symbols.elffile.ElfFormatError", "optrace.frontend.symbols.leb128.DwarfError",
                    "optrace.schema.SchemaError", "optrace.jitmaps.jitdump.JitDumpError", "optrace.bpf.btf.BtfError",
                    "optrace.bpf.compiled.CompiledError", "optrace.bpf.typedesc.TypeDescError")
@@ -306,3 +312,21 @@ def test_exporters_hold_only_the_registry_writers() -> None:
     for module in sorted(registered):
         parameters = list(inspect.signature(importlib.import_module(module).write).parameters)
         assert len(parameters) == 3 and parameters[2] == "options", (module, parameters)
+
+
+def class_node(path: Path, name: str) -> ast.ClassDef:
+    return next(node for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef) and node.name == name)
+
+
+def test_the_session_stays_small() -> None:
+    """frontend/session.py is one session's pipeline: when processes get their unwind tables is
+    frontend/unwind/scheduler.py's, and what follows from being record, serve or top is a SessionMode, so
+    SessionOptions holds only what a user chooses within a mode (no new boolean there: a mode's setting)."""
+    path = REPO / "frontend" / "session.py"
+    lines = len(path.read_text().splitlines())
+    methods = [n.name for n in class_node(path, "ProfilingSession").body if isinstance(n, ast.FunctionDef)]
+    switches = [n.target.id for n in class_node(path, "SessionOptions").body if isinstance(n, ast.AnnAssign)
+                and "bool" in ast.unparse(n.annotation).split(" | ")]
+    assert lines <= MAX_SESSION_LINES, f"frontend/session.py has {lines} lines"
+    assert len(methods) <= MAX_SESSION_METHODS, f"ProfilingSession has {len(methods)} methods: {methods}"
+    assert len(switches) <= MAX_SESSION_SWITCHES, f"SessionOptions' booleans: {switches} (a mode's go to SessionMode)"

@@ -12,7 +12,7 @@ from optrace.frontend.serve.webconfig import WebConfig
 
 DEFAULT_PORT = 9469
 DEFAULT_MAX_SERIES = 10000
-# CFI unwinding, as record's default. Its tables are converted in a child process (SessionOptions.
+# CFI unwinding, as record's default. Its tables are converted in a child process (SessionMode.
 # unwind_in_child): converting them on a thread of serve's interpreter stopped the drain loop for 12-18 s
 # in tests/hostile's live test (the GIL, shared with the drain naming hostile files).
 SERVE_CALL_GRAPH = DEFAULT_CALL_GRAPH

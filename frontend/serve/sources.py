@@ -5,8 +5,9 @@ uprobe call counts, each turned into a :class:`~optrace.frontend.serve.totals.De
 With ``--call-graph dwarf`` (the default, SERVE_CALL_GRAPH in options.py) user stacks are unwound
 from CFI in BPF, as in record, though serve names whole stacks only while a /debug/pprof/profile
 collection runs or OTLP push is on (whose off-CPU stacks are named whole too): the walk is in the kernel, and what user space keeps for it is bounded for a daemon
-(bpf/unwindmaps.py's generations; the unwind tables held, SERVE_UNWIND_CACHE_BYTES, and only until the
-kernel holds their rows: keep_unwind_rows). Tables are converted in a child process (unwind_in_child), so
+(bpf/unwindmaps.py's generations; the unwind tables held, at most
+unwind_cache_bytes, and only until the kernel holds their rows: session.py's SERVE mode). Tables are
+converted in a child process (unwind_in_child), so
 the drain loop never shares its interpreter with a conversion.
 Each drain also counts every sample's user stack by quality (``optrace_stacks_total{quality}``:
 complete, or the reason the walk stopped, frontend/unwind/quality.py), naming at most its outermost
@@ -20,18 +21,10 @@ from collections.abc import Callable
 from optrace.frontend.serve.options import SERVE_CALL_GRAPH, ServeOptions
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, add_leaf_rows, add_off_cpu_rows
-from optrace.frontend.session import SCAN_SLICE_S, OffCpuOptions, ProfilingSession, SessionOptions
+from optrace.frontend.session import SERVE, OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.frontend.uprobes.reach import slowed_processes
 from optrace.model import UNKNOWN
-
-
-# record holds up to 256 MiB of unwind tables; serve drops a file's rows once the kernel holds them
-# (keeping its build-id and load segments), so its cache holds only tables on their way to the kernel: at
-# most 32 MiB (cc1's table is 7.7 MB). A file is converted again (libc: 35 ms of CPU) only after a new
-# generation of the kernel's rows, or when it was evicted and a new process maps it. Keeping the rows in
-# both places cost a whole-machine serve 44 MB of rows (RSS 168 -> 125 MB) after BCC compiles (libLLVM).
-SERVE_UNWIND_CACHE_BYTES = 32 << 20
 
 
 def build_sources(options: ServeOptions) -> list[Source]:
@@ -53,12 +46,8 @@ class ProfileSource:
     def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: OffCpuOptions | None = None,
                  call_graph: str = SERVE_CALL_GRAPH, python: bool = True) -> None:
         self.session = ProfilingSession(SessionOptions(
-            frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
-            raw_stacks=False,  # see SessionOptions.raw_stacks for why serve keeps build-id stacks
-            programs_at_exec=False, learn_at_exec=False, forget_exited=True,
-            off_cpu=off_cpu, call_graph=call_graph,
-            unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False,
-            unwind_in_child=True, jit_names_in_files=True, scan_slice_s=SCAN_SLICE_S, python=python))
+            SERVE, frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
+            off_cpu=off_cpu, call_graph=call_graph, python=python))
         self._refused_seen = 0
         self.event: str | None = None
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.frontend.report.toprows import Header, LiveTotals, TopSnapshot, ViewState, deep_stack_share
-from optrace.frontend.session import SCAN_SLICE_S, ProfilingSession, SessionOptions, leaf_only
+from optrace.frontend.session import TOP, ProfilingSession, SessionOptions, leaf_only
 
 
 @dataclass
@@ -42,10 +42,8 @@ class TopEngine:
         self.header = Header(cpus=os.cpu_count() or 0, frequency_hz=options.frequency_hz,
                              interval_s=options.interval_s, zero=options.zero)
         self.session = ProfilingSession(SessionOptions(
-            frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, call_graph=options.call_graph,
-            programs_at_exec=False,
-            learn_at_exec=False, forget_exited=True, symbols_before_attach=True, jit_names_in_files=True,
-            scan_slice_s=SCAN_SLICE_S, python=options.python))
+            TOP, frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, call_graph=options.call_graph,
+            python=options.python))
         self.refreshes = 0
         self._last = 0.0
 

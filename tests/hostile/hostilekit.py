@@ -120,7 +120,7 @@ class Measured:
     stop_s: float | None = None  # seconds from the stop signal to its exit
     # seconds until its last BPF program or perf event was seen: programs load one after another (the CFI
     # unwinder's step program takes the verifier seconds), `record -a` loads the busiest processes' unwind
-    # tables before its sampler's events (SessionOptions.unwind_busy_first), and a recording's time starts
+    # tables before its sampler's events (SessionMode.unwind_busy_first), and a recording's time starts
     # after the last one
     loaded_s: float | None = None
 

@@ -1,15 +1,16 @@
-"""record -a (SessionOptions.unwind_busy_first): the walker and the tables of the processes that used CPU
+"""record -a (SessionMode.unwind_busy_first): the walker and the tables of the processes that used CPU
 while BCC compiled are loaded before the sampler attaches, so the recording's first seconds are not
 spent verifying and converting while the machine is sampled (real BPF)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import time
 
 import pytest
 
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.session import RECORD, ProfilingSession, SessionOptions
 from optrace.procfs import process_cpu_ticks
 from support import WORKLOADS
 
@@ -20,9 +21,9 @@ pytestmark = pytest.mark.usefixtures("bpf_ready")
 def test_busy_processes_have_their_tables_when_sampling_starts(busy_first):
     busy = subprocess.Popen([str(WORKLOADS / "stacks"), "30", "1"], stdout=subprocess.DEVNULL)
     try:
-        with ProfilingSession(SessionOptions(unwind_busy_first=busy_first, fold=True)) as session:
+        with ProfilingSession(SessionOptions(dataclasses.replace(RECORD, unwind_busy_first=busy_first))) as session:
             loaded = session.profiler.unwind.has_process(busy.pid), session.profiler.unwind.has_process(os.getpid())
-            step = session._unwind_step.done()
+            step = session.unwinder._unwind_step.done()
     finally:
         busy.kill()
         busy.wait()

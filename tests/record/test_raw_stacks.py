@@ -1,13 +1,14 @@
 """The sampler's raw-IP stacks, translated in user space, against the kernel's own build-id stacks."""
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 from collections import Counter
 
 import pytest
 
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.session import TOP, ProfilingSession, SessionOptions
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
@@ -31,7 +32,7 @@ def sampled_chains(session: ProfilingSession, pid: int, learn: bool) -> Counter:
 
 
 def session(hz: int, raw_stacks: bool = True) -> ProfilingSession:
-    return ProfilingSession(SessionOptions(hz, pids=[], raw_stacks=raw_stacks, programs_at_exec=False))
+    return ProfilingSession(SessionOptions(dataclasses.replace(TOP, raw_stacks=raw_stacks), hz, pids=[]))
 
 
 def test_translated_raw_stacks_equal_the_kernels_build_id_stacks(workloads):

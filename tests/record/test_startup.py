@@ -64,10 +64,11 @@ def test_nothing_but_the_sampler_comes_before_its_attach(monkeypatch):
     interpreter and a CPU from the start before; the programs were compiled meanwhile)."""
     from optrace.bpf.profiler import Profiler
     from optrace.frontend import session as session_module
-    from optrace.frontend.session import ProfilingSession, SessionOptions
+    from optrace.frontend.session import RECORD, ProfilingSession, SessionOptions
+    from optrace.frontend.unwind.scheduler import UnwindScheduler
 
     order: list[str] = []
-    attach, symbols, tables = Profiler.attach, session_module.KernelSymbolsLoader.__init__, ProfilingSession.unwind
+    attach, symbols, tables = Profiler.attach, session_module.KernelSymbolsLoader.__init__, UnwindScheduler.unwind
 
     def spy(name, call):
         def spied(*args, **kwargs):
@@ -77,11 +78,11 @@ def test_nothing_but_the_sampler_comes_before_its_attach(monkeypatch):
 
     monkeypatch.setattr(Profiler, "attach", spy("attach", attach))
     monkeypatch.setattr(session_module.KernelSymbolsLoader, "__init__", spy("kernel symbols", symbols))
-    monkeypatch.setattr(ProfilingSession, "unwind", spy("unwind tables", tables))
+    monkeypatch.setattr(UnwindScheduler, "unwind", spy("unwind tables", tables))
     target = subprocess.Popen(["sleep", "30"])
     try:
-        with ProfilingSession(SessionOptions(pids=[target.pid])) as session:
-            session._unwind_worker.submit(lambda: None).result()  # the worker's jobs so far are done
+        with ProfilingSession(SessionOptions(RECORD, pids=[target.pid])) as session:
+            session.unwinder._unwind_worker.submit(lambda: None).result()  # the worker's jobs so far are done
     finally:
         target.kill()
         target.wait()

@@ -4,6 +4,7 @@ the first one's table; the first is loaded again once sampled and its stacks are
 written again from the array's start; its table goes when it exits."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import time
@@ -12,7 +13,7 @@ from collections import Counter
 import pytest
 
 from optrace.bpf import unwindmaps
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.session import TOP, ProfilingSession, SessionOptions
 
 pytestmark = [pytest.mark.bpf, pytest.mark.usefixtures("bpf_ready")]
 
@@ -41,12 +42,12 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
         shutil.copy2(workloads / name, tmp_path / name)
     first = subprocess.Popen([str(workloads / "unwind-tree"), "60"])
     second = None
-    session = ProfilingSession(SessionOptions(frequency_hz=499, pids=[first.pid], raw_stacks=False,
-                                              programs_at_exec=False, forget_exited=True))
+    session = ProfilingSession(SessionOptions(dataclasses.replace(TOP, raw_stacks=False), frequency_hz=499,
+                                              pids=[first.pid]))
     try:
         session.start()
         maps = session.profiler.unwind
-        wait_until(lambda: first.pid in session._unwound, session, "the first table")
+        wait_until(lambda: first.pid in session.unwinder._unwound, session, "the first table")
         assert drain_for(session, 1.5)[first.pid]["outermost"] > 0
 
         second = subprocess.Popen([str(tmp_path / "unwind-tree"), "60"])
@@ -55,10 +56,10 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
         capacity = maps._capacity
         maps._capacity = maps.sizes()["unwind_rows"]  # full: the copies' rows do not fit
         monkeypatch.setattr(unwindmaps, "MIN_GENERATION_SECONDS", 0.0)
-        session.unwind(second.pid)
+        session.unwinder.unwind(second.pid)
         maps._capacity = capacity
         monkeypatch.setattr(unwindmaps, "MIN_GENERATION_SECONDS", 60.0)
-        assert maps.generation == 1 and set(session._unwound) == {second.pid} and not maps.has_process(first.pid)
+        assert maps.generation == 1 and set(session.unwinder._unwound) == {second.pid} and not maps.has_process(first.pid)
 
         wait_until(lambda: maps.has_process(first.pid), session, "the first table loaded again")
         outcomes = drain_for(session, 2.0)
@@ -69,7 +70,7 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
         first.kill()
         first.wait()
         drain_for(session, 1.0)
-        assert not maps.has_process(first.pid) and first.pid not in session._unwound
+        assert not maps.has_process(first.pid) and first.pid not in session.unwinder._unwound
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:

@@ -18,10 +18,12 @@ import pytest
 from optrace.bpf import unwindmaps
 from optrace.bpf.unwindmaps import FILE_FRAME, FILE_OFFSET_BITS, ROW_SIZE, ProcessMapping, UnwindMaps, decode_cfi
 from optrace.frontend import session as session_module
-from optrace.frontend.session import ProfilingSession, SessionOptions
+from optrace.frontend.session import TOP, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.cache import UnwindTableCache
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
+from optrace.frontend.unwind import scheduler as scheduler_module
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
+from optrace.frontend.unwind.scheduler import UnwindScheduler
 from optrace.frontend.unwind.table import build_table
 from optrace.model import Frame, RawSample, Sample, UserFrame
 from optrace.procfs import read_maps
@@ -115,10 +117,10 @@ def maps(clock) -> tuple[UnwindMaps, Maps]:
 @pytest.fixture
 def session(maps) -> ProfilingSession:
     unwind, _ = maps
-    session = ProfilingSession(SessionOptions(forget_exited=True))
+    session = ProfilingSession(SessionOptions(TOP))
     session.profiler = SimpleNamespace(unwind=unwind, python=None, epoch=lambda pid: 7)
-    session.unwinding = SimpleNamespace(mappings=mappings_of)
-    session._unwind_worker = Inline()
+    session.unwinder = UnwindScheduler(session.profiler, SimpleNamespace(mappings=mappings_of), None, session._contain)
+    session.unwinder._unwind_worker = Inline()
     return session
 
 
@@ -193,26 +195,26 @@ def test_files_per_generation_are_capped(maps, monkeypatch):
 def test_session_loads_live_processes_again_after_a_new_generation(session, maps, clock):
     unwind, bpf = maps
     for pid in (1, 2):
-        session.unwind(pid)
-    assert set(session._unwound) == {1, 2}
+        session.unwinder.unwind(pid)
+    assert set(session.unwinder._unwound) == {1, 2}
     clock.now += unwindmaps.MIN_GENERATION_SECONDS
-    session.unwind(3)  # c does not fit: a new generation, 1 and 2 dropped
-    assert unwind.generation == 1 and set(session._unwound) == {3}
+    session.unwinder.unwind(3)  # c does not fit: a new generation, 1 and 2 dropped
+    assert unwind.generation == 1 and set(session.unwinder._unwound) == {3}
     assert [k.value for k in bpf[b"unwind_procs"].keys()] == [3]
     frame_pointer_sample = RawSample(1, "p", (UserFrame(None, 0x10010),), (), 4)  # stop "": not unwound
-    session._unwind_processes([frame_pointer_sample])
-    assert set(session._unwound) == {1, 3} and unwind.has_process(1)
+    session.unwinder.unwind_processes([frame_pointer_sample])
+    assert set(session.unwinder._unwound) == {1, 3} and unwind.has_process(1)
 
 
 def test_exited_processes_tables_are_dropped(session, maps, monkeypatch):
     unwind, bpf = maps
     for pid in (1, GONE_PID):
-        session.unwind(pid)  # GONE_PID: its exit was handled before the worker loaded it
+        session.unwinder.unwind(pid)  # GONE_PID: its exit was handled before the worker loaded it
     session._end_processes([1], now=1.0)  # 1's exit event
-    assert not unwind.has_process(1) and 1 not in session._unwound and unwind.has_process(GONE_PID)
+    assert not unwind.has_process(1) and 1 not in session.unwinder._unwound and unwind.has_process(GONE_PID)
     session._drains = session_module.PRUNE_EVERY - 1
     session._end_processes([], now=2.0)
-    assert not unwind.has_process(GONE_PID) and not session._unwound
+    assert not unwind.has_process(GONE_PID) and not session.unwinder._unwound
 
 
 def test_quality_names_only_outermost_frames_of_stacks_the_unwinder_did_not_end():
@@ -234,21 +236,22 @@ def test_serve_keeps_no_rows_the_kernel_holds_and_converts_again_after_a_new_gen
     capacity = 1 << 21
     bpf = Maps(capacity)
     unwind = UnwindMaps(bpf, capacity)
-    session = ProfilingSession(SessionOptions(forget_exited=True, keep_unwind_rows=False))
+    session = ProfilingSession(SessionOptions(TOP))
     session.profiler = SimpleNamespace(unwind=unwind, python=None, epoch=lambda pid: 7)
-    session.unwinding = ProcessUnwinding(UnwindTableCache())
-    tables = session.unwinding.tables
+    session.unwinder = UnwindScheduler(session.profiler, ProcessUnwinding(UnwindTableCache()), None, session._contain,
+                                       keep_rows=False)
+    tables = session.unwinder.unwinding.tables
     procs = [subprocess.Popen([str(omit_fp_binary), "1", "0", "-"], stdin=subprocess.PIPE) for _ in range(3)]
     try:
         entries = [_wait_for_mapping(proc.pid, str(omit_fp_binary)) for proc in procs]
-        session.unwind(procs[0].pid)
+        session.unwinder.unwind(procs[0].pid)
         ours = tables.file_of_mapping(procs[0].pid, entries[0], need_rows=lambda identity: False)
         loaded = unwind._files[ours.identity]
         rows = build_table(omit_fp_binary.read_bytes()).rows
         assert loaded.row_count == len(rows) // ROW_SIZE and bpf.rows(loaded.row_start, loaded.row_count) == rows
         assert tables.held_bytes == 0 and tables.stats["released_bytes"] > len(rows)
         conversions = tables.stats["conversions"]
-        session.unwind(procs[1].pid)
+        session.unwinder.unwind(procs[1].pid)
         assert tables.stats["conversions"] == conversions and unwind._files[ours.identity] is loaded
 
         load_process = unwind.load_process
@@ -258,11 +261,11 @@ def test_serve_keeps_no_rows_the_kernel_holds_and_converts_again_after_a_new_gen
                 unwind.new_generation()
             load_process(pid, epoch, mappings)
         unwind.load_process = new_generation_first
-        session.unwind(procs[2].pid)
+        session.unwinder.unwind(procs[2].pid)
         again = unwind._files[ours.identity]
         assert unwind.generation == 1 and tables.stats["conversions"] > conversions
         assert again.row_count == len(rows) // ROW_SIZE and bpf.rows(again.row_start, again.row_count) == rows
-        assert set(session._unwound) == {procs[2].pid} and tables.held_bytes == 0
+        assert set(session.unwinder._unwound) == {procs[2].pid} and tables.held_bytes == 0
     finally:
         for proc in procs:
             proc.communicate(b"\n", timeout=10)
@@ -287,15 +290,15 @@ def _waiting_on_stdin(pid: int) -> bool:
 
 
 def test_optrace_itself_is_walked_by_frame_pointers(session, maps, monkeypatch):
-    """Its BCC libraries alone hold more rows than the kernel's array (see ProfilingSession._unwind_later):
+    """Its BCC libraries alone hold more rows than the kernel's array (see UnwindScheduler.unwind_later):
     its table has no rows, and keys of its own, so no other process is walked without rows for its files."""
     unwind, _ = maps
     monkeypatch.setitem(PROCESSES, os.getpid(), ["a"])
-    session.unwinding.frame_pointer_mappings = lambda pid: [
+    session.unwinder.unwinding.frame_pointer_mappings = lambda pid: [
         dataclasses.replace(m, rows=b"", file_key=("frame pointers", m.file_key)) for m in mappings_of(pid)]
     samples = [RawSample(pid, "p", (UserFrame(None, 0x10010),), (), 4) for pid in (os.getpid(), 1)]
-    session._unwind_processes(samples)
-    assert set(session._unwound) == {1, os.getpid()}
+    session.unwinder.unwind_processes(samples)
+    assert set(session.unwinder._unwound) == {1, os.getpid()}
     assert unwind._files["a"].row_count == 40 and unwind._files[("frame pointers", "a")].row_count == 0
 
 
@@ -345,10 +348,10 @@ def test_folded_stacks_count_their_tables_build_ids(session, monkeypatch):
     """A folded stack's frames are not looked at before the end: its process's CFI tables' build-ids stand
     for them, so a process showing a new file is snapshotted while it is alive."""
     snapshots = []
-    session.options = SessionOptions(forget_exited=True, fold=True)
+    session.unwinder.fold = True
     session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path: None)
-    session.unwind(1)
-    assert session._table_build_ids[1] == {b"a".ljust(20, b"\0")}
+    session.unwinder.unwind(1)
+    assert session.unwinder.table_build_ids(1) == {b"a".ljust(20, b"\0")}
     session._learn_processes([], 0.0, {1})
     session._learn_processes([], 0.0, {1})  # nothing new the second time
     assert snapshots == [1]
@@ -359,15 +362,15 @@ def test_polls_reload_a_young_table_whose_process_mapped_more_after_a_drain(sess
     change the epoch, and the polls of the next YOUNG_SECONDS load the table again (not the next drain)."""
     unwind, _ = maps
     session.profiler.poll_events = lambda ready=None: ([], [])
-    session.unwind(1)
-    session._unwind_processes([])  # a drain
+    session.unwinder.unwind(1)
+    session.unwinder.unwind_processes([])  # a drain
     session.profiler.epoch = lambda pid: 8  # ld.so mapped libpython
     session.poll(time.monotonic())
-    assert session._unwound[1] == 8
+    assert session.unwinder._unwound[1] == 8
     session.profiler.epoch = lambda pid: 9  # a dlopen long after the start: left to the drains
-    session.poll(time.monotonic() + session_module.YOUNG_SECONDS + 1)
-    assert session._unwound[1] == 8 and not session._young
-    session.unwind(2)
-    session._young[2] -= session_module.YOUNG_SECONDS + 1
-    session._unwind_processes([])  # drains forget old entries too (serve's loop does not poll)
-    assert 2 not in session._young
+    session.poll(time.monotonic() + scheduler_module.YOUNG_SECONDS + 1)
+    assert session.unwinder._unwound[1] == 8 and not session.unwinder._young
+    session.unwinder.unwind(2)
+    session.unwinder._young[2] -= scheduler_module.YOUNG_SECONDS + 1
+    session.unwinder.unwind_processes([])  # drains forget old entries too (serve's loop does not poll)
+    assert 2 not in session.unwinder._young

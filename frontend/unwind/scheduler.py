@@ -1,0 +1,259 @@
+"""When each process gets its unwind tables: the session's scheduling of :class:`ProcessUnwinding`'s work.
+
+Tables are built off the drain loop (a JVM's libraries take seconds): one worker thread, at most one queued
+job per process. A process gets its table when it is first sampled with frame-pointer stacks, at exec for
+a recording's targets, again when its mappings changed since (exec, dlopen: a new epoch), and, with
+``unwind_busy``, before the sampler attaches for the processes that were using CPU. The session calls
+:meth:`UnwindScheduler.unwind_later` and the hooks of its drain and polls; the rest is here.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from typing import Protocol
+
+from optrace.bpf.profiler import Profiler
+from optrace.frontend.unwind.processmaps import ProcessUnwinding
+from optrace.heap import release_free_memory
+from optrace.model import RawSample
+from optrace.procfs import MapEntry, process_cpu_ticks, read_maps
+
+TRIM_AFTER_RELEASE = 4 << 20  # bytes of unwind rows released at once that are worth giving back at once
+BUSY_PROCESSES = 32  # UnwindScheduler.unwind_busy: the busiest processes whose tables load before the attach
+BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
+BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a stored program loads in 0.02 s)
+YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
+
+Contain = Callable[..., object]  # the session's ``_contain(kind, call, *args)``: a failure costs one process
+
+
+class PythonLooks(Protocol):
+    """What the scheduler asks of frontend/python/processes.py's PythonProcesses (looked at on the worker)."""
+
+    def look_at(self, pid: int, maps: Iterable[MapEntry]) -> object: ...
+
+    def to_retry(self, now: float) -> list[int]: ...
+
+
+class UnwindScheduler:
+    """The worker that loads processes' unwind tables into the BPF unwinder (``profiler.unwind``), and what
+    it knows of them: which process's table was loaded at which epoch, and when. ``unwinding`` None (call
+    graph "fp"): every call does nothing."""
+
+    def __init__(self, profiler: Profiler | None, unwinding: ProcessUnwinding | None, python: PythonLooks | None,
+                 contain: Contain, keep_rows: bool = True, fold: bool = False) -> None:
+        self.profiler = profiler
+        self.unwinding = unwinding
+        self.python = python
+        self._contain = contain
+        # False: a file's unwind rows are dropped from the user-space cache once the kernel holds them
+        self.keep_rows = keep_rows
+        self.fold = fold  # True: the build-ids of each process's tables are kept (:meth:`table_build_ids`)
+        self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
+        # fold: pid -> build-ids of every CFI table given for it (set before the table, on the worker)
+        self._table_build_ids: dict[int, frozenset[bytes]] = {}
+        # pid -> when its table was loaded (monotonic), for YOUNG_SECONDS: the dynamic loader may still be
+        # mapping its libraries (a new epoch makes the sampler ignore the table), so polls look at it too.
+        # By age, not until the next drain: a table loaded at exec just before a drain would otherwise
+        # wait a whole drain interval for the libraries mapped after it (seen: 0.9 s of frame-pointer stacks).
+        self._young: dict[int, float] = {}
+        self._unwind_worker: ThreadPoolExecutor | None = None
+        self._unwind_step: Future | None = None  # the walking program's load, on the worker
+        self._unwind_queued: set[int] = set()
+
+    def start(self) -> None:
+        """The worker, whose first job is the walking program, verified while sampling starts (frame
+        pointers until it is in place)."""
+        if self.unwinding is None:
+            return
+        self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
+        self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
+
+    def cancel(self) -> None:
+        """No more tables are built: the one being built stops (at the session's end)."""
+        if self.unwinding is not None:
+            self.unwinding.cancel()
+
+    def close(self) -> None:
+        """Stop the worker (the table being built is cancelled: up to its 10 s CPU budget would hold the
+        exit) and release the tables' files."""
+        if self._unwind_worker is not None:
+            self.unwinding.cancel()
+            self._unwind_worker.shutdown(wait=True, cancel_futures=True)
+            self.unwinding.tables.close()
+
+    # -- the session's hooks ---------------------------------------------------------------------------
+    def poll(self, now: float) -> None:
+        """A poll of the session: young tables whose process mapped more are loaded again."""
+        self._reload_changed(self._young_pids(now))
+        self._retry_python(now)
+
+    def wants_polls(self, now: float) -> bool:
+        """Whether polls are wanted on a timer, events or not: a process whose table was loaded in the
+        last YOUNG_SECONDS may still be mapping its libraries."""
+        return bool(self._young_pids(now))
+
+    def _young_pids(self, now: float) -> set[int]:
+        """The processes whose table was loaded in the last YOUNG_SECONDS (older ones are dropped)."""
+        for pid, loaded in list(self._young.items()):  # the worker adds entries meanwhile
+            if now - loaded > YOUNG_SECONDS:
+                self._young.pop(pid, None)
+        return set(self._young)
+
+    def unwind_processes(self, samples: list[RawSample]) -> None:
+        """A drain's samples: processes sampled with frame-pointer stacks, and those whose mappings changed
+        since their table was loaded (exec, dlopen), get their tables now."""
+        if self.unwinding is None:
+            return
+        for pid in {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}:
+            self.unwind_later(pid)
+        self._reload_changed(set(self._unwound))
+        self._young_pids(time.monotonic())  # drops the old ones (serve does not poll)
+        self._retry_python(time.monotonic())
+
+    def _reload_changed(self, pids: set[int]) -> None:
+        """Load again the tables of processes whose mappings changed since (exec, dlopen)."""
+        for pid in pids:
+            if pid in self._unwound and self.profiler.epoch(pid) != self._unwound[pid]:
+                self.unwind_later(pid)
+
+    def execd(self, pid: int) -> None:
+        """The process exec'd: its table is of its old program."""
+        self._unwound.pop(pid, None)
+
+    def exited(self, pid: int) -> None:
+        """The process exited: its table goes at once."""
+        self._young.pop(pid, None)
+        if self._unwound.pop(pid, None) is not None:
+            self.profiler.unwind.forget_process(pid)
+
+    def drop_unwound_exited(self) -> None:
+        """The tables of processes gone without an exit event seen, or loaded by the worker after their
+        exit was handled (now and then: each one is a look in /proc)."""
+        if self.unwinding is None:
+            return
+        loaded = list(self._unwound)  # at once: the worker adds to it meanwhile
+        for pid in [pid for pid in loaded if not os.path.exists(f"/proc/{pid}")]:
+            self._unwound.pop(pid, None)
+            self.profiler.unwind.forget_process(pid)
+
+    def table_build_ids(self, pid: int) -> frozenset[bytes]:
+        """With ``fold``: the build-ids of every table given for the process (its folded frames' files)."""
+        return self._table_build_ids.get(pid, frozenset())
+
+    def forget(self, pid: int) -> None:
+        self._table_build_ids.pop(pid, None)
+
+    def sizes(self) -> dict[str, int]:
+        if self.unwinding is None:
+            return {}
+        tables = self.unwinding.tables
+        return {**self.profiler.unwind.sizes(), "unwind_processes": len(self._unwound),
+                "unwind_tables": len(tables), "unwind_tables_bytes": tables.held_bytes}
+
+    # -- loading ---------------------------------------------------------------------------------------
+    def unwind(self, pid: int) -> None:
+        """Give the BPF unwinder the process's executable mappings and their unwind tables (the epoch
+        first, as in the session's ``learn``: a mapping made meanwhile makes the sampler ignore this table)."""
+        if self.unwinding is None:
+            return
+        epoch = self.profiler.epoch(pid)
+        maps = self.profiler.unwind
+        loaded = None if self.keep_rows else maps.is_loaded
+        own = pid == os.getpid()  # walked by frame pointers (see unwind_later)
+        mappings = self.unwinding.frame_pointer_mappings(pid) if own else self.unwinding.mappings(pid, loaded)
+        if not epoch or mappings is None:
+            return
+        generation = maps.generation
+        if self.fold:  # before the table: a stack it unwinds may be drained at once
+            ids = frozenset(m.build_id for m in mappings if m.build_id)
+            self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
+        maps.load_process(pid, epoch, mappings)
+        if maps.generation != generation:  # every other table was dropped: loaded again once sampled
+            self._unwound = {}
+            if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
+                mappings = self.unwinding.mappings(pid, loaded) or []
+                maps.load_process(pid, epoch, mappings)
+        if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
+            release_free_memory()
+        if self.python is not None and not own:
+            self._contain("python", self._look_at_python, pid)
+        self._unwound[pid] = epoch
+        self._young[pid] = time.monotonic()
+
+    def _look_at_python(self, pid: int) -> None:
+        """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""
+        maps = read_maps(pid)
+        if maps is not None:
+            self.python.look_at(pid, (entry for entry in maps.entries if entry.executable and entry.is_file))
+
+    def _retry_python(self, now: float) -> None:
+        """Look again, on the worker, at processes whose interpreter was not initialized when first looked at."""
+        if self.python is None:
+            return
+        for pid in self.python.to_retry(now):
+            try:
+                self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
+            except RuntimeError:  # shut down: the session is ending
+                return
+
+    def unwind_later(self, pid: int, program: str | None = None) -> None:
+        """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
+        With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
+        (a compiler's first cc1 is: the next one finds them ready).
+
+        optrace's own process is walked by frame pointers only, through a table without rows (its frames
+        named by file, so its samples fold like others': at 10k samples a second, decoding its raw stacks at
+        every drain was a sixth of the drain): BCC maps libLLVM, libclang-cpp and libz3, 2.3 M unwind rows,
+        more than the kernel's row array holds (bpf/unwindmaps.py). Unwinding it cost serve 2 s of
+        conversion and 40 MB of transient memory at start and after every new generation, and its rows
+        filled 80 % of the array, so other processes' files started new generations sooner."""
+        if self._unwind_worker is None or pid in self._unwind_queued:
+            return
+        self._unwind_queued.add(pid)
+        try:
+            self._unwind_worker.submit(self._unwind_job, pid, program)
+        except RuntimeError:  # shut down: the session is ending
+            self._unwind_queued.discard(pid)
+
+    def _unwind_job(self, pid: int, program: str | None) -> None:
+        try:
+            if program:
+                self._contain("unwind_tables", self.unwinding.warm, program)
+            self._contain("unwind_tables", self.unwind, pid)
+        finally:
+            self._unwind_queued.discard(pid)
+
+    def wait_for(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the jobs queued so far (one worker thread: a job queued now runs after
+        them)."""
+        if self._unwind_worker is not None:
+            futures_wait([self._unwind_worker.submit(lambda: None)], timeout=seconds)
+
+    def unwind_busy(self, cpu_before: Mapping[int, int], measured_from: float, learn: Callable[[int], None]) -> None:
+        """Wait for the walker, then load the tables of the processes that used CPU since ``cpu_before``
+        (taken at ``measured_from``, at least BUSY_WINDOW_SECONDS ago: CPU time is counted in 10 ms ticks;
+        the busiest first, at most BUSY_PROCESSES) and optrace's own, for up to BUSY_UNWIND_SECONDS:
+        what is not loaded by then is loaded once sampled, as without this. ``learn``: the session's, each
+        process's mappings read before its table is asked for."""
+        self._unwind_step.result()
+        time.sleep(max(0.0, measured_from + BUSY_WINDOW_SECONDS - time.monotonic()))
+        cpu_after = process_cpu_ticks()
+        used = {pid: ticks - cpu_before.get(pid, 0) for pid, ticks in cpu_after.items()}
+        own = os.getpid()
+        busy = sorted((pid for pid, ticks in used.items() if ticks > 0 and pid != own), key=used.__getitem__,
+                      reverse=True)
+        for pid in [own, *busy[:BUSY_PROCESSES]]:
+            learn(pid)
+            self.unwind_later(pid)
+        self.wait_for(BUSY_UNWIND_SECONDS)  # after the jobs above
+
+    def prepare_unwind(self, executable: str) -> None:
+        """Build the unwind tables of a program about to be started (and its libraries) now, and wait for
+        the walking program: the command's stacks are unwound from its first instruction."""
+        if self.unwinding is not None:
+            self._contain("unwind_tables", self.unwinding.warm, executable)
+            self._unwind_step.result()
