@@ -220,6 +220,7 @@ class Recorder:
                 settle, ready = None, ()
             elif timer:
                 self.session.poll(now)
+            timer = self._timer_polls(now)  # a drain or a poll may have queued a table to wait for
             wake = min(t for t in (next_drain, deadline, settle, now + POLL_SECONDS if timer else None) if t is not None)
             found = waits.wait(wake - now, events=settle is None)
             if stop.stopped.is_set():

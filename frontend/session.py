@@ -386,6 +386,13 @@ class ProfilingSession:
         self._note_execs(execs)
         self._note_exits(exits, now)
         self.unwinder.poll(now)
+        self._snapshot_reloaded()
+
+    def _snapshot_reloaded(self) -> None:
+        """The symbolizer looks at processes whose table was loaded again (a library mapped since its last
+        look) while they run: one gone by the drain would leave that library's frames [unknown]."""
+        for pid in self.unwinder.take_reloaded():
+            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 
     @property
     def event_fds(self) -> tuple[int, ...]:
@@ -553,6 +560,7 @@ class ProfilingSession:
         """What the symbolizer and JIT symbols must know before this drain's samples are named; returns
         which samples may be in JIT code. A folded stack's frames are in files of its process's CFI table:
         those build-ids stand for its frames (UnwindScheduler.table_build_ids)."""
+        self._snapshot_reloaded()
         tables = {pid: self.unwinder.table_build_ids(pid) for pid in folded_pids}
         executables, snapshot = self.tracker.sampled(samples, tables)
         for pid in snapshot:

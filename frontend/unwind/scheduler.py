@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -60,6 +61,9 @@ class UnwindScheduler:
         # By age, not until the next drain: a table loaded at exec just before a drain would otherwise
         # wait a whole drain interval for the libraries mapped after it (seen: 0.9 s of frame-pointer stacks).
         self._young: dict[int, float] = {}
+        # Processes whose table was loaded again for a new epoch (a dlopen), for the session's symbolizer to look
+        # at while they still run: their new files' frames are named from it (appended on the worker).
+        self._reloaded: deque[int] = deque()
         self._unwind_worker: ThreadPoolExecutor | None = None
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
@@ -93,8 +97,9 @@ class UnwindScheduler:
 
     def wants_polls(self, now: float) -> bool:
         """Whether polls are wanted on a timer, events or not: a process whose table was loaded in the
-        last YOUNG_SECONDS may still be mapping its libraries."""
-        return bool(self._young_pids(now))
+        last YOUNG_SECONDS may still be mapping its libraries, and one whose table is on its way or was
+        loaded again is for the session's symbolizer to look at soon (see ``_reloaded``)."""
+        return bool(self._young_pids(now) or self._unwind_queued or self._reloaded)
 
     def _young_pids(self, now: float) -> set[int]:
         """The processes whose table was loaded in the last YOUNG_SECONDS (older ones are dropped)."""
@@ -181,8 +186,17 @@ class UnwindScheduler:
             release_free_memory()
         if self.python is not None and not own:
             self._contain("python", self._look_at_python, pid)
+        if not own and pid in self._unwound:
+            self._reloaded.append(pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
+
+    def take_reloaded(self) -> list[int]:
+        """The processes whose table was loaded again since the last call (see ``_reloaded``)."""
+        taken = []
+        while self._reloaded:
+            taken.append(self._reloaded.popleft())
+        return taken
 
     def _look_at_python(self, pid: int) -> None:
         """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""

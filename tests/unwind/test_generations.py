@@ -359,14 +359,18 @@ def test_folded_stacks_count_their_tables_build_ids(session, monkeypatch):
 
 def test_polls_reload_a_young_table_whose_process_mapped_more_after_a_drain(session, maps):
     """A table loaded at exec, just before a drain: the libraries the dynamic loader maps after that drain
-    change the epoch, and the polls of the next YOUNG_SECONDS load the table again (not the next drain)."""
+    change the epoch, and the polls of the next YOUNG_SECONDS load the table again (not the next drain); the
+    symbolizer looks at the process again at once, while it runs (a library's frames of a process gone by
+    the drain were [unknown])."""
     unwind, _ = maps
+    snapshots = []
+    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path: None)
     session.profiler.poll_events = lambda ready=None: ([], [])
     session.unwinder.unwind(1)
     session.unwinder.unwind_processes([])  # a drain
     session.profiler.epoch = lambda pid: 8  # ld.so mapped libpython
     session.poll(time.monotonic())
-    assert session.unwinder._unwound[1] == 8
+    assert session.unwinder._unwound[1] == 8 and snapshots == [1]
     session.profiler.epoch = lambda pid: 9  # a dlopen long after the start: left to the drains
     session.poll(time.monotonic() + scheduler_module.YOUNG_SECONDS + 1)
     assert session.unwinder._unwound[1] == 8 and not session.unwinder._young
