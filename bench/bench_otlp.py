@@ -259,8 +259,8 @@ def markdown(res: dict) -> str:
               md_table(["serve", "CPU (% of one core)", "RSS", "peak RSS", "symbolizing", "encoding", "per 5 s interval",
                         "runs"], rows), "",
               "With push on, the drain loop names whole stacks every drain (as for a /debug/pprof/profile window) "
-              "instead of leaves only: the `symbolizing` column is that difference. The peak RSS is the BPF "
-              "compile's (clang in process), the same with and without push.", ""]
+              "instead of leaves only: the `symbolizing` column is that difference. The peak RSS includes naming "
+              "the machine's first whole stacks (their files' symbol tables).", ""]
     rows = [[t["name"], t["target"], t["measured"], "met" if t["met"] else "NOT met"] for t in res["targets"]]
     parts += [f"### (c) Beside the OpenTelemetry eBPF profiler: \"1% CPU and 250MB memory are our upper limits in "
               f"testing\" ([its README]({OTEL_SOURCE}); its CPU figure does not say of what: compared here with one "

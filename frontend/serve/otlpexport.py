@@ -256,7 +256,8 @@ class _OtlpCollector(Collector):
                                   "compression).", value=sent_bytes)
         yield CounterMetricFamily("optrace_otlp_rejected_profiles", "Profiles a backend said it did not keep "
                                   "(partial success).", value=rejected)
-        yield CounterMetricFamily("optrace_otlp_encode_seconds", "CPU time spent encoding the requests.",
+        yield CounterMetricFamily("optrace_otlp_encode_seconds",
+                                  "Time the drain loop spent encoding the requests (elapsed, not CPU time).",
                                   value=encode_seconds)
         for name, help_text, value in (
                 ("optrace_otlp_queue_bytes", "Bytes of requests waiting to be sent (the one being sent included).",
