@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import select
 import threading
 import time
 from collections import Counter, defaultdict
@@ -33,6 +34,7 @@ from optrace.containment import contain, count_failure
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
 from optrace.frontend.startpriority import start_done
+from optrace.frontend.unwind.processmaps import CapturedMaps
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
 from optrace.procfs import exec_path, process_cpu_ticks, read_maps
@@ -45,6 +47,9 @@ DEFAULT_JIT_MAX_FILE_SIZE = 256 << 20
 SCAN_SLICE_S = 0.1  # SessionOptions.scan_slice_s for daemons and live views
 BUSY_PROCESSES = 32  # SessionOptions.unwind_busy_first: the busiest processes whose tables load before the attach
 BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
+WATCH_POLL_MS = 200  # the copy watcher's longest sleep (it looks whether the session ends)
+WATCH_PAUSE_S = 0.01
+MAX_CAPTURES = 64  # processes whose mappings are captured (files held open) while they wait for the worker
 BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a stored program loads in 0.02 s)
 YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
@@ -159,6 +164,16 @@ class Drain:
     folded: FoldedCounts = field(default_factory=FoldedCounts)
 
 
+@dataclass
+class Capture:
+    """A process's mappings captured for the unwind worker (frontend/unwind/processmaps.py), with its epoch
+    and exec epoch read before them."""
+
+    epoch: int
+    exec_epoch: int
+    maps: CapturedMaps
+
+
 class ProcessTracker:
     """Per live process: its exec'd path until it is first sampled, and the build-ids its samples showed.
     A process is looked at again (maps snapshot) only when a sample shows an object not seen before in it."""
@@ -229,6 +244,7 @@ class ProfilingSession:
         self._forgettable: list[int] = []  # exited before the last drain: forgotten at the next one
         self._drains = 0
         self.unwinding = None  # ProcessUnwinding with call_graph "dwarf"
+        self.copies = None  # StackCopies with call_graph "dwarf": samples whose stacks were copied
         self.python = None  # PythonProcesses with options.python and call_graph "dwarf"
         self._unwound: dict[int, int] = {}  # pid -> the epoch its unwind mappings were read at
         # fold: pid -> build-ids of every CFI table given for it (set before the table, on the worker)
@@ -243,6 +259,9 @@ class ProfilingSession:
         self._unwind_worker: ThreadPoolExecutor | None = None
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
+        self._captured: set[int] = set()  # processes whose captured mappings wait for the worker
+        self._copy_watcher: CopyWatcher | None = None
+        self._copies_read = threading.Lock()
         self._kallsyms: KernelSymbolsLoader | None = None
         self._detaching: Future | None = None
 
@@ -281,6 +300,10 @@ class ProfilingSession:
                 self.warnings.append(f"stored unwind tables: {store.problem}; every file is converted again")
             self.unwinding = ProcessUnwinding(UnwindTableCache(opts.unwind_cache_bytes or DEFAULT_MAX_BYTES,
                                                                builder=builder, store=store))
+            from optrace.frontend.unwind.copies import StackCopies
+
+            self.copies = StackCopies(self.profiler.unwind.rows)
+            self._copy_watcher = CopyWatcher(self.profiler.copies.fd, lambda: self._contain("stack_copies", self._read_copies))
             self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
             # First on the worker, verified while sampling starts (frame pointers until it is in place).
             self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
@@ -303,6 +326,8 @@ class ProfilingSession:
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
         works until :meth:`close` (a recording names its samples after the profiler is gone)."""
+        if self._copy_watcher is not None:
+            self._copy_watcher.stop()
         if self._unwind_worker is not None:
             self.unwinding.cancel()  # else the table being built (up to its 10 s CPU budget) holds the exit
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
@@ -382,39 +407,72 @@ class ProfilingSession:
                 self._young.pop(pid, None)
         return set(self._young)
 
-    def drain(self) -> Drain:
+    def drain(self, final: bool = False) -> Drain:
+        """The samples since the last drain; ``final``: the last one, every sample waiting for its
+        process's tables comes now (see frontend/unwind/copies.py)."""
         result = self.profiler.drain()
         if self.python is not None:
             self.python.add_captures(self.profiler.python.take_captures())
-        translated: dict[tuple, tuple[UserFrame, ...]] = {}
-        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
-        samples = [self._translated(s, translated, addresses) for s in result.samples
-                   if not self.options.comms or s.comm in self.options.comms]
+        samples = self._translated_all(result.samples)
+        off_cpu = self._translated_all(result.off_cpu)
         folded = result.folded
         self._note_execs(result.execs)
+        if self.copies is not None:
+            samples, off_cpu = self._walk_copies(samples, off_cpu, result, final)
         maybe_jit = self._learn_processes(samples, result.time, folded.pids())
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
             self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,
                       folded=folded)
         if self.options.off_cpu is not None:
-            self._drain_off_cpu(drain, result)
+            self._drain_off_cpu(drain, result, off_cpu)
 
         self._unwind_processes(samples)
+        if self.unwinding is not None:  # their files are in use (bpf/unwindmaps.py's generations)
+            self.profiler.unwind.touch({s.pid for s in samples} | folded.pids())
         self._end_processes(result.exits, result.time)
         return drain
 
+    def _translated_all(self, samples: list[RawSample]) -> list[RawSample]:
+        """The samples of the commands asked for, their raw IPs translated (see :meth:`_translated`)."""
+        translated: dict[tuple, tuple[UserFrame, ...]] = {}
+        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
+        return [self._translated(s, translated, addresses) for s in samples
+                if not self.options.comms or s.comm in self.options.comms]
+
+    # -- copied stacks -------------------------------------------------------------------------------
+    def _read_copies(self) -> None:
+        """The stack copies in the sampler's ring (the copy watcher's thread, and each drain after its flip):
+        the processes they are of get their tables now, their mappings captured while they live."""
+        with self._copies_read:  # a drain resolves no copy another thread has read but not added yet
+            wanted = self.copies.add_copies(self.profiler.read_copies())
+        for pid in wanted:
+            self._unwind_soon(pid)
+
+    def _walk_copies(self, samples: list[RawSample], off_cpu: list[RawSample], result: DrainResult, final: bool
+                     ) -> tuple[list[RawSample], list[RawSample]]:
+        """The drain's CPU and off-CPU samples with their stack copies walked (frontend/unwind/copies.py),
+        and those that waited for their process's tables since earlier drains; the processes whose tables
+        are still wanted get them."""
+        self._read_copies()
+        self.copies.keep(result.open_copies)
+        samples = self.copies.resolve(samples)
+        off_cpu = self.copies.resolve(off_cpu, off_cpu=True)
+        late, late_off_cpu = self.copies.end_drain(result.exits, final)
+        # processes waiting for tables, and those mapping a large file whose rows a walk showed are used
+        for pid in self.copies.wanted() | self.profiler.unwind.want(self.copies.take_files_used()):
+            self._unwind_later(pid)
+        return samples + late, off_cpu + late_off_cpu
+
     # -- off-CPU time ----------------------------------------------------------------------------------
-    def _drain_off_cpu(self, drain: Drain, result: DrainResult) -> None:
+    def _drain_off_cpu(self, drain: Drain, result: DrainResult, off_cpu: list[RawSample]) -> None:
         """The off-CPU sums since the last drain (walked as CPU samples are: raw IPs translated from the
-        mappings of their epoch); processes that waited get their unwind tables as sampled ones do."""
+        mappings of their epoch, stack copies walked); processes that waited get their unwind tables as
+        sampled ones do."""
         lost = dict(result.off_cpu_lost)
         drain.off_cpu_short_waits = lost.pop("short_waits", 0)
         drain.lost.update({f"off_cpu_{reason}": n for reason, n in lost.items()})
-        translated: dict[tuple, tuple[UserFrame, ...]] = {}
-        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
-        drain.off_cpu = [self._translated(s, translated, addresses) for s in result.off_cpu
-                         if not self.options.comms or s.comm in self.options.comms]
+        drain.off_cpu = off_cpu
         drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
         self._unwind_processes(drain.off_cpu)
 
@@ -441,16 +499,27 @@ class ProfilingSession:
             self.profiler.mark_known(pid, epoch)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 
-    def unwind(self, pid: int) -> None:
+    def unwind(self, pid: int, capture: Capture | None = None) -> None:
         """Give the BPF unwinder the process's executable mappings and their unwind tables (the epoch
-        first, as in :meth:`learn`: a mapping made meanwhile makes the sampler ignore this table)."""
+        first, as in :meth:`learn`: a mapping made meanwhile makes the sampler ignore this table), read
+        now or ``capture``d before; the walks of its stack copies get them too."""
         if self.unwinding is None:
             return
-        epoch = self.profiler.epoch(pid)
         maps = self.profiler.unwind
         loaded = None if self.options.keep_unwind_rows else maps.is_loaded
         own = pid == os.getpid()  # walked by frame pointers (see _unwind_later)
-        mappings = self.unwinding.frame_pointer_mappings(pid) if own else self.unwinding.mappings(pid, loaded)
+        exec_epoch: int | None = 0
+        if own:
+            epoch = self.profiler.epoch(pid)
+            mappings = self.unwinding.frame_pointer_mappings(pid)
+        elif capture is not None:
+            epoch, exec_epoch = capture.epoch, capture.exec_epoch
+            mappings = self.unwinding.mappings_of(capture.maps, loaded)
+        else:
+            epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
+            mappings = self.unwinding.mappings(pid, loaded)
+            if self.profiler.exec_epoch(pid) != exec_epoch:  # exec'd meanwhile: not the mappings of its copies
+                exec_epoch = None
         if not epoch or mappings is None:
             return
         generation = maps.generation
@@ -463,12 +532,24 @@ class ProfilingSession:
             if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
                 mappings = self.unwinding.mappings(pid, loaded) or []
                 maps.load_process(pid, epoch, mappings)
+        if self.copies is not None and exec_epoch is not None:
+            self.copies.add_tables(pid, epoch, exec_epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         if self.python is not None and not own:
             self._contain("python", self._look_at_python, pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
+
+    def _capture(self, pid: int) -> Capture | None:
+        """The process's mappings read now, their files held open, with the epochs read before (see
+        :meth:`learn`); None when it is gone or exec'd meanwhile (its copies then wait for the next look)."""
+        epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
+        maps = self.unwinding.capture(pid)
+        if maps is not None and self.profiler.exec_epoch(pid) != exec_epoch:
+            maps.close()
+            return None
+        return None if maps is None else Capture(epoch, exec_epoch, maps)
 
     def _look_at_python(self, pid: int) -> None:
         """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""
@@ -486,7 +567,7 @@ class ProfilingSession:
             except RuntimeError:  # shut down: the session is ending
                 return
 
-    def _unwind_later(self, pid: int, program: str | None = None) -> None:
+    def _unwind_later(self, pid: int, program: str | None = None, capture: Capture | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
         With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
         (a compiler's first cc1 is: the next one finds them ready).
@@ -501,16 +582,34 @@ class ProfilingSession:
             return
         self._unwind_queued.add(pid)
         try:
-            self._unwind_worker.submit(self._unwind_job, pid, program)
+            self._unwind_worker.submit(self._unwind_job, pid, program, capture)
         except RuntimeError:  # shut down: the session is ending
             self._unwind_queued.discard(pid)
+            if capture is not None:
+                capture.maps.close()
 
-    def _unwind_job(self, pid: int, program: str | None) -> None:
+    def _unwind_soon(self, pid: int) -> None:
+        """:meth:`_unwind_later`, the process's mappings captured now (its files held open) when fewer than
+        MAX_CAPTURES captures wait for the worker: a short-lived process is gone by the time the worker,
+        busy building another's tables, gets to it, and its copies need its mappings."""
+        if self._unwind_worker is None or pid in self._unwind_queued:
+            return
+        capture = None
+        if len(self._captured) < MAX_CAPTURES:
+            capture = self._contain("unwind_tables", self._capture, pid)
+        if capture is not None:
+            self._captured.add(pid)
+        self._unwind_later(pid, capture=capture)
+
+    def _unwind_job(self, pid: int, program: str | None, capture: Capture | None = None) -> None:
         try:
             if program:
                 self._contain("unwind_tables", self.unwinding.warm, program)
-            self._contain("unwind_tables", self.unwind, pid)
+            self._contain("unwind_tables", self.unwind, pid, capture)
         finally:
+            if capture is not None:
+                capture.maps.close()  # (done by the tables' build, unless it failed first)
+                self._captured.discard(pid)
             self._unwind_queued.discard(pid)
 
     def _unwind_busy(self, cpu_before: Mapping[int, int], measured_from: float) -> None:
@@ -731,6 +830,32 @@ class ProfilingSession:
         hostile or malformed file costs only what depended on it."""
         return contain(lambda: call(*args), lambda exc: count_failure(self.read_errors, self.warnings, kind, exc,
                                                                       "only what depended on it is lost"))
+
+
+class CopyWatcher:
+    """A thread that reads the sampler's stack copies as they come: the first copy of a process (or of a
+    new epoch of its mappings) wakes it, and its mappings are captured at once, while the drain loop may be
+    busy for a fraction of a second (a compiler's assembler lives for milliseconds). After a read it
+    pauses WATCH_PAUSE_S: copies that do not wake anyone keep the ring readable, read at most that often."""
+
+    def __init__(self, fd: int, read: Callable[[], None]) -> None:
+        self._fd = fd
+        self._read = read
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="optrace-copies", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while not self._stop.is_set():
+            if poller.poll(WATCH_POLL_MS) and not self._stop.is_set():
+                self._read()
+                self._stop.wait(WATCH_PAUSE_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class KernelSymbolsLoader:

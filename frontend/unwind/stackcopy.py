@@ -13,6 +13,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from optrace.model import StackCopy
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, RBP_AT_CFA, RBP_SAME,
                                          Rule)
 
@@ -27,18 +28,14 @@ EXPRESSION = "expression"
 READ_FAULT = "read_fault"
 DEPTH = "depth_limit"
 COPY_END = "copy_end"  # the copied bytes ended before the stack did
+STATUSES = (OUTERMOST, CHAIN_END, NO_CFI, EXPRESSION, READ_FAULT, DEPTH, COPY_END)
 
 # pc -> (the rule for that address of its file, or None where the file has no row), None outside every
 # mapping with a table: the caller's view of the process's mappings and their tables
 RuleAt = Callable[[int], "Rule | None"]
 
 
-@dataclass(frozen=True)
-class StackCopy:
-    ip: int
-    sp: int
-    bp: int
-    stack: bytes  # the copy, from sp up
+__all__ = ["StackCopy", "CopyWalk", "unwind_copy", "STATUSES"]
 
 
 @dataclass(frozen=True)
@@ -48,12 +45,13 @@ class CopyWalk:
 
 
 def unwind_copy(copy: StackCopy, rule_at: RuleAt, max_frames: int = MAX_FRAMES) -> CopyWalk:
-    """The PCs of the copied stack's frames and why the walk stopped."""
+    """The PCs of the copied stack's frames and why the walk stopped (at most ``max_frames`` of them)."""
     pcs: list[int] = []
     ip, sp, bp = copy.ip, copy.sp, copy.bp
+    first = 0 if copy.return_address else 1  # the frames whose PC is where the thread was, not a return address
     for _ in range(max_frames):
         pcs.append(ip)
-        rule = rule_at(ip - 1 if len(pcs) > 1 else ip)
+        rule = rule_at(ip - 1 if len(pcs) > first else ip)
         step = _caller(rule, ip, sp, bp, copy)
         if isinstance(step, str):
             return CopyWalk(tuple(pcs), step)

@@ -116,7 +116,7 @@ def maps(clock) -> tuple[UnwindMaps, Maps]:
 def session(maps) -> ProfilingSession:
     unwind, _ = maps
     session = ProfilingSession(SessionOptions(forget_exited=True))
-    session.profiler = SimpleNamespace(unwind=unwind, epoch=lambda pid: 7)
+    session.profiler = SimpleNamespace(unwind=unwind, epoch=lambda pid: 7, exec_epoch=lambda pid: 0, python=None)
     session.unwinding = SimpleNamespace(mappings=mappings_of)
     session._unwind_worker = Inline()
     return session
@@ -235,7 +235,7 @@ def test_serve_keeps_no_rows_the_kernel_holds_and_converts_again_after_a_new_gen
     bpf = Maps(capacity)
     unwind = UnwindMaps(bpf, capacity)
     session = ProfilingSession(SessionOptions(forget_exited=True, keep_unwind_rows=False))
-    session.profiler = SimpleNamespace(unwind=unwind, epoch=lambda pid: 7)
+    session.profiler = SimpleNamespace(unwind=unwind, epoch=lambda pid: 7, exec_epoch=lambda pid: 0, python=None)
     session.unwinding = ProcessUnwinding(UnwindTableCache())
     tables = session.unwinding.tables
     procs = [subprocess.Popen([str(omit_fp_binary), "1", "0", "-"], stdin=subprocess.PIPE) for _ in range(3)]
