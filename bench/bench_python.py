@@ -411,8 +411,8 @@ def markdown(res: dict) -> str:
                             "Python outcomes (last round)", "stack quality (last round)"], rows), "",
                   f"Ratio on/off: {spread(deep['ratios'], 'x', 1, '.2f')} over {len(deep['ratios'])} rounds (each round "
                   f"both modes, in random order): {_per_frame_ns(deep):.0f} ns more per frame in the stack, the "
-                  "Python walker reading each Python frame (a 128-byte window) where the native walk had one eval "
-                  "frame for all 50 (3.11 runs Python-to-Python calls in one native eval call). "
+                  "Python walker reading each Python frame (one read up to its last field) where the native walk "
+                  "had one eval frame for all 50 (3.11 runs Python-to-Python calls in one native eval call). "
                   "kernel.bpf_stats_enabled's run_time_ns / run_cnt of on_sample, "
                   "whose runs include the walkers it tail-calls, over a "
                   f"{DEEP_WINDOW_S:.0f} s window that starts once the process's tables and interpreter are in the "

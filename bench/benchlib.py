@@ -362,8 +362,9 @@ def bpf_map_keys(pid: int, name: str) -> set[int]:
 
 
 def source_state() -> str:
-    """The commit measured, and whether the tree differed from it (e.g. "574b3a8 + uncommitted changes")."""
+    """The commit measured, and whether the tree differed from it (e.g. "574b3a8 + uncommitted changes"); the
+    harness's own outputs (bench/README.md, bench/outcomes/, written as it runs) do not count."""
     commit = command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], "unknown")
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":!bench/README.md", ":!bench/outcomes"], capture_output=True, text=True).stdout.strip()
     return f"{commit} + uncommitted changes" if dirty else commit

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optrace.bpf.abi import INSN_SIZE, LD_IMM64, PSEUDO_MAP_FD, PSEUDO_MAP_VALUE
+from optrace.errors import MalformedInput
 
 INSN = struct.Struct("<BBhi")
 LENGTH = struct.Struct("<I")
@@ -29,7 +30,7 @@ MAX_FIELDS = 256
 MAX_DESC = 1 << 16  # characters of one type description's JSON
 
 
-class CompiledError(ValueError):
+class CompiledError(MalformedInput):
     pass
 
 

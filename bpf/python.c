@@ -21,7 +21,9 @@
 // (python_walk.status), and offsets from the map are masked to the windows read.
 
 #define PY_FRAMES_PER_PROG 16      // Python frames python_step puts per program
-#define PY_MAX_THREADS 256       // thread states searched per lookup; a thread beyond them has no Python frames
+#define PY_MAX_THREADS 256       // thread states searched per program
+#define PY_THREAD_PROGS 4        // programs a search may take: a thread beyond 1,024 states has no Python frames
+#define PY_MISS_NS 100000000ULL  // a thread not found is not searched for again for 100 ms
 #define PY_CAPTURES_PER_SAMPLE 4  // code objects captured at most per sample (the others at a later one)
 #define PY_SCAN_FRAMES 32         // frames python_capture looks at per program
 #define PY_CODE_WINDOW 256        // CODE_WINDOW
@@ -47,7 +49,12 @@ struct py_seen_key {
 };
 
 TABLE_BYTES(py_capture);
-BPF_TABLE("lru_hash", u64, u64, py_threads, 16384);  // pid << 32 | tid -> its PyThreadState
+struct py_thread {
+    u64 tstate;     // the thread's PyThreadState, 0: not found
+    u64 missed_at;  // when it was not found (bpf_ktime_get_ns): not searched again for PY_MISS_NS
+};
+
+BPF_TABLE("lru_hash", u64, struct py_thread, py_threads, 16384);  // pid << 32 | tid -> its PyThreadState
 BPF_TABLE("lru_hash", struct py_seen_key, u32, py_seen, 65536);  // code objects captured: process instance
 BPF_PERCPU_ARRAY(py_capture_scratch, struct py_capture_bytes, 1);
 BPF_PERF_OUTPUT(py_captures);
@@ -77,14 +84,21 @@ static inline u64 current_frame(struct py_proc *proc, u64 tstate)
     return frame;
 }
 
-// Whether the cached thread state still belongs to this thread; sets the walk's first frame.
+// Whether the thread's state is known: its cached state still belongs to it (the walk's first frame is
+// set), or it was not found a moment ago (the walk fails at once, rather than search every sample again).
 static inline int python_thread_ready(struct unwind_state *st, struct py_proc *proc)
 {
     u64 key = (u64)st->key.pid << 32 | st->key.tid;
-    u64 *cached = py_threads.lookup(&key);
+    struct py_thread *cached = py_threads.lookup(&key);
     if (!cached)
         return 0;
-    u64 tstate = *cached;
+    u64 tstate = cached->tstate;
+    if (!tstate) {
+        if (bpf_ktime_get_ns() - cached->missed_at >= PY_MISS_NS)
+            return 0;
+        python_fail(&st->py, PY_NO_THREAD);
+        return 1;
+    }
     u64 base = thread_fs_base();
     if (!base || read_word(tstate + (proc->tstate_thread_id & 0xffff)) != base) {
         py_threads.delete(&key);
@@ -93,6 +107,14 @@ static inline int python_thread_ready(struct unwind_state *st, struct py_proc *p
     st->py.frame = current_frame(proc, tstate);
     st->py.state = PY_READY;
     return 1;
+}
+
+// python_step could not be reached (out of tail calls): the eval frame stays as it is and the stack ends here.
+static inline void python_give_up(void *ctx, struct unwind_state *st)
+{
+    keep_eval_frame(st);
+    st->stack.status = UNWIND_DEPTH;
+    unwind_finish(ctx, st);
 }
 
 // The sample's tail calls are spent: its stack ends here.
@@ -141,7 +163,9 @@ int python_step(void *ctx)
     return 0;
 }
 
-// Finds the thread's PyThreadState in the interpreter's list, caches it, and goes back to python_step.
+// Finds the thread's PyThreadState in the interpreter's list (PY_MAX_THREADS states per program, the search
+// going on in the next one, up to PY_THREAD_PROGS), caches what it found or that it found none, and goes
+// back to python_step.
 int python_thread(void *ctx)
 {
     struct unwind_state *st = walk_state();
@@ -153,25 +177,39 @@ int python_thread(void *ctx)
     if (!proc || !base) {
         python_fail(&st->py, PY_NO_THREAD);
         unwind_progs.call(ctx, PROG_PYTHON_STEP);
+        python_give_up(ctx, st);
         return 0;
     }
-    u64 interp = read_word(proc->runtime + (proc->interpreters_head & 0xffff));
-    u64 tstate = interp ? read_word(interp + (proc->interp_threads_head & 0xffff)) : 0;
+    u64 tstate = st->py.scan;
+    if (!st->py.scans) {
+        u64 interp = read_word(proc->runtime + (proc->interpreters_head & 0xffff));
+        tstate = interp ? read_word(interp + (proc->interp_threads_head & 0xffff)) : 0;
+    }
     u32 id_at = proc->tstate_thread_id & 0xffff, next_at = proc->tstate_next & 0xffff;
     for (int i = 0; i < PY_MAX_THREADS && tstate; i++) {
         if (read_word(tstate + id_at) == base)
             break;
         tstate = read_word(tstate + next_at);
     }
+    u64 key = (u64)pid << 32 | st->key.tid;
+    struct py_thread found = {.tstate = tstate};
     if (tstate && read_word(tstate + id_at) == base) {
-        u64 key = (u64)pid << 32 | st->key.tid;
-        py_threads.update(&key, &tstate);
         st->py.frame = current_frame(proc, tstate);
         st->py.state = PY_READY;
+        py_threads.update(&key, &found);
+    } else if (tstate && st->py.scans + 1 < PY_THREAD_PROGS) {
+        st->py.scan = tstate;  // the list goes on: searched on by the next program
+        st->py.scans++;
+        unwind_progs.call(ctx, PROG_PYTHON_THREAD);
+        python_fail(&st->py, PY_NO_THREAD);  // out of tail calls (not cached: the thread may be there)
     } else {
+        found.tstate = 0;
+        found.missed_at = bpf_ktime_get_ns();
+        py_threads.update(&key, &found);
         python_fail(&st->py, PY_NO_THREAD);
     }
     unwind_progs.call(ctx, PROG_PYTHON_STEP);
+    python_give_up(ctx, st);
     return 0;
 }
 

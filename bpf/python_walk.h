@@ -34,6 +34,8 @@ struct python_walk {
     u32 call_done;    // python_next: the frame it gave was the eval call's last
     u64 capture[4];   // python_capture: code objects to capture (PY_CAPTURES_PER_SAMPLE)
     u32 scanned;      // python_capture: frames looked at
+    u32 scans;        // python_thread: programs the thread search took so far
+    u64 scan;         // python_thread: where the search goes on
 };
 
 #ifdef PYTHON_UNWIND
@@ -174,6 +176,8 @@ static inline void python_walk_start(struct python_walk *pw, u32 pid)
     pw->status = PY_OK;
     pw->frames = 0;
     pw->frame = 0;
+    pw->scans = 0;
+    pw->scan = 0;
     pw->state = PY_ABSENT;
 #ifdef PYTHON_UNWIND
     struct py_proc *proc = py_procs.lookup(&pid);

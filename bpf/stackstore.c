@@ -113,7 +113,8 @@ static inline u64 store_stack(u64 *words, u32 n, u64 hash, u32 kind, u32 status,
     u64 *used = store_state.lookup(&used_slot);
     if (!used)
         return 0;
-    u32 length = n & 511;
+    u64 length = n;
+    asm volatile("%0 &= 511" : "+r"(length));  // in asm: clang drops a mask it deems needless, the verifier needs it
     if (length > STORE_MAX_WORDS)
         length = STORE_MAX_WORDS;
     u64 epoch_bits = (epoch & 0xffff) << EPOCH_SHIFT;

@@ -13,6 +13,8 @@ import ctypes as ct
 import re
 from typing import Any
 
+from optrace.errors import MalformedInput
+
 MAX_DEPTH = 32
 SCALARS: dict[str, Any] = {
     "_Bool": ct.c_bool,
@@ -46,7 +48,7 @@ _ARRAY_FIELD = re.compile(r"([^ ]+) ?\[([0-9]+)\]$")
 MAX_ARRAY = 1 << 24
 
 
-class TypeDescError(ValueError):
+class TypeDescError(MalformedInput):
     pass
 
 

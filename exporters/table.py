@@ -134,7 +134,7 @@ def target_text(meta: RecordMeta) -> str:
 def python_line(outcomes: dict[str, int], interpreters: dict[str, int]) -> str:
     """``Python: N of M samples with Python frames (P%); native only n, refused: ... n; CPython 3.11.2 (1
     process)`` (RecordMeta.python, RecordMeta.interpreters)."""
-    total = sum(outcomes.values())
+    total = sum(n for outcome, n in outcomes.items() if not outcome.startswith("cut: "))
     named = outcomes.get("python", 0)
     text = f"Python: {named} of {total} samples with Python frames ({100.0 * named / total if total else 0.0:.1f}%)"
     others = sorted(((n, outcome) for outcome, n in outcomes.items() if outcome != "python" and n), reverse=True)

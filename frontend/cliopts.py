@@ -111,11 +111,17 @@ def verbose_option() -> Callable[[Any], Any]:
                         help="Say which BPF programs were loaded stored and which were compiled (and how long each took).")
 
 
-def say_program_loads(loads) -> None:
-    """The -v line: the BPF programs loaded (bpf/loader.py's ProgramLoad list), on stderr."""
-    from optrace.bpf.loader import loads_summary  # only commands that loaded programs get here
+def program_loads_line(loads=None) -> str:
+    """What -v says of the BPF programs loaded (bpf/loader.py's ProgramLoad list; default: all of this
+    process's): which were loaded stored, which compiled."""
+    from optrace.bpf.loader import loads_summary, program_loads  # only commands that loaded programs get here
 
-    click.echo(f"optrace: {loads_summary(loads)}", err=True)
+    return loads_summary(program_loads() if loads is None else loads)
+
+
+def say_program_loads(loads=None) -> None:
+    """The -v line, on stderr."""
+    click.echo(f"optrace: {program_loads_line(loads)}", err=True)
 
 
 def perf_sort_keys(text: str, valid: tuple[str, ...]) -> str:

@@ -78,7 +78,7 @@ class SampleStore:
 
     def add(self, sample: RawSample, timed: bool) -> None:
         key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0, sample.tid,
-               sample.stop)
+               sample.stop, sample.python)
         self._counts[key] += sample.count
 
     def add_folded(self, folded: FoldedCounts) -> None:
@@ -108,8 +108,8 @@ class SampleStore:
         for sample in decode(self._folded, self._records):
             self.add(sample, timed=False)
         self._folded, self._records = {}, []
-        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop)
-                for (pid, comm, user, kernel, t, tid, stop), n in self._counts.items()]
+        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop, python=python)
+                for (pid, comm, user, kernel, t, tid, stop, python), n in self._counts.items()]
 
 
 class Recorder:

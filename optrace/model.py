@@ -193,8 +193,9 @@ class RecordMeta:
     file_problems: dict[str, int] = field(default_factory=dict)
     off_cpu: OffCpuMeta | None = None  # set when the record holds off-CPU time
     # Samples of processes that run a CPython, by outcome (frontend/python/outcomes.py): "python" (Python
-    # frames in the stack), "native_only" (no interpreter frame in it), why the Python frames stopped short
-    # (bpf/pythonmaps.py PYTHON_STATUSES), or "refused: <reason>" (the interpreter's layout is not known)
+    # frames in the stack), "native_only" (no interpreter frame in it), why a walk gave no Python frame
+    # (bpf/pythonmaps.py PYTHON_STATUSES), or "refused: <reason>" (the interpreter's layout is not known);
+    # and "cut: <why>", the part of "python" whose Python frames were cut short
     python: dict[str, int] = field(default_factory=dict)
     # The interpreters met: "<version> <file>" or "refused: <reason>" -> processes
     interpreters: dict[str, int] = field(default_factory=dict)

@@ -42,7 +42,8 @@ ALLOWED = {
 # frontend/'s units (a package, or a module of frontend/ itself), lowest first: a unit imports only from
 # units of lower layers. A new unit goes in a layer here: where it stands is a decision, not an accident.
 FRONTEND_LAYERS = (
-    {"report", "symbols", "target", "stopsignals", "preflight"},  # pure models, file readers, leaf helpers
+    # pure models, file readers, leaf helpers
+    {"report", "symbols", "target", "stopsignals", "preflight", "startpriority"},
     {"unwind", "uprobes", "loopwait", "cliopts"},
     {"python"},  # CPython interpreters found from outside (reads ELF files, unwind tables, process memory)
     {"session"},
@@ -58,7 +59,8 @@ PURE_MODELS = "optrace.frontend.report"  # imports only the core and jitmaps' fi
 COMMANDS = "optrace.frontend.commands"
 EXPORTER_HELPERS = {"formats", "budget"}  # the registry and the report writers' output budget
 MALFORMED_INPUT = ("optrace.frontend.symbols.elffile.ElfFormatError", "optrace.frontend.symbols.leb128.DwarfError",
-                   "optrace.schema.SchemaError", "optrace.jitmaps.jitdump.JitDumpError", "optrace.bpf.btf.BtfError")
+                   "optrace.schema.SchemaError", "optrace.jitmaps.jitdump.JitDumpError", "optrace.bpf.btf.BtfError",
+                   "optrace.bpf.compiled.CompiledError", "optrace.bpf.typedesc.TypeDescError")
 
 
 def product_files() -> list[tuple[str, Path]]:

@@ -42,21 +42,21 @@ def test_doctor_ok_as_root(bpf_ready, optrace) -> None:
 
 def test_doctor_says_whether_the_programs_are_stored_for_this_kernel(bpf_ready, fresh_program_cache, monkeypatch):
     from optrace.bpf import programcache
-    from optrace.bpf.offcpu import OffCpuTracer
+    from optrace.bpf.offcpu import WaitOptions
     from optrace.bpf.profiler import Profiler
     from optrace.bpf.uprobes import BpfUprobeAttacher
 
     cold = preflight.check_bpf_programs()
     assert cold.status == "warn" and not cold.required
     assert "cold for kernel" in cold.detail and all(kind in cold.detail for kind in preflight.PROGRAM_KINDS)
-    for program in (Profiler(99, pids=[], cfi_unwind=True), OffCpuTracer([], stack_storage_size=1024)):
+    for program in (Profiler(99, pids=[], cfi_unwind=True), Profiler(99, pids=[], waits=WaitOptions())):
         program.load()
         program.close()
     assert preflight.check_bpf_programs().detail.endswith("uprobe_count.c (count, --uprobe) not stored (profile.c, "
                                                        "offcpu.c are): their first run compiles (about 1 s of CPU each)")
     BpfUprobeAttacher().close()
     warm = preflight.check_bpf_programs()
-    assert warm.ok and warm.detail.startswith(f"warm for kernel {os.uname().release}: stored (profile.c x1, ")
+    assert warm.ok and warm.detail.startswith(f"warm for kernel {os.uname().release}: stored (profile.c x2, offcpu.c x1, ")  # CPU alone, CPU with waits
     real = programcache.kernel_identity()
     monkeypatch.setattr(programcache, "kernel_identity", lambda: {**real, "release": "6.1.0-other"})
     assert preflight.check_bpf_programs().status == "warn"  # another kernel's run finds none of these

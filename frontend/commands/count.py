@@ -169,9 +169,7 @@ def _count(run: _Run, out: TextIO, fmt: str, per_pid: bool, interval: float | No
         try:
             run.start()
             if verbose:
-                from optrace.bpf.loader import program_loads
-
-                say_program_loads(program_loads())
+                say_program_loads()
             for warning in run.counter.warnings[len(run.counter.resolve().warnings):]:
                 click.echo(f"optrace: warning: {warning}", err=True)
             functions = len(run.counter.probes)

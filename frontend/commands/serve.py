@@ -77,9 +77,9 @@ def command(ctx: click.Context, config: str | None, **flags: Any) -> None:
                          reload=lambda: build_options(merged_settings(ctx, config, flags), reloading=True),
                          reload_requested=reload_requested)
     def ready(url: str) -> None:
-        from optrace.bpf.loader import loads_summary, program_loads
+        from optrace.frontend.cliopts import program_loads_line
 
-        say(loads_summary(program_loads()))
+        say(program_loads_line())
         say(f"serving {url} (Ctrl-C or SIGTERM to stop, SIGHUP to reload)")
 
     with StopSignals() as stop:

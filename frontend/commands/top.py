@@ -58,6 +58,4 @@ def command(pids, system_wide, frequency, interval, sort, call_graph, python, ze
         finally:
             engine.close()
     if verbose:  # after the screen is gone
-        from optrace.bpf.loader import program_loads
-
-        say_program_loads(program_loads())
+        say_program_loads()

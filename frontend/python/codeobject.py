@@ -22,6 +22,7 @@ MAX_NAME_CHARS = 1024  # characters kept of a name or file read from a live proc
 MAX_LINETABLE = 64 << 10  # bytes of a line table read from a live process
 LIVE_STRING_BYTES = 4096  # bytes read of a str object at first (the header and up to ~4000 characters)
 UNICODE_KINDS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
+MAX_LINE = 10_000_000  # a source file's lines: more is not a line number
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _I64 = struct.Struct("<q")
@@ -42,8 +43,9 @@ class CodeInfo:
     linetable_kind: str
 
     def line(self, instr_units: int) -> int:
+        """0 when not known; never outside 1..MAX_LINE (a garbage table gives no line rather than a wild one)."""
         found = line_of(self.linetable_kind, self.linetable, self.firstlineno, instr_units, self.linetable_complete)
-        return found if found is not None else 0
+        return found if found is not None and 0 < found <= MAX_LINE else 0
 
 
 def decode_capture(capture: bytes, layout: PythonLayout) -> CodeInfo | None:
@@ -72,8 +74,15 @@ def decode_parts(parts: dict[str, bytes | None], layout: PythonLayout) -> CodeIn
     table, complete = linetable if linetable is not None else (b"", False)
     return CodeInfo(qualname=qualname or name or UNKNOWN_NAME, name=name or UNKNOWN_NAME,
                     filename=decode_str(parts.get("filename"), layout) or UNKNOWN_NAME,
-                    firstlineno=_I32.unpack_from(code, layout.code_firstlineno)[0], linetable=table,
+                    firstlineno=first_line(code, layout), linetable=table,
                     linetable_complete=complete, linetable_kind=layout.linetable_kind)
+
+
+def first_line(code: bytes, layout: PythonLayout) -> int:
+    """co_firstlineno, 0 when it is not a line number (the bytes are another process's, maybe not a code
+    object at all: a record must never hold a negative or wild line)."""
+    value = _I32.unpack_from(code, layout.code_firstlineno)[0]
+    return value if 0 < value <= MAX_LINE else 0
 
 
 def pointers(code: bytes, layout: PythonLayout) -> dict[str, int]:

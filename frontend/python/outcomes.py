@@ -14,24 +14,28 @@ from optrace.model import Frame, RawSample, Sample
 WITH_FRAMES = "python"
 NATIVE_ONLY = "native_only"
 REFUSED = "refused: "
+CUT = "cut: "  # samples with Python frames cut short, by why: a part of WITH_FRAMES, not another outcome
 
 
 def sample_outcomes(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample],
                     outcomes: Mapping[int, PythonOutcome]) -> dict[str, int]:
-    """Samples of the processes in ``outcomes`` by outcome; ``rows`` are ``raw`` symbolized, in order."""
+    """Samples of the processes in ``outcomes`` by outcome: with Python frames, native only, why none (a walk
+    that failed, an interpreter refused); and apart, ``cut: <why>``, those whose Python frames were cut
+    short (a part of the first). ``rows`` are ``raw`` symbolized, in order."""
     counted: Counter[str] = Counter()
     for sample, row in zip(raw, rows, strict=True):
         outcome = outcomes.get(sample.pid)
         if outcome is None:
             continue
+        has_frames = any(frames[i].python for i in row.frames)
         if outcome.process is None:
             counted[REFUSED + outcome.reason] += sample.count
-        elif sample.python:
-            counted[sample.python] += sample.count
-        elif any(frames[i].python for i in row.frames):
+        elif has_frames:
             counted[WITH_FRAMES] += sample.count
+            if sample.python:
+                counted[CUT + sample.python] += sample.count
         else:
-            counted[NATIVE_ONLY] += sample.count
+            counted[sample.python or NATIVE_ONLY] += sample.count
     return dict(counted)
 
 

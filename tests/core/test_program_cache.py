@@ -21,14 +21,14 @@ pytestmark = pytest.mark.usefixtures("bpf_ready")
 
 
 def load(kind: str) -> ProgramLoad:
-    """Load one of optrace's programs (nothing attached but its tracepoints), use a function, close it."""
-    if kind == "offcpu":
-        from optrace.bpf.offcpu import OffCpuTracer
+    """Load one of optrace's programs (the sampler without its walker, nothing attached; or the uprobes'
+    program, a function used), close it."""
+    if kind == "profile":
+        from optrace.bpf.profiler import Profiler
 
-        tracer = OffCpuTracer([], stack_storage_size=1024)
-        tracer.load()
-        tracer.attach()
-        tracer.close()
+        profiler = Profiler(99, pids=[], stack_storage_size=1024)
+        profiler.load()
+        profiler.close()
     else:
         from optrace.bpf.uprobes import BpfUprobeAttacher
 
@@ -41,9 +41,9 @@ def entries(cache: Path) -> list[Path]:
 
 
 def test_a_program_is_compiled_once_then_loaded_stored(fresh_program_cache):
-    first, second = load("offcpu"), load("offcpu")
+    first, second = load("profile"), load("profile")
     assert (first.compiled, second.compiled) == (True, False)
-    assert first.sources == ("offcpu.c",)
+    assert first.sources == ("stackstore.c", "profile.c", "forks.c")
     stored = entries(fresh_program_cache)
     assert len(stored) == 1
     assert stat.S_IMODE(stored[0].stat().st_mode) == 0o600
@@ -51,12 +51,12 @@ def test_a_program_is_compiled_once_then_loaded_stored(fresh_program_cache):
 
 
 def test_each_program_and_option_has_its_own_entry(fresh_program_cache):
-    from optrace.bpf.offcpu import OffCpuTracer
+    from optrace.bpf.profiler import Profiler
 
-    assert load("offcpu").compiled and load("uprobes").compiled
-    tracer = OffCpuTracer([], stack_storage_size=2048)  # another size: another program
-    tracer.load()
-    tracer.close()
+    assert load("profile").compiled and load("uprobes").compiled
+    profiler = Profiler(99, pids=[], stack_storage_size=2048)  # another size: another program
+    profiler.load()
+    profiler.close()
     assert program_loads()[-1].compiled
     assert len(entries(fresh_program_cache)) == 3
 
@@ -93,23 +93,23 @@ def truncated(entry: Path) -> None:
 @pytest.mark.parametrize("tamper", [flipped_in_the_instructions, flipped_in_the_description, flipped_in_the_key,
                                     truncated])
 def test_a_damaged_entry_is_compiled_again_and_replaced(fresh_program_cache, tamper):
-    assert load("offcpu").compiled
+    assert load("profile").compiled
     (entry,) = entries(fresh_program_cache)
     tamper(entry)
-    assert load("offcpu").compiled, "the damaged entry was loaded"
-    assert not load("offcpu").compiled  # the good entry written in its place
+    assert load("profile").compiled, "the damaged entry was loaded"
+    assert not load("profile").compiled  # the good entry written in its place
     assert entries(fresh_program_cache) == [entry]
 
 
 def test_another_programs_entry_is_not_loaded(fresh_program_cache):
     """An entry copied under another program's name (its checksum is right: it is a good entry, of the
     wrong program) is refused by the key its header holds."""
-    assert load("offcpu").compiled
-    (offcpu,) = entries(fresh_program_cache)
+    assert load("profile").compiled
+    (profile,) = entries(fresh_program_cache)
     assert load("uprobes").compiled
-    (uprobes,) = set(entries(fresh_program_cache)) - {offcpu}
-    uprobes.write_bytes(offcpu.read_bytes())
-    assert load("uprobes").compiled, "the off-CPU program was loaded for the uprobes"
+    (uprobes,) = set(entries(fresh_program_cache)) - {profile}
+    uprobes.write_bytes(profile.read_bytes())
+    assert load("uprobes").compiled, "the sampler's program was loaded for the uprobes"
     assert not load("uprobes").compiled
 
 
@@ -117,24 +117,24 @@ def test_an_entry_of_another_kernel_release_is_not_loaded(fresh_program_cache, m
     """Stored while the kernel said another release: a miss under this kernel, which compiles its own."""
     real = programcache.kernel_identity()
     monkeypatch.setattr(programcache, "kernel_identity", lambda: {**real, "release": "6.1.0-fake-amd64"})
-    assert load("offcpu").compiled
+    assert load("profile").compiled
     (stored_elsewhere,) = entries(fresh_program_cache)
     monkeypatch.setattr(programcache, "kernel_identity", lambda: real)
-    assert load("offcpu").compiled, "the other release's program was loaded"
+    assert load("profile").compiled, "the other release's program was loaded"
     assert len(entries(fresh_program_cache)) == 2
     assert header(stored_elsewhere)["kernel"]["release"] == "6.1.0-fake-amd64"  # left for LRU to trim
-    assert not load("offcpu").compiled
+    assert not load("profile").compiled
 
 
 def test_a_stored_program_loads_without_bcc(fresh_program_cache):
     """The warm path imports no bcc and maps no LLVM (libbcc.so maps clang and LLVM when loaded)."""
-    load("offcpu")
+    load("profile")
     script = (
         "import sys\n"
-        "from optrace.bpf.offcpu import OffCpuTracer\n"
+        "from optrace.bpf.profiler import Profiler\n"
         "from optrace.bpf.loader import program_loads\n"
-        "tracer = OffCpuTracer([], stack_storage_size=1024)\n"
-        "tracer.load(); tracer.attach(); tracer.close()\n"
+        "profiler = Profiler(99, pids=[], stack_storage_size=1024)\n"
+        "profiler.load(); profiler.close()\n"
         "maps = open('/proc/self/maps').read()\n"
         "print(program_loads()[-1].compiled, 'bcc' in sys.modules, 'libLLVM' in maps or 'libbcc.so' in maps)\n"
     )

@@ -136,3 +136,17 @@ def test_garbage_captures_never_raise(capture, version):
     info = decode_capture(capture, layout)
     if info is not None:
         assert isinstance(info.line(5), int) and isinstance(info.name, str)
+
+
+def test_a_garbage_first_line_or_table_never_gives_a_negative_or_wild_line() -> None:
+    """A capture of something that is not a code object (an address reused, a faked interpreter) must give
+    line 0, never a negative number: a record holding one is refused as corrupt when it is read."""
+    from optrace.frontend.python.codeobject import CodeInfo, first_line
+    from optrace.frontend.python.layouts import table_layout
+
+    layout = table_layout((3, 11))
+    code = bytearray(256)
+    code[layout.code_firstlineno:layout.code_firstlineno + 4] = (-1927804712).to_bytes(4, "little", signed=True)
+    assert first_line(bytes(code), layout) == 0
+    info = CodeInfo("f", "f", "/x.py", -246, b"\xff" * 32, True, layout.linetable_kind)
+    assert all(info.line(instr) >= 0 for instr in range(64))

@@ -145,7 +145,7 @@ def mapped(path: Path) -> tuple[mmap.mmap, MapEntry]:
     """``path`` mapped executable into this process, and its /proc/self/maps entry."""
     with open(path, "rb") as stream:
         mapping = mmap.mmap(stream.fileno(), 0, prot=mmap.PROT_READ | mmap.PROT_EXEC)
-    return mapping, next(entry for entry in read_maps(os.getpid().entries) if entry.file_path == str(path))
+    return mapping, next(entry for entry in read_maps(os.getpid()).entries if entry.file_path == str(path))
 
 
 @pytest.mark.parametrize("content", [

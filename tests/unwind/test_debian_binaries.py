@@ -93,7 +93,9 @@ def both_on_one_run(tmp_path: Path, perf: str, command: list[str], go: Path, hz:
     exists: both attached (perf events open) and one more second for optrace's unwind tables."""
     record, data = tmp_path / "optrace.data", tmp_path / "perf.data"
     work = subprocess.Popen(command)
-    tools = [subprocess.Popen([str(OPTRACE), "record", "-F", hz, "-o", str(record), "-p", str(work.pid)],
+    # --python off: the interpreter's own frames, as perf shows them (its Python frames: tests/python/)
+    tools = [subprocess.Popen([str(OPTRACE), "record", "--python", "off", "-F", hz, "-o", str(record), "-p",
+                               str(work.pid)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
              subprocess.Popen([perf, "record", "-q", "--call-graph", "dwarf,8192", "-F", hz, "-o", str(data),
                                "-p", str(work.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)]
