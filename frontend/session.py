@@ -49,6 +49,8 @@ BUSY_PROCESSES = 32  # SessionOptions.unwind_busy_first: the busiest processes w
 BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
 WATCH_POLL_MS = 200  # the copy watcher's longest sleep (it looks whether the session ends)
 WATCH_PAUSE_S = 0.01
+FINAL_TABLES_S = 10.0  # how long the last drain waits for the tables of processes whose copies wait
+CAPTURE_THREADS = 4  # a process whose files are converted already is not held up by 3 conversions of others'
 MAX_CAPTURES = 64  # processes whose mappings are captured (files held open) while they wait for the worker
 BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a stored program loads in 0.02 s)
 YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
@@ -259,7 +261,11 @@ class ProfilingSession:
         self._unwind_worker: ThreadPoolExecutor | None = None
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
-        self._captured: set[int] = set()  # processes whose captured mappings wait for the worker
+        self._captures: dict[int, Capture] = {}  # pid -> its newest captured mappings, until the worker takes them
+        self._captures_lock = threading.Lock()
+        self._capture_worker: ThreadPoolExecutor | None = None
+        self._capture_queued: set[int] = set()
+        self._capture_running: Counter[int] = Counter()  # pid -> its capture jobs running
         self._copy_watcher: CopyWatcher | None = None
         self._copies_read = threading.Lock()
         self._kallsyms: KernelSymbolsLoader | None = None
@@ -305,6 +311,8 @@ class ProfilingSession:
             self.copies = StackCopies(self.profiler.unwind.rows)
             self._copy_watcher = CopyWatcher(self.profiler.copies.fd, lambda: self._contain("stack_copies", self._read_copies))
             self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
+            # the captured mappings of processes whose stacks were copied: not behind another's conversion
+            self._capture_worker = ThreadPoolExecutor(CAPTURE_THREADS, thread_name_prefix="optrace-captures")
             # First on the worker, verified while sampling starts (frame pointers until it is in place).
             self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
         for pid in opts.pids or ():
@@ -331,6 +339,9 @@ class ProfilingSession:
         if self._unwind_worker is not None:
             self.unwinding.cancel()  # else the table being built (up to its 10 s CPU budget) holds the exit
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
+            self._capture_worker.shutdown(wait=True, cancel_futures=True)
+            for pid in list(self._captures):  # their jobs were cancelled
+                self._take_capture(pid).maps.close()
             self.unwinding.tables.close()
         if self.profiler is not None:
             self.profiler.close()
@@ -458,11 +469,26 @@ class ProfilingSession:
         self.copies.keep(result.open_copies)
         samples = self.copies.resolve(samples)
         off_cpu = self.copies.resolve(off_cpu, off_cpu=True)
-        late, late_off_cpu = self.copies.end_drain(result.exits, final)
+        if final and self.copies.wanted() & self._pending_tables():
+            self._wait_for_worker(FINAL_TABLES_S, captures=True)
+        late, late_off_cpu = self.copies.end_drain(result.exits, final, self._pending_tables())
         # processes waiting for tables, and those mapping a large file whose rows a walk showed are used
         for pid in self.copies.wanted() | self.profiler.unwind.want(self.copies.take_files_used()):
             self._unwind_later(pid)
         return samples + late, off_cpu + late_off_cpu
+
+    def _wait_for_worker(self, seconds: float, captures: bool = False) -> None:
+        """Up to ``seconds`` for the unwind worker (and with ``captures`` the capture worker) to end the jobs
+        queued now (the unwind worker runs them in order, on one thread; the capture jobs are waited for
+        themselves); what is not done by then goes on after."""
+        try:
+            done = [self._unwind_worker.submit(lambda: None)]
+        except RuntimeError:  # shut down: the session is ending
+            return
+        deadline = time.monotonic() + seconds
+        futures_wait(done, timeout=seconds)
+        while captures and self._pending_captures() and time.monotonic() < deadline:
+            time.sleep(WATCH_PAUSE_S)
 
     # -- off-CPU time ----------------------------------------------------------------------------------
     def _drain_off_cpu(self, drain: Drain, result: DrainResult, off_cpu: list[RawSample]) -> None:
@@ -537,7 +563,10 @@ class ProfilingSession:
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         if self.python is not None and not own:
-            self._contain("python", self._look_at_python, pid)
+            if capture is None:
+                self._contain("python", self._look_at_python, pid)
+            else:  # on the capture worker: the Python walker's state is the unwind worker's
+                self._python_later(pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
 
@@ -546,7 +575,7 @@ class ProfilingSession:
         :meth:`learn`); None when it is gone or exec'd meanwhile (its copies then wait for the next look)."""
         epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
         maps = self.unwinding.capture(pid)
-        if maps is not None and self.profiler.exec_epoch(pid) != exec_epoch:
+        if maps is not None and (self.profiler.exec_epoch(pid) != exec_epoch or not maps.entries):  # or exiting
             maps.close()
             return None
         return None if maps is None else Capture(epoch, exec_epoch, maps)
@@ -562,12 +591,16 @@ class ProfilingSession:
         if self.python is None:
             return
         for pid in self.python.to_retry(now):
-            try:
-                self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
-            except RuntimeError:  # shut down: the session is ending
-                return
+            self._python_later(pid)
 
-    def _unwind_later(self, pid: int, program: str | None = None, capture: Capture | None = None) -> None:
+    def _python_later(self, pid: int) -> None:
+        """:meth:`_look_at_python` on the unwind worker."""
+        try:
+            self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
+        except RuntimeError:  # shut down: the session is ending
+            pass
+
+    def _unwind_later(self, pid: int, program: str | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
         With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
         (a compiler's first cc1 is: the next one finds them ready).
@@ -582,34 +615,84 @@ class ProfilingSession:
             return
         self._unwind_queued.add(pid)
         try:
-            self._unwind_worker.submit(self._unwind_job, pid, program, capture)
+            self._unwind_worker.submit(self._unwind_job, pid, program)
         except RuntimeError:  # shut down: the session is ending
             self._unwind_queued.discard(pid)
-            if capture is not None:
-                capture.maps.close()
 
     def _unwind_soon(self, pid: int) -> None:
-        """:meth:`_unwind_later`, the process's mappings captured now (its files held open) when fewer than
-        MAX_CAPTURES captures wait for the worker: a short-lived process is gone by the time the worker,
-        busy building another's tables, gets to it, and its copies need its mappings."""
-        if self._unwind_worker is None or pid in self._unwind_queued:
+        """The process's mappings captured now (its files held open) unless they were at this epoch already,
+        when fewer than MAX_CAPTURES captures wait, and its tables built from them on the capture worker: a
+        short-lived process is gone by the time the unwind worker, busy converting another's files, gets to
+        it, and its copies need its mappings. A capture that waits is replaced by a newer one: a process's
+        first copies come while the dynamic linker maps its libraries, each mapping a new epoch. Without
+        a capture, or for a process whose exec the session did not see, :meth:`_unwind_later`."""
+        if self._capture_worker is None or self._is_loaded(pid):
             return
-        capture = None
-        if len(self._captured) < MAX_CAPTURES:
-            capture = self._contain("unwind_tables", self._capture, pid)
-        if capture is not None:
-            self._captured.add(pid)
-        self._unwind_later(pid, capture=capture)
+        if not self.profiler.exec_epoch(pid):  # running before the session: not short-lived, likely
+            self._unwind_later(pid)
+            return
+        with self._captures_lock:
+            waiting = self._captures.get(pid)
+            if waiting is not None and waiting.epoch == self.profiler.epoch(pid):
+                return
+            capture = None
+            if waiting is not None or len(self._captures) < MAX_CAPTURES:
+                capture = self._contain("unwind_tables", self._capture, pid)
+            if capture is not None:
+                self._captures[pid] = capture
+                if waiting is not None:
+                    waiting.maps.close()
+        if capture is None:
+            self._unwind_later(pid)
+            return
+        with self._captures_lock:
+            queued = pid in self._capture_queued
+            self._capture_queued.add(pid)
+        if not queued:
+            try:
+                self._capture_worker.submit(self._captured_job, pid)
+            except RuntimeError:  # shut down: the session is ending (detach closes the capture)
+                self._capture_queued.discard(pid)
 
-    def _unwind_job(self, pid: int, program: str | None, capture: Capture | None = None) -> None:
+    def _captured_job(self, pid: int) -> None:
+        with self._captures_lock:
+            self._capture_queued.discard(pid)  # first: a capture made from now on queues a job of its own
+            capture = self._captures.pop(pid, None)
+            if capture is None:  # taken by the job queued before this one
+                return
+            self._capture_running[pid] += 1
+        try:
+            self._contain("unwind_tables", self.unwind, pid, capture)
+        finally:
+            capture.maps.close()  # (done by the tables' build, unless it failed first)
+            with self._captures_lock:
+                self._capture_running[pid] -= 1
+                if not self._capture_running[pid]:
+                    del self._capture_running[pid]
+
+    def _is_loaded(self, pid: int) -> bool:
+        """Whether the kernel holds the process's table read at its current epoch (copies taken before it
+        was loaded may still come)."""
+        return self._unwound.get(pid) == self.profiler.epoch(pid) and self.profiler.unwind.has_process(pid)
+
+    def _pending_tables(self) -> set[int]:
+        """The processes whose tables are being read, or will be from their captured mappings."""
+        return self._unwind_queued | self._pending_captures()
+
+    def _pending_captures(self) -> set[int]:
+        with self._captures_lock:
+            return self._capture_queued | set(self._captures) | set(self._capture_running)
+
+    def _take_capture(self, pid: int) -> Capture | None:
+        with self._captures_lock:
+            return self._captures.pop(pid, None)
+
+    def _unwind_job(self, pid: int, program: str | None) -> None:
         try:
             if program:
                 self._contain("unwind_tables", self.unwinding.warm, program)
-            self._contain("unwind_tables", self.unwind, pid, capture)
+            self._contain("unwind_tables", self.unwind, pid)
         finally:
-            if capture is not None:
-                capture.maps.close()  # (done by the tables' build, unless it failed first)
-                self._captured.discard(pid)
             self._unwind_queued.discard(pid)
 
     def _unwind_busy(self, cpu_before: Mapping[int, int], measured_from: float) -> None:
@@ -627,8 +710,7 @@ class ProfilingSession:
         for pid in [own, *busy[:BUSY_PROCESSES]]:
             self.learn(pid)
             self._unwind_later(pid)
-        done = self._unwind_worker.submit(lambda: None)  # after the jobs above (one worker thread)
-        futures_wait([done], timeout=BUSY_UNWIND_SECONDS)
+        self._wait_for_worker(BUSY_UNWIND_SECONDS)
 
     def prepare_unwind(self, executable: str) -> None:
         """Build the unwind tables of a program about to be started (and its libraries) now, and wait for

@@ -8,12 +8,12 @@ read at an epoch >= E since the process's last exec (mappings are added as a pro
 replaces them all). A sample whose copy has no such tables yet waits, the process named in
 :meth:`StackCopies.wanted` so that its tables are loaded.
 
-Bounds: copies wait at most WAIT_DRAINS drains for their tables (or MAX_COPY_BYTES of them altogether,
-the oldest go first); a copy no sample names goes after UNNAMED_DRAINS drains (an open off-CPU wait
-names its copy until it ends: :meth:`StackCopies.keep`); tables are kept for at most MAX_TABLE_PIDS
-processes, each process's last MAX_TABLES_PER_PID, and dropped one drain after the process exits. A
-sample that gives up waiting keeps what the kernel took (its leaf, or the CFI walk up to where the copy
-would have gone on), its stop "no_table".
+Bounds: copies wait at most WAIT_DRAINS drains for their tables, PENDING_DRAINS while they are being read
+(or MAX_COPY_BYTES of them altogether, the oldest go first); a copy no sample names goes after
+UNNAMED_DRAINS drains (an open off-CPU wait names its copy until it ends: :meth:`StackCopies.keep`);
+tables are kept for at most MAX_TABLE_PIDS processes, each process's last MAX_TABLES_PER_PID, and dropped
+one drain after the process exits. A sample that gives up waiting keeps what the kernel took (its leaf,
+or the CFI walk up to where the copy would have gone on), its stop "no_table".
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import dataclasses
 import threading
 from bisect import bisect_right
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
@@ -31,6 +31,7 @@ from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
 WAIT_DRAINS = 4  # drains a sample waits for its process's tables
+PENDING_DRAINS = 16  # and while they are being read
 UNNAMED_DRAINS = 2  # drains a copy no sample named is kept
 MAX_COPY_BYTES = 64 << 20  # of copies held
 MAX_TABLE_PIDS = 4096
@@ -152,9 +153,10 @@ class StackCopies:
 
     def add_copies(self, copies: dict[int, StackCopy]) -> set[int]:
         """Copies read from the ring (from any thread); returns the processes among them whose tables are
-        wanted."""
+        wanted: those without tables here, and those the kernel holds no table for (a copy that does not go
+        on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile)."""
         self._copies.put(copies, self._drain)
-        return {copy.pid for copy in copies.values() if self._tables_for(copy) is None}
+        return {copy.pid for copy in copies.values() if not copy.continues or self._tables_for(copy) is None}
 
     def keep(self, ids: set[int]) -> None:
         """The copies open off-CPU waits name: kept until a sample names them."""
@@ -186,9 +188,12 @@ class StackCopies:
         """The processes whose waiting samples need tables."""
         return {w.sample.pid for w in self._waiting}
 
-    def end_drain(self, exited: Iterable[int], final: bool = False) -> tuple[list[RawSample], list[RawSample]]:
+    def end_drain(self, exited: Iterable[int], final: bool = False, pending: Container[int] = frozenset()
+                  ) -> tuple[list[RawSample], list[RawSample]]:
         """Samples that waited and can be walked now or gave up (CPU samples, off-CPU samples); ``exited``:
-        processes whose exit this drain saw. With ``final``, every waiting sample comes back."""
+        processes whose exit this drain saw; ``pending``: processes whose tables are being read (their
+        mappings captured before they exited, maybe): their samples wait up to PENDING_DRAINS.
+        With ``final``, every waiting sample comes back."""
         for pid in exited:
             self._exited.setdefault(pid, self._drain)
         cpu: list[RawSample] = []
@@ -196,8 +201,10 @@ class StackCopies:
         still = []
         for waiting in self._waiting:
             walked = self._walked(waiting.sample)
-            if walked is None and (final or self._drain - waiting.since >= WAIT_DRAINS
-                                   or self._exited.get(waiting.sample.pid, self._drain) < self._drain):
+            pid = waiting.sample.pid
+            waited = self._drain - waiting.since
+            if walked is None and (final or waited >= (PENDING_DRAINS if pid in pending else WAIT_DRAINS)
+                                   or self._exited.get(pid, self._drain) < self._drain and pid not in pending):
                 walked = self._given_up(waiting.sample)
             if walked is None:
                 still.append(waiting)

@@ -13,9 +13,9 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from optrace.model import StackCopy
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, RBP_AT_CFA, RBP_SAME,
                                          Rule)
+from optrace.model import StackCopy
 
 MAX_FRAMES = 256  # as the BPF walker (UNWIND_MAX_FRAMES)
 _U64 = struct.Struct("<Q")
@@ -28,14 +28,10 @@ EXPRESSION = "expression"
 READ_FAULT = "read_fault"
 DEPTH = "depth_limit"
 COPY_END = "copy_end"  # the copied bytes ended before the stack did
-STATUSES = (OUTERMOST, CHAIN_END, NO_CFI, EXPRESSION, READ_FAULT, DEPTH, COPY_END)
 
 # pc -> (the rule for that address of its file, or None where the file has no row), None outside every
 # mapping with a table: the caller's view of the process's mappings and their tables
 RuleAt = Callable[[int], "Rule | None"]
-
-
-__all__ = ["StackCopy", "CopyWalk", "unwind_copy", "STATUSES"]
 
 
 @dataclass(frozen=True)
