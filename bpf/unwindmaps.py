@@ -172,13 +172,16 @@ class UnwindMaps:
         for index, fd in loaded:
             progs[progs.Key(index)] = progs.Leaf(fd)
 
-    def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping]) -> None:
+    def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping], eager: bool = False) -> None:
         """Give the sampler this process's mapping table (replacing any before), read from /proc/PID/maps
         after the process had ``epoch`` (profile.c): its samples are unwound from CFI while it keeps
-        that epoch (no exec, no new executable mapping since). May start a new generation first."""
+        that epoch (no exec, no new executable mapping since). May start a new generation first.
+        ``eager``: every file gets its rows now, however large (its mappings must come with them)."""
         ordered = sorted(mappings, key=lambda m: m.start)[:MAX_MAPPINGS]
         if len(mappings) > MAX_MAPPINGS:
             self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
+        if eager:
+            self.want(m.file_key for m in ordered if m.rows is not None)
         with self._lock:
             if not self._fits(ordered) and self._may_start_over(ordered):
                 self._new_generation()
