@@ -31,7 +31,9 @@ def sampled_chains(session: ProfilingSession, pid: int, learn: bool) -> Counter:
 
 
 def session(hz: int, raw_stacks: bool = True) -> ProfilingSession:
-    return ProfilingSession(SessionOptions(hz, pids=[], raw_stacks=raw_stacks, programs_at_exec=False))
+    """Frame-pointer stacks: with CFI, the first stack copies of the process have its table loaded at once."""
+    return ProfilingSession(SessionOptions(hz, pids=[], raw_stacks=raw_stacks, programs_at_exec=False,
+                                           call_graph="fp"))
 
 
 def test_translated_raw_stacks_equal_the_kernels_build_id_stacks(workloads):
