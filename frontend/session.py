@@ -269,6 +269,7 @@ class ProfilingSession:
         self.python = None  # PythonProcesses with options.python and call_graph "dwarf"
         # When processes get their unwind tables: one that does nothing until start (and with call graph "fp")
         self.unwinder = UnwindScheduler(None, None, None, self._contain)
+        self.copies = None  # CopyWalks with call_graph "dwarf": samples whose stacks were copied
         self._kallsyms: KernelSymbolsLoader | None = None
         self._detaching: Future | None = None
 
@@ -310,7 +311,11 @@ class ProfilingSession:
                                                           builder=builder, store=store))
         self.unwinder = UnwindScheduler(self.profiler, unwinding, self.python, self._contain,
                                         keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold)
-        self.unwinder.start()
+        if cfi:
+            from optrace.frontend.unwind.copywalks import CopyWalks
+
+            self.copies = CopyWalks(self.profiler, self.unwinder, self._contain)
+        self.unwinder.start(captures=cfi)
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
@@ -330,6 +335,8 @@ class ProfilingSession:
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
         works until :meth:`close` (a recording names its samples after the profiler is gone)."""
+        if self.copies is not None:
+            self.copies.close()
         self.unwinder.close()
         if self.profiler is not None:
             self.profiler.close()
@@ -396,39 +403,47 @@ class ProfilingSession:
         """Whether :meth:`poll` is wanted on a timer, events or not (see UnwindScheduler.wants_polls)."""
         return self.unwinder.wants_polls(now)
 
-    def drain(self) -> Drain:
+    def drain(self, final: bool = False) -> Drain:
+        """The samples since the last drain; ``final``: the last one, every sample waiting for its
+        process's tables comes now (see frontend/unwind/copywalks.py)."""
         result = self.profiler.drain()
         if self.python is not None:
             self.python.add_captures(self.profiler.python.take_captures())
-        translated: dict[tuple, tuple[UserFrame, ...]] = {}
-        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
-        samples = [self._translated(s, translated, addresses) for s in result.samples
-                   if not self.options.comms or s.comm in self.options.comms]
+        samples = self._translated_all(result.samples)
+        off_cpu = self._translated_all(result.off_cpu)
         folded = result.folded
         self._note_execs(result.execs)
+        if self.copies is not None:
+            samples, off_cpu = self.copies.walk(samples, off_cpu, result, final)
         maybe_jit = self._learn_processes(samples, result.time, folded.pids())
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
             self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,
                       folded=folded)
         if self.options.off_cpu is not None:
-            self._drain_off_cpu(drain, result)
+            self._drain_off_cpu(drain, result, off_cpu)
 
         self.unwinder.unwind_processes(samples)
+        self.unwinder.touch({s.pid for s in samples} | folded.pids())
         self._end_processes(result.exits, result.time)
         return drain
 
+    def _translated_all(self, samples: list[RawSample]) -> list[RawSample]:
+        """The samples of the commands asked for, their raw IPs translated (see :meth:`_translated`)."""
+        translated: dict[tuple, tuple[UserFrame, ...]] = {}
+        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
+        return [self._translated(s, translated, addresses) for s in samples
+                if not self.options.comms or s.comm in self.options.comms]
+
     # -- off-CPU time ----------------------------------------------------------------------------------
-    def _drain_off_cpu(self, drain: Drain, result: DrainResult) -> None:
+    def _drain_off_cpu(self, drain: Drain, result: DrainResult, off_cpu: list[RawSample]) -> None:
         """The off-CPU sums since the last drain (walked as CPU samples are: raw IPs translated from the
-        mappings of their epoch); processes that waited get their unwind tables as sampled ones do."""
+        mappings of their epoch, stack copies walked); processes that waited get their unwind tables as
+        sampled ones do."""
         lost = dict(result.off_cpu_lost)
         drain.off_cpu_short_waits = lost.pop("short_waits", 0)
         drain.lost.update({f"off_cpu_{reason}": n for reason, n in lost.items()})
-        translated: dict[tuple, tuple[UserFrame, ...]] = {}
-        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
-        drain.off_cpu = [self._translated(s, translated, addresses) for s in result.off_cpu
-                         if not self.options.comms or s.comm in self.options.comms]
+        drain.off_cpu = off_cpu
         drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
         self.unwinder.unwind_processes(drain.off_cpu)
 

@@ -3,8 +3,10 @@
 Tables are built off the drain loop (a JVM's libraries take seconds): one worker thread, at most one queued
 job per process. A process gets its table when it is first sampled with frame-pointer stacks, at exec for
 a recording's targets, again when its mappings changed since (exec, dlopen: a new epoch), and, with
-``unwind_busy``, before the sampler attaches for the processes that were using CPU. The session calls
-:meth:`UnwindScheduler.unwind_later` and the hooks of its drain and polls; the rest is here.
+``unwind_busy``, before the sampler attaches for the processes that were using CPU. A process whose stacks
+were copied (frontend/unwind/copywalks.py) has its mappings captured at once and its tables built from them
+on a worker of their own (frontend/unwind/captures.py): :meth:`UnwindScheduler.unwind_soon`. The session
+calls :meth:`UnwindScheduler.unwind_later` and the hooks of its drain and polls; the rest is here.
 """
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ from concurrent.futures import wait as futures_wait
 from typing import Protocol
 
 from optrace.bpf.profiler import Profiler
+from optrace.bpf.unwindmaps import ProcessMapping
+from optrace.frontend.unwind.captures import Capture, MappingCaptures
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.heap import release_free_memory
 from optrace.model import RawSample
-from optrace.procfs import MapEntry, process_cpu_ticks, read_maps
+from optrace.procfs import MapEntry, Maps, process_cpu_ticks, read_maps
 
 TRIM_AFTER_RELEASE = 4 << 20  # bytes of unwind rows released at once that are worth giving back at once
 BUSY_PROCESSES = 32  # UnwindScheduler.unwind_busy: the busiest processes whose tables load before the attach
@@ -28,12 +32,16 @@ BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a s
 YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
 
 Contain = Callable[..., object]  # the session's ``_contain(kind, call, *args)``: a failure costs one process
+# A process's tables as loaded: (pid, epoch, exec epoch, mappings), for the walks of its stack copies
+TablesHook = Callable[[int, int, int, list[ProcessMapping]], None]
 
 
 class PythonLooks(Protocol):
     """What the scheduler asks of frontend/python/processes.py's PythonProcesses (looked at on the worker)."""
 
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> object: ...
+
+    def maps_python(self, maps: Iterable[MapEntry]) -> bool: ...
 
     def to_retry(self, now: float) -> list[int]: ...
 
@@ -63,14 +71,19 @@ class UnwindScheduler:
         self._unwind_worker: ThreadPoolExecutor | None = None
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
+        self._captures: MappingCaptures | None = None  # with stack copies (:meth:`unwind_soon`)
+        self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
 
-    def start(self) -> None:
+    def start(self, captures: bool = False) -> None:
         """The worker, whose first job is the walking program, verified while sampling starts (frame
-        pointers until it is in place)."""
+        pointers until it is in place); with ``captures`` (stack copies), the capture worker."""
         if self.unwinding is None:
             return
         self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
         self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
+        if captures:
+            self._captures = MappingCaptures(self._capture, lambda pid, capture: self._contain(
+                "unwind_tables", self.unwind, pid, capture), self._contain)
 
     def cancel(self) -> None:
         """No more tables are built: the one being built stops (at the session's end)."""
@@ -83,6 +96,8 @@ class UnwindScheduler:
         if self._unwind_worker is not None:
             self.unwinding.cancel()
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
+            if self._captures is not None:
+                self._captures.close()
             self.unwinding.tables.close()
 
     # -- the session's hooks ---------------------------------------------------------------------------
@@ -154,35 +169,66 @@ class UnwindScheduler:
         return {**self.profiler.unwind.sizes(), "unwind_processes": len(self._unwound),
                 "unwind_tables": len(tables), "unwind_tables_bytes": tables.held_bytes}
 
+    def touch(self, pids: Iterable[int]) -> None:
+        """These processes were sampled now: their files are in use (bpf/unwindmaps.py's generations)."""
+        if self.unwinding is not None:
+            self.profiler.unwind.touch(pids)
+
     # -- loading ---------------------------------------------------------------------------------------
-    def unwind(self, pid: int) -> None:
+    def unwind(self, pid: int, capture: Capture | None = None) -> None:
         """Give the BPF unwinder the process's executable mappings and their unwind tables (the epoch
-        first, as in the session's ``learn``: a mapping made meanwhile makes the sampler ignore this table)."""
+        first, as in the session's ``learn``: a mapping made meanwhile makes the sampler ignore this table),
+        read now or ``capture``d before; :attr:`on_tables` (the walks of its stack copies) gets them too."""
         if self.unwinding is None:
             return
-        epoch = self.profiler.epoch(pid)
         maps = self.profiler.unwind
         loaded = None if self.keep_rows else maps.is_loaded
         own = pid == os.getpid()  # walked by frame pointers (see unwind_later)
-        mappings = self.unwinding.frame_pointer_mappings(pid) if own else self.unwinding.mappings(pid, loaded)
+        exec_epoch: int | None = 0
+        eager = False
+        if own:
+            epoch = self.profiler.epoch(pid)
+            mappings = self.unwinding.frame_pointer_mappings(pid)
+        elif capture is not None:
+            epoch, exec_epoch = capture.epoch, capture.exec_epoch
+            eager = self._maps_python(capture.maps.entries)
+            mappings = self.unwinding.mappings_of(capture.maps, None if eager else loaded)
+        else:
+            epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
+            eager = self._maps_python(read_maps(pid))
+            mappings = self.unwinding.mappings(pid, None if eager else loaded)
+            if self.profiler.exec_epoch(pid) != exec_epoch:  # exec'd meanwhile: not the mappings of its copies
+                exec_epoch = None
         if not epoch or mappings is None:
             return
         generation = maps.generation
         if self.fold:  # before the table: a stack it unwinds may be drained at once
             ids = frozenset(m.build_id for m in mappings if m.build_id)
             self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
-        maps.load_process(pid, epoch, mappings)
+        maps.load_process(pid, epoch, mappings, eager)
         if maps.generation != generation:  # every other table was dropped: loaded again once sampled
             self._unwound = {}
             if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
-                mappings = self.unwinding.mappings(pid, loaded) or []
-                maps.load_process(pid, epoch, mappings)
+                mappings = self.unwinding.mappings(pid, None if eager else loaded) or []
+                maps.load_process(pid, epoch, mappings, eager)
+        if self.on_tables is not None and exec_epoch is not None:
+            self.on_tables(pid, epoch, exec_epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         if self.python is not None and not own:
-            self._contain("python", self._look_at_python, pid)
+            if capture is None:
+                self._contain("python", self._look_at_python, pid)
+            else:  # on the capture worker: the Python walker's state is the unwind worker's
+                self._python_later(pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
+
+    def _maps_python(self, maps: Maps | list[MapEntry] | None) -> bool:
+        """Whether these mappings hold a Python interpreter whose frames the walker adds: its files are
+        walked in BPF (bpf/unwindmaps.py's eager load), as a copy's walk in user space has no Python frames."""
+        if self.python is None or maps is None:
+            return False
+        return self.python.maps_python(maps.entries if isinstance(maps, Maps) else maps)
 
     def _look_at_python(self, pid: int) -> None:
         """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""
@@ -195,10 +241,14 @@ class UnwindScheduler:
         if self.python is None:
             return
         for pid in self.python.to_retry(now):
-            try:
-                self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
-            except RuntimeError:  # shut down: the session is ending
-                return
+            self._python_later(pid)
+
+    def _python_later(self, pid: int) -> None:
+        """:meth:`_look_at_python` on the worker."""
+        try:
+            self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
+        except RuntimeError:  # shut down: the session is ending
+            pass
 
     def unwind_later(self, pid: int, program: str | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
@@ -227,11 +277,48 @@ class UnwindScheduler:
         finally:
             self._unwind_queued.discard(pid)
 
-    def wait_for(self, seconds: float) -> None:
+    def unwind_soon(self, pid: int) -> None:
+        """The tables of a process whose stacks were copied, from its mappings captured now (see
+        frontend/unwind/captures.py: a short-lived process is gone by the time the worker, busy converting
+        another's files, gets to it); without a capture, or for a process whose exec the session did not
+        see (running before it: not short-lived, likely), :meth:`unwind_later`."""
+        if self._captures is None or self.is_loaded(pid):
+            return
+        if not self.profiler.exec_epoch(pid) or not self._captures.capture(pid, self.profiler.epoch(pid)):
+            self.unwind_later(pid)
+
+    def _capture(self, pid: int) -> Capture | None:
+        """The process's mappings read now, their files held open, with the epochs read before (see the
+        session's ``learn``); None when it is gone or exec'd meanwhile (its copies then wait for the next look)."""
+        epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
+        maps = self.unwinding.capture(pid)
+        if maps is not None and (self.profiler.exec_epoch(pid) != exec_epoch or not maps.entries):  # or exiting
+            maps.close()
+            return None
+        return None if maps is None else Capture(epoch, exec_epoch, maps)
+
+    def is_loaded(self, pid: int) -> bool:
+        """Whether the kernel holds the process's table read at its current epoch (copies taken before it
+        was loaded may still come)."""
+        return self._unwound.get(pid) == self.profiler.epoch(pid) and self.profiler.unwind.has_process(pid)
+
+    def pending(self) -> set[int]:
+        """The processes whose tables are being read, or will be from their captured mappings."""
+        return self._unwind_queued | (self._captures.pending() if self._captures is not None else set())
+
+    def wait_for(self, seconds: float, captures: bool = False) -> None:
         """Wait up to ``seconds`` for the jobs queued so far (one worker thread: a job queued now runs after
-        them)."""
-        if self._unwind_worker is not None:
+        them), and with ``captures`` for the capture worker's (waited for themselves); what is not done by
+        then goes on after."""
+        if self._unwind_worker is None:
+            return
+        deadline = time.monotonic() + seconds
+        try:
             futures_wait([self._unwind_worker.submit(lambda: None)], timeout=seconds)
+        except RuntimeError:  # shut down: the session is ending
+            return
+        if captures and self._captures is not None:
+            self._captures.wait(deadline)
 
     def unwind_busy(self, cpu_before: Mapping[int, int], measured_from: float, learn: Callable[[int], None]) -> None:
         """Wait for the walker, then load the tables of the processes that used CPU since ``cpu_before``
