@@ -37,7 +37,7 @@ from optrace.frontend.startpriority import start_done
 from optrace.frontend.unwind.processmaps import CapturedMaps
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
-from optrace.procfs import Maps, MapEntry, exec_path, process_cpu_ticks, read_maps
+from optrace.procfs import exec_path, process_cpu_ticks, read_maps
 
 T = TypeVar("T")
 PRUNE_EVERY = 30  # drains between two looks in /proc for processes whose exit event was lost
@@ -535,18 +535,15 @@ class ProfilingSession:
         loaded = None if self.options.keep_unwind_rows else maps.is_loaded
         own = pid == os.getpid()  # walked by frame pointers (see _unwind_later)
         exec_epoch: int | None = 0
-        eager = False
         if own:
             epoch = self.profiler.epoch(pid)
             mappings = self.unwinding.frame_pointer_mappings(pid)
         elif capture is not None:
             epoch, exec_epoch = capture.epoch, capture.exec_epoch
-            eager = self._maps_python(capture.maps.entries)
-            mappings = self.unwinding.mappings_of(capture.maps, None if eager else loaded)
+            mappings = self.unwinding.mappings_of(capture.maps, loaded)
         else:
             epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
-            eager = self._maps_python(read_maps(pid))
-            mappings = self.unwinding.mappings(pid, None if eager else loaded)
+            mappings = self.unwinding.mappings(pid, loaded)
             if self.profiler.exec_epoch(pid) != exec_epoch:  # exec'd meanwhile: not the mappings of its copies
                 exec_epoch = None
         if not epoch or mappings is None:
@@ -555,12 +552,12 @@ class ProfilingSession:
         if self.options.fold:  # before the table: a stack it unwinds may be drained at once
             ids = frozenset(m.build_id for m in mappings if m.build_id)
             self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
-        maps.load_process(pid, epoch, mappings, eager)
+        maps.load_process(pid, epoch, mappings)
         if maps.generation != generation:  # every other table was dropped: loaded again once sampled
             self._unwound = {}
             if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
-                mappings = self.unwinding.mappings(pid, None if eager else loaded) or []
-                maps.load_process(pid, epoch, mappings, eager)
+                mappings = self.unwinding.mappings(pid, loaded) or []
+                maps.load_process(pid, epoch, mappings)
         if self.copies is not None and exec_epoch is not None:
             self.copies.add_tables(pid, epoch, exec_epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
@@ -572,15 +569,6 @@ class ProfilingSession:
                 self._python_later(pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
-
-    def _maps_python(self, maps: Maps | list[MapEntry] | None) -> bool:
-        """Whether these mappings hold a Python interpreter whose frames the walker adds: its files are
-        walked in BPF (bpf/unwindmaps.py's eager load), as a copy's walk in user space has no Python frames."""
-        if self.python is None or maps is None:
-            return False
-        from optrace.frontend.python.interpreter import python_mappings  # with self.python only, as it is
-
-        return bool(python_mappings(maps.entries if isinstance(maps, Maps) else maps))
 
     def _capture(self, pid: int) -> Capture | None:
         """The process's mappings read now, their files held open, with the epochs read before (see
