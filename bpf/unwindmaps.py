@@ -64,7 +64,9 @@ MIN_GENERATION_SECONDS = 60.0
 MIN_STALE_GENERATION_SECONDS = 2.0
 ACTIVE_SECONDS = 5.0  # a file is in use while a process that maps it was sampled this recently
 STALE_SHARE = 0.75
-LAZY_ROWS = 16384  # a file with more rows gets them once a sample is in it (libc: 28k, cc1: 479k)
+# a file with more rows gets them once a sample is in it (cc1: 479k, BCC's libz3: 386k). Not an interpreter
+# (CPython's: 45k-78k, libc 28k): a copy's walk in user space has no Python frames
+LAZY_ROWS = 131072
 MAPPING_COPY = 1  # unwind_mapping.flags (unwind.c)
 RETIRED_READS = 2  # drains a retired generation's file ids still decode for (see drain_ids)
 # enum unwind_status in unwind.c, by value
@@ -172,16 +174,13 @@ class UnwindMaps:
         for index, fd in loaded:
             progs[progs.Key(index)] = progs.Leaf(fd)
 
-    def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping], eager: bool = False) -> None:
+    def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping]) -> None:
         """Give the sampler this process's mapping table (replacing any before), read from /proc/PID/maps
         after the process had ``epoch`` (profile.c): its samples are unwound from CFI while it keeps
-        that epoch (no exec, no new executable mapping since). May start a new generation first.
-        ``eager``: every file gets its rows now, however large (its mappings must come with them)."""
+        that epoch (no exec, no new executable mapping since). May start a new generation first."""
         ordered = sorted(mappings, key=lambda m: m.start)[:MAX_MAPPINGS]
         if len(mappings) > MAX_MAPPINGS:
             self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
-        if eager:
-            self.want(m.file_key for m in ordered if m.rows is not None)
         with self._lock:
             if not self._fits(ordered) and self._may_start_over(ordered):
                 self._new_generation()

@@ -83,11 +83,6 @@ class PythonProcesses:
             self._outcomes[pid] = outcome
         return outcome
 
-    @staticmethod
-    def maps_python(maps: Iterable[MapEntry]) -> bool:
-        """Whether these mappings hold a file named like an interpreter (the walker may add its frames)."""
-        return bool(python_mappings(maps))
-
     def _name_gil_function(self, pid: int, process: PythonProcess, maps: list[MapEntry]) -> None:
         entry = next((m for m in maps if m.file_path == process.path), None)
         facts = interpreter_file(pid, entry) if entry is not None else None

@@ -23,7 +23,7 @@ from optrace.frontend.unwind.captures import Capture, MappingCaptures
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.heap import release_free_memory
 from optrace.model import RawSample
-from optrace.procfs import MapEntry, Maps, process_cpu_ticks, read_maps
+from optrace.procfs import MapEntry, process_cpu_ticks, read_maps
 
 TRIM_AFTER_RELEASE = 4 << 20  # bytes of unwind rows released at once that are worth giving back at once
 BUSY_PROCESSES = 32  # UnwindScheduler.unwind_busy: the busiest processes whose tables load before the attach
@@ -40,8 +40,6 @@ class PythonLooks(Protocol):
     """What the scheduler asks of frontend/python/processes.py's PythonProcesses (looked at on the worker)."""
 
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> object: ...
-
-    def maps_python(self, maps: Iterable[MapEntry]) -> bool: ...
 
     def to_retry(self, now: float) -> list[int]: ...
 
@@ -185,18 +183,15 @@ class UnwindScheduler:
         loaded = None if self.keep_rows else maps.is_loaded
         own = pid == os.getpid()  # walked by frame pointers (see unwind_later)
         exec_epoch: int | None = 0
-        eager = False
         if own:
             epoch = self.profiler.epoch(pid)
             mappings = self.unwinding.frame_pointer_mappings(pid)
         elif capture is not None:
             epoch, exec_epoch = capture.epoch, capture.exec_epoch
-            eager = self._maps_python(capture.maps.entries)
-            mappings = self.unwinding.mappings_of(capture.maps, None if eager else loaded)
+            mappings = self.unwinding.mappings_of(capture.maps, loaded)
         else:
             epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
-            eager = self._maps_python(read_maps(pid))
-            mappings = self.unwinding.mappings(pid, None if eager else loaded)
+            mappings = self.unwinding.mappings(pid, loaded)
             if self.profiler.exec_epoch(pid) != exec_epoch:  # exec'd meanwhile: not the mappings of its copies
                 exec_epoch = None
         if not epoch or mappings is None:
@@ -205,12 +200,12 @@ class UnwindScheduler:
         if self.fold:  # before the table: a stack it unwinds may be drained at once
             ids = frozenset(m.build_id for m in mappings if m.build_id)
             self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
-        maps.load_process(pid, epoch, mappings, eager)
+        maps.load_process(pid, epoch, mappings)
         if maps.generation != generation:  # every other table was dropped: loaded again once sampled
             self._unwound = {}
             if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
-                mappings = self.unwinding.mappings(pid, None if eager else loaded) or []
-                maps.load_process(pid, epoch, mappings, eager)
+                mappings = self.unwinding.mappings(pid, loaded) or []
+                maps.load_process(pid, epoch, mappings)
         if self.on_tables is not None and exec_epoch is not None:
             self.on_tables(pid, epoch, exec_epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
@@ -222,13 +217,6 @@ class UnwindScheduler:
                 self._python_later(pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
-
-    def _maps_python(self, maps: Maps | list[MapEntry] | None) -> bool:
-        """Whether these mappings hold a Python interpreter whose frames the walker adds: its files are
-        walked in BPF (bpf/unwindmaps.py's eager load), as a copy's walk in user space has no Python frames."""
-        if self.python is None or maps is None:
-            return False
-        return self.python.maps_python(maps.entries if isinstance(maps, Maps) else maps)
 
     def _look_at_python(self, pid: int) -> None:
         """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""

@@ -256,10 +256,10 @@ def test_serve_keeps_no_rows_the_kernel_holds_and_converts_again_after_a_new_gen
 
         load_process = unwind.load_process
 
-        def new_generation_first(pid, epoch, mappings, eager=False):
+        def new_generation_first(pid, epoch, mappings):
             if unwind.generation == 0:
                 unwind.new_generation()
-            load_process(pid, epoch, mappings, eager)
+            load_process(pid, epoch, mappings)
         unwind.load_process = new_generation_first
         session.unwinder.unwind(procs[2].pid)
         again = unwind._files[ours.identity]
