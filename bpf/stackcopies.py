@@ -2,8 +2,8 @@
 :class:`~optrace.model.StackCopy` records by id (the id a count key names them by).
 
 Reading is cheap when the ring is empty (one call into libbpf's consumer). Its fd is readable when copies
-wait; a process's first copy of an epoch wakes a thread blocked on it (the session's copy watcher), the
-others do not.
+wait; a process's first copy of an epoch wakes a thread blocked on it (the copy watcher of
+frontend/unwind/copywalks.py), the others do not.
 """
 from __future__ import annotations
 

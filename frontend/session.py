@@ -315,7 +315,7 @@ class ProfilingSession:
             from optrace.frontend.unwind.copywalks import CopyWalks
 
             self.copies = CopyWalks(self.profiler, self.unwinder, self._contain)
-        self.unwinder.start(captures=cfi)
+        self.unwinder.start()
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start

@@ -2,7 +2,7 @@
 known: the copies a drain's samples name are walked (stackcopy.py) with the mappings and rows the BPF
 walker would have had, and the samples come back with the frames it would have given.
 
-A process's tables (:meth:`StackCopies.add_tables`, from the session's unwind worker) are the mapping list
+A process's tables (:meth:`StackCopies.add_tables`, from the unwind scheduler's workers) are the mapping list
 it loads into the kernel, with the epoch it was read at: a copy of epoch E is walked with the first tables
 read at an epoch >= E since the process's last exec (mappings are added as a process runs; an exec
 replaces them all). A sample whose copy has no such tables yet waits, the process named in
@@ -75,7 +75,7 @@ def process_tables(epoch: int, exec_epoch: int, mappings: Iterable[ProcessMappin
 
 class _CopyStore:
     """Copies by id, with the drain each came in, under MAX_COPY_BYTES (the oldest go first). Thread-safe:
-    the session's copy watcher adds while the drain walks."""
+    the copy watcher (copywalks.py) adds while the drain walks."""
 
     def __init__(self, stats: Counter[str]) -> None:
         self._lock = threading.Lock()

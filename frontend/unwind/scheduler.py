@@ -69,19 +69,18 @@ class UnwindScheduler:
         self._unwind_worker: ThreadPoolExecutor | None = None
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
-        self._captures: MappingCaptures | None = None  # with stack copies (:meth:`unwind_soon`)
+        self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
         self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
 
-    def start(self, captures: bool = False) -> None:
+    def start(self) -> None:
         """The worker, whose first job is the walking program, verified while sampling starts (frame
-        pointers until it is in place); with ``captures`` (stack copies), the capture worker."""
+        pointers until it is in place), and the capture worker (its threads start with its first job)."""
         if self.unwinding is None:
             return
         self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
         self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
-        if captures:
-            self._captures = MappingCaptures(self._capture, lambda pid, capture: self._contain(
-                "unwind_tables", self.unwind, pid, capture), self._contain)
+        self._captures = MappingCaptures(self._capture, lambda pid, capture: self._contain(
+            "unwind_tables", self.unwind, pid, capture), self._contain)
 
     def cancel(self) -> None:
         """No more tables are built: the one being built stops (at the session's end)."""
@@ -90,12 +89,11 @@ class UnwindScheduler:
 
     def close(self) -> None:
         """Stop the worker (the table being built is cancelled: up to its 10 s CPU budget would hold the
-        exit) and release the tables' files."""
+        exit), the capture worker, and release the tables' files."""
         if self._unwind_worker is not None:
             self.unwinding.cancel()
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
-            if self._captures is not None:
-                self._captures.close()
+            self._captures.close()
             self.unwinding.tables.close()
 
     # -- the session's hooks ---------------------------------------------------------------------------
