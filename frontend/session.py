@@ -592,7 +592,8 @@ class ProfilingSession:
 
     def _end_processes(self, exits: list[int], now: float) -> None:
         """Exits seen by this drain; with ``forget_exited``, processes that exited before the previous
-        drain are forgotten (samples taken just before an exit may reach the next drain), and every
+        drain are forgotten (samples taken just before an exit may reach the next drain; those whose stack
+        copies wait for tables, later), and every
         PRUNE_EVERY drains, those whose exit event was lost (the kernel's event buffer overflowed)."""
         self._note_exits(exits, now)
         for pid in self._exited:  # with those poll() saw: the unwinder's table goes at once
@@ -606,8 +607,9 @@ class ProfilingSession:
         self._drains += 1
         if self._drains % PRUNE_EVERY == 0:  # gone without an exit event seen, or loaded after it was handled
             self.unwinder.drop_unwound_exited()
+        waiting = self.copies.waiting() if self.copies is not None else set()  # their samples come later
         jit_tables = bool(self._jit_pids.intersection(self._forgettable))
-        for pid in self._forgettable:
+        for pid in set(self._forgettable) - waiting:
             self._contain("forget_process", self._forget, pid)
         # A JIT table can be tens of MB: give the freed heap back, or RSS keeps its peak. And now and then
         # anyway: each drain's transient objects (stacks, frames, the exporter's pages) leave free holes
@@ -616,7 +618,7 @@ class ProfilingSession:
             gc.collect()  # its own thresholds count objects, not bytes: a few big cycles could wait for hours
         if jit_tables or self._drains % TRIM_EVERY == 0:
             release_free_memory()
-        self._forgettable = retired
+        self._forgettable = retired + [pid for pid in self._forgettable if pid in waiting]
         if self._drains % PRUNE_EVERY == 0:
             self._forgettable += [pid for pid in self.tracker.pids() if not os.path.exists(f"/proc/{pid}")]
 

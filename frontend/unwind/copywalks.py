@@ -61,6 +61,10 @@ class CopyWalks:
             self.unwinder.unwind_later(pid)
         return samples + late, off_cpu + late_off_cpu
 
+    def waiting(self) -> set[int]:
+        """The processes whose samples wait for their tables (a later drain gives them)."""
+        return self.copies.wanted()
+
     def close(self) -> None:
         self._watcher.stop()
 
