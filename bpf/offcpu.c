@@ -206,12 +206,14 @@ int on_switch_out(struct bpf_perf_event_data *ctx)
     // The kernel stack is most of the cost (about 1.9 of 3.2 us a switch with frame-pointer user stacks),
     // so it can be left out (USER_STACKS_ONLY, as perf's --off-cpu does).
 #ifndef USER_STACKS_ONLY
-    key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, &kernel_missing, &files_only);
+    key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, 127, &kernel_missing, &files_only);
     if (kernel_missing)
         count_wait_lost(WAIT_KERNEL_STACK_MISSING);
 #endif
 #ifdef CFI_UNWIND
-    unwind_user_stack(ctx, &key, set, kernel_missing, task);  // processes with unwind tables: opened there
+    // Processes with unwind tables: opened there (no return); those without get a copy of their stack.
+    if (unwind_user_stack(ctx, &key, set, kernel_missing, task))
+        copy_sample_stack(ctx, &key);
 #endif
     take_user_stack(ctx, &key, &user_missing, &files_only);
     open_wait(task, &key);

@@ -82,14 +82,17 @@ class OffCpuWaits:
         if self._tasks is not None:
             self._tasks.add_process(pid)
 
-    def open_stacks(self) -> set[int]:
-        """The stack hashes (user and kernel) that waits still open name: their records must outlive the
-        stack store's turnovers until the waits end (a wait may last longer than a store epoch)."""
-        hashes = set()
+    def open_stacks(self) -> tuple[set[int], set[int]]:
+        """The stack hashes (user and kernel) and the stack copies (ids) that waits still open name: they
+        must outlive the stack store's turnovers and the copies' own time limit until the waits end (a wait
+        may last longer than a store epoch)."""
+        hashes, copies = set(), set()
         for entry in self._bpf[b"wait_start"].values():
             hashes.update((entry.key.user, entry.key.kernel))
+            copies.add(entry.key.copy)
         hashes.discard(0)
-        return hashes
+        copies.discard(0)
+        return hashes, copies
 
     def take(self, set_index: int) -> tuple[bytes, bytes]:
         """The set's (keys, values) as bytes (profile.c's COUNT_KEY; u64 nanoseconds), the map emptied."""

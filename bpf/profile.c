@@ -22,7 +22,7 @@ struct key_t {
     u64 kernel;    // the kernel stack's hash, 0: none
     u64 epoch;     // STACK_RAW only: the mappings' epoch
     u32 user_kind; // STACK_* of the user stack (0: none)
-    u32 unused;    // explicit, so the hash key has no uninitialised padding
+    u32 copy;      // a copy of the user stack that replaces or continues `user` (stackcopy.c); 0: none
     char comm[TASK_COMM_LEN];
 };
 
@@ -47,6 +47,7 @@ BPF_HASH(rawcounts0, struct key_t, u64, COUNTS_SIZE);
 BPF_HASH(rawcounts1, struct key_t, u64, COUNTS_SIZE);
 BPF_TABLE("lru_hash", u32, u64, epochs, PROCS_SIZE);  // pid -> when its executable mappings last changed
 BPF_TABLE("lru_hash", u32, u64, known, PROCS_SIZE);   // pid -> the epoch the frontend read its mappings at
+BPF_TABLE("lru_hash", u32, u64, exec_epochs, PROCS_SIZE);  // pid -> its epoch at its last exec (stackcopy.c)
 BPF_ARRAY(active, u32, 2);  // [0]: the set the sampler writes; [1]: non-zero once sampling is over (-d)
 BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
 BPF_HASH(targets, u32, u8, TARGETS_SIZE);
@@ -112,10 +113,22 @@ static inline void new_epoch(u32 tgid)
 }
 
 #ifdef CFI_UNWIND
-static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set,
-                                     int kernel_missing, u64 wait_task);  // unwind.c
+static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set,
+                                    int kernel_missing, u64 wait_task);  // unwind.c
 static inline void forget_unwind_table(u32 pid);  // unwind.c
+static inline u32 copy_sample_stack(struct bpf_perf_event_data *ctx, struct key_t *key);  // stackcopy.c
 #endif
+
+// The process's epoch, set now if it has none.
+static inline u64 current_epoch(u32 tgid)
+{
+    u64 *epoch = epochs.lookup(&tgid);
+    if (epoch)
+        return *epoch;
+    new_epoch(tgid);
+    epoch = epochs.lookup(&tgid);
+    return epoch ? *epoch : 0;
+}
 
 // The epoch under which this process's raw IPs can be read, or 0: build-id stacks then.
 static inline u64 raw_epoch(u32 tgid)
@@ -143,17 +156,20 @@ static inline void count_stack_loss(int user_missing, int kernel_missing)
 
 // The user stack as the kernel walks it (frame pointers): raw IPs when the process's mappings are known,
 // else build-ids. Returns whether the stack's frames are all named from files (see store_walked_stack).
+// With a copy of the stack (key->copy), only its leaf: what the sample shows if the copy is never walked
+// (frame pointers through code built without them give frames that are not there).
 static inline void take_user_stack(void *ctx, struct key_t *key, int *user_missing, int *files_only)
 {
     u64 epoch = raw_epoch(key->pid);
+    u32 frames = key->copy ? 1 : 127;
     if (epoch) {
         key->user_kind = STACK_RAW;
         key->epoch = epoch;
-        key->user = store_walked_stack(ctx, BPF_F_USER_STACK, STACK_RAW, user_missing, files_only);
+        key->user = store_walked_stack(ctx, BPF_F_USER_STACK, STACK_RAW, frames, user_missing, files_only);
     } else {
         key->user_kind = STACK_BUILD_ID;
-        key->user = store_walked_stack(ctx, BPF_F_USER_STACK | BPF_F_USER_BUILD_ID, STACK_BUILD_ID, user_missing,
-                                       files_only);
+        key->user = store_walked_stack(ctx, BPF_F_USER_STACK | BPF_F_USER_BUILD_ID, STACK_BUILD_ID, frames,
+                                       user_missing, files_only);
     }
     if (!key->user) {
         key->user_kind = 0;
@@ -182,13 +198,15 @@ int on_sample(struct bpf_perf_event_data *ctx)
 
     int kernel_missing = 0, user_missing = 0, files_only = 0;
     if (in_kernel)
-        key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, &kernel_missing, &files_only);
+        key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, 127, &kernel_missing, &files_only);
 #ifdef CFI_UNWIND
-    unwind_user_stack(ctx, &key, set, kernel_missing, 0);  // processes with unwind tables: counted there, no return
+    // Processes with unwind tables are counted there (no return); those without get a copy of their stack.
+    if (unwind_user_stack(ctx, &key, set, kernel_missing, 0))
+        copy_sample_stack(ctx, &key);
 #endif
     take_user_stack(ctx, &key, &user_missing, &files_only);
     count_stack_loss(user_missing, kernel_missing);
-    add_count(&key, set, key.user && !files_only);
+    add_count(&key, set, (key.user && !files_only) || key.copy);  // a copy is walked at its drain
     return 0;
 }
 
@@ -206,6 +224,8 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     new_epoch(tgid);
 #ifdef CFI_UNWIND
     forget_unwind_table(tgid);
+    u64 epoch = current_epoch(tgid);
+    exec_epochs.update(&tgid, &epoch);
 #endif
     struct proc_event_t ev = {.pid = tgid, .kind = 0};
     const char *filename = NULL;

@@ -28,17 +28,19 @@ from optrace.bpf.loader import counter_increments, load_bcc, load_function
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.offcpu import OffCpuWaits, WaitOptions
 from optrace.bpf.perfevents import TaskEvents
+from optrace.bpf.stackcopies import MAX_BYTES as COPY_MAX_BYTES, CopyRing, ring_pages
 from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
 from optrace.bpf.unwindmaps import FileIds, decode_cfi
 from optrace.defaults import DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
-from optrace.model import RawSample, UserFrame
+from optrace.model import RawSample, StackCopy, UserFrame
 from optrace.kernel import syscall_events_available
 
 STACK_STORE = Path(__file__).with_name("stackstore.c")  # before profile.c: stacks by hash (stackstore.py)
 PROGRAM = Path(__file__).with_name("profile.c")
 FORKS = Path(__file__).with_name("forks.c")  # after profile.c: a target's children are targets
 UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
+STACK_COPIES = Path(__file__).with_name("stackcopy.c")  # after it: stacks copied where it cannot walk (stackcopies.py)
 PYTHON_WALK = Path(__file__).with_name("python_walk.h")  # before unwind.c: its Python state
 PYTHON_WALKER = Path(__file__).with_name("python.c")  # after it, with python (see pythonmaps.py)
 OFF_CPU = Path(__file__).with_name("offcpu.c")  # after profile.c, with waits (see offcpu.py)
@@ -55,7 +57,7 @@ BPF_NOEXIST = 1
 PROC_EXEC, PROC_EXIT = 0, 1
 BUILD_ID_ENTRY = struct.Struct("<i20sQ")  # struct bpf_stack_build_id
 USER_KINDS = {STACK_RAW: "raw", STACK_BUILD_ID: "build_id", STACK_CFI: "cfi"}
-# struct key_t in profile.c: pid, tid, user and kernel stack hashes, epoch, user stack kind, unused, comm
+# struct key_t in profile.c: pid, tid, user and kernel stack hashes, epoch, user stack kind, copy id, comm
 COUNT_KEY = struct.Struct("=IIQQQII16s")
 KEY_WORDS = COUNT_KEY.size // 4  # a key's u32 words: pid is word 0, the user stack's kind word 8
 COMM_OFFSET = COUNT_KEY.size - 16
@@ -128,6 +130,7 @@ class DrainResult:
     # With ``waits``: off-CPU time (RawSample.count in nanoseconds) and the waits' lost counters (offcpu.py)
     off_cpu: list[RawSample] = field(default_factory=list)
     off_cpu_lost: dict[str, int] = field(default_factory=dict)
+    open_copies: set[int] = field(default_factory=set)  # the copies that off-CPU waits still open name
 
 
 class Profiler:
@@ -182,7 +185,8 @@ class Profiler:
             self._cflags.append("-DTRACK_MAPPINGS")
         self.cfi_unwind = cfi_unwind
         if cfi_unwind:
-            self._cflags += ["-DCFI_UNWIND", f"-DUNWIND_ROWS={unwind_rows}"]
+            self._cflags += ["-DCFI_UNWIND", f"-DUNWIND_ROWS={unwind_rows}", f"-DCOPY_MAX_BYTES={COPY_MAX_BYTES}",
+                             f"-DCOPY_RING_PAGES={ring_pages(frequency_hz, len(online_cpus()))}"]
         self.python_frames = python and cfi_unwind
         if self.python_frames:
             self._cflags.append("-DPYTHON_UNWIND")
@@ -194,6 +198,7 @@ class Profiler:
         self._unwind_rows = unwind_rows
         self._fold = fold
         self.unwind = None  # UnwindMaps once loaded, with cfi_unwind
+        self.copies: CopyRing | None = None  # once loaded, with cfi_unwind
         self.python = None  # PythonMaps once loaded, with python
         self.store: StackStore | None = None
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
@@ -237,6 +242,7 @@ class Profiler:
             from optrace.bpf.unwindmaps import UnwindMaps
 
             self.unwind = UnwindMaps(self._bpf, self._unwind_rows)
+            self.copies = CopyRing(self._bpf)
         if self.python_frames:
             from optrace.bpf.pythonmaps import PythonMaps
 
@@ -254,7 +260,7 @@ class Profiler:
         sources = [STACK_STORE, PROGRAM, FORKS] + ([OFF_CPU] if self._wait_options is not None else [])
         if not self.cfi_unwind:
             return sources
-        return sources + [PYTHON_WALK, UNWINDER] + ([PYTHON_WALKER] if self.python_frames else [])
+        return sources + [PYTHON_WALK, UNWINDER, STACK_COPIES] + ([PYTHON_WALKER] if self.python_frames else [])
 
     def load_walker(self) -> None:
         """The CFI walker's programs (and python.c's with ``python``), off the start-up path (unwindmaps.py)."""
@@ -329,11 +335,13 @@ class Profiler:
         active[active.Key(0)] = active.Leaf(self._set)
         time.sleep(GRACE_SECONDS)
         now = time.monotonic()
+        open_copies: set[int] = set()
         if self.waits is not None:
-            self.store.keep(self.waits.open_stacks())
+            open_hashes, open_copies = self.waits.open_stacks()
+            self.store.keep(open_hashes)
         new = self.store.read()
         ids = self.unwind.drain_ids() if self.unwind else None  # after the read (see drain_ids)
-        result = DrainResult(lost=self._read_lost(), time=now)
+        result = DrainResult(lost=self._read_lost(), time=now, open_copies=open_copies)
         decoder = _Decoder(partial(_with_ids, self.store.get, ids))
         retried, self._waiting = self._waiting, []
         samples = [decoder.sample(key, count, now, missing_ok=True) for key, count in retried]
@@ -353,14 +361,14 @@ class Profiler:
         return result
 
     def _decoded(self, decoder: "_Decoder", keys: bytes, values: bytes, now: float,
-                 waiting: list[tuple[tuple, int]] | None = None) -> list[RawSample]:
+                 waiting: list[tuple[tuple, int]] | None = None, tally: bool = True) -> list[RawSample]:
         """Samples of count entries whose stacks are read; an entry naming a stack not read yet (its record
         was still being written when the store was read: rare) waits for the next drain, once, in
         ``waiting`` (the CPU counts' list by default)."""
         waiting = self._waiting if waiting is None else waiting
         samples = []
         for key, count in zip(COUNT_KEY.iter_unpack(keys), array.array("Q", values)):
-            sample = decoder.sample(key, count, now)
+            sample = decoder.sample(key, count, now, tally=tally)
             if sample is None:
                 waiting.append((key, count))
             else:
@@ -370,9 +378,9 @@ class Profiler:
     def _drained_waits(self, decoder: "_Decoder", old: int, now: float) -> tuple[list[RawSample], dict[str, int]]:
         """The off-CPU sums of the set no longer written (count: nanoseconds), and the waits' lost counters."""
         retried, self._waiting_waits = self._waiting_waits, []
-        samples = [decoder.sample(key, ns, now, missing_ok=True) for key, ns in retried]
+        samples = [decoder.sample(key, ns, now, missing_ok=True, tally=False) for key, ns in retried]
         keys, values = self.waits.take(old)
-        samples += self._decoded(decoder, keys, values, now, self._waiting_waits)
+        samples += self._decoded(decoder, keys, values, now, self._waiting_waits, tally=False)
         return samples, self.waits.lost()
 
     def decode_folded(self, counts: Mapping[bytes, int],
@@ -418,6 +426,11 @@ class Profiler:
         _insert_if_absent(epochs, pid, time.monotonic_ns())  # the clock of bpf_ktime_get_ns()
         return _lookup(epochs, pid)
 
+    def exec_epoch(self, pid: int) -> int:
+        """The process's epoch at its last exec the sampler saw (0: none), with cfi_unwind: a stack copy
+        (StackCopy.exec_epoch) is walked only with mappings read since the same exec."""
+        return _lookup(self._bpf[b"exec_epochs"], pid) if self.cfi_unwind else 0
+
     def mark_known(self, pid: int, epoch: int) -> None:
         """The caller holds the process's mappings of ``epoch``: raw IPs from now on."""
         known = self._bpf[b"known"]
@@ -437,6 +450,11 @@ class Profiler:
     def event_fds(self) -> tuple[int, ...]:
         """The fds of the process-event buffers: readable when they hold events (once loaded)."""
         return self._event_buffers.fds if self._event_buffers is not None else ()
+
+    def read_copies(self) -> dict[int, StackCopy]:
+        """The stack copies that came since the last read, by id (RawSample.copy names them): after a
+        drain's flip, every copy its counts name is there. Thread-safe."""
+        return self.copies.read() if self.copies is not None else {}
 
     def _read_lost(self) -> dict[str, int]:
         """Increments since the previous drain (the per-CPU counters themselves only grow)."""
@@ -565,9 +583,11 @@ class _Decoder:
         self.kinds: Counter[str] = Counter()
         self.build_id_pids: set[int] = set()  # processes whose samples came with build-id stacks
 
-    def sample(self, key: tuple, count: int, now: float, missing_ok: bool = False) -> RawSample | None:
-        """None when a stack the key names is not known (unless ``missing_ok``: then it is left out)."""
-        pid, tid, user_hash, kernel_hash, epoch, kind, _, raw_comm = key
+    def sample(self, key: tuple, count: int, now: float, missing_ok: bool = False, tally: bool = True
+               ) -> RawSample | None:
+        """None when a stack the key names is not known (unless ``missing_ok``: then it is left out).
+        ``tally``: the count is of samples (not off-CPU time): it goes to :attr:`kinds`."""
+        pid, tid, user_hash, kernel_hash, epoch, kind, copy, raw_comm = key
         kernel = self._kernel_stack(kernel_hash) if kernel_hash else ()
         unwound = self._user_stack(user_hash) if user_hash else NO_USER_STACK
         if kernel is None or unwound is None:
@@ -578,12 +598,14 @@ class _Decoder:
         if comm is None:
             comm = self._comms[raw_comm] = raw_comm.split(b"\0", 1)[0].decode("utf-8", "replace")
         user, stop, python = unwound
-        if user:
+        if user and tally:
             self.kinds[USER_KINDS.get(kind, "raw")] += count
-            if kind == STACK_BUILD_ID:
-                self.build_id_pids.add(pid)
+            if copy:
+                self.kinds["copied"] += count
+        if user and kind == STACK_BUILD_ID:
+            self.build_id_pids.add(pid)
         return RawSample(pid, comm, user, kernel, count, now, epoch if kind == STACK_RAW and user else 0, tid, stop,
-                         python)
+                         python, copy)
 
     def _kernel_stack(self, stack_hash: int) -> tuple[int, ...] | None:
         if stack_hash not in self._kernel:

@@ -136,17 +136,20 @@ static inline u64 store_stack(u64 *words, u32 n, u64 hash, u32 kind, u32 status,
     return hash;
 }
 
-// A stack the kernel walks (bpf_get_stack's flags) into the per-CPU scratch, stored: its hash, or 0 when
+// A stack the kernel walks (bpf_get_stack's flags; at most `frames` frames, 127) into the per-CPU scratch,
+// stored: its hash, or 0 when
 // there is none or it could not be stored (*missing is set then if the walk gave frames). For build-id
 // stacks, *files_only says whether every frame is a build-id frame (not an IP the kernel fell back to):
 // such a stack is named from its files alone, at any time.
-static inline u64 store_walked_stack(void *ctx, u64 flags, u32 kind, int *missing, int *files_only)
+static inline u64 store_walked_stack(void *ctx, u64 flags, u32 kind, u32 frames, int *missing, int *files_only)
 {
     u32 zero = 0;
     struct stack_scratch *scratch = (struct stack_scratch *)stack_scratch.lookup(&zero);
     if (!scratch)
         return 0;
-    u32 size = kind == STACK_BUILD_ID ? 127 * 32 : 127 * 8;
+    if (frames > 127)
+        frames = 127;
+    u32 size = kind == STACK_BUILD_ID ? frames * 32 : frames * 8;
     long bytes = bpf_get_stack(ctx, scratch->words, size, flags);
     if (bytes <= 0)
         return 0;
@@ -154,9 +157,9 @@ static inline u64 store_walked_stack(void *ctx, u64 flags, u32 kind, int *missin
     if (kind == STACK_BUILD_ID) {  // an IP frame has status 2 (BPF_STACK_BUILD_ID_IP), a valid one 1, the rest 0
         u64 statuses = 0;
 #pragma clang loop unroll(disable)
-        for (int i = 0; i < 127; i++)
-            statuses |= (u32)scratch->words[i * 4];  // bitwise, not a branch: a branch on n would split the
-                                               // verifier's states by n's range at every entry
+        for (int i = 0; i < 127; i++)  // bitwise, not a branch: a branch on n would split the verifier's
+                                       // states by n's range at every entry (words past `frames` are stale)
+            statuses |= (u32)scratch->words[i * 4] & -(u32)(i < frames);
         *files_only = (statuses & 2) == 0;
     }
     u32 fresh = 0;

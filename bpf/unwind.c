@@ -55,6 +55,7 @@ enum unwind_status {
     UNWIND_EXPRESSION,     // a rule that needs a DWARF expression
     UNWIND_READ_FAULT,     // the stack could not be read, or did not grow towards its base
     UNWIND_DEPTH,          // UNWIND_MAX_FRAMES frames taken
+    UNWIND_COPIED,         // a PC in a file mapped since the table was read: a copy of the stack goes on
 };
 
 // The programs of the walk, in unwind_progs (keep in sync with unwindmaps.py)
@@ -68,8 +69,17 @@ enum unwind_status {
 enum unwind_counter {
     UNWIND_STACKS_FULL = 0,  // the stack store was full: the sample kept no user stack
     UNWIND_NO_USER_REGS,     // a kernel thread, or no user registers saved
+    UNWIND_COPIES,           // stacks copied (stackcopy.c)
+    UNWIND_COPIES_FULL,      // copies the ring buffer had no room for
     UNWIND_NR_COUNTERS,
 };
+
+// copy_head.flags (stackcopy.c; keep in sync with frontend/unwind/copies.py)
+#define COPY_CONTINUES 1       // the copy goes on from the key's CFI stack (whose walk stopped at ip), else it
+                               // replaces its user stack (the leaf the kernel took)
+#define COPY_RETURN_ADDRESS 2  // ip is a return address (looked up at ip - 1)
+
+#define MAPPING_COPY 1  // unwind_mapping.flags: the file's rows are not loaded (yet): a copy of the stack goes on
 
 #define FILE_FRAME (1ULL << 63)  // a frame (file id << 40 | file offset), else a raw IP
 #define FILE_OFFSET_BITS 40
@@ -90,7 +100,7 @@ struct unwind_mapping {
     u32 row_start;   // the file's rows in unwind_rows
     u32 row_count;   // 0: no CFI loaded, frame pointers
     u32 file_id;     // 0: frames stay raw IPs
-    u32 pad;
+    u32 flags;       // MAPPING_*
 };
 
 struct unwind_proc {
@@ -119,6 +129,7 @@ struct unwind_state {
     u32 forgotten;       // see forget()
     u32 walked;          // native frames walked (a return address is looked up at pc - 1)
     u64 wait_task;       // off-CPU (offcpu.c): the task whose wait the stack opens; 0: a CPU sample
+    u32 stale;           // the process's mappings changed since its table was read (see unwind_frame)
     u32 fresh;           // the stack store had not held this stack yet (unwind_done)
     struct python_walk py;  // python.c's part of the walk (python_walk.h)
 };
@@ -140,24 +151,27 @@ static inline void unwind_count(u32 counter)
 }
 
 // The user registers: the sample's when it hit user mode, else those the task saved on kernel entry.
-static inline int user_registers(struct bpf_perf_event_data *ctx, struct unwind_state *st)
+static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *sp, u64 *bp)
 {
     if ((ctx->regs.cs & 3) == 3) {
-        st->ip = ctx->regs.ip;
-        st->sp = ctx->regs.sp;
-        st->bp = ctx->regs.bp;
+        *ip = ctx->regs.ip;
+        *sp = ctx->regs.sp;
+        *bp = ctx->regs.bp;
         return 1;
     }
     struct task_struct *task = bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     u64 cs = 0;
+    *ip = 0;
     if (!regs || bpf_probe_read_kernel(&cs, sizeof(cs), &regs->cs) || (cs & 3) != 3)
         return 0;
-    bpf_probe_read_kernel(&st->ip, sizeof(st->ip), &regs->ip);
-    bpf_probe_read_kernel(&st->sp, sizeof(st->sp), &regs->sp);
-    bpf_probe_read_kernel(&st->bp, sizeof(st->bp), &regs->bp);
-    return st->ip != 0;
+    bpf_probe_read_kernel(ip, sizeof(*ip), &regs->ip);
+    bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp);
+    bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp);
+    return *ip != 0;
 }
+
+static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32 flags);  // stackcopy.c
 
 // The process exec'd: its mappings are all new (profile.c's exec tracepoint).
 static inline void forget_unwind_table(u32 pid)
@@ -166,26 +180,28 @@ static inline void forget_unwind_table(u32 pid)
 }
 
 // Called by on_sample; returns only when the sample is not unwound here (the process has no mapping
-// table, or one older than its last exec or new executable mapping, or the tail call failed): the
-// caller then takes the frame-pointer stack as before.
-static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing,
-                                     u64 wait_task)
+// table, or the tail call failed): 1 when its stack is to be copied (stackcopy.c), 0 when it cannot be
+// (no user registers). The caller then takes the frame-pointer stack (or its leaf, with a copy).
+static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing,
+                                    u64 wait_task)
 {
     u32 pid = key->pid;
     struct unwind_proc *proc = (struct unwind_proc *)unwind_procs.lookup(&pid);
     // A table older than the process's last new executable mapping (dlopen) still holds for every file it
-    // has: a PC in a file mapped since is in none of its mappings and walked by frame pointers, until user
-    // space loads the table again. An exec drops the table (forget_unwind_table).
+    // has: a PC in none of its mappings may be in a file mapped since, and the walk goes on from a copy of
+    // the stack there (unwind_frame), until user space loads the table again. An exec drops the table
+    // (forget_unwind_table).
     if (!proc)
-        return;
+        return 1;
     u32 zero = 0;
     struct unwind_state *st = (struct unwind_state *)unwind_states.lookup(&zero);
     if (!st)
-        return;
-    if (!user_registers(ctx, st)) {
+        return 0;
+    if (!user_registers(ctx, &st->ip, &st->sp, &st->bp)) {
         unwind_count(UNWIND_NO_USER_REGS);
-        return;
+        return 0;
     }
+    st->stale = proc->epoch != current_epoch(pid);
     u64 *generation = unwind_generation.lookup(&zero);
     st->key = *key;
     st->set = set;
@@ -199,6 +215,7 @@ static inline void unwind_user_stack(struct bpf_perf_event_data *ctx, struct key
     python_walk_start(&st->py, pid);
     st->hash = (FNV_BASIS ^ STACK_CFI ^ (generation ? *generation : 0) << 8) * FNV_PRIME;
     unwind_progs.call(ctx, PROG_UNWIND_STEP);
+    return 1;  // the walker is not loaded yet
 }
 
 // `value` read back from the state's memory: the verifier no longer knows it, so the search paths that
@@ -331,6 +348,12 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
     }
     u64 pc = st->ip;
     struct unwind_mapping *m = find_mapping(st, proc, pc);
+    // A file whose rows are not loaded (unwindmaps.py loads a large file's once a copy shows they are used),
+    // or maybe one mapped since the table was read (else anonymous code: frame pointers): a copy goes on.
+    if (m ? m->flags & MAPPING_COPY : st->stale) {
+        st->stack.status = UNWIND_COPIED;
+        return 1;
+    }
     u64 frame = pc;
     if (m && m->file_id)
         frame = FILE_FRAME | ((u64)m->file_id << FILE_OFFSET_BITS) | ((pc + m->offset_adj) & ((1ULL << FILE_OFFSET_BITS) - 1));
@@ -407,6 +430,10 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
 // is full, the sample keeps no user stack.
 static inline void unwind_done(void *ctx, struct unwind_state *st)
 {
+    st->key.copy = 0;
+    if (st->stack.status == UNWIND_COPIED &&
+        !copy_user_stack(&st->key, st->ip, st->sp, st->bp, COPY_CONTINUES | (st->walked ? COPY_RETURN_ADDRESS : 0)))
+        st->stack.status = UNWIND_NO_CFI;  // no room for the copy: the walk ends here
     u32 status = st->stack.status | st->py.status << 8;
     u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
     hash = (hash ^ status) * FNV_PRIME;
@@ -425,7 +452,7 @@ static inline void unwind_done(void *ctx, struct unwind_state *st)
     }
 #endif
     count_stack_loss(!st->key.user, st->kernel_missing);
-    add_count(&st->key, st->set, st->key.user && st->raw_frames);
+    add_count(&st->key, st->set, st->key.user && (st->raw_frames || st->key.copy));
 }
 
 // The end of a sample's walk, from any of the walk's programs: the stack stored and counted, then the code

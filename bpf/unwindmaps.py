@@ -12,9 +12,19 @@ when a process's new files do not fit (rows, or MAX_GENERATION_FILES files), a n
 every process's mapping table is dropped, the row array is filled again from 0 and the loaded files are
 forgotten (the session loads the tables of processes still alive again when they are next sampled, see
 :attr:`UnwindMaps.generation`). At most one generation starts per MIN_GENERATION_SECONDS (else a
-working set larger than the array would start one at every load); meanwhile a file that does not fit
-gets no rows (its code is walked by frame pointers, counted in ``stats["rows_full"]``). A file bigger
-than the whole array never gets rows.
+working set larger than the array would start one at every load), unless what is in the way is files
+no process sampled in the last ACTIVE_SECONDS uses (:meth:`UnwindMaps.touch`): then at most one per
+MIN_STALE_GENERATION_SECONDS, when the files in use and the new ones fill at most STALE_SHARE of the
+array (a build's compiler waited a minute behind the libraries of processes sampled once at the start).
+Meanwhile a file that does not fit gets no rows (its code is walked by frame pointers, counted in
+``stats["rows_full"]``). A file bigger than the whole array never gets rows.
+
+Large files (more than LAZY_ROWS rows) get their rows once a sample shows they are used: a process maps
+many it never runs (BCC's libz3, 386k rows, came in with every process that compiles a BPF program, and
+filled the array before a compiler's 436k came). Until then their mappings are marked MAPPING_COPY: the
+walker stops at a PC in one and copies the stack (stackcopy.c); the copy's walk in user space says which
+file it was in (:meth:`UnwindMaps.want`), whose rows are loaded with the tables of the processes that map
+it (and of any process in later generations).
 
 Frames come back as (file id, file offset) for files with a build-id: a :class:`UserFrame` like the
 kernel's build-id stacks give, valid after the process exited. The walker's stacks go to the stack store
@@ -32,7 +42,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from optrace.bpf.abi import ProgType
@@ -51,10 +61,17 @@ FILE_OFFSET_BITS = 40
 MAX_FILE_IDS = (1 << 23) - 1
 MAX_GENERATION_FILES = 8192  # files one generation keeps, with or without rows (a _LoadedFile each)
 MIN_GENERATION_SECONDS = 60.0
+MIN_STALE_GENERATION_SECONDS = 2.0
+ACTIVE_SECONDS = 5.0  # a file is in use while a process that maps it was sampled this recently
+STALE_SHARE = 0.75
+# a file with more rows gets them once a sample is in it (cc1: 479k, BCC's libz3: 386k). Not an interpreter
+# (CPython's: 45k-78k, libc 28k): a copy's walk in user space has no Python frames
+LAZY_ROWS = 131072
+MAPPING_COPY = 1  # unwind_mapping.flags (unwind.c)
 RETIRED_READS = 2  # drains a retired generation's file ids still decode for (see drain_ids)
 # enum unwind_status in unwind.c, by value
-UNWIND_STATUSES = ("outermost", "chain_end", "no_cfi", "expression", "read_fault", "depth_limit")
-UNWIND_COUNTERS = ("stacks_full", "no_user_registers")  # enum unwind_counter
+UNWIND_STATUSES = ("outermost", "chain_end", "no_cfi", "expression", "read_fault", "depth_limit", "copied")
+UNWIND_COUNTERS = ("stacks_full", "no_user_registers", "copies", "copies_full")  # enum unwind_counter
 PROG_UNWIND_STEP = 0  # indices into unwind_progs (unwind.c)
 PYTHON_PROGRAMS = ((1, b"python_step"), (2, b"python_thread"), (3, b"python_capture"))
 _MAPPING = struct.Struct("<QQQQIIII")
@@ -116,6 +133,7 @@ class _LoadedFile:
     row_start: int
     row_count: int
     build_id: bytes | None
+    lazy: bool = False  # its rows are not loaded until a sample shows they are used (MAPPING_COPY)
 
 
 class UnwindMaps:
@@ -133,6 +151,9 @@ class UnwindMaps:
         self._lock = threading.Lock()
         self._files: dict[Hashable, _LoadedFile] = {}
         self._by_id: dict[int, _LoadedFile] = {}  # this generation's files with an id
+        self._process_files: dict[int, tuple[Hashable, ...]] = {}  # pid -> its table's files (this generation)
+        self._used: dict[Hashable, float] = {}  # file -> when a process that maps it was last sampled
+        self._wanted: dict[Hashable, None] = {}  # large files samples were in: their rows are loaded (ordered set)
         self._retired: list[tuple[int, dict[int, _LoadedFile]]] = []  # (reads when retired, its ids)
         self._next_row = 0
         self._last_id = 0
@@ -161,23 +182,73 @@ class UnwindMaps:
         if len(mappings) > MAX_MAPPINGS:
             self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
         with self._lock:
-            if not self._fits(ordered) and self._clock() - self._generation_started >= MIN_GENERATION_SECONDS:
+            if not self._fits(ordered) and self._may_start_over(ordered):
                 self._new_generation()
             packed = b"".join(self._packed(m) for m in ordered)
+            now = self._clock()
+            self._process_files[pid] = tuple(m.file_key for m in ordered)
+            self._used.update((m.file_key, now) for m in ordered)
         value = self._procs.Leaf()
         packed = struct.pack("<IIQ", len(ordered), 0, epoch) + packed
         ctypes.memmove(ctypes.addressof(value), packed, len(packed))
         self._procs[self._procs.Key(pid)] = value
         self.stats["processes_loaded"] += 1
 
-    def is_loaded(self, file_key: Hashable) -> bool:
-        """Whether this generation holds the file (its rows, or its place among those walked by frame
-        pointers): a mapping of it needs no rows."""
+    def touch(self, pids: Iterable[int]) -> None:
+        """These processes were sampled now: the files of their tables are in use."""
+        now = self._clock()
         with self._lock:
-            return file_key in self._files
+            for pid in pids:
+                self._used.update((key, now) for key in self._process_files.get(pid, ()))
+
+    def _may_start_over(self, mappings: Sequence[ProcessMapping]) -> bool:
+        """Whether a new generation may start for files that do not fit (see the module docstring)."""
+        age = self._clock() - self._generation_started
+        if age >= MIN_GENERATION_SECONDS:
+            return True
+        if age < MIN_STALE_GENERATION_SECONDS:
+            return False
+        recent = self._clock() - ACTIVE_SECONDS
+        in_use = {key for key, at in self._used.items() if at >= recent} | {m.file_key for m in mappings}
+        rows = sum(f.row_count for key, f in self._files.items() if key in in_use)
+        rows += sum(self._rows_needed(mappings).values())
+        return rows <= STALE_SHARE * self._capacity
+
+    def want(self, file_keys: Iterable[Hashable]) -> set[int]:
+        """Samples were in these files (copies walked in user space): a large one's rows are to be loaded.
+        Returns the processes whose tables must be loaded again for that (they map a file whose rows are
+        not loaded yet)."""
+        with self._lock:
+            new = [key for key in file_keys if key not in self._wanted]
+            self._wanted.update(dict.fromkeys(new))
+            while len(self._wanted) > MAX_GENERATION_FILES:
+                del self._wanted[next(iter(self._wanted))]
+            lazy = {key for key in new if key in self._files and self._files[key].lazy}
+            return {pid for pid, keys in self._process_files.items() if lazy.intersection(keys)} if lazy else set()
+
+    def is_loaded(self, file_key: Hashable) -> bool:
+        """Whether this generation holds the file (its rows, its place among those walked by frame pointers,
+        or among those whose rows wait until used): a mapping of it needs no rows."""
+        with self._lock:
+            return file_key in self._files and not (self._files[file_key].lazy and file_key in self._wanted)
+
+    def rows(self, file_key: Hashable) -> bytes | None:
+        """The rows this generation holds for the file (read back from the kernel's array), None when it
+        holds none: for walks in user space of files whose user-space rows were released."""
+        with self._lock:
+            loaded = self._files.get(file_key)
+            if loaded is None or not loaded.row_count:
+                return None
+            offset, size = loaded.row_start * ROW_SIZE, loaded.row_count * ROW_SIZE
+            first_page = offset - offset % mmap.PAGESIZE
+            with mmap.mmap(self._rows_fd, offset + size - first_page, mmap.MAP_SHARED, mmap.PROT_READ,
+                           offset=first_page) as window:
+                return window[offset - first_page:offset - first_page + size]
 
     def forget_process(self, pid: int) -> None:
         forget_pid(self._procs, pid)
+        with self._lock:
+            self._process_files.pop(pid, None)
 
     def has_process(self, pid: int) -> bool:
         return has_pid(self._procs, pid)
@@ -219,7 +290,8 @@ class UnwindMaps:
 
     def _new_generation(self) -> None:
         for key in list(self._procs.keys()):
-            self.forget_process(key.value)
+            forget_pid(self._procs, key.value)
+        self._process_files, self._used = {}, {}
         time.sleep(GRACE_SECONDS)  # walks in flight, which looked their table up before, end on the old rows
         self._retired.append((self._reads, self._by_id))
         self._by_id, self._files, self._next_row = {}, {}, 0
@@ -232,20 +304,38 @@ class UnwindMaps:
     def _fits(self, mappings: Sequence[ProcessMapping]) -> bool:
         """Whether the files of ``mappings`` not loaded yet fit in this generation (a file larger than the
         whole array never gets rows, so it does not count)."""
-        new = {m.file_key: len(m.rows or b"") // ROW_SIZE for m in mappings if m.file_key not in self._files}
-        rows = sum(count for count in new.values() if count <= self._capacity)
+        rows = sum(self._rows_needed(mappings).values())
+        new = {m.file_key for m in mappings if m.file_key not in self._files}
         return self._next_row + rows <= self._capacity and len(self._files) + len(new) <= MAX_GENERATION_FILES
+
+    def _rows_needed(self, mappings: Sequence[ProcessMapping]) -> dict[Hashable, int]:
+        """The rows loading these mappings would write, by file: a new file's unless it waits until it is
+        wanted (LAZY_ROWS), a waiting file's once it is; none for a file larger than the whole array."""
+        needed = {}
+        for m in mappings:
+            count = len(m.rows or b"") // ROW_SIZE
+            loaded = self._files.get(m.file_key)
+            if loaded is None and not self._stays_lazy(m.file_key, count) or loaded is not None and loaded.lazy \
+                    and m.file_key in self._wanted:
+                needed[m.file_key] = count if count <= self._capacity else 0
+        return needed
+
+    def _stays_lazy(self, file_key: Hashable, rows: int) -> bool:
+        return rows > LAZY_ROWS and file_key not in self._wanted
 
     def _packed(self, mapping: ProcessMapping) -> bytes:
         loaded = self._file(mapping)
         offset_adj = (mapping.file_offset - mapping.start) & ((1 << 64) - 1)
         return _MAPPING.pack(mapping.start, mapping.end, mapping.bias & ((1 << 64) - 1), offset_adj,
                              loaded.row_start, loaded.row_count,
-                             loaded.file_id if loaded.build_id is not None else 0, 0)
+                             loaded.file_id if loaded.build_id is not None else 0, MAPPING_COPY if loaded.lazy else 0)
 
     def _file(self, mapping: ProcessMapping) -> _LoadedFile:
         loaded = self._files.get(mapping.file_key)
         if loaded is not None:
+            if loaded.lazy and mapping.file_key in self._wanted and mapping.rows is not None:
+                self._fill(loaded, mapping.rows)
+                self.stats["files_loaded_when_used"] += 1
             return loaded
         if len(self._files) >= MAX_GENERATION_FILES:  # walked by frame pointers, its frames raw IPs
             self.stats["files_full"] += 1
@@ -253,19 +343,28 @@ class UnwindMaps:
         if mapping.rows is None:  # dropped by a caller that found it loaded before a new generation
             self.stats["rows_missing"] += 1
             return _LoadedFile(0, 0, 0, None)
-        count = len(mapping.rows) // ROW_SIZE
-        if self._next_row + count > self._capacity:
-            self.stats["rows_full"] += 1
-            count = 0
-        start = self._next_row
-        if count:
-            self._write_rows(start, mapping.rows[:count * ROW_SIZE])
-            self._next_row += count
-            self.stats["rows_loaded"] += count
-        loaded = _LoadedFile(self._new_id(), start, count, mapping.build_id)
+        loaded = _LoadedFile(self._new_id(), 0, 0, mapping.build_id)
+        if self._stays_lazy(mapping.file_key, len(mapping.rows) // ROW_SIZE):
+            loaded.lazy = True
+            self.stats["files_waiting"] += 1
+        else:
+            self._fill(loaded, mapping.rows)
         self._files[mapping.file_key] = loaded
         self._by_id[loaded.file_id] = loaded
         return loaded
+
+    def _fill(self, loaded: _LoadedFile, rows: bytes) -> None:
+        """The file's rows written where this generation's end, if they fit (else it has none)."""
+        loaded.lazy = False
+        count = len(rows) // ROW_SIZE
+        if self._next_row + count > self._capacity:
+            self.stats["rows_full"] += 1
+            return
+        if count:
+            self._write_rows(self._next_row, rows[:count * ROW_SIZE])
+            loaded.row_start, loaded.row_count = self._next_row, count
+            self._next_row += count
+            self.stats["rows_loaded"] += count
 
     def _write_rows(self, start: int, rows: bytes) -> None:
         """Through a shared mapping of the pages that hold them, dropped after the copy."""

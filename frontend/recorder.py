@@ -254,12 +254,12 @@ class Recorder:
                 self.exit_status = self.child.stop()
                 self.stopped_command = True
                 self.warnings.append("the recording ended first: the command was sent SIGTERM")
-        result = self._drain()
+        result = self._drain(final=True)
         self.session.finish(result.time)
         self._targets = self.session.target_pids()
 
-    def _drain(self):
-        result = self.session.drain()
+    def _drain(self, final: bool = False):
+        result = self.session.drain(final)
         self.lost.update(result.lost)
         for sample, timed in zip(result.samples, result.maybe_jit):
             if is_launcher(sample.comm):
@@ -312,7 +312,7 @@ class Recorder:
             stacks=self.options.stacks,
             call_graph=self.options.call_graph if self.options.stacks else "fp",
             stack_quality=quality,
-            user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id", "cfi")},
+            user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id", "cfi", "copied")},
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
             off_cpu=self._off_cpu_meta(off_cpu),

@@ -269,6 +269,7 @@ class ProfilingSession:
         self.python = None  # PythonProcesses with options.python and call_graph "dwarf"
         # When processes get their unwind tables: one that does nothing until start (and with call graph "fp")
         self.unwinder = UnwindScheduler(None, None, None, self._contain)
+        self.copies = None  # CopyWalks with call_graph "dwarf": samples whose stacks were copied
         self._kallsyms: KernelSymbolsLoader | None = None
         self._detaching: Future | None = None
 
@@ -310,6 +311,10 @@ class ProfilingSession:
                                                           builder=builder, store=store))
         self.unwinder = UnwindScheduler(self.profiler, unwinding, self.python, self._contain,
                                         keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold)
+        if cfi:
+            from optrace.frontend.unwind.copywalks import CopyWalks
+
+            self.copies = CopyWalks(self.profiler, self.unwinder, self._contain)
         self.unwinder.start()
         for pid in opts.pids or ():
             self.add_pid(pid)
@@ -330,6 +335,8 @@ class ProfilingSession:
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
         works until :meth:`close` (a recording names its samples after the profiler is gone)."""
+        if self.copies is not None:
+            self.copies.close()
         self.unwinder.close()
         if self.profiler is not None:
             self.profiler.close()
@@ -379,19 +386,13 @@ class ProfilingSession:
 
     # -- the profiler's reports ------------------------------------------------------------------------
     def poll(self, now: float, ready: Iterable[int] | None = None) -> None:
-        """Exec and exit events since the last call: cheap, call it often (a short-lived program can
-        then be looked at while it still runs), or when :attr:`event_fds` are readable (the ``ready``
-        ones, whose readiness the caller's poll spent: see Profiler.poll_events)."""
+        """Exec and exit events since the last call: cheap, call it often (a short-lived program can then be
+        looked at while it still runs), or when :attr:`event_fds` are readable (the ``ready`` ones)."""
         execs, exits = self.profiler.poll_events(ready)
         self._note_execs(execs)
         self._note_exits(exits, now)
         self.unwinder.poll(now)
-        self._snapshot_reloaded()
-
-    def _snapshot_reloaded(self) -> None:
-        """The symbolizer looks at processes whose table was loaded again (a library mapped since its last
-        look) while they run: one gone by the drain would leave that library's frames [unknown]."""
-        for pid in self.unwinder.take_reloaded():
+        for pid in self.unwinder.take_reloaded():  # a library mapped since: named from it while it runs
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 
     @property
@@ -403,39 +404,47 @@ class ProfilingSession:
         """Whether :meth:`poll` is wanted on a timer, events or not (see UnwindScheduler.wants_polls)."""
         return self.unwinder.wants_polls(now)
 
-    def drain(self) -> Drain:
+    def drain(self, final: bool = False) -> Drain:
+        """The samples since the last drain; ``final``: the last one, every sample waiting for its
+        process's tables comes now (see frontend/unwind/copywalks.py)."""
         result = self.profiler.drain()
         if self.python is not None:
             self.python.add_captures(self.profiler.python.take_captures())
-        translated: dict[tuple, tuple[UserFrame, ...]] = {}
-        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
-        samples = [self._translated(s, translated, addresses) for s in result.samples
-                   if not self.options.comms or s.comm in self.options.comms]
+        samples = self._translated_all(result.samples)
+        off_cpu = self._translated_all(result.off_cpu)
         folded = result.folded
         self._note_execs(result.execs)
+        if self.copies is not None:
+            samples, off_cpu = self.copies.walk(samples, off_cpu, result, final)
         maybe_jit = self._learn_processes(samples, result.time, folded.pids())
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
             self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,
                       folded=folded)
         if self.options.off_cpu is not None:
-            self._drain_off_cpu(drain, result)
+            self._drain_off_cpu(drain, result, off_cpu)
 
         self.unwinder.unwind_processes(samples)
+        self.unwinder.touch({s.pid for s in samples} | folded.pids())
         self._end_processes(result.exits, result.time)
         return drain
 
+    def _translated_all(self, samples: list[RawSample]) -> list[RawSample]:
+        """The samples of the commands asked for, their raw IPs translated (see :meth:`_translated`)."""
+        translated: dict[tuple, tuple[UserFrame, ...]] = {}
+        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
+        return [self._translated(s, translated, addresses) for s in samples
+                if not self.options.comms or s.comm in self.options.comms]
+
     # -- off-CPU time ----------------------------------------------------------------------------------
-    def _drain_off_cpu(self, drain: Drain, result: DrainResult) -> None:
+    def _drain_off_cpu(self, drain: Drain, result: DrainResult, off_cpu: list[RawSample]) -> None:
         """The off-CPU sums since the last drain (walked as CPU samples are: raw IPs translated from the
-        mappings of their epoch); processes that waited get their unwind tables as sampled ones do."""
+        mappings of their epoch, stack copies walked); processes that waited get their unwind tables as
+        sampled ones do."""
         lost = dict(result.off_cpu_lost)
         drain.off_cpu_short_waits = lost.pop("short_waits", 0)
         drain.lost.update({f"off_cpu_{reason}": n for reason, n in lost.items()})
-        translated: dict[tuple, tuple[UserFrame, ...]] = {}
-        addresses: dict[tuple[int, int], dict[int, UserFrame]] = {}
-        drain.off_cpu = [self._translated(s, translated, addresses) for s in result.off_cpu
-                         if not self.options.comms or s.comm in self.options.comms]
+        drain.off_cpu = off_cpu
         drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
         self.unwinder.unwind_processes(drain.off_cpu)
 
@@ -560,10 +569,9 @@ class ProfilingSession:
         """What the symbolizer and JIT symbols must know before this drain's samples are named; returns
         which samples may be in JIT code. A folded stack's frames are in files of its process's CFI table:
         those build-ids stand for its frames (UnwindScheduler.table_build_ids)."""
-        self._snapshot_reloaded()
         tables = {pid: self.unwinder.table_build_ids(pid) for pid in folded_pids}
         executables, snapshot = self.tracker.sampled(samples, tables)
-        for pid in snapshot:
+        for pid in snapshot.union(self.unwinder.take_reloaded()):  # (those poll() did not take yet)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         for path in executables.values():  # for processes gone before their maps could be read
             self._contain("executable", self.symbolizer.add_executable, path)
@@ -585,7 +593,8 @@ class ProfilingSession:
 
     def _end_processes(self, exits: list[int], now: float) -> None:
         """Exits seen by this drain; with ``forget_exited``, processes that exited before the previous
-        drain are forgotten (samples taken just before an exit may reach the next drain), and every
+        drain are forgotten (samples taken just before an exit may reach the next drain; those whose stack
+        copies wait for tables, later), and every
         PRUNE_EVERY drains, those whose exit event was lost (the kernel's event buffer overflowed)."""
         self._note_exits(exits, now)
         for pid in self._exited:  # with those poll() saw: the unwinder's table goes at once
@@ -599,8 +608,9 @@ class ProfilingSession:
         self._drains += 1
         if self._drains % PRUNE_EVERY == 0:  # gone without an exit event seen, or loaded after it was handled
             self.unwinder.drop_unwound_exited()
+        waiting = self.copies.waiting() if self.copies is not None else set()  # their samples come later
         jit_tables = bool(self._jit_pids.intersection(self._forgettable))
-        for pid in self._forgettable:
+        for pid in set(self._forgettable) - waiting:
             self._contain("forget_process", self._forget, pid)
         # A JIT table can be tens of MB: give the freed heap back, or RSS keeps its peak. And now and then
         # anyway: each drain's transient objects (stacks, frames, the exporter's pages) leave free holes
@@ -609,7 +619,7 @@ class ProfilingSession:
             gc.collect()  # its own thresholds count objects, not bytes: a few big cycles could wait for hours
         if jit_tables or self._drains % TRIM_EVERY == 0:
             release_free_memory()
-        self._forgettable = retired
+        self._forgettable = retired + [pid for pid in self._forgettable if pid in waiting]
         if self._drains % PRUNE_EVERY == 0:
             self._forgettable += [pid for pid in self.tracker.pids() if not os.path.exists(f"/proc/{pid}")]
 

@@ -72,6 +72,26 @@ class RawSample:
     # Why the stack's Python frames stopped short (bpf/pythonmaps.py PYTHON_STATUSES); "" when they did not,
     # or the process is not a Python process the walker knows
     python: str = ""
+    # The id of a copy of the user stack (StackCopy) that replaces ``user`` (the leaf the kernel took) or
+    # continues it (a CFI walk that stopped with ``stop`` "copied"), to be walked once the process's unwind
+    # tables are known (frontend/session.py); 0: none
+    copy: int = 0
+
+
+@dataclass(frozen=True)
+class StackCopy:
+    """A sample's user registers and the first bytes of its stack (``stack``, from ``sp`` up), taken where the
+    CFI walker could not walk it (bpf/stackcopy.c), walked in user space (frontend/unwind/stackcopy.py)."""
+
+    ip: int
+    sp: int
+    bp: int
+    stack: bytes
+    return_address: bool = False  # ``ip`` is a return address (its row is looked up at ip - 1)
+    continues: bool = False  # the copy goes on from the sample's CFI stack, else it replaces its user stack
+    pid: int = 0
+    epoch: int = 0  # the process's mappings epoch when it was taken (bpf/profile.c)
+    exec_epoch: int = 0  # the process's epoch at its last exec (0: none seen)
 
 
 @dataclass(frozen=True)
@@ -162,7 +182,9 @@ class RecordMeta:
     # stack stopped (frontend/unwind/quality.py: no_cfi, expression, read_fault, depth_limit, fp_walk...)
     stack_quality: dict[str, int] = field(default_factory=dict)
     # Samples with a user stack, by how the kernel gave it: "build_id" (processes whose mappings were
-    # not read yet) or "raw" (IPs, turned into build-id frames from the process's mappings).
+    # not read yet), "raw" (IPs, turned into build-id frames from the process's mappings) or "cfi" (the
+    # CFI walker's); "copied" counts those of them whose stack was also copied, to be walked in user space
+    # (bpf/stackcopy.c).
     user_stacks: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     # Files that cost their own names, by kind (each also has a warning): "elf_refused", "elf_budget",

@@ -16,7 +16,8 @@ from optrace.frontend.symbols.demangle import demangle
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
 from optrace.frontend.symbols.fderanges import UNNAMED, FdeRanges, fde_ranges, with_unnamed_functions
 from optrace.frontend.symbols.srcline import LineRow, line_rows
-from optrace.frontend.symbols.symbol import MAX_FUNCTION_SYMBOLS, Symbol, SymbolTable, read_function_symbols
+from optrace.frontend.symbols.symbol import (MAX_FUNCTION_SYMBOLS, STB_GLOBAL, Symbol, SymbolTable,
+                                             read_function_symbols)
 
 MAX_LOAD_SEGMENTS = 64  # PT_LOADs kept per object (linkers write 2-5)
 
@@ -182,6 +183,7 @@ class Dso:
             elf = ElfFile(stream)
             segments = reconstruct_segments(elf) if self._debug_only else load_segments(elf)
             symbols = self._read_symbols(elf, identity)
+            symbols += entry_point(elf, symbols)
             return segments, SymbolTable(with_unnamed_functions(symbols, self._fde_ranges(elf, len(symbols))))
 
     @property
@@ -291,3 +293,14 @@ def reconstruct_segments(elf: ElfFile) -> list[LoadSegment]:
         previous_end = offset + seg.memsz
     return segments
 
+
+ENTRY_NAME = "_start"  # what the ELF entry point of every C runtime is called
+
+
+def entry_point(elf: ElfFile, symbols: Sequence[Symbol]) -> list[Symbol]:
+    """The ELF entry point as ``_start`` where no symbol covers it (a stripped program, or the dynamic
+    loader, where every process's first frames are before its program's ``_start`` is run): a stack that
+    reaches it is whole. Unsized: it ends where the next function starts."""
+    if not elf.entry or any(s.start <= elf.entry < s.start + max(s.size, 1) for s in symbols):
+        return []
+    return [Symbol(elf.entry, 0, ENTRY_NAME, STB_GLOBAL)]

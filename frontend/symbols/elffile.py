@@ -97,7 +97,7 @@ class ElfFile:
         raw = self.read_at(16, struct.calcsize(header_layout))
         if len(raw) < struct.calcsize(header_layout):
             raise ElfFormatError("truncated ELF header")
-        (self.type, self.machine, _version, _entry, self._phoff, self._shoff, _flags, _ehsize,
+        (self.type, self.machine, _version, self.entry, self._phoff, self._shoff, _flags, _ehsize,
          self._phentsize, self._phnum, self._shentsize, self._shnum, self._shstrndx) = struct.unpack(header_layout, raw)
         self._sections: list[SectionHeader] | None = None
         self._by_name: dict[str, SectionHeader] | None = None

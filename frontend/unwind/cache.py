@@ -124,17 +124,18 @@ class UnwindTableCache:
         """The file ``pid`` maps at ``entry`` (through /proc/PID/map_files: the very inode mapped).
         NO_FILE when the process or mapping is gone or the file is bad (counted). Its table may be
         RELEASED when ``need_rows`` says the rows are not needed."""
-        try:
-            fd = open_mapped_file(pid, entry, ELF_POLICY)
-        except Exception as err:  # noqa: BLE001 - the per-file boundary
-            self._problems.report(entry.file_path, err, CONSEQUENCE)
-            return NO_FILE
+        fd = self.open_mapping(pid, entry)
         if fd is None:
             return NO_FILE
         try:
             return self.file_of_open_file(fd, entry.file_path, need_rows)
         finally:
             os.close(fd)
+
+    def open_mapping(self, pid: int, entry: MapEntry) -> int | None:
+        """A descriptor of the file ``pid`` maps at ``entry`` (the caller closes it); None when the process or
+        mapping is gone or the file is refused (counted)."""
+        return self._problems.contained(entry.file_path, CONSEQUENCE, lambda: open_mapped_file(pid, entry, ELF_POLICY))
 
     def file_without_rows(self, pid: int, entry: MapEntry) -> UnwindFile:
         """The file ``pid`` maps at ``entry``, its build-id and load segments only (not converted, not kept):

@@ -8,8 +8,10 @@ frame pointers. Anonymous code has rows only for CPython's perf trampolines (tra
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.symbols.access import FileRef, open_ref
@@ -19,6 +21,24 @@ from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.unwind.cache import RELEASED, UnwindTableCache, rows_always_needed
 from optrace.frontend.unwind.trampolines import trampoline_rows
 from optrace.procfs import MapEntry, read_maps
+
+
+@dataclass
+class CapturedMaps:
+    """A process's executable mappings as read at one moment, each file mapping's file held open (``fds``,
+    None where it could not be opened): their tables can be built after the process is gone (a compiler's
+    assembler lives for milliseconds; its copied stacks are walked once the tables are built). Closed
+    by :meth:`ProcessUnwinding.mappings_of`, or :meth:`close`."""
+
+    pid: int
+    entries: list[MapEntry]
+    fds: list[int | None] = field(default_factory=list)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            if fd is not None:
+                os.close(fd)
+        self.fds = [None] * len(self.fds)
 
 
 class ProcessUnwinding:
@@ -37,22 +57,36 @@ class ProcessUnwinding:
         """The process's executable mappings now; None when it is gone or the session is ending. With
         ``loaded`` (whether the kernel holds a file's rows), a file whose rows were released (see
         :meth:`release`) comes without them when it is loaded, and is converted again when it is not."""
-        need_rows = rows_always_needed if loaded is None else (lambda identity: not loaded(identity))
+        captured = self.capture(pid)
+        return None if captured is None else self.mappings_of(captured, loaded)
+
+    def capture(self, pid: int) -> CapturedMaps | None:
+        """The process's executable mappings now, their files opened (a fraction of a millisecond: no table
+        is built); None when it is gone."""
         maps = read_maps(pid)
         if maps is None:
             return None
+        entries = [entry for entry in maps.entries if entry.executable and (entry.is_file or not entry.path)]
+        return CapturedMaps(pid, entries, [self.tables.open_mapping(pid, entry) if entry.is_file else None
+                                           for entry in entries])
+
+    def mappings_of(self, captured: CapturedMaps, loaded: Callable[[Hashable], bool] | None = None
+                    ) -> list[ProcessMapping] | None:
+        """:meth:`mappings` of a capture (closed here); None when the session is ending."""
+        need_rows = rows_always_needed if loaded is None else (lambda identity: not loaded(identity))
         found = []
-        for entry in maps.entries:
-            if self.tables.cancelled.is_set():
-                return None
-            if entry.is_file and entry.executable:
-                mapping = self._mapping(pid, entry, need_rows)
-            elif entry.executable and not entry.path:
-                mapping = self._anonymous(pid, entry)
-            else:
-                continue
-            if mapping is not None:
-                found.append(mapping)
+        try:
+            for entry, fd in zip(captured.entries, captured.fds):
+                if self.tables.cancelled.is_set():
+                    return None
+                if entry.is_file:
+                    mapping = self._mapping(entry, fd, need_rows) if fd is not None else None
+                else:
+                    mapping = self._anonymous(captured.pid, entry)
+                if mapping is not None:
+                    found.append(mapping)
+        finally:
+            captured.close()
         return found
 
     def frame_pointer_mappings(self, pid: int) -> list[ProcessMapping] | None:
@@ -91,9 +125,9 @@ class ProcessUnwinding:
         """Drop the user-space rows of these mappings' files (the kernel holds them); the bytes dropped."""
         return self.tables.release_rows(m.file_key for m in mappings if m.rows)
 
-    def _mapping(self, pid: int, entry: MapEntry, need_rows: Callable[[FileIdentity], bool]) -> ProcessMapping | None:
-        unwind = self.tables.file_of_mapping(pid, entry, need_rows)
-        if unwind.identity is None:  # the process or mapping is gone, or the file was refused (counted)
+    def _mapping(self, entry: MapEntry, fd: int, need_rows: Callable[[FileIdentity], bool]) -> ProcessMapping | None:
+        unwind = self.tables.file_of_open_file(fd, entry.file_path, need_rows)
+        if unwind.identity is None:  # the file was refused (counted)
             return None
         rows = None if unwind.table is RELEASED else unwind.table.rows
         return ProcessMapping(entry.start, entry.end, entry.offset, unwind.bias(entry), unwind.identity, rows,

@@ -3,8 +3,10 @@
 Tables are built off the drain loop (a JVM's libraries take seconds): one worker thread, at most one queued
 job per process. A process gets its table when it is first sampled with frame-pointer stacks, at exec for
 a recording's targets, again when its mappings changed since (exec, dlopen: a new epoch), and, with
-``unwind_busy``, before the sampler attaches for the processes that were using CPU. The session calls
-:meth:`UnwindScheduler.unwind_later` and the hooks of its drain and polls; the rest is here.
+``unwind_busy``, before the sampler attaches for the processes that were using CPU. A process whose stacks
+were copied (frontend/unwind/copywalks.py) has its mappings captured at once and its tables built from them
+on a worker of their own (frontend/unwind/captures.py): :meth:`UnwindScheduler.unwind_soon`. The session
+calls :meth:`UnwindScheduler.unwind_later` and the hooks of its drain and polls; the rest is here.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from concurrent.futures import wait as futures_wait
 from typing import Protocol
 
 from optrace.bpf.profiler import Profiler
+from optrace.bpf.unwindmaps import ProcessMapping
+from optrace.frontend.unwind.captures import Capture, MappingCaptures
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.heap import release_free_memory
 from optrace.model import RawSample
@@ -29,6 +33,8 @@ BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a s
 YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
 
 Contain = Callable[..., object]  # the session's ``_contain(kind, call, *args)``: a failure costs one process
+# A process's tables as loaded: (pid, epoch, exec epoch, mappings), for the walks of its stack copies
+TablesHook = Callable[[int, int, int, list[ProcessMapping]], None]
 
 
 class PythonLooks(Protocol):
@@ -67,14 +73,18 @@ class UnwindScheduler:
         self._unwind_worker: ThreadPoolExecutor | None = None
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
+        self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
+        self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
 
     def start(self) -> None:
         """The worker, whose first job is the walking program, verified while sampling starts (frame
-        pointers until it is in place)."""
+        pointers until it is in place), and the capture worker (its threads start with its first job)."""
         if self.unwinding is None:
             return
         self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
         self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
+        self._captures = MappingCaptures(self._capture, lambda pid, capture: self._contain(
+            "unwind_tables", self.unwind, pid, capture), self._contain)
 
     def cancel(self) -> None:
         """No more tables are built: the one being built stops (at the session's end)."""
@@ -83,10 +93,11 @@ class UnwindScheduler:
 
     def close(self) -> None:
         """Stop the worker (the table being built is cancelled: up to its 10 s CPU budget would hold the
-        exit) and release the tables' files."""
+        exit), the capture worker, and release the tables' files."""
         if self._unwind_worker is not None:
             self.unwinding.cancel()
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
+            self._captures.close()
             self.unwinding.tables.close()
 
     # -- the session's hooks ---------------------------------------------------------------------------
@@ -159,17 +170,33 @@ class UnwindScheduler:
         return {**self.profiler.unwind.sizes(), "unwind_processes": len(self._unwound),
                 "unwind_tables": len(tables), "unwind_tables_bytes": tables.held_bytes}
 
+    def touch(self, pids: Iterable[int]) -> None:
+        """These processes were sampled now: their files are in use (bpf/unwindmaps.py's generations)."""
+        if self.unwinding is not None:
+            self.profiler.unwind.touch(pids)
+
     # -- loading ---------------------------------------------------------------------------------------
-    def unwind(self, pid: int) -> None:
+    def unwind(self, pid: int, capture: Capture | None = None) -> None:
         """Give the BPF unwinder the process's executable mappings and their unwind tables (the epoch
-        first, as in the session's ``learn``: a mapping made meanwhile makes the sampler ignore this table)."""
+        first, as in the session's ``learn``: a mapping made meanwhile makes the sampler ignore this table),
+        read now or ``capture``d before; :attr:`on_tables` (the walks of its stack copies) gets them too."""
         if self.unwinding is None:
             return
-        epoch = self.profiler.epoch(pid)
         maps = self.profiler.unwind
         loaded = None if self.keep_rows else maps.is_loaded
         own = pid == os.getpid()  # walked by frame pointers (see unwind_later)
-        mappings = self.unwinding.frame_pointer_mappings(pid) if own else self.unwinding.mappings(pid, loaded)
+        exec_epoch: int | None = 0
+        if own:
+            epoch = self.profiler.epoch(pid)
+            mappings = self.unwinding.frame_pointer_mappings(pid)
+        elif capture is not None:
+            epoch, exec_epoch = capture.epoch, capture.exec_epoch
+            mappings = self.unwinding.mappings_of(capture.maps, loaded)
+        else:
+            epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
+            mappings = self.unwinding.mappings(pid, loaded)
+            if self.profiler.exec_epoch(pid) != exec_epoch:  # exec'd meanwhile: not the mappings of its copies
+                exec_epoch = None
         if not epoch or mappings is None:
             return
         generation = maps.generation
@@ -182,10 +209,15 @@ class UnwindScheduler:
             if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
                 mappings = self.unwinding.mappings(pid, loaded) or []
                 maps.load_process(pid, epoch, mappings)
+        if self.on_tables is not None and exec_epoch is not None:
+            self.on_tables(pid, epoch, exec_epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         if self.python is not None and not own:
-            self._contain("python", self._look_at_python, pid)
+            if capture is None:
+                self._contain("python", self._look_at_python, pid)
+            else:  # on the capture worker: the Python walker's state is the unwind worker's
+                self._python_later(pid)
         if not own and pid in self._unwound:
             self._reloaded.append(pid)
         self._unwound[pid] = epoch
@@ -209,10 +241,14 @@ class UnwindScheduler:
         if self.python is None:
             return
         for pid in self.python.to_retry(now):
-            try:
-                self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
-            except RuntimeError:  # shut down: the session is ending
-                return
+            self._python_later(pid)
+
+    def _python_later(self, pid: int) -> None:
+        """:meth:`_look_at_python` on the worker."""
+        try:
+            self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
+        except RuntimeError:  # shut down: the session is ending
+            pass
 
     def unwind_later(self, pid: int, program: str | None = None) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
@@ -241,11 +277,48 @@ class UnwindScheduler:
         finally:
             self._unwind_queued.discard(pid)
 
-    def wait_for(self, seconds: float) -> None:
+    def unwind_soon(self, pid: int) -> None:
+        """The tables of a process whose stacks were copied, from its mappings captured now (see
+        frontend/unwind/captures.py: a short-lived process is gone by the time the worker, busy converting
+        another's files, gets to it); without a capture, or for a process whose exec the session did not
+        see (running before it: not short-lived, likely), :meth:`unwind_later`."""
+        if self._captures is None or self.is_loaded(pid):
+            return
+        if not self.profiler.exec_epoch(pid) or not self._captures.capture(pid, self.profiler.epoch(pid)):
+            self.unwind_later(pid)
+
+    def _capture(self, pid: int) -> Capture | None:
+        """The process's mappings read now, their files held open, with the epochs read before (see the
+        session's ``learn``); None when it is gone or exec'd meanwhile (its copies then wait for the next look)."""
+        epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
+        maps = self.unwinding.capture(pid)
+        if maps is not None and (self.profiler.exec_epoch(pid) != exec_epoch or not maps.entries):  # or exiting
+            maps.close()
+            return None
+        return None if maps is None else Capture(epoch, exec_epoch, maps)
+
+    def is_loaded(self, pid: int) -> bool:
+        """Whether the kernel holds the process's table read at its current epoch (copies taken before it
+        was loaded may still come)."""
+        return self._unwound.get(pid) == self.profiler.epoch(pid) and self.profiler.unwind.has_process(pid)
+
+    def pending(self) -> set[int]:
+        """The processes whose tables are being read, or will be from their captured mappings."""
+        return self._unwind_queued | (self._captures.pending() if self._captures is not None else set())
+
+    def wait_for(self, seconds: float, captures: bool = False) -> None:
         """Wait up to ``seconds`` for the jobs queued so far (one worker thread: a job queued now runs after
-        them)."""
-        if self._unwind_worker is not None:
+        them), and with ``captures`` for the capture worker's (waited for themselves); what is not done by
+        then goes on after."""
+        if self._unwind_worker is None:
+            return
+        deadline = time.monotonic() + seconds
+        try:
             futures_wait([self._unwind_worker.submit(lambda: None)], timeout=seconds)
+        except RuntimeError:  # shut down: the session is ending
+            return
+        if captures and self._captures is not None:
+            self._captures.wait(deadline)
 
     def unwind_busy(self, cpu_before: Mapping[int, int], measured_from: float, learn: Callable[[int], None]) -> None:
         """Wait for the walker, then load the tables of the processes that used CPU since ``cpu_before``

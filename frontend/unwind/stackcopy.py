@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, RBP_AT_CFA, RBP_SAME,
                                          Rule)
+from optrace.model import StackCopy
 
 MAX_FRAMES = 256  # as the BPF walker (UNWIND_MAX_FRAMES)
 _U64 = struct.Struct("<Q")
@@ -34,26 +35,19 @@ RuleAt = Callable[[int], "Rule | None"]
 
 
 @dataclass(frozen=True)
-class StackCopy:
-    ip: int
-    sp: int
-    bp: int
-    stack: bytes  # the copy, from sp up
-
-
-@dataclass(frozen=True)
 class CopyWalk:
     pcs: tuple[int, ...]  # leaf first
     status: str
 
 
 def unwind_copy(copy: StackCopy, rule_at: RuleAt, max_frames: int = MAX_FRAMES) -> CopyWalk:
-    """The PCs of the copied stack's frames and why the walk stopped."""
+    """The PCs of the copied stack's frames and why the walk stopped (at most ``max_frames`` of them)."""
     pcs: list[int] = []
     ip, sp, bp = copy.ip, copy.sp, copy.bp
+    first = 0 if copy.return_address else 1  # the frames whose PC is where the thread was, not a return address
     for _ in range(max_frames):
         pcs.append(ip)
-        rule = rule_at(ip - 1 if len(pcs) > 1 else ip)
+        rule = rule_at(ip - 1 if len(pcs) > first else ip)
         step = _caller(rule, ip, sp, bp, copy)
         if isinstance(step, str):
             return CopyWalk(tuple(pcs), step)

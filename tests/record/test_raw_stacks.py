@@ -32,7 +32,9 @@ def sampled_chains(session: ProfilingSession, pid: int, learn: bool) -> Counter:
 
 
 def session(hz: int, raw_stacks: bool = True) -> ProfilingSession:
-    return ProfilingSession(SessionOptions(dataclasses.replace(TOP, raw_stacks=raw_stacks), hz, pids=[]))
+    """Frame-pointer stacks: with CFI, the first stack copies of the process have its table loaded at once."""
+    return ProfilingSession(SessionOptions(dataclasses.replace(TOP, raw_stacks=raw_stacks), hz, pids=[],
+                                           call_graph="fp"))
 
 
 def test_translated_raw_stacks_equal_the_kernels_build_id_stacks(workloads):

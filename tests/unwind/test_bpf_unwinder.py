@@ -71,14 +71,15 @@ def test_frame_pointers_alone_fail_on_it(tmp_path, workloads):
 def test_deep_stacks_reach_the_depth_limit(tmp_path, workloads):
     """unwind-deep recurses 200 levels without frame pointers: the tail-called walker takes 132 native frames
     (33 programs of 4: the kernel's tail-call limit, under the 256 frames a stack holds) and the record counts
-    those stacks as stopped by the depth limit."""
+    those stacks as stopped by the depth limit. (Samples taken before the process's table was loaded have
+    their stack copied and walked in user space, bpf/stackcopy.c: all 200 levels.)"""
     data = record(tmp_path, "-F", "499", "--", str(workloads / "unwind-deep"), "200", "2")
     quality = report(data)["meta"]["stack_quality"]
     assert quality.get("depth_limit", 0) >= 0.9 * sum(quality.values()), quality
     folded = run_optrace("report", "-i", str(data), "--format", "folded", "--comm", "unwind-deep", check=True).stdout
     user_depths = [len([f for f in line.rpartition(" ")[0].split(";")[1:] if not f.endswith("_[k]")])
                    for line in folded.splitlines()]
-    assert max(user_depths) == 132
+    assert max(depth for depth in user_depths if depth < 200) == 132
 
 
 def test_python_walker_verifies_in_few_instructions():
@@ -111,7 +112,7 @@ def test_walker_verifies_in_few_instructions():
     profiler = Profiler(99, pids=None, cfi_unwind=True)
     profiler.load()
     try:
-        for program, limit in ((b"unwind_step", 30_000), (b"on_sample", 60_000)):
+        for program, limit in ((b"unwind_step", 30_000), (b"on_sample", 70_000)):  # 61k with its stack copy
             name, count = verified_instructions(profiler._bpf.load_func(program, ProgType.PERF_EVENT).fd)
             assert name == program.decode()
             assert 0 < count <= limit, f"{name}: {count} instructions verified"

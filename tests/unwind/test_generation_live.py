@@ -50,6 +50,7 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
         wait_until(lambda: first.pid in session.unwinder._unwound, session, "the first table")
         assert drain_for(session, 1.5)[first.pid]["outermost"] > 0
 
+        session.copies.close()  # the copy watcher stops: else the second's first copies have its table loaded at once
         second = subprocess.Popen([str(tmp_path / "unwind-tree"), "60"])
         session.add_pid(second.pid)
         time.sleep(0.5)  # its libraries mapped; no drain meanwhile, so the worker loads nothing

@@ -118,7 +118,7 @@ def maps(clock) -> tuple[UnwindMaps, Maps]:
 def session(maps) -> ProfilingSession:
     unwind, _ = maps
     session = ProfilingSession(SessionOptions(TOP))
-    session.profiler = SimpleNamespace(unwind=unwind, python=None, epoch=lambda pid: 7)
+    session.profiler = SimpleNamespace(unwind=unwind, python=None, epoch=lambda pid: 7, exec_epoch=lambda pid: 0)
     session.unwinder = UnwindScheduler(session.profiler, SimpleNamespace(mappings=mappings_of), None, session._contain)
     session.unwinder._unwind_worker = Inline()
     return session
@@ -237,7 +237,7 @@ def test_serve_keeps_no_rows_the_kernel_holds_and_converts_again_after_a_new_gen
     bpf = Maps(capacity)
     unwind = UnwindMaps(bpf, capacity)
     session = ProfilingSession(SessionOptions(TOP))
-    session.profiler = SimpleNamespace(unwind=unwind, python=None, epoch=lambda pid: 7)
+    session.profiler = SimpleNamespace(unwind=unwind, python=None, epoch=lambda pid: 7, exec_epoch=lambda pid: 0)
     session.unwinder = UnwindScheduler(session.profiler, ProcessUnwinding(UnwindTableCache()), None, session._contain,
                                        keep_rows=False)
     tables = session.unwinder.unwinding.tables

@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 
 from optrace.frontend.unwind.row import CFA_OUTERMOST, CFA_RBP, CFA_RSP, END, RBP_AT_CFA, RBP_SAME, Rule
-from optrace.frontend.unwind.stackcopy import (CHAIN_END, COPY_END, MAX_FRAMES, OUTERMOST, StackCopy,
-                                               unwind_copy)
+from optrace.frontend.unwind.stackcopy import CHAIN_END, COPY_END, MAX_FRAMES, OUTERMOST, unwind_copy
+from optrace.model import StackCopy
 
 SP = 0x7ffd_0000_1000
 

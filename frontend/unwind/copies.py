@@ -1,0 +1,281 @@
+"""Samples whose user stack was copied (bpf/stackcopy.c) turned into frames once their process's tables are
+known: the copies a drain's samples name are walked (stackcopy.py) with the mappings and rows the BPF
+walker would have had, and the samples come back with the frames it would have given.
+
+A process's tables (:meth:`StackCopies.add_tables`, from the unwind scheduler's workers) are the mapping list
+it loads into the kernel, with the epoch it was read at: a copy of epoch E is walked with the first tables
+read at an epoch >= E since the process's last exec (mappings are added as a process runs; an exec
+replaces them all). A sample whose copy has no such tables yet waits, the process named in
+:meth:`StackCopies.wanted` so that its tables are loaded.
+
+Bounds: copies wait at most WAIT_DRAINS drains for their tables, PENDING_DRAINS while they are being read
+(or MAX_COPY_BYTES of them altogether, the oldest go first); a copy no sample names goes after
+UNNAMED_DRAINS drains (an open off-CPU wait names its copy until it ends: :meth:`StackCopies.keep`);
+tables are kept for at most MAX_TABLE_PIDS processes, each process's last MAX_TABLES_PER_PID, and dropped
+one drain after the process exits. A sample that gives up waiting keeps what the kernel took (its leaf,
+or the CFI walk up to where the copy would have gone on), its stop "no_table".
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from bisect import bisect_right
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Container, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from optrace.bpf.unwindmaps import ProcessMapping
+from optrace.frontend.unwind.row import Rule
+from optrace.frontend.unwind.stackcopy import MAX_FRAMES, unwind_copy
+from optrace.frontend.unwind.table import ROW, UnwindTable
+from optrace.model import RawSample, StackCopy, UserFrame
+
+WAIT_DRAINS = 4  # drains a sample waits for its process's tables
+PENDING_DRAINS = 16  # and while they are being read
+UNNAMED_DRAINS = 2  # drains a copy no sample named is kept
+MAX_COPY_BYTES = 64 << 20  # of copies held
+MAX_TABLE_PIDS = 4096
+MAX_TABLES_PER_PID = 4
+MAX_RULES = 1 << 16  # PCs whose rule a process's tables keep
+MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows are the unwind cache's own bytes)
+NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
+
+
+@dataclass(frozen=True)
+class ProcessTables:
+    """One read of a process's executable mappings (sorted by start) and the epochs it was read at.
+    ``rules``: each PC's mapping and rule, once looked up (copies of one process share most return
+    addresses), at most MAX_RULES of them."""
+
+    epoch: int
+    exec_epoch: int
+    mappings: tuple[ProcessMapping, ...]
+    starts: tuple[int, ...] = field(default=(), compare=False)
+    rules: dict[int, tuple[ProcessMapping | None, Rule | None]] = field(default_factory=dict, compare=False)
+
+    def mapping_at(self, pc: int) -> ProcessMapping | None:
+        index = bisect_right(self.starts, pc) - 1
+        if index < 0:
+            return None
+        found = self.mappings[index]
+        return found if pc < found.end else None
+
+
+def frame_in(mapping: ProcessMapping | None, pc: int) -> UserFrame:
+    """The frame of ``pc`` as the BPF walker names it: by build-id and file offset in a file with one."""
+    if mapping is None or mapping.build_id is None:
+        return UserFrame(None, pc)
+    return UserFrame(mapping.build_id, pc - mapping.start + mapping.file_offset)
+
+
+def process_tables(epoch: int, exec_epoch: int, mappings: Iterable[ProcessMapping]) -> ProcessTables:
+    ordered = tuple(sorted(mappings, key=lambda m: m.start))
+    return ProcessTables(epoch, exec_epoch, ordered, tuple(m.start for m in ordered))
+
+
+class _CopyStore:
+    """Copies by id, with the drain each came in, under MAX_COPY_BYTES (the oldest go first). Thread-safe:
+    the copy watcher (copywalks.py) adds while the drain walks."""
+
+    def __init__(self, stats: Counter[str]) -> None:
+        self._lock = threading.Lock()
+        self._copies: dict[int, tuple[StackCopy, int]] = {}
+        self._bytes = 0
+        self._stats = stats
+
+    def put(self, copies: dict[int, StackCopy], drain: int) -> None:
+        with self._lock:
+            for copy_id, copy in copies.items():
+                self._drop(copy_id)
+                self._copies[copy_id] = (copy, drain)
+                self._bytes += len(copy.stack)
+            while self._bytes > MAX_COPY_BYTES and self._copies:
+                self._drop(next(iter(self._copies)))
+                self._stats["dropped_bytes"] += 1
+
+    def get(self, copy_id: int) -> StackCopy | None:
+        with self._lock:
+            found = self._copies.get(copy_id)
+        return found[0] if found is not None else None
+
+    def take(self, copy_id: int) -> StackCopy | None:
+        with self._lock:
+            found = self._drop(copy_id)
+        return found[0] if found is not None else None
+
+    def drop_unnamed(self, named: set[int], drain: int) -> None:
+        """Copies no sample or open wait names that came UNNAMED_DRAINS drains ago or earlier."""
+        with self._lock:
+            old = [i for i, (_, since) in self._copies.items() if i not in named and drain - since >= UNNAMED_DRAINS]
+            for copy_id in old:
+                self._drop(copy_id)
+        self._stats["dropped_unnamed"] += len(old)
+
+    def _drop(self, copy_id: int) -> tuple[StackCopy, int] | None:
+        found = self._copies.pop(copy_id, None)
+        if found is not None:
+            self._bytes -= len(found[0].stack)
+        return found
+
+
+@dataclass
+class _Waiting:
+    sample: RawSample
+    since: int  # the drain it came in
+    off_cpu: bool
+
+
+class StackCopies:
+    """The copies and process tables of one session. ``rows_of(file_key)``: a file's rows where a mapping
+    came without them (the kernel holds them: bpf/unwindmaps.py), None when it has none either."""
+
+    def __init__(self, rows_of: Callable[[Hashable], bytes | None] = lambda _key: None) -> None:
+        self._rows_of = rows_of
+        self._lock = threading.Lock()  # add_tables runs on the unwind worker
+        self._tables: OrderedDict[int, list[ProcessTables]] = OrderedDict()
+        self.stats: Counter[str] = Counter()
+        self._copies = _CopyStore(self.stats)
+        self._kept: set[int] = set()  # ids open waits name
+        self._waiting: list[_Waiting] = []
+        self._files: OrderedDict[Hashable, UnwindTable] = OrderedDict()
+        self._exited: dict[int, int] = {}  # pid -> the drain its exit was seen at
+        self._drain = 0
+        self._files_used: set[Hashable] = set()  # files the walks went through since the last take
+
+    # -- what comes in ------------------------------------------------------------------------------------
+    def add_tables(self, pid: int, epoch: int, exec_epoch: int, mappings: Iterable[ProcessMapping]) -> None:
+        tables = process_tables(epoch, exec_epoch, mappings)
+        with self._lock:
+            kept = [t for t in self._tables.pop(pid, []) if t.exec_epoch == exec_epoch]
+            self._tables[pid] = sorted(kept + [tables], key=lambda t: t.epoch)[-MAX_TABLES_PER_PID:]
+            while len(self._tables) > MAX_TABLE_PIDS:
+                self._tables.popitem(last=False)
+
+    def add_copies(self, copies: dict[int, StackCopy]) -> set[int]:
+        """Copies read from the ring (from any thread); returns the processes among them whose tables are
+        wanted: those without tables here, and those the kernel holds no table for (a copy that does not go
+        on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile)."""
+        self._copies.put(copies, self._drain)
+        return {copy.pid for copy in copies.values() if not copy.continues or self._tables_for(copy) is None}
+
+    def keep(self, ids: set[int]) -> None:
+        """The copies open off-CPU waits name: kept until a sample names them."""
+        self._kept = ids
+
+    # -- samples ------------------------------------------------------------------------------------------
+    def resolve(self, samples: Sequence[RawSample], off_cpu: bool = False) -> list[RawSample]:
+        """``samples`` with their copies walked, but those whose process's tables are not known yet: they
+        wait (:meth:`end_drain` hands them back)."""
+        out = []
+        for sample in samples:
+            if not sample.copy:
+                out.append(sample)
+                continue
+            walked = self._walked(sample)
+            if walked is None:
+                self._waiting.append(_Waiting(sample, self._drain, off_cpu))
+            else:
+                out.append(walked)
+        return out
+
+    def take_files_used(self) -> set[Hashable]:
+        """The files (ProcessMapping.file_key) the walks since the last call went through: a file whose
+        rows the kernel does not load until they are used needs them (bpf/unwindmaps.py's LAZY_ROWS)."""
+        used, self._files_used = self._files_used, set()
+        return used
+
+    def wanted(self) -> set[int]:
+        """The processes whose waiting samples need tables."""
+        return {w.sample.pid for w in self._waiting}
+
+    def end_drain(self, exited: Iterable[int], final: bool = False, pending: Container[int] = frozenset()
+                  ) -> tuple[list[RawSample], list[RawSample]]:
+        """Samples that waited and can be walked now or gave up (CPU samples, off-CPU samples); ``exited``:
+        processes whose exit this drain saw; ``pending``: processes whose tables are being read (their
+        mappings captured before they exited, maybe): their samples wait up to PENDING_DRAINS.
+        With ``final``, every waiting sample comes back."""
+        for pid in exited:
+            self._exited.setdefault(pid, self._drain)
+        cpu: list[RawSample] = []
+        off: list[RawSample] = []
+        still = []
+        for waiting in self._waiting:
+            walked = self._walked(waiting.sample)
+            pid = waiting.sample.pid
+            waited = self._drain - waiting.since
+            if walked is None and (final or waited >= (PENDING_DRAINS if pid in pending else WAIT_DRAINS)
+                                   or self._exited.get(pid, self._drain) < self._drain and pid not in pending):
+                walked = self._given_up(waiting.sample)
+            if walked is None:
+                still.append(waiting)
+            else:
+                (off if waiting.off_cpu else cpu).append(walked)
+        self._waiting = still
+        self._forget_old()
+        self._drain += 1
+        return cpu, off
+
+    def _forget_old(self) -> None:
+        self._copies.drop_unnamed({w.sample.copy for w in self._waiting} | self._kept, self._drain)
+        waiting = {w.sample.pid for w in self._waiting}
+        gone = [pid for pid, at in self._exited.items() if at < self._drain and pid not in waiting]
+        with self._lock:
+            for pid in gone:
+                self._tables.pop(pid, None)
+        for pid in gone:
+            del self._exited[pid]
+
+    # -- walking ------------------------------------------------------------------------------------------
+    def _walked(self, sample: RawSample) -> RawSample | None:
+        copy = self._copies.get(sample.copy)
+        if copy is None:  # dropped (MAX_COPY_BYTES): the kernel's part stays
+            return self._given_up(sample)
+        tables = self._tables_for(copy)
+        if tables is None:
+            return None
+        self._copies.take(sample.copy)
+        prefix = sample.user if copy.continues else ()
+        rules = tables.rules
+        walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
+        self.stats["walked"] += 1
+        self.stats["walk_" + walk.status] += 1
+        mappings = [tables.mapping_at(pc) for pc in walk.pcs]
+        self._files_used.update(m.file_key for m in mappings if m is not None)
+        frames = prefix + tuple(map(frame_in, mappings, walk.pcs))
+        return dataclasses.replace(sample, user=frames, stop=walk.status, epoch=0, copy=0)
+
+    def _given_up(self, sample: RawSample) -> RawSample:
+        self.stats["gave_up"] += 1
+        with self._lock:
+            known = self._tables.get(sample.pid)
+        self.stats["gave_up_" + ("tables_of_other_epochs" if known else "no_tables")] += 1
+        self._copies.take(sample.copy)
+        return dataclasses.replace(sample, stop=NO_TABLE, copy=0)
+
+    def _tables_for(self, copy: StackCopy) -> ProcessTables | None:
+        with self._lock:
+            for tables in self._tables.get(copy.pid, ()):
+                if tables.exec_epoch == copy.exec_epoch and tables.epoch >= copy.epoch:
+                    return tables
+        return None
+
+    def _rule_at(self, tables: ProcessTables, pc: int) -> tuple[ProcessMapping | None, Rule | None]:
+        mapping = tables.mapping_at(pc)
+        table = self._table(mapping) if mapping is not None else None
+        found = mapping, table.find(pc - mapping.bias) if table is not None else None
+        if len(tables.rules) < MAX_RULES:
+            tables.rules[pc] = found
+        return found
+
+    def _table(self, mapping: ProcessMapping) -> UnwindTable | None:
+        table = self._files.get(mapping.file_key)
+        if table is not None:
+            self._files.move_to_end(mapping.file_key)
+            return table
+        rows = mapping.rows if mapping.rows is not None else self._rows_of(mapping.file_key)
+        if not rows:
+            return None
+        table = self._files[mapping.file_key] = UnwindTable(rows, len(rows) // ROW.size, "", 0)
+        while len(self._files) > MAX_FILE_TABLES:
+            self._files.popitem(last=False)
+        return table

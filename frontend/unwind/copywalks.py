@@ -1,0 +1,94 @@
+"""A session's stack copies (bpf/stackcopy.c): read as they come, walked at each drain once their process's
+tables are there (frontend/unwind/copies.py), those tables asked of the unwind scheduler meanwhile.
+
+The sampler copies a sample's user stack when its process has no loaded table: :class:`CopyWatcher` reads
+the copies as they come, so a process's first copy has its mappings captured at once (the drain loop may
+be busy for a fraction of a second, and a compiler's assembler lives for milliseconds). Each drain walks
+the copies its samples name; samples whose tables are still being read wait (copies.py's bounds), and the
+last drain waits up to FINAL_TABLES_S for them.
+"""
+from __future__ import annotations
+
+import select
+import threading
+from collections.abc import Callable
+
+from optrace.bpf.profiler import DrainResult, Profiler
+from optrace.frontend.unwind.copies import StackCopies
+from optrace.frontend.unwind.scheduler import UnwindScheduler
+from optrace.model import RawSample
+
+WATCH_POLL_MS = 200  # the copy watcher's longest sleep (it looks whether the session ends)
+WATCH_PAUSE_S = 0.01
+FINAL_TABLES_S = 10.0  # how long the last drain waits for the tables of processes whose copies wait
+
+
+class CopyWalks:
+    """The session's part in stack copies: the copies read (on the watcher's thread and at each drain), the
+    drain's samples walked with them, the tables of the processes they are of loaded by ``unwinder``
+    (told of each table loaded through its ``on_tables``). :meth:`close` stops the watcher."""
+
+    def __init__(self, profiler: Profiler, unwinder: UnwindScheduler, contain: Callable[..., object]) -> None:
+        self.profiler = profiler
+        self.unwinder = unwinder
+        self.copies = StackCopies(profiler.unwind.rows)
+        unwinder.on_tables = self.copies.add_tables
+        self._read_lock = threading.Lock()
+        self._watcher = CopyWatcher(profiler.copies.fd, lambda: contain("stack_copies", self._read))
+
+    def _read(self) -> None:
+        """The stack copies in the sampler's ring (the copy watcher's thread, and each drain after its flip):
+        the processes they are of get their tables now, their mappings captured while they live."""
+        with self._read_lock:  # a drain resolves no copy another thread has read but not added yet
+            wanted = self.copies.add_copies(self.profiler.read_copies())
+        for pid in wanted:
+            self.unwinder.unwind_soon(pid)
+
+    def walk(self, samples: list[RawSample], off_cpu: list[RawSample], result: DrainResult, final: bool
+             ) -> tuple[list[RawSample], list[RawSample]]:
+        """The drain's CPU and off-CPU samples with their stack copies walked, and those that waited for
+        their process's tables since earlier drains (``final``: every one of them, after up to
+        FINAL_TABLES_S for the tables being read); the processes whose tables are still wanted get them."""
+        self._read()
+        self.copies.keep(result.open_copies)
+        samples = self.copies.resolve(samples)
+        off_cpu = self.copies.resolve(off_cpu, off_cpu=True)
+        if final and self.copies.wanted() & self.unwinder.pending():
+            self.unwinder.wait_for(FINAL_TABLES_S, captures=True)
+        late, late_off_cpu = self.copies.end_drain(result.exits, final, self.unwinder.pending())
+        # processes waiting for tables, and those mapping a large file whose rows a walk showed are used
+        for pid in self.copies.wanted() | self.profiler.unwind.want(self.copies.take_files_used()):
+            self.unwinder.unwind_later(pid)
+        return samples + late, off_cpu + late_off_cpu
+
+    def waiting(self) -> set[int]:
+        """The processes whose samples wait for their tables (a later drain gives them)."""
+        return self.copies.wanted()
+
+    def close(self) -> None:
+        self._watcher.stop()
+
+
+class CopyWatcher:
+    """A thread that reads the sampler's stack copies as they come: the first copy of a process (or of a
+    new epoch of its mappings) wakes it. After a read it pauses WATCH_PAUSE_S: copies that do not wake
+    anyone keep the ring readable, read at most that often."""
+
+    def __init__(self, fd: int, read: Callable[[], None]) -> None:
+        self._fd = fd
+        self._read = read
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="optrace-copies", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while not self._stop.is_set():
+            if poller.poll(WATCH_POLL_MS) and not self._stop.is_set():
+                self._read()
+                self._stop.wait(WATCH_PAUSE_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()

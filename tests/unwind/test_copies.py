@@ -1,0 +1,81 @@
+"""frontend/unwind/copies.py: a sample whose stack was copied waits for its process's tables, is walked
+with the first tables read at its epoch or later since the same exec, and gives up (keeping what the
+kernel took) only when they cannot come: after WAIT_DRAINS drains, at the last drain, or once its process
+exited with no table being read for it."""
+from __future__ import annotations
+
+import struct
+
+from optrace.bpf.unwindmaps import ProcessMapping
+from optrace.frontend.unwind.copies import NO_TABLE, WAIT_DRAINS, StackCopies
+from optrace.frontend.unwind.row import CFA_OUTERMOST, CFA_RSP, RBP_SAME, ROW
+from optrace.model import RawSample, StackCopy, UserFrame
+
+PID = 4242
+BASE = 0x5555_0000_0000
+SP = 0x7ffd_0000_1000
+BUILD_ID = b"\x11" * 20
+# the file's code: 0x1000-0x2000 leaf functions (CFA = rsp + 8), from 0x2000 its outermost frame
+ROWS = ROW.pack(0x1000, 8, 0, CFA_RSP, RBP_SAME) + ROW.pack(0x2000, 0, 0, CFA_OUTERMOST, RBP_SAME)
+MAPPING = ProcessMapping(BASE + 0x1000, BASE + 0x3000, 0x1000, BASE, "file", ROWS, BUILD_ID)
+
+
+def copied_sample(copy_id: int) -> tuple[RawSample, StackCopy]:
+    """A sample in a leaf at 0x1100 whose caller is the outermost frame at 0x2010, its epoch 5."""
+    copy = StackCopy(BASE + 0x1100, SP, 0, struct.pack("<Q", BASE + 0x2010), pid=PID, epoch=5, exec_epoch=3)
+    leaf = (UserFrame(None, BASE + 0x1100),)  # what the kernel took
+    return RawSample(PID, "fresh", leaf, (), 1, 0.0, copy=copy_id), copy
+
+
+def walked_frames() -> tuple[UserFrame, ...]:
+    return UserFrame(BUILD_ID, 0x1100), UserFrame(BUILD_ID, 0x2010)
+
+
+def test_a_sample_waits_for_its_tables_and_is_walked_with_them():
+    copies = StackCopies()
+    sample, copy = copied_sample(1)
+    assert copies.add_copies({1: copy}) == {PID}
+    assert copies.resolve([sample]) == []
+    assert copies.wanted() == {PID}
+    copies.add_tables(PID, 4, 3, [MAPPING])  # read before the copy's epoch: not its mappings
+    copies.add_tables(PID, 6, 2, [MAPPING])  # read before the process's last exec
+    assert copies.end_drain(()) == ([], [])
+    copies.add_tables(PID, 6, 3, [MAPPING])
+    cpu, off_cpu = copies.end_drain(())
+    assert off_cpu == [] and len(cpu) == 1
+    assert cpu[0].user == walked_frames() and cpu[0].stop == "outermost" and cpu[0].copy == 0
+    assert copies.wanted() == set()
+
+
+def test_tables_read_already_walk_a_sample_at_once():
+    copies = StackCopies()
+    copies.add_tables(PID, 5, 3, [MAPPING])
+    sample, copy = copied_sample(7)
+    assert copies.add_copies({7: copy}) == {PID}  # the kernel holds no table: it copied the stack
+    assert [s.user for s in copies.resolve([sample])] == [walked_frames()]
+
+
+def test_an_exited_process_waits_while_its_tables_are_read():
+    copies = StackCopies()
+    sample, copy = copied_sample(1)
+    copies.add_copies({1: copy})
+    copies.resolve([sample])
+    assert copies.end_drain([PID], pending={PID}) == ([], [])
+    assert copies.end_drain((), pending={PID}) == ([], [])  # its mappings were captured: they will come
+    copies.add_tables(PID, 5, 3, [MAPPING])
+    assert [s.user for s in copies.end_drain(())[0]] == [walked_frames()]
+
+
+def test_a_sample_gives_up_when_its_tables_cannot_come():
+    """Its process exited with nothing read for it; it waited WAIT_DRAINS drains; the recording ended."""
+    for ending in ("exit", "wait", "final"):
+        copies = StackCopies()
+        sample, copy = copied_sample(1)
+        copies.add_copies({1: copy})
+        copies.resolve([sample])
+        drains = {"exit": 1, "wait": WAIT_DRAINS, "final": 0}[ending]
+        for _ in range(drains):
+            assert copies.end_drain([PID] if ending == "exit" else (), pending={PID} if ending == "wait" else ()) \
+                == ([], []), ending
+        cpu, _ = copies.end_drain((), final=ending == "final")
+        assert [(s.user, s.stop, s.copy) for s in cpu] == [(sample.user, NO_TABLE, 0)], ending
