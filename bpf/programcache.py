@@ -30,7 +30,7 @@ from optrace import __version__
 from optrace.bpf.abi import POSSIBLE_CPUS
 from optrace.bpf.compiled import CompiledError, CompiledProgram, decode, encode
 from optrace.cachedir import CacheDirectory, default_directory
-from optrace.kernel import VMLINUX_BTF
+from optrace.kernel import VMLINUX_BTF, read_kernel_file
 
 KIND = "programs"
 MAGIC = b"optrace bpf program 1\n"
@@ -98,7 +98,7 @@ def kernel_identity() -> dict:
     release = os.uname().release
     identity = {"release": release, "version": _read_text("/proc/sys/kernel/version"),
                 "possible_cpus": _read_text(str(POSSIBLE_CPUS))}
-    notes = _read_bytes(KERNEL_NOTES, MAX_NOTES)
+    notes = read_kernel_file(KERNEL_NOTES, MAX_NOTES)
     try:
         btf_size = os.stat(VMLINUX_BTF).st_size
     except OSError:
@@ -107,23 +107,14 @@ def kernel_identity() -> dict:
     if notes:
         identity["notes_sha256"] = hashlib.sha256(notes).hexdigest()
     elif btf_size is not None:
-        identity["btf_sha256"] = hashlib.sha256(_read_bytes(Path(VMLINUX_BTF), 64 << 20) or b"").hexdigest()
+        identity["btf_sha256"] = hashlib.sha256(read_kernel_file(Path(VMLINUX_BTF), 64 << 20) or b"").hexdigest()
     identity["headers"] = [_file_identity(str(MODULES / release / part / "Makefile")) for part in ("build", "source")]
     return identity
 
 
 def _read_text(path: str) -> str | None:
-    data = _read_bytes(Path(path), 4096)
+    data = read_kernel_file(path, 4096)
     return None if data is None else data.decode(errors="replace").strip()
-
-
-def _read_bytes(path: Path, most: int) -> bytes | None:
-    """A kernel pseudo-file (root's, of a bounded size)."""
-    try:
-        with open(path, "rb") as source:
-            return source.read(most)
-    except OSError:
-        return None
 
 
 class ProgramCache:

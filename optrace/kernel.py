@@ -73,6 +73,16 @@ def bpf_helper_loads(helper: int) -> bool | None:
     return False if ctypes.get_errno() == errno.EINVAL else None
 
 
+def read_kernel_file(path: str | Path, most: int) -> bytes | None:
+    """At most ``most`` bytes of a file the kernel makes (/proc, /sys: not another user's, so read without
+    the file rule); None when it cannot be read."""
+    try:
+        with open(path, "rb") as source:
+            return source.read(most)
+    except OSError:
+        return None
+
+
 def _probe_read_call(helper: int) -> ctypes.Array:
     """``helper(fp - 8, 8, 0); return 0;`` as BPF instructions (code, dst | src << 4, offset, immediate)."""
     insns = [(0xBF, 1 | 10 << 4, 0), (0x07, 1, -8), (0xB7, 2, 8), (0xB7, 3, 0), (0x85, 0, helper), (0xB7, 0, 0),

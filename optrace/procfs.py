@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from optrace.kernel import read_kernel_file
+
 DELETED_SUFFIX = " (deleted)"
 MAX_CMDLINE_BYTES = 4096  # of /proc/PID/cmdline: a process's own arguments may be megabytes
 MAX_CGROUP_BYTES = 16384  # of /proc/PID/cgroup: one line per hierarchy, each a path
@@ -200,14 +202,6 @@ def comm(pid: int) -> str:
         return ""
 
 
-def _read_bounded(path: str, limit: int) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit)
-    except OSError:
-        return None
-
-
 def executable(pid: int) -> str | None:
     """The path of the process's executable as the kernel links it (without " (deleted)"), or None (a
     kernel thread, a process gone or not ours to look at)."""
@@ -221,7 +215,7 @@ def executable(pid: int) -> str | None:
 def command_line(pid: int) -> list[str] | None:
     """The process's arguments (the first MAX_CMDLINE_BYTES bytes), None when it has none (a kernel
     thread) or is gone. The process writes this memory itself: it may say anything."""
-    data = _read_bounded(f"/proc/{pid}/cmdline", MAX_CMDLINE_BYTES)
+    data = read_kernel_file(f"/proc/{pid}/cmdline", MAX_CMDLINE_BYTES)
     if not data:
         return None
     return data.rstrip(b"\0").decode("utf-8", "replace").split("\0")
@@ -229,7 +223,7 @@ def command_line(pid: int) -> list[str] | None:
 
 def container_id(pid: int) -> str | None:
     """The id of the container the process runs in, from its cgroup paths (cgroup v1 and v2), or None."""
-    data = _read_bounded(f"/proc/{pid}/cgroup", MAX_CGROUP_BYTES)
+    data = read_kernel_file(f"/proc/{pid}/cgroup", MAX_CGROUP_BYTES)
     return cgroup_container_id(data.decode("utf-8", "replace")) if data else None
 
 

@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+from serve.servekit import TickSource
 from optrace.frontend.serve import httpserver
 from optrace.frontend.serve.connlimits import Connection, ConnectionLimits
 from optrace.frontend.serve.cardinality import CUT_MARK, MAX_LABEL_CHARS, bound_label
@@ -224,18 +225,6 @@ def test_cache_sizes_are_gauges_on_the_page(expo):
 
 
 # -- the HTTP side ----------------------------------------------------------------------------------------
-class TickSource:
-    event = "cpu-clock"
-
-    def start(self) -> None:
-        pass
-
-    def collect(self, delta: Delta) -> None:
-        delta.cpu_samples[("demo", "/w/demo", "hot_a")] += 10
-
-    def close(self) -> None:
-        pass
-
 
 @pytest.fixture
 def daemon_url():

@@ -21,9 +21,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from serve.servekit import TickSource
 from optrace.frontend.serve.daemon import ServeDaemon
 from optrace.frontend.serve.options import ServeOptions
-from optrace.frontend.serve.httpserver import ListenAddress
 from optrace.frontend.serve import webconfig
 from optrace.frontend.serve.webconfig import (AUTH_CACHE_SIZE, MAX_PASSWORD_CHECKS, AuthBusy, BasicAuth, TlsFiles,
                                               WebConfig, load_web_config)
@@ -36,18 +36,6 @@ CPU = "optrace_cpu_seconds_total"
 def bcrypt_hash(password: str, cost: int = 4) -> str:
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(cost)).decode()
 
-
-class TickSource:
-    event = "cpu-clock"
-
-    def start(self) -> None:
-        pass
-
-    def collect(self, delta) -> None:
-        delta.cpu_samples[("demo", "/w/demo", "hot_a")] += 1
-
-    def close(self) -> None:
-        pass
 
 
 class Running:
