@@ -285,6 +285,7 @@ class Recorder:
         session = self.session
         lost = dict(self.lost)
         idle = lost.pop("idle", 0)
+        carried = lost.pop("carried", 0)
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
         from optrace.frontend.codecapture import capture_session  # not imported on the way to the first sample
@@ -309,6 +310,7 @@ class Recorder:
             lost=lost,
             idle_samples=idle if self.options.system_wide else 0,
             launcher_samples=self.launcher_samples,
+            carried_samples=carried,
             stacks=self.options.stacks,
             call_graph=self.options.call_graph if self.options.stacks else "fp",
             stack_quality=quality,

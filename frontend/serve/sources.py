@@ -63,6 +63,7 @@ class ProfileSource:
         drain = self.session.drain()
         lost = dict(drain.lost)
         delta.idle_samples += lost.pop("idle", 0)
+        delta.carried_samples += lost.pop("carried", 0)
         delta.lost.update(lost)
         delta.execs += drain.execs
         delta.exits += len(drain.exits)

@@ -68,7 +68,7 @@ class TopEngine:
         elapsed, self._last = max(now - self._last, 1e-3), now
         count = sum(sample.count for sample in samples)
         self.refreshes += 1
-        self.header.lost += sum(n for reason, n in drained.lost.items() if reason != "idle")
+        self.header.lost += sum(n for reason, n in drained.lost.items() if reason not in ("idle", "carried"))
         self.header.warnings += len(self.session.take_warnings())
         if view.paused:
             return
