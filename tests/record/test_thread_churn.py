@@ -20,6 +20,7 @@ import pytest
 from optrace.bpf.profiler import Profiler
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.model import Record
+from support import cpu_seconds
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
@@ -28,12 +29,6 @@ SYSTEM_PYTHON = "/usr/bin/python3.11"  # Debian's: no frame pointers, as service
 HZ = 99
 SECONDS = 6.0
 MIN_CPU_S = 0.5  # less CPU time than this in the window: the case proves nothing (the machine starved it)
-
-
-def cpu_seconds(pid: int) -> float:
-    """The process's CPU time so far, its ended threads' included (utime + stime of /proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_load(port: int, seconds: float) -> subprocess.Popen:
