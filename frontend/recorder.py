@@ -25,7 +25,7 @@ from optrace.frontend.session import (
     DEFAULT_JIT_MAX_FILE_SIZE, RECORD, OffCpuOptions, ProfilingSession, SessionOptions,
 )
 from optrace.frontend.stopsignals import StopSignals
-from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
+from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild, add_subprocesses, with_subprocesses
 from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
@@ -59,6 +59,7 @@ class RecordOptions:
     wall: bool = False  # off-CPU time and CPU samples, to be shown together as time
     call_graph: str = DEFAULT_CALL_GRAPH  # or "fp" (see SessionOptions.call_graph)
     python: bool = True  # Python frames (SessionOptions.python)
+    subprocesses: bool = False  # with pids: their descendants too (target.with_subprocesses)
 
 
 FOLD_BATCH_KEYS = 1 << 18  # folded keys kept as the drains gave them before they are summed (16 MiB of bytes)
@@ -133,7 +134,8 @@ class Recorder:
         self._loads_before = len(program_loads())  # this process's loads before the recording's
         opts = options
         self.session = ProfilingSession(SessionOptions(
-            RECORD, frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids),
+            RECORD, frequency_hz=opts.frequency_hz,
+            pids=None if opts.system_wide else with_subprocesses(list(opts.pids), opts.subprocesses),
             stacks=opts.stacks, stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
             jitdumps=opts.jitdumps, off_cpu=opts.off_cpu,
             call_graph=opts.call_graph if opts.stacks else "fp",  # leaves only: nothing to unwind for
@@ -189,6 +191,8 @@ class Recorder:
         return pid in self._targets
 
     def _start_targets(self) -> None:
+        if self.options.subprocesses:
+            add_subprocesses(self.session.target_pids, self.session.add_pid)
         if self.options.command:
             program = shutil.which(self.options.command[0])
             if program:

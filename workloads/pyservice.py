@@ -115,7 +115,7 @@ def main():
     parser.add_argument("--ms", type=float)
     parser.add_argument("--port-file")
     parser.add_argument("--load", nargs=2, type=float, metavar=("PORT", "SECONDS"))
-    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--connections", type=int, default=16)
     args = parser.parse_args()
     global MS
     if args.ms is not None:

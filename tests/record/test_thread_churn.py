@@ -27,8 +27,8 @@ pytestmark = pytest.mark.usefixtures("bpf_ready")
 SERVICE = Path(__file__).resolve().parents[2] / "workloads" / "pyservice.py"
 SYSTEM_PYTHON = "/usr/bin/python3.11"  # Debian's: no frame pointers, as services run it
 HZ = 99
-SECONDS = 6.0
-MIN_CPU_S = 0.5  # less CPU time than this in the window: the case proves nothing (the machine starved it)
+SECONDS = 8.0
+MIN_CPU_S = 0.4  # less CPU time than this in the window: the case proves nothing (the machine starved it)
 
 
 def start_load(port: int, seconds: float) -> subprocess.Popen:
@@ -66,9 +66,13 @@ def cpu_while_sampled(monkeypatch, pid: Callable[[], int]) -> dict[str, float]:
     return marks
 
 
-def in_stack(record: Record, function: str) -> int:
-    """Samples with ``function`` anywhere in their stack."""
-    return sum(s.count for s in record.samples if any(record.frames[f].symbol == function for f in s.frames))
+BURN = frozenset({"handle_burn", "clock_gettime", "__vdso_clock_gettime"})  # and its time.thread_time()
+
+
+def in_burn(record: Record) -> int:
+    """Samples in the handler's burn: its Python frame, or the clock it reads (a sample whose Python frames
+    the walker missed shows the native frames alone: issue 41's item 5)."""
+    return sum(s.count for s in record.samples if any(record.frames[f].symbol in BURN for f in s.frames))
 
 
 def check_follows_cpu_time(record: Record, marks: dict[str, float]) -> None:
@@ -79,7 +83,7 @@ def check_follows_cpu_time(record: Record, marks: dict[str, float]) -> None:
     assert taken >= 0.9 * expected, f"{taken} samples for {cpu:.2f} s of CPU at {HZ} Hz ({expected:.0f})"
     assert taken <= 1.1 * expected, f"{taken} samples for {cpu:.2f} s of CPU at {HZ} Hz ({expected:.0f})"
     assert record.meta.carried_samples <= 0.3 * taken, record.meta  # most are taken in the thread that ran
-    assert in_stack(record, "handle_burn") >= 0.6 * taken, "the handler is not where the CPU time went"
+    assert in_burn(record) >= 0.6 * taken, "the handler is not where the CPU time went"
 
 
 def record_service(monkeypatch, argv: list[str]) -> None:
@@ -138,3 +142,59 @@ def test_thread_per_request_server_as_the_command(monkeypatch, tmp_path):
             load.wait()
     assert loads, "the command never listened"
     check_follows_cpu_time(record, marks)
+
+
+@contextmanager
+def gunicorn(workers: int) -> Iterator[tuple[subprocess.Popen, int, list[int]]]:
+    """A gunicorn master with its sync workers forked and listening: (master, port, worker pids)."""
+    program = Path(sys.executable).with_name("gunicorn")
+    master = subprocess.Popen([str(program), "--chdir", str(SERVICE.parent), "-w", str(workers), "-b", "127.0.0.1:0",
+                               "--no-control-socket", "pyservice:application"], stderr=subprocess.PIPE, text=True)
+    try:
+        port, booted = 0, []
+        deadline = time.monotonic() + 60
+        while len(booted) < workers and time.monotonic() < deadline:
+            line = master.stderr.readline()
+            if "Listening at:" in line:
+                port = int(line.split("Listening at: ")[1].split()[0].rsplit(":", 1)[1])
+            elif "Booting worker with pid:" in line:
+                booted.append(int(line.rsplit(":", 1)[1]))
+        assert port and len(booted) == workers, "gunicorn did not start its workers"
+        threading.Thread(target=master.stderr.read, daemon=True).start()  # its log must not fill the pipe
+        yield master, port, booted
+    finally:
+        master.terminate()
+        master.wait()
+
+
+def test_pre_fork_master_with_subprocesses(monkeypatch):
+    """`record -p MASTER --subprocesses` of gunicorn (sync workers forked before the attach): >= 90 % of
+    the samples the workers' CPU time gives (0 before: -p followed only children forked after it)."""
+    pytest.importorskip("gunicorn")
+    with gunicorn(2) as (master, port, workers):
+        load = start_load(port, SECONDS + 30)
+        try:
+            time.sleep(0.5)
+            used: dict[str, float] = {}
+            attach, stop = Profiler.attach, Profiler.stop_sampling
+
+            def attach_and_mark(self: Profiler) -> None:
+                attach(self)
+                used["start"] = sum(cpu_seconds(pid) for pid in workers)
+
+            def mark_and_stop(self: Profiler) -> None:
+                used.setdefault("end", sum(cpu_seconds(pid) for pid in workers))
+                stop(self)
+
+            monkeypatch.setattr(Profiler, "attach", attach_and_mark)
+            monkeypatch.setattr(Profiler, "stop_sampling", mark_and_stop)
+            record = Recorder(RecordOptions(pids=[master.pid], subprocesses=True, frequency_hz=HZ,
+                                            duration_s=SECONDS)).run()
+        finally:
+            load.kill()
+            load.wait()
+    cpu = used["end"] - used["start"]
+    assert cpu >= MIN_CPU_S, f"the workers used {cpu:.2f} s of CPU in the window: too little to tell (machine load)"
+    in_workers = sum(s.count for s in record.samples if s.pid in workers)
+    assert in_workers >= 0.9 * cpu * HZ, f"{in_workers} samples for {cpu:.2f} s of the workers' CPU at {HZ} Hz"
+    assert in_burn(record) >= 0.6 * in_workers
