@@ -14,12 +14,17 @@ again WINDOW_S later, then the tool gets Ctrl-C: "per CPU-second" = samples / th
 CPU-second sampled (the samples between the attach and the first read make every tool's figure up to
 SETTLE_S / WINDOW_S high). Rounds interleaved, tools in a new random order each round.
 
+(b) What the finer ticks cost: the slowdown of a CPU-bound single-threaded job (workloads/build/bench-fixed, a
+fixed number of steps; its own CPU time) under `record -p` at 99 Hz, optrace (1 ms ticks) vs the --baseline
+optrace (a tick per period) vs perf vs nothing, interleaved.
+
 Run as root:
     .venv/bin/python bench/bench_services.py [--rounds N] [--baseline PATH]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -203,6 +208,45 @@ def measure(tool: Tool, service: Service, workdir: Path, run: int) -> dict:
     return {"samples": samples, "cpu_s": cpu, "per_cpu_s": samples / cpu if cpu else None, "tool_cpu_s": cost.cpu_s}
 
 
+FIXED = ROOT / "workloads" / "build" / "bench-fixed"
+FIXED_ITERATIONS = 2_500_000_000  # about 3 s of CPU here
+
+
+def fixed_job_cpu(tool: Tool | None, workdir: Path, run: int) -> float:
+    """bench-fixed's own CPU time for its work, with ``tool`` recording it by pid (attached before it starts)."""
+    target = subprocess.Popen([str(FIXED), str(FIXED_ITERATIONS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    launched = None
+    try:
+        target.stdout.readline()  # ready
+        if tool is not None:
+            service = Service(target, [target.pid], 0)
+            launched = Launched.start(tool.argv(service, workdir / f"fixed-{run}.out"), stderr=subprocess.DEVNULL)
+            launched.wait_attached(SETTLE_S, timeout_s=120)
+        target.stdin.write("go\n")
+        target.stdin.flush()
+        result = json.loads(target.stdout.readline())
+        return result["cpu_s"]
+    finally:
+        if launched is not None:
+            launched.interrupt()
+            launched.finish(timeout_s=120)
+        target.kill()
+        target.wait()
+        (workdir / f"fixed-{run}.out").unlink(missing_ok=True)
+
+
+def measure_cost(chosen: dict[str, Tool], rounds: int, workdir: Path) -> dict[str, list[float]]:
+    cost_tools = {key: chosen[key] for key in ("optrace", "baseline", "perf") if key in chosen}
+    runs: dict[str, list[float]] = {"none": [], **{key: [] for key in cost_tools}}
+    counter = 0
+    for round_ in range(rounds):
+        for key in random.sample(list(runs), len(runs)):
+            counter += 1
+            runs[key].append(fixed_job_cpu(cost_tools.get(key), workdir, counter))
+            log(f"cost round {round_ + 1}/{rounds} {key}: {runs[key][-1]:.3f} s")
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS)
@@ -218,6 +262,9 @@ def main() -> int:
     counter = 0
     with tempfile.TemporaryDirectory(prefix="optrace-bench-services-") as tmp:
         workdir = Path(tmp)
+        for executable in {str(OPTRACE), args.baseline or str(OPTRACE)}:  # programs stored: warm runs
+            subprocess.run([executable, "record", "-o", str(workdir / "warm.data"), "--", "true"], capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=600)
         for round_ in range(args.rounds):
             for shape, start in SHAPES.items():
                 service = start()
@@ -238,6 +285,7 @@ def main() -> int:
                     load.kill()
                     load.wait()
                     service.stop()
+        res["cost"] = measure_cost(chosen, args.rounds + 2, workdir)
     res["runs"] = runs
     res["summary"] = {shape: {key: summarize(results) for key, results in by_tool.items()}
                       for shape, by_tool in runs.items()}
@@ -267,6 +315,16 @@ def targets(summary: dict) -> list[dict]:
     return found
 
 
+def cost_rows(res: dict, chosen: dict[str, Tool]) -> list[list[str]]:
+    none = median(res["cost"]["none"])
+    rows = []
+    for key, values in res["cost"].items():
+        name = "nothing" if key == "none" else chosen[key].name
+        rows.append([name, f"{median(values):.3f}", f"{min(values):.3f}..{max(values):.3f}",
+                     "" if key == "none" else f"{100 * (median(values) / none - 1):+.1f} %"])
+    return rows
+
+
 def markdown(res: dict, chosen: dict[str, Tool]) -> str:
     rows = []
     for shape, by_tool in res["summary"].items():
@@ -284,6 +342,9 @@ def markdown(res: dict, chosen: dict[str, Tool]) -> str:
         md_table(["shape", "tool", f"samples per CPU-second (median; {HZ} = all)", "min..max", "of the CPU time",
                   "target CPU s in the window (median)", "tool CPU s (median)"], rows), "",
         md_table(["what", "target", "measured", "verdict"], verdicts), "",
+        f"(b) The cost of the ticks: a CPU-bound job's own CPU time (s) under `record -p` at {HZ} Hz, "
+        f"{len(res['cost']['none'])} interleaved rounds:", "",
+        md_table(["recorded by", "CPU s (median)", "min..max", "slowdown"], cost_rows(res, chosen)), "",
         METHOD.format(rounds=res["config"]["rounds"], window=WINDOW_S, settle=SETTLE_S, hz=HZ,
                       connections=CONNECTIONS), ""])
 

@@ -181,10 +181,10 @@ static inline u64 time_since_last_tick(u32 tid)
 
 static inline void thread_ended(u32 tid, u32 tgid)
 {
-    u64 ns = time_since_last_tick(tid);
     u64 period = sampling_setting(SAMPLE_NS);
-    if (!period)
+    if (!period)  // every tick a sample: no time is kept
         return;
+    u64 ns = time_since_last_tick(tid);
     struct process_time *time = process_time(tgid, period);
     if (!time)
         return;
