@@ -134,9 +134,10 @@ class Tool:
     perf_events: bool = True  # attached once its perf events settle (else SETTLE_S after its start)
 
 
-def optrace_tool(name: str, executable: str) -> Tool:
+def optrace_tool(name: str, executable: str, subprocesses: bool = True) -> Tool:
+    """``subprocesses``: with --subprocesses on a pre-fork master (an optrace before it had the flag: -p alone)."""
     def argv(service: Service, out: Path) -> list[str]:
-        extra = ["--subprocesses"] if len(service.pids) > 1 else []
+        extra = ["--subprocesses"] if subprocesses and len(service.pids) > 1 else []
         return [executable, "record", "-F", str(HZ), "-p", str(service.proc.pid), *extra, "-o", str(out)]
 
     def samples(out: Path, stderr: str) -> int:
@@ -177,7 +178,7 @@ def perf_samples(out: Path, stderr: str) -> int:
 def tools(baseline: str | None) -> dict[str, Tool]:
     found = {"optrace": optrace_tool("optrace record -p", str(OPTRACE))}
     if baseline:
-        found["baseline"] = optrace_tool(f"optrace before ({baseline})", baseline)
+        found["baseline"] = optrace_tool(f"optrace before ({baseline}; gunicorn: -p alone)", baseline, subprocesses=False)
     found["pyspy"] = Tool("py-spy 0.4.3 record --nonblocking", pyspy_argv, pyspy_samples, perf_events=False)
     found["perf"] = Tool("perf record -g -p", perf_argv(False), perf_samples)
     found["perf_all"] = Tool("perf record -g -p MASTER,WORKERS", perf_argv(True), perf_samples)
