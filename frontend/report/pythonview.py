@@ -73,14 +73,19 @@ def _fold(frames: Sequence[Frame], samples: list[Sample]) -> tuple[list[Sample],
         key = (sample.pid, sample.comm, sample.tid, stack)
         found = merged.get(key)
         if found is None:
-            merged[key] = sample if stack is sample.frames else dataclasses.replace(sample, frames=stack)
+            merged[key] = sample if stack is sample.frames else Sample(sample.pid, sample.comm, stack, sample.count,
+                                                                       sample.tid)
         else:
-            merged[key] = dataclasses.replace(found, count=found.count + sample.count)
+            merged[key] = Sample(found.pid, found.comm, stack, found.count + sample.count, found.tid)
     return (list(merged.values()) if folded else samples), folded
 
 
 def _folded(stack: tuple[int, ...], foldable: list[bool], python: list[bool]) -> tuple[int, ...]:
-    innermost = next((depth for depth, index in enumerate(stack) if python[index]), 0)
-    if not any(foldable[index] for index in stack[:innermost]):
-        return stack
-    return tuple(index for index in stack[:innermost] if not foldable[index]) + stack[innermost:]
+    """The stack without its foldable frames below its innermost Python frame (the same tuple when none)."""
+    for depth, index in enumerate(stack):
+        if python[index]:
+            below = stack[:depth]
+            if not any(map(foldable.__getitem__, below)):
+                return stack
+            return tuple(i for i in below if not foldable[i]) + stack[depth:]
+    return stack

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from serve.test_serve_bpf import CPU, start_serve, wait_for, wait_for_drains
-from support import REPO
+from support import REPO, first_in_line
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 PYTHON = Path("/usr/bin/python3.11")
@@ -21,7 +21,8 @@ WINDOW_DRAINS = 4
 def python_job():
     if not PYTHON.exists():
         pytest.skip("Debian's python3.11 is not installed")
-    job = subprocess.Popen([str(PYTHON), str(CALLEES), "300"], stdout=subprocess.DEVNULL)
+    job = subprocess.Popen([str(PYTHON), str(CALLEES), "300", "--wall"], stdout=subprocess.DEVNULL,
+                           preexec_fn=first_in_line)
     yield job
     job.kill()
     job.wait()

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from support import REPO, run_optrace
+from support import REPO, first_in_line, run_optrace
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 FLASK_APP = REPO / "tests" / "python" / "programs" / "flaskapp.py"
@@ -21,7 +21,8 @@ REFRESHES = 25
 
 @pytest.fixture
 def flask_server() -> Iterator[subprocess.Popen]:
-    server = subprocess.Popen([str(VENV_PYTHON), str(FLASK_APP), "180"], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen([str(VENV_PYTHON), str(FLASK_APP), "180"], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=first_in_line)  # and its clients: ahead of the machine's other work
     try:
         assert server.stdout.readline().strip().isdigit()  # serving, its client started
         yield server
