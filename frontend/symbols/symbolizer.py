@@ -52,6 +52,7 @@ class CacheLimits:
     missing: int = 4096  # build-ids found nowhere
     warnings: int = 4096  # warnings already given (one given again after eviction is harmless)
     indexed_files: int = MAX_INDEXED_FILES  # files (and build-ids) known to the machine index
+    interpreters: int = 1024  # CPython interpreter files (and their build-ids), told again by each new process
 
 
 class Symbolizer:
@@ -76,7 +77,7 @@ class Symbolizer:
         self._jit_lookup = jit_lookup
         self.python_lookup = python_lookup  # set once the session knows its Python processes
         self._names_elsewhere: dict[bytes, list[tuple[int, int, str]]] = {}  # see add_names
-        self._interpreters: set[bytes | tuple[str, int]] = set()  # see add_interpreter
+        self._interpreters: LruCache[bytes | tuple[str, int], None] = LruCache(limits.interpreters)  # add_interpreter
         # Dsos by build-id (bytes) or, for files without a known build-id, by (dev, inode)
         self._dsos: LruCache[bytes | tuple[str, int], Dso] = LruCache(limits.dsos, trim_on_put=False)
         self._missing: LruCache[bytes, int] = LruCache(limits.missing)  # build-id -> index generation when not found
@@ -100,9 +101,9 @@ class Symbolizer:
         """The object with this build-id, or the mapped file (device, inode), is a CPython interpreter: its
         frames are marked ``Frame.interpreter`` (frontend/python/processes.py tells, before the walker sees the
         process). A frame named before is marked when next named (the frame cache checks the mark)."""
-        self._interpreters.add(file_key)
+        self._interpreters.put(file_key, None)
         if build_id:
-            self._interpreters.add(build_id)
+            self._interpreters.put(build_id, None)
 
     def use_kernel_symbols(self, kallsyms: Kallsyms) -> None:
         """Kernel symbols loaded elsewhere (in a thread, while BPF compiles), unless loaded already."""
