@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from optrace.frontend.report.gilwaits import GIL_FUNCTIONS
 from optrace.model import PYTHON_FRAME, Frame, RawSample, Record, Sample, UserFrame
 
-PYTHON_INTERNALS = "--python-internals"  # the option that shows the interpreter's frames (report, top, serve)
+PYTHON_INTERNALS = "--python-internals"  # the option that shows the interpreter's frames (report, diff, top, serve)
 
 
 def leaf_depth(user: Sequence[UserFrame]) -> int:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from optrace.frontend.report.pythonview import python_view
 from optrace.frontend.serve.options import SERVE_CALL_GRAPH, ServeOptions
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, add_leaf_rows, add_off_cpu_rows
 from optrace.frontend.session import SERVE, OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.frontend.uprobes.reach import slowed_processes
-from optrace.frontend.report.pythonview import python_view
 from optrace.model import UNKNOWN, Frame, Sample
 
 

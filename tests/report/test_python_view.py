@@ -151,3 +151,13 @@ def test_a_leaf_named_alone_keeps_the_frames_up_to_its_python_frame() -> None:
     sample = RawSample(1, "p", (native, python, native), (), 1)
     assert leaf_only(sample).user == (native, python)
     assert leaf_only(RawSample(1, "p", (native, python), (0xFFFF,), 1)) == RawSample(1, "p", (), (0xFFFF,), 1)
+
+
+def test_diff_compares_pythons_view(python_file: Path) -> None:
+    def symbols(*args: str) -> dict[str, int]:
+        doc = json.loads(run_optrace("diff", str(python_file), str(python_file), "--format", "json", "--sort",
+                                     "symbol", *args, check=True).stdout)
+        return {row["symbol"]: row["new_samples"] for row in doc["rows"] if row["new_samples"]}
+
+    assert symbols() == FOLDED_LEAVES
+    assert symbols("--python-internals") == RECORDED_LEAVES
