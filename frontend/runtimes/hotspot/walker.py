@@ -1,0 +1,114 @@
+"""A user-space reference walk of one stopped thread's Java frames, from its registers: the rules the BPF
+walker will follow (docs/runtimes.md), used by tests to prove the naming on live JVMs.
+
+From a pc in the code cache the frames are the VM's own: an interpreted frame is found from its frame pointer
+(Method* and bytecode pointer in fixed slots; the leaf's bytecode pointer is still in r13), a compiled frame or
+stub from its blob's fixed frame size (the return address and saved rbp at its top). The walk ends at the
+call stub's return address (the entry from native code into Java: the thread's first Java frame is done),
+at a pc outside the code cache, or after MAX_FRAMES frames. A thread stopped outside the code cache (in the
+VM or native code) is walked from the last Java frame it left (threads.py), as the VM does.
+
+Compiled code's prologue and epilogue have no complete frame: as the OpenTelemetry profiler does, a leaf pc
+before the blob's frame-complete offset, or on a ``ret``, is taken with only the return address pushed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optrace.frontend.runtimes.hotspot.codecache import INTERPRETER
+from optrace.frontend.runtimes.hotspot.process import HotSpotProcess, JavaFrame
+from optrace.frontend.runtimes.hotspot.threads import java_thread, last_java_frame
+
+MAX_FRAMES = 512
+RET = 0xC3
+WORD = 8
+ENTRY = "entry"  # reached the call stub: the thread's Java frames are all there
+NOT_JAVA = "not in Java"  # stopped outside the code cache with no last Java frame
+LEFT_CODE_CACHE = "left the code cache"
+UNREADABLE = "unreadable"
+NO_BLOB = "no code blob"
+DEPTH = "depth"
+
+
+@dataclass(frozen=True)
+class Registers:
+    ip: int
+    sp: int
+    bp: int
+    r13: int  # the interpreter's bytecode pointer register (x86_64)
+
+
+@dataclass(frozen=True)
+class JavaStack:
+    frames: tuple[JavaFrame, ...]  # innermost first
+    status: str
+
+
+def java_stack(process: HotSpotProcess, regs: Registers, tid: int) -> JavaStack:
+    pc, sp, fp, leaf = regs.ip, regs.sp, regs.bp, True
+    if not process.in_code_cache(pc):
+        thread = java_thread(process.memory, process.layout, process.bias, tid)
+        anchor = last_java_frame(process.memory, process.layout, thread) if thread else None
+        if anchor is None:
+            return JavaStack((), NOT_JAVA)
+        sp, fp, leaf = anchor.sp, anchor.fp, False
+        pc = anchor.pc or process.memory.pointer(sp - WORD) or 0
+    frames: list[JavaFrame] = []
+    entry = process.layout.statics["call_stub_return"] + process.bias
+    call_stub = process.memory.pointer(entry)
+    for _ in range(MAX_FRAMES):
+        if not leaf and pc == call_stub:
+            return JavaStack(tuple(frames), ENTRY)
+        step = _frame(process, pc, sp, fp, regs.r13 if leaf else None, frames)
+        if isinstance(step, str):
+            return JavaStack(tuple(frames), step)
+        pc, sp, fp = step
+        leaf = False
+    return JavaStack(tuple(frames), DEPTH)
+
+
+def _frame(process: HotSpotProcess, pc: int, sp: int, fp: int, bcp_register: int | None,
+           frames: list[JavaFrame]) -> tuple[int, int, int] | str:
+    """Names the frame at ``pc`` into ``frames``; its caller's (pc, sp, fp), or why the walk ends."""
+    if not process.in_code_cache(pc):
+        return LEFT_CODE_CACHE
+    blob = process.blob_at(pc)
+    if blob is None:
+        return NO_BLOB
+    memory = process.memory
+    if blob.kind == INTERPRETER:
+        slots = process.layout.interpreter_frame
+        method = memory.pointer(fp + WORD * slots["method"])
+        bcp = bcp_register if bcp_register is not None else memory.pointer(fp + WORD * slots["bcp"])
+        caller = memory.read_exact(fp - WORD, 3 * WORD)  # sender sp, saved fp, return address
+        if method is None or bcp is None or caller is None:
+            return UNREADABLE
+        frames.append(process.interpreted(method, _bci(process, method, bcp)))
+        sender_sp, saved_fp, ra = (int.from_bytes(caller[i:i + WORD], "little") for i in (0, WORD, 2 * WORD))
+        return ra, sender_sp, saved_fp
+    frames.extend(process.compiled(blob, pc, return_address=bcp_register is None))
+    if bcp_register is not None and _frameless(process, blob, pc):
+        ra = memory.pointer(sp)
+        return UNREADABLE if ra is None else (ra, sp + WORD, fp)
+    size = blob.frame_size * WORD
+    top = memory.read_exact(sp + size - 2 * WORD, 2 * WORD) if size >= 2 * WORD else None
+    if top is None:
+        return UNREADABLE
+    return int.from_bytes(top[WORD:], "little"), sp + size, int.from_bytes(top[:WORD], "little")
+
+
+def _frameless(process: HotSpotProcess, blob, pc: int) -> bool:
+    """A leaf pc whose frame is not built (the prologue) or already gone (on the ``ret``)."""
+    if pc < blob.code_begin + blob.frame_complete:
+        return True
+    code = process.memory.read_exact(pc, 1)
+    return code is not None and code[0] == RET
+
+
+def _bci(process: HotSpotProcess, method: int, bcp: int) -> int:
+    """The bytecode index of a bytecode pointer (-1: not inside the method's bytecodes)."""
+    const_method = process.memory.pointer(method + process.layout.field("method_const_method").offset)
+    if not const_method:
+        return -1
+    first = const_method + process.layout.sizes["const_method"]
+    return bcp - first if 0 <= bcp - first < 0x10000 else -1

@@ -1,0 +1,75 @@
+import java.util.Arrays;
+
+/**
+ * Ground truth for Java frames (tests/runtimes/hotspot): cycles of 100 ms spend 50 % in {@link #hashPhase},
+ * 30 % in {@link #sortPhase} (Arrays.sort with a lambda comparator) and 20 % in {@link #scanPhase}, for the
+ * seconds given (default 10), after printing "ready". Each phase calls small helpers the JIT inlines once it
+ * compiles them: the first cycles run interpreted, the later ones compiled. Time is checked every few
+ * thousand steps, so the phases' shares are wall-clock shares of one busy thread.
+ */
+public final class Phases {
+    static final long CYCLE_NANOS = 100_000_000L;
+    static long sink;
+
+    public static void main(String[] args) {
+        double seconds = args.length > 0 ? Double.parseDouble(args[0]) : 10;
+        long end = System.nanoTime() + (long) (seconds * 1e9);
+        System.out.println("ready");
+        System.out.flush();
+        while (System.nanoTime() < end) {
+            long start = System.nanoTime();
+            hashPhase(start + CYCLE_NANOS / 2);
+            sortPhase(start + CYCLE_NANOS / 2 + CYCLE_NANOS * 3 / 10);
+            scanPhase(start + CYCLE_NANOS);
+        }
+        System.out.println(sink);
+    }
+
+    static void hashPhase(long until) {
+        long h = sink;
+        while (System.nanoTime() < until) {
+            for (int i = 0; i < 4096; i++) {
+                h = mix(h, i);
+            }
+        }
+        sink += h;
+    }
+
+    static long mix(long h, long v) {
+        h ^= v * 0x9E3779B97F4A7C15L;
+        return Long.rotateLeft(h, 27) * 5 + 0x52DCE729;
+    }
+
+    static void sortPhase(long until) {
+        Integer[] data = new Integer[512];
+        long seed = sink;
+        do {
+            for (int i = 0; i < data.length; i++) {
+                seed = seed * 6364136223846793005L + 1442695040888963407L;
+                data[i] = (int) (seed >>> 33);
+            }
+            Arrays.sort(data, (a, b) -> compareKeys(a, b));
+        } while (System.nanoTime() < until);
+        sink += data[0];
+    }
+
+    static int compareKeys(Integer a, Integer b) {
+        return Integer.compare(a & 0xFFFF, b & 0xFFFF);
+    }
+
+    static void scanPhase(long until) {
+        long[] values = new long[2048];
+        long total = 0;
+        while (System.nanoTime() < until) {
+            for (int i = 0; i < values.length; i++) {
+                values[i] = step(values[i], i);
+                total += values[i];
+            }
+        }
+        sink += total;
+    }
+
+    static long step(long value, int i) {
+        return value * 31 + i;
+    }
+}
