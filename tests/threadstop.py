@@ -55,3 +55,17 @@ def stopped(tid: int) -> Iterator[Registers]:
         yield Registers(dict(zip(REGISTER_NAMES, raw)))
     finally:
         _ptrace(PTRACE_DETACH, tid)
+
+
+def busiest_thread(pid: int) -> int:
+    """The thread of ``pid`` that has used the most CPU time so far (a Java program's main thread is not the
+    process's first: the launcher starts the VM on a thread of its own)."""
+    best = (-1, pid)
+    for name in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        best = max(best, (int(fields[11]) + int(fields[12]), int(name)))
+    return best[1]

@@ -32,26 +32,13 @@ from optrace.procfs import read_maps  # noqa: E402
 
 import pythons  # noqa: E402
 from replay import Replay, ReplayMapping, build  # noqa: E402
-from snapshots import PAGE, Snapshot, SnapshotMapping, named_frames, save  # noqa: E402
+from snapshots import PAGE, LoggedMemory, Snapshot, SnapshotMapping, named_frames, save  # noqa: E402
 from threadstop import stopped  # noqa: E402
 
 PROGRAM = HERE / "programs" / "pystack.py"
 DESIGN = ("leaf", "<lambda>", "through_builtin", "mïddle", "внешний", "<module>")  # innermost first
 CALL_LINES = {"<lambda>": 18, "through_builtin": 18, "mïddle": 24, "внешний": 29, "<module>": 39}
 ATTEMPTS = 20
-
-
-class LoggedMemory(ProcessMemory):
-    """A live process's memory that keeps the pages it was asked for."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(pid)
-        self.pages: set[int] = set()
-
-    def read_ranges(self, ranges):
-        for address, size in ranges:
-            self.pages.update(range(address & ~(PAGE - 1), address + max(size, 1), PAGE))
-        return super().read_ranges(ranges)
 
 
 def design_problem(frames) -> str | None:
@@ -105,7 +92,7 @@ def make(version: str, replay: Replay) -> Path:
                 snapshot_maps = _snapshot_mappings(mappings, result.rows_looked_up)
                 frames = named_frames(result.words, result.captures, process.layout, snapshot_maps, memory,
                                       _symbols(mappings, result.words))
-                pages = {page: memory.read_exact(page, PAGE) for page in sorted(memory.pages)}
+                pages = memory.page_bytes()
             replay.set_reader(None)
             problem = design_problem(frames)
             if problem is None:
@@ -120,7 +107,7 @@ def make(version: str, replay: Replay) -> Path:
         registers={"ip": regs.ip, "sp": regs.sp, "bp": regs.bp, "fs_base": regs.fs_base},
         python={"version": process.version, "minor": list(process.layout.version), "path": process.path,
                 "runtime": process.runtime, "eval_ranges": [list(r) for r in process.eval_ranges]},
-        mappings=tuple(snapshot_maps), pages={a: p for a, p in pages.items() if p is not None},
+        mappings=tuple(snapshot_maps), pages=pages,
         expected=frames, status=UNWIND_STATUSES[result.status], python_status=python_status_name(result.python_status))
     return save(snapshot)
 

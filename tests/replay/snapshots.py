@@ -3,7 +3,8 @@ its memory the walk read, its executable mappings with the unwind rows the walk 
 runtime was found to be, and the stack the walk gave when the snapshot was made, named.
 
 A snapshot is ``NAME.json`` (everything but the memory) and ``NAME.pages.xz`` (the pages, 4 KiB each, in the
-order the JSON lists them), under snapshots/. tests/replay/make_snapshot.py makes them from live processes.
+order the JSON lists them), under snapshots/. tests/replay/make_snapshot.py makes the Python ones from live
+processes (javasnapshots.py holds the Java ones).
 
 What is stored is raw facts, not the layouts the code derives from them: a replay derives the interpreter's
 layout again (the table for 3.8-3.12, the process's own ``_Py_DebugOffsets`` from its pages for 3.13+) and
@@ -150,6 +151,39 @@ class SnapshotMemory:
         return [self.read(address, size) for address, size in ranges]
 
 
+class LoggedMemory:
+    """A live process's memory (frontend/python/memory.py's ProcessMemory) that keeps the pages it was asked
+    for: what a snapshot of the reads made through it must hold."""
+
+    def __init__(self, pid: int) -> None:
+        from optrace.frontend.python.memory import ProcessMemory
+
+        self._live = ProcessMemory(pid)
+        self.pages: set[int] = set()
+
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        for address, size in ranges:
+            if 0 < address < 1 << 64:
+                self.pages.update(range(address & ~(PAGE - 1), address + max(size, 1), PAGE))
+        return self._live.read_ranges(ranges)
+
+    def read(self, address: int, size: int) -> bytes:
+        return self.read_ranges([(address, size)])[0]
+
+    def read_exact(self, address: int, size: int) -> bytes | None:
+        data = self.read(address, size)
+        return data if len(data) == size else None
+
+    def pointer(self, address: int) -> int | None:
+        data = self.read_exact(address, 8)
+        return None if data is None else _POINTER.unpack(data)[0]
+
+    def page_bytes(self) -> dict[int, bytes]:
+        """The pages asked for, as they are now (those that cannot be read left out)."""
+        found = {page: self._live.read_exact(page, PAGE) for page in sorted(self.pages)}
+        return {page: data for page, data in found.items() if data is not None}
+
+
 def named_frames(words: Sequence[int], captures: Sequence[bytes], layout: PythonLayout,
                  mappings: Sequence[SnapshotMapping], memory, symbols: dict[tuple[str, int], str] | None = None
                  ) -> tuple[Frame, ...]:
@@ -182,9 +216,21 @@ def named_frames(words: Sequence[int], captures: Sequence[bytes], layout: Python
     return tuple(frames)
 
 
-def save(snapshot: Snapshot, folder: Path = SNAPSHOTS) -> Path:
+def write_pages(folder: Path, name: str, pages: dict[int, bytes]) -> list[str]:
+    """Stores the pages as NAME.pages.xz; their addresses, in the order stored."""
     folder.mkdir(parents=True, exist_ok=True)
-    order = sorted(snapshot.pages)
+    order = sorted(pages)
+    (folder / f"{name}.pages.xz").write_bytes(
+        lzma.compress(b"".join(pages[address] for address in order), preset=9 | lzma.PRESET_EXTREME))
+    return [hex(address) for address in order]
+
+
+def read_pages(folder: Path, name: str, addresses: list[str]) -> dict[int, bytes]:
+    data = lzma.decompress((folder / f"{name}.pages.xz").read_bytes())
+    return {int(address, 16): data[i * PAGE:(i + 1) * PAGE] for i, address in enumerate(addresses)}
+
+
+def save(snapshot: Snapshot, folder: Path = SNAPSHOTS) -> Path:
     meta = {
         "format": FORMAT, "about": snapshot.about, "registers": {k: hex(v) for k, v in snapshot.registers.items()},
         "python": snapshot.python, "status": snapshot.status, "python_status": snapshot.python_status,
@@ -192,10 +238,8 @@ def save(snapshot: Snapshot, folder: Path = SNAPSHOTS) -> Path:
         "mappings": [{"start": hex(m.start), "end": hex(m.end), "file_offset": hex(m.file_offset), "bias": hex(m.bias),
                       "file": m.file, "file_id": m.file_id, "rows": [list(row) for row in m.rows]}
                      for m in snapshot.mappings],
-        "pages": [hex(address) for address in order],
+        "pages": write_pages(folder, snapshot.name, snapshot.pages),
     }
-    (folder / f"{snapshot.name}.pages.xz").write_bytes(
-        lzma.compress(b"".join(snapshot.pages[address] for address in order), preset=9 | lzma.PRESET_EXTREME))
     path = folder / f"{snapshot.name}.json"
     path.write_text(json.dumps(meta, indent=1) + "\n")
     return path
@@ -205,8 +249,7 @@ def load(name: str, folder: Path = SNAPSHOTS) -> Snapshot:
     meta = json.loads((folder / f"{name}.json").read_text())
     if meta["format"] != FORMAT:
         raise AssertionError(f"{name}: snapshot format {meta['format']}, this harness reads {FORMAT}")
-    data = lzma.decompress((folder / f"{name}.pages.xz").read_bytes())
-    pages = {int(address, 16): data[i * PAGE:(i + 1) * PAGE] for i, address in enumerate(meta["pages"])}
+    pages = read_pages(folder, name, meta["pages"])
     mappings = tuple(SnapshotMapping(int(m["start"], 16), int(m["end"], 16), int(m["file_offset"], 16),
                                      int(m["bias"], 16), m["file"], m["file_id"], tuple(map(tuple, m["rows"])))
                      for m in meta["mappings"])
@@ -215,8 +258,8 @@ def load(name: str, folder: Path = SNAPSHOTS) -> Snapshot:
                     meta["python_status"])
 
 
-def names(folder: Path = SNAPSHOTS) -> list[str]:
-    return sorted(path.name[:-len(".json")] for path in folder.glob("*.json"))
+def names(prefix: str = "python-", folder: Path = SNAPSHOTS) -> list[str]:
+    return sorted(path.name[:-len(".json")] for path in folder.glob(f"{prefix}*.json"))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "heap_log2_segment_size": ("CodeHeap::_log2_segment_size",),
     "space_low_boundary": ("VirtualSpace::_low_boundary",),
     "space_high_boundary": ("VirtualSpace::_high_boundary",),
-    "space_high": ("VirtualSpace::_high",),
     "array_len": ("GenericGrowableArray::_len", "GrowableArrayBase::_len"),
     "array_data": ("GrowableArray<int>::_data",),
     "pc_desc_pc_offset": ("PcDesc::_pc_offset",),
@@ -82,7 +81,6 @@ SIZES: dict[str, tuple[str, ...]] = {
     "const_method": ("ConstMethod",),
     "constant_pool": ("ConstantPool",),
     "pc_desc": ("PcDesc",),
-    "java_thread": ("JavaThread",),
 }
 INTS: dict[str, tuple[str, ...]] = {
     "has_linenumber_table": ("ConstMethod::_has_linenumber_table", "ConstMethodFlags::_misc_has_linenumber_table"),

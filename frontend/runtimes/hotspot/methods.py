@@ -2,7 +2,8 @@
 method's name and signature (constant pool entries the ConstMethod indexes), the source file (the pool's
 source file entry) and the line number table (compressed after the bytecodes), as Java people read them:
 ``java.util.TimSort.binarySort``, ``Phases.lambda$sortPhase$0``, a hidden class without its address suffix
-(``Phases$$Lambda/0x0000000801000a00`` reads ``Phases$$Lambda``).
+(``Phases$$Lambda/0x0000000801000a00``, JDK 17's ``Phases$$Lambda$1+0x00007fb620000a08``, read
+``Phases$$Lambda`` and ``Phases$$Lambda$1``).
 
 Everything is the process's memory: a symbol is at most MAX_SYMBOL bytes (longer ones are cut, marked),
 shown with control characters replaced (no terminal escapes get through), a pool index must be inside the
@@ -23,7 +24,7 @@ MAX_LINE_TABLE = 8192
 MAX_CODE_SIZE = 0xFFFF  # the JVM's limit on a method's bytecodes
 POOL_LENGTH_AT = "ConstantPool::_length"
 TRUNCATED = "…"
-HIDDEN_SUFFIX = re.compile(r"/0x[0-9a-fA-F]+$")  # a hidden class's name ends with its address
+HIDDEN_SUFFIX = re.compile(r"[/+]0x[0-9a-fA-F]+$")  # a hidden class's name ends with its address
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class JavaFrame:
     file: str = ""
     line: int = 0
     bci: int = -1
+    signature: str = ""  # the method's, as the class file spells it: "(II)I"
 
     def __str__(self) -> str:
         where = f" ({self.file}:{self.line})" if self.file and self.line else ""
@@ -52,6 +53,7 @@ class HotSpotProcess:
                  major: int, release: str) -> None:
         self.pid = pid
         self.memory = memory
+        self.structs = structs
         self.bias = bias
         self.layout = layout
         self.major = major
@@ -107,8 +109,9 @@ class HotSpotProcess:
         if isinstance(scopes, str) or not scopes:
             self.outcomes[scopes if isinstance(scopes, str) else "no scope at pc"] += 1
             return [self._frame("compiled", method, -1)]
-        if scopes[-1].method != method:
+        if scopes[-1].method != method:  # the VM never writes this: stale or forged debug information
             self.outcomes["outermost scope is not the nmethod's method"] += 1
+            return [self._frame("compiled", method, -1)]
         return [self._frame("inlined" if i < len(scopes) - 1 else "compiled", s.method, s.bci)
                 for i, s in enumerate(scopes)]
 
@@ -126,7 +129,7 @@ class HotSpotProcess:
             self.outcomes[found] += 1
             return JavaFrame(kind, "[unknown Java method]", bci=bci)
         self.outcomes["named"] += 1
-        return JavaFrame(kind, found.qualified, found.source, found.line(bci) if bci >= 0 else 0, bci)
+        return JavaFrame(kind, found.qualified, found.source, found.line(bci) if bci >= 0 else 0, bci, found.signature)
 
 
 def attach(pid: int, entries: list[MapEntry], memory: Memory) -> HotSpotProcess | str:
@@ -137,12 +140,16 @@ def attach(pid: int, entries: list[MapEntry], memory: Memory) -> HotSpotProcess 
     jvm = jvm_file(pid, entry)
     if isinstance(jvm, str):
         return jvm
-    bias = jvm.bias(entry)
-    key = (jvm.identity, process_uid(pid))
+    return attach_tables(pid, memory, jvm.symbols, jvm.bias(entry), (jvm.identity, process_uid(pid)))
+
+
+def attach_tables(pid: int, memory: Memory, symbols: dict[str, int], bias: int, key: tuple) -> HotSpotProcess | str:
+    """The JVM whose libjvm has ``symbols`` at load ``bias``; its tables are read once per ``key`` (the file
+    and the process's user)."""
     with _tables_lock:
         found = _tables.get(key)
     if found is None:
-        found = _read_tables(memory, jvm.symbols, bias)
+        found = _read_tables(memory, symbols, bias)
         if isinstance(found, str):
             return found  # not cached: a VM still starting (its tables are set up at start), or gone
         with _tables_lock:

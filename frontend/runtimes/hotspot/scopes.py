@@ -50,9 +50,11 @@ def debug_info(memory: Memory, layout: HotSpotLayout, blob: CodeBlob) -> DebugIn
         regions[part] = data
     size = layout.sizes["pc_desc"]
     pc_at, scope_at = layout.field("pc_desc_pc_offset"), layout.field("pc_desc_scope_offset")
-    pcs = tuple((value(regions["scopes_pcs"][i:i + size], pc_at, signed=True),
-                 value(regions["scopes_pcs"][i:i + size], scope_at, signed=True))
-                for i in range(0, len(regions["scopes_pcs"]) - size + 1, size))
+    table = regions["scopes_pcs"]
+    pcs = tuple((value(table[i:i + size], pc_at, signed=True), value(table[i:i + size], scope_at, signed=True))
+                for i in range(0, len(table) - size + 1, size) if size > 0)
+    if any(None in pair for pair in pcs):
+        return "bad PcDesc table"
     return DebugInfo(regions["metadata"], pcs, regions["scopes_data"])
 
 

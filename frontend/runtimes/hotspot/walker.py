@@ -42,11 +42,13 @@ class Registers:
 class JavaStack:
     frames: tuple[JavaFrame, ...]  # innermost first
     status: str
+    from_anchor: bool = False  # walked from the last Java frame the thread left (it was in the VM or native code)
 
 
 def java_stack(process: HotSpotProcess, regs: Registers, tid: int) -> JavaStack:
     pc, sp, fp, leaf = regs.ip, regs.sp, regs.bp, True
-    if not process.in_code_cache(pc):
+    from_anchor = not process.in_code_cache(pc)
+    if from_anchor:
         thread = java_thread(process.memory, process.layout, process.bias, tid)
         anchor = last_java_frame(process.memory, process.layout, thread) if thread else None
         if anchor is None:
@@ -58,13 +60,13 @@ def java_stack(process: HotSpotProcess, regs: Registers, tid: int) -> JavaStack:
     call_stub = process.memory.pointer(entry)
     for _ in range(MAX_FRAMES):
         if not leaf and pc == call_stub:
-            return JavaStack(tuple(frames), ENTRY)
+            return JavaStack(tuple(frames), ENTRY, from_anchor)
         step = _frame(process, pc, sp, fp, regs.r13 if leaf else None, frames)
         if isinstance(step, str):
-            return JavaStack(tuple(frames), step)
+            return JavaStack(tuple(frames), step, from_anchor)
         pc, sp, fp = step
         leaf = False
-    return JavaStack(tuple(frames), DEPTH)
+    return JavaStack(tuple(frames), DEPTH, from_anchor)
 
 
 def _frame(process: HotSpotProcess, pc: int, sp: int, fp: int, bcp_register: int | None,
