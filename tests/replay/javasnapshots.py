@@ -32,6 +32,7 @@ class JavaSnapshot:
     expected: tuple[JavaFrame, ...]
     status: str
     from_anchor: bool
+    upcalls: int
 
 
 def process_of(snapshot: JavaSnapshot, layout: HotSpotLayout | None = None) -> HotSpotProcess:
@@ -54,7 +55,8 @@ def replay_java(snapshot: JavaSnapshot, layout: HotSpotLayout | None = None) -> 
 def save_java(snapshot: JavaSnapshot, folder: Path = SNAPSHOTS) -> Path:
     meta = {"format": FORMAT, "about": snapshot.about, "registers": {k: hex(v) for k, v in snapshot.registers.items()},
             "tid": snapshot.tid, "symbols": {k: hex(v) for k, v in snapshot.symbols.items()}, "bias": hex(snapshot.bias),
-            "status": snapshot.status, "from_anchor": snapshot.from_anchor, "expected": [frame.__dict__ for frame in snapshot.expected],
+            "status": snapshot.status, "from_anchor": snapshot.from_anchor,
+            "upcalls": snapshot.upcalls, "expected": [frame.__dict__ for frame in snapshot.expected],
             "pages": write_pages(folder, snapshot.name, snapshot.pages)}
     path = folder / f"{snapshot.name}.json"
     path.write_text(json.dumps(meta, indent=1) + "\n")
@@ -68,5 +70,5 @@ def load_java(name: str, folder: Path = SNAPSHOTS) -> JavaSnapshot:
     return JavaSnapshot(name, meta["about"], {k: int(v, 16) for k, v in meta["registers"].items()}, meta["tid"],
                         {k: int(v, 16) for k, v in meta["symbols"].items()}, int(meta["bias"], 16),
                         read_pages(folder, name, meta["pages"]), tuple(JavaFrame(**f) for f in meta["expected"]),
-                        meta["status"], meta["from_anchor"])
+                        meta["status"], meta["from_anchor"], meta["upcalls"])
 

@@ -5,12 +5,15 @@
 For each JDK: compile workloads/java/Phases.java, run it until its methods are compiled, then stop its main
 thread (ptrace) at random moments until the walk shows the design's sort phase (the lambda comparator under
 Arrays.sort, a method inlined, main at the bottom, the call stub reached: snapshots/java-NN.*), and again until
-it is stopped in the VM or native code and walked from its last Java frame (snapshots/java-NN-vm.*); each
-stores the pages the tables' reading and the walk read.
+it is stopped in the VM or native code and walked from its last Java frame (snapshots/java-NN-vm.*); then,
+interpreted (-Xint), until the walk goes through an upcall (the VM linking the lambda calls Java:
+snapshots/java-NN-upcall.*). Each stores the pages the tables' reading and the walk read.
 """
 from __future__ import annotations
 
 import datetime
+import os
+import signal
 from collections import Counter
 import random
 import subprocess
@@ -37,15 +40,18 @@ JDKS = {"17": "/usr/lib/jvm/java-17-openjdk-amd64/bin", "25": "/usr/lib/jvm/temu
 ATTEMPTS = 1000
 
 
-def design_problem(stack, from_vm: bool) -> str | None:
-    """None when the stack is one the snapshot is for: walked from the registers, in the sort phase's
-    comparator; or (``from_vm``) walked from the last Java frame of a thread in the VM or native code."""
+def design_problem(stack, kind: str) -> str | None:
+    """None when the stack is one the snapshot is for ("": walked from the registers, in the sort phase's
+    comparator; "vm": walked from the last Java frame of a thread in the VM or native code; "upcall": through
+    an entry frame where the VM called Java while linking the lambda, interpreted)."""
     names = [frame.name for frame in stack.frames]
     if stack.status != ENTRY or not names or names[-1] != "Phases.main":
         return f"{stack.status}, bottom {names[-1:]}"
-    if stack.from_anchor != from_vm:
+    if kind == "upcall":
+        return None if stack.upcalls else "no upcall"
+    if stack.from_anchor != (kind == "vm"):
         return "walked from the anchor" if stack.from_anchor else "walked from the registers"
-    if from_vm:
+    if kind == "vm":
         return None
     if "Phases.lambda$sortPhase$0" not in names or "java.util.Arrays.sort" not in names:
         return "not in the sort phase's comparator"
@@ -58,35 +64,41 @@ def design_problem(stack, from_vm: bool) -> str | None:
 
 def make(jdk: str) -> list[Path]:
     bin_dir = Path(JDKS[jdk])
+    made = []
     with tempfile.TemporaryDirectory() as classes:
         subprocess.run([str(bin_dir / "javac"), "-d", classes, str(WORKLOAD)], check=True)
-        java = subprocess.Popen([str(bin_dir / "java"), "-cp", classes, "Phases", "120"], stdout=subprocess.PIPE, text=True)
-        try:
-            java.stdout.readline()
-            time.sleep(4)
-            return [_snapshot(jdk, java.pid, from_vm) for from_vm in (False, True)]
-        finally:
-            java.kill()
-            java.wait()
+        for flags, warm_up, kinds in (([], 4, ("", "vm")), (["-Xint"], 0, ("upcall",))):
+            java = subprocess.Popen([str(bin_dir / "java"), *flags, "-cp", classes, "Phases", "120"],
+                                    stdout=subprocess.PIPE, text=True)
+            try:
+                java.stdout.readline()
+                time.sleep(warm_up)
+                made += [_snapshot(jdk, java.pid, kind) for kind in kinds]
+            finally:
+                java.kill()
+                java.wait()
+    return made
 
 
-def _snapshot(jdk: str, pid: int, from_vm: bool) -> Path:
+def _snapshot(jdk: str, pid: int, kind: str) -> Path:
+    os.kill(pid, signal.SIGSTOP)  # while its tables are read: the upcall (linking the lambda) comes soon after "ready"
     entry = libjvm_mapping(read_maps(pid).entries)
     jvm = jvm_file(pid, entry)
     memory = LoggedMemory(pid)
-    process = attach_tables(pid, memory, jvm.symbols, jvm.bias(entry), ("make", pid, from_vm))
+    process = attach_tables(pid, memory, jvm.symbols, jvm.bias(entry), ("make", pid, kind))
     if isinstance(process, str):
         raise SystemExit(f"JDK {jdk}: {process}")
     tid = busiest_thread(pid)
     tables = set(memory.pages)
+    os.kill(pid, signal.SIGCONT)
     problems = Counter()
     for attempt in range(ATTEMPTS):
-        time.sleep(random.uniform(0.005, 0.05))
+        time.sleep(random.uniform(0.001, 0.01) if kind == "upcall" else random.uniform(0.005, 0.05))
         memory.pages = set(tables)
-        process = attach_tables(pid, memory, jvm.symbols, jvm.bias(entry), ("make", pid, from_vm))  # its heaps read anew
+        process = attach_tables(pid, memory, jvm.symbols, jvm.bias(entry), ("make", pid, kind))  # its heaps read anew
         with stopped(tid) as regs:
             stack = java_stack(process, Registers(regs.ip, regs.sp, regs.bp, regs.r13), tid)
-            problem = design_problem(stack, from_vm)
+            problem = design_problem(stack, kind)
             problems[problem] += 1
             if problem is None:
                 pages = memory.page_bytes()
@@ -94,12 +106,12 @@ def _snapshot(jdk: str, pid: int, from_vm: bool) -> Path:
     else:
         raise SystemExit(f"JDK {jdk}: no stop met the design in {ATTEMPTS} attempts: {problems.most_common(5)}")
     snapshot = JavaSnapshot(
-        name=f"java-{jdk}{'-vm' if from_vm else ''}", about={"made": datetime.date.today().isoformat(), "jdk": process.release,
+        name=f"java-{jdk}{'-' + kind if kind else ''}", about={"made": datetime.date.today().isoformat(), "jdk": process.release,
                                    "program": WORKLOAD.name, "by": "tests/replay/make_java_snapshot.py",
                                    "attempts": attempt + 1},
         registers={"ip": regs.ip, "sp": regs.sp, "bp": regs.bp, "r13": regs.r13}, tid=tid, symbols=jvm.symbols,
         bias=jvm.bias(entry), pages=pages, expected=stack.frames, status=stack.status,
-        from_anchor=stack.from_anchor)
+        from_anchor=stack.from_anchor, upcalls=stack.upcalls)
     return save_java(snapshot)
 
 

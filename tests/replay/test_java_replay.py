@@ -1,8 +1,9 @@
 """HotSpot frames replayed on stored snapshots of JDK 17 and 25 (snapshots/java-*, made by
 make_java_snapshot.py): the user-space reference walk (frontend/runtimes/hotspot/walker.py, the rules the BPF
 walker will follow) over the snapshot's memory gives the stored frames: compiled frames with inlined methods
-expanded, the lambda comparator under Arrays.sort, interpreted main, and (the -vm snapshots) a thread in the
-VM or native code walked from its last Java frame. Every offset of the layout moved by one byte changes a
+expanded, the lambda comparator under Arrays.sort, interpreted main, (the -vm snapshots) a thread in the VM or
+native code walked from its last Java frame, and (-upcall, interpreted) a walk through an entry frame where
+the VM linking the lambda called Java. Every offset of the layout moved by one byte changes a
 replayed stack, and no moved layout makes the walk raise."""
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ HARMLESS = {
 
 
 def test_both_jdks_have_snapshots():
-    assert SNAPSHOTS == ["java-17", "java-17-vm", "java-25", "java-25-vm"]
+    assert SNAPSHOTS == [f"java-{jdk}{kind}" for jdk in ("17", "25") for kind in ("", "-upcall", "-vm")]
 
 
 @pytest.mark.parametrize("name", SNAPSHOTS)
@@ -36,10 +37,13 @@ def test_replayed_java_stack_is_the_stored_one(name):
     snapshot = load_java(name)
     got = replay_java(snapshot)
     assert [str(f) for f in got.frames] == [str(f) for f in snapshot.expected]
-    assert (got.frames, got.status, got.from_anchor) == (snapshot.expected, snapshot.status, snapshot.from_anchor)
+    assert (got.frames, got.status, got.from_anchor, got.upcalls) == \
+        (snapshot.expected, snapshot.status, snapshot.from_anchor, snapshot.upcalls)
     names_ = [f.name for f in got.frames]
     assert names_[-1] == "Phases.main"
-    if not snapshot.from_anchor:
+    if name.endswith("-upcall"):
+        assert got.upcalls and {f.kind for f in got.frames} == {"interpreted"}
+    elif not snapshot.from_anchor:
         assert names_.index("Phases.lambda$sortPhase$0") < names_.index("java.util.Arrays.sort")
         assert any(f.kind == "inlined" for f in got.frames) and any(f.kind == "compiled" for f in got.frames)
 
@@ -57,7 +61,7 @@ def moved_layouts(layout):
                 changed[end] = Bound(bound.base, dataclasses.replace(bound.field, offset=bound.field.offset + step))
                 yield (f"{part}[{end}]", step), dataclasses.replace(layout, nmethod_data={**layout.nmethod_data,
                                                                                            part: tuple(changed)})
-    for table in ("sizes", "interpreter_frame"):
+    for table in ("sizes", "interpreter_frame", "ints"):
         for key, held in getattr(layout, table).items():
             for step in (-1, 1):
                 yield (key, step), dataclasses.replace(layout, **{table: {**getattr(layout, table), key: held + step}})

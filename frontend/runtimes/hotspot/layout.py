@@ -24,7 +24,7 @@ WIDTHS = {
     **dict.fromkeys(("address", "size_t", "intptr_t", "uint64_t", "int64_t", "jlong", "pthread_t"), 8),
 }
 # Fields only whose place is used (a structure or array held inside another): their type is not read
-OFFSET_ONLY = {"heap_memory", "heap_segmap", "thread_anchor", "symbol_body"}
+OFFSET_ONLY = {"heap_memory", "heap_segmap", "thread_anchor", "symbol_body", "call_wrapper_anchor"}
 # field -> the names JDKs gave it, newest last (the first one the VM exports is used)
 FIELDS: dict[str, tuple[str, ...]] = {
     "blob_name": ("CodeBlob::_name",),
@@ -64,6 +64,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "anchor_sp": ("JavaFrameAnchor::_last_Java_sp",),
     "anchor_pc": ("JavaFrameAnchor::_last_Java_pc",),
     "anchor_fp": ("JavaFrameAnchor::_last_Java_fp",),
+    "call_wrapper_anchor": ("JavaCallWrapper::_anchor",),  # the entry frame's: the Java frames below an upcall
 }
 # The VM's static variables naming needs (their address in libjvm, before the load bias)
 STATICS: dict[str, tuple[str, ...]] = {
@@ -84,6 +85,7 @@ SIZES: dict[str, tuple[str, ...]] = {
 }
 INTS: dict[str, tuple[str, ...]] = {
     "has_linenumber_table": ("ConstMethod::_has_linenumber_table", "ConstMethodFlags::_misc_has_linenumber_table"),
+    "entry_frame_call_wrapper": ("frame::entry_frame_call_wrapper_offset",),  # words from the entry frame's fp
 }
 # Where an nmethod keeps its debug information, one recipe per shape, by the fields its JDK exports: each
 # part is [start, end) with each bound (base, field): the base is the nmethod itself ("blob"), its immutable

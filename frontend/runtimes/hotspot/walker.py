@@ -2,9 +2,11 @@
 walker will follow (docs/runtimes.md), used by tests to prove the naming on live JVMs.
 
 From a pc in the code cache the frames are the VM's own: an interpreted frame is found from its frame pointer
-(Method* and bytecode pointer in fixed slots; the leaf's bytecode pointer is still in r13), a compiled frame or
+(Method* and bytecode pointer in fixed slots; the leaf's current bytecode pointer is in r13, when r13 points
+into the method's bytecodes: elsewhere in the interpreter, the slot's saved one), a compiled frame or
 stub from its blob's fixed frame size (the return address and saved rbp at its top). The walk ends at the
-call stub's return address (the entry from native code into Java: the thread's first Java frame is done),
+call stub's return address when it is the thread's first entry into Java (at an upcall, where the VM called
+Java from a runtime call of Java code, the walk goes on below, from the Java frame the call wrapper recorded),
 at a pc outside the code cache, or after MAX_FRAMES frames. A thread stopped outside the code cache (in the
 VM or native code) is walked from the last Java frame it left (threads.py), as the VM does.
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 from optrace.frontend.runtimes.hotspot.codecache import INTERPRETER
 from optrace.frontend.runtimes.hotspot.process import HotSpotProcess, JavaFrame
-from optrace.frontend.runtimes.hotspot.threads import java_thread, last_java_frame
+from optrace.frontend.runtimes.hotspot.threads import caller_java_frame, java_thread, last_java_frame
 
 MAX_FRAMES = 512
 RET = 0xC3
@@ -43,6 +45,7 @@ class JavaStack:
     frames: tuple[JavaFrame, ...]  # innermost first
     status: str
     from_anchor: bool = False  # walked from the last Java frame the thread left (it was in the VM or native code)
+    upcalls: int = 0  # entry frames walked through (the VM called Java from a runtime call of Java code)
 
 
 def java_stack(process: HotSpotProcess, regs: Registers, tid: int) -> JavaStack:
@@ -56,17 +59,23 @@ def java_stack(process: HotSpotProcess, regs: Registers, tid: int) -> JavaStack:
         sp, fp, leaf = anchor.sp, anchor.fp, False
         pc = anchor.pc or process.memory.pointer(sp - WORD) or 0
     frames: list[JavaFrame] = []
+    upcalls = 0
     entry = process.layout.statics["call_stub_return"] + process.bias
     call_stub = process.memory.pointer(entry)
     for _ in range(MAX_FRAMES):
-        if not leaf and pc == call_stub:
-            return JavaStack(tuple(frames), ENTRY, from_anchor)
+        if not leaf and pc == call_stub:  # an entry frame: the thread's first, or an upcall from the VM
+            below = caller_java_frame(process.memory, process.layout, fp)
+            if below is None:
+                return JavaStack(tuple(frames), ENTRY, from_anchor, upcalls)
+            pc, sp, fp = below.pc or process.memory.pointer(below.sp - WORD) or 0, below.sp, below.fp
+            upcalls += 1
+            continue
         step = _frame(process, pc, sp, fp, regs.r13 if leaf else None, frames)
         if isinstance(step, str):
-            return JavaStack(tuple(frames), step, from_anchor)
+            return JavaStack(tuple(frames), step, from_anchor, upcalls)
         pc, sp, fp = step
         leaf = False
-    return JavaStack(tuple(frames), DEPTH, from_anchor)
+    return JavaStack(tuple(frames), DEPTH, from_anchor, upcalls)
 
 
 def _frame(process: HotSpotProcess, pc: int, sp: int, fp: int, bcp_register: int | None,
@@ -81,11 +90,12 @@ def _frame(process: HotSpotProcess, pc: int, sp: int, fp: int, bcp_register: int
     if blob.kind == INTERPRETER:
         slots = process.layout.interpreter_frame
         method = memory.pointer(fp + WORD * slots["method"])
-        bcp = bcp_register if bcp_register is not None else memory.pointer(fp + WORD * slots["bcp"])
+        saved_bcp = memory.pointer(fp + WORD * slots["bcp"])
         caller = memory.read_exact(fp - WORD, 3 * WORD)  # sender sp, saved fp, return address
-        if method is None or bcp is None or caller is None:
+        if method is None or saved_bcp is None or caller is None:
             return UNREADABLE
-        frames.append(process.interpreted(method, _bci(process, method, bcp)))
+        bci = _bci(process, method, bcp_register) if bcp_register is not None else -1
+        frames.append(process.interpreted(method, bci if bci >= 0 else _bci(process, method, saved_bcp)))
         sender_sp, saved_fp, ra = (int.from_bytes(caller[i:i + WORD], "little") for i in (0, WORD, 2 * WORD))
         return ra, sender_sp, saved_fp
     frames.extend(process.compiled(blob, pc, return_address=bcp_register is None))
