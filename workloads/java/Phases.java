@@ -4,8 +4,9 @@ import java.util.Arrays;
  * Ground truth for Java frames (tests/runtimes/hotspot): cycles of 100 ms spend 50 % in {@link #hashPhase},
  * 30 % in {@link #sortPhase} (Arrays.sort with a lambda comparator) and 20 % in {@link #scanPhase}, for the
  * seconds given (default 10), after printing "ready". Each phase calls small helpers the JIT inlines once it
- * compiles them: the first cycles run interpreted, the later ones compiled. Time is checked every few
- * thousand steps, so the phases' shares are wall-clock shares of one busy thread.
+ * compiles them (the lambda and compareKeys into TimSort's loops), and one it cannot ({@link #sortKey}, too
+ * big): the first cycles run interpreted, the later ones compiled. Time is checked every few thousand steps,
+ * so the phases' shares are wall-clock shares of one busy thread.
  */
 public final class Phases {
     static final long CYCLE_NANOS = 100_000_000L;
@@ -54,7 +55,30 @@ public final class Phases {
     }
 
     static int compareKeys(Integer a, Integer b) {
-        return Integer.compare(a & 0xFFFF, b & 0xFFFF);
+        return Integer.compare(sortKey(a), sortKey(b));
+    }
+
+    /** Too big for the JIT to inline (over FreqInlineSize's 325 bytes): samples in it show its callers. */
+    static int sortKey(int v) {
+        switch (v & 15) {
+            case 0: return (v * 31) ^ (v >>> 1) ^ (v << 2) ^ 4096;
+            case 1: return (v * 33) ^ (v >>> 2) ^ (v << 3) ^ 6007;
+            case 2: return (v * 35) ^ (v >>> 3) ^ (v << 4) ^ 7918;
+            case 3: return (v * 37) ^ (v >>> 4) ^ (v << 5) ^ 9829;
+            case 4: return (v * 39) ^ (v >>> 5) ^ (v << 6) ^ 11740;
+            case 5: return (v * 41) ^ (v >>> 6) ^ (v << 2) ^ 13651;
+            case 6: return (v * 43) ^ (v >>> 7) ^ (v << 3) ^ 15562;
+            case 7: return (v * 45) ^ (v >>> 1) ^ (v << 4) ^ 17473;
+            case 8: return (v * 47) ^ (v >>> 2) ^ (v << 5) ^ 19384;
+            case 9: return (v * 49) ^ (v >>> 3) ^ (v << 6) ^ 21295;
+            case 10: return (v * 51) ^ (v >>> 4) ^ (v << 2) ^ 23206;
+            case 11: return (v * 53) ^ (v >>> 5) ^ (v << 3) ^ 25117;
+            case 12: return (v * 55) ^ (v >>> 6) ^ (v << 4) ^ 27028;
+            case 13: return (v * 57) ^ (v >>> 7) ^ (v << 5) ^ 28939;
+            case 14: return (v * 59) ^ (v >>> 1) ^ (v << 6) ^ 30850;
+            case 15: return (v * 61) ^ (v >>> 2) ^ (v << 2) ^ 32761;
+            default: return v;
+        }
     }
 
     static void scanPhase(long until) {
