@@ -97,3 +97,14 @@ def test_line_table():
 ])
 def test_java_class_names(internal, shown):
     assert java_class_name(internal) == shown
+
+
+@pytest.mark.parametrize("name", VERSIONS)
+def test_implausible_sizes_are_refused(name):
+    """The tables are the process's memory: a structure said to be huge is not read, the VM is refused."""
+    structs = structs_of(name)
+    sizes = {**structs.sizes, "nmethod": 1 << 30}
+    assert hotspot_layout(dataclasses.replace(structs, sizes=sizes), VERSIONS[name]) == "implausible layout: nmethod"
+    offsets = {**structs.offsets, "CodeBlob::_frame_size": 1 << 40}
+    assert hotspot_layout(dataclasses.replace(structs, offsets=offsets), VERSIONS[name]) == \
+        "implausible layout: blob_frame_size"

@@ -111,6 +111,7 @@ INTERPRETER_CHECKS = {"frame::interpreter_frame_sender_sp_offset": -1, "frame::i
 # CompressedReadStream's UNSIGNED5: bytes below this are excluded (JDK 20 stopped writing zero bytes)
 UNSIGNED5_EXCLUDED = ((20, 1), (0, 0))  # (from major version, excluded): the first that applies
 OLDEST_MAJOR = 9
+MAX_STRUCT = 1 << 16  # bytes of any structure read whole, and of any field's end: real ones are below 4 KiB
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,10 @@ def hotspot_layout(structs: VMStructs, major: int) -> HotSpotLayout | str:
     for found in (statics, sizes, ints):
         if isinstance(found, str):
             return found
+    too_big = next((name for name, size in sizes.items() if not 0 < size <= MAX_STRUCT), None) or \
+        next((name for name, f in fields.items() if not 0 <= f.offset <= MAX_STRUCT - f.width), None)
+    if too_big:
+        return f"implausible layout: {too_big}"
     problem = next((f"{name} is {structs.ints[name]}, not {value}" for name, value in INTERPRETER_CHECKS.items()
                     if structs.ints.get(name) != value), None)
     if problem:
@@ -211,7 +216,9 @@ def _nmethod_recipe(structs: VMStructs) -> tuple[str, dict[str, tuple[Bound, Bou
         data = {}
         for part, bounds in parts.items():
             resolved = [(base, _field(structs, (name,))) for base, name in bounds]
-            bad = next((f for _, f in resolved if isinstance(f, str)), None)
+            bad = next((f for _, f in resolved if isinstance(f, str)), None) or \
+                next((f"implausible layout: {n}" for (_, f), (_, n) in zip(resolved, bounds)
+                      if not isinstance(f, str) and not 0 <= f.offset <= MAX_STRUCT - f.width), None)
             if bad:
                 return bad
             data[part] = tuple(Bound(base, f) for base, f in resolved)

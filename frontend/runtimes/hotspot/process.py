@@ -26,7 +26,7 @@ from optrace.frontend.symbols.lru import LruCache
 from optrace.procfs import MapEntry, process_uid
 
 MAX_METHODS = 16384  # names kept per process
-MAX_NMETHODS = 4096  # compiled methods' debug information kept per process
+MAX_DEBUG_BYTES = 16 << 20  # compiled methods' debug information kept per process (bytes)
 MAX_TABLES = 64  # (libjvm, user) readings kept
 MAX_VERSION = 128
 
@@ -62,7 +62,8 @@ class HotSpotProcess:
         self.outcomes: Counter[str] = Counter()
         self._methods = MethodReader(memory, layout, self.excluded, structs.offsets.get(POOL_LENGTH_AT))
         self._names: LruCache[int, JavaMethod | str] = LruCache(MAX_METHODS)
-        self._debug: LruCache[tuple[int, int], DebugInfo | str] = LruCache(MAX_NMETHODS)
+        self._debug: LruCache[tuple[int, int], DebugInfo | str] = LruCache(MAX_DEBUG_BYTES, trim_on_put=False)
+        self._debug_bytes = 0
         self._heaps: list[CodeHeap] = []
 
     def heaps(self, refresh: bool = False) -> list[CodeHeap]:
@@ -121,6 +122,9 @@ class HotSpotProcess:
         if found is None:
             found = debug_info(self.memory, self.layout, blob)
             self._debug.put(key, found)
+            self._debug_bytes += _size(found)
+            while self._debug_bytes > MAX_DEBUG_BYTES and len(self._debug) > 1:
+                self._debug_bytes -= _size(self._debug.evict_oldest())
         return found
 
     def _frame(self, kind: str, method: int, bci: int) -> JavaFrame:
@@ -130,6 +134,10 @@ class HotSpotProcess:
             return JavaFrame(kind, "[unknown Java method]", bci=bci)
         self.outcomes["named"] += 1
         return JavaFrame(kind, found.qualified, found.source, found.line(bci) if bci >= 0 else 0, bci, found.signature)
+
+
+def _size(info: DebugInfo | str) -> int:
+    return len(info) if isinstance(info, str) else len(info.metadata) + len(info.scopes) + 16 * len(info.pcs)
 
 
 def attach(pid: int, entries: list[MapEntry], memory: Memory) -> HotSpotProcess | str:

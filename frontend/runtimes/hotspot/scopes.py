@@ -6,7 +6,7 @@ scopes: each scope is (sender's decode offset, metadata index of its Method*, bc
 sender being the method this one was inlined into, 0 ending the chain. The pc of a caller's frame (a return
 address) has its own PcDesc; a leaf's pc between two takes the next one (the state the code was going to).
 
-Everything is the process's: each region at most MAX_REGION bytes, a chain at most MAX_SCOPES scopes, each
+Everything is the process's: each part at most MAX_REGION bytes, a chain at most MAX_SCOPES scopes, each
 decode offset must lie before the one that led to it (so a chain cannot loop).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from optrace.frontend.runtimes.hotspot.unsigned5 import Stream
 from optrace.frontend.runtimes.hotspot.values import value
 from optrace.frontend.runtimes.hotspot.vmstructs import Memory
 
-MAX_REGION = 1 << 20
+MAX_REGION = 1 << 18  # bytes of one part (metadata, scopes, PcDescs): real nmethods have a few KiB
 MAX_SCOPES = 64  # the VM inlines 15 deep by default (MaxInlineLevel)
 SERIALIZED_NULL = 0
 INVOCATION_ENTRY_BCI = -1
