@@ -21,6 +21,7 @@ from pathlib import Path
 
 from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_code
 from optrace.frontend.python.interpreter import check_layout, layout_of
+from optrace.frontend.python.memory import ProcessMemory
 from optrace.frontend.unwind.row import ROW
 from optrace.pythonlayout import PythonLayout, PythonProcess, is_python_frame, python_frame_parts
 
@@ -29,7 +30,6 @@ PAGE = 4096
 FORMAT = 1
 FILE_FRAME = 1 << 63
 FILE_OFFSET_BITS = 40
-_POINTER = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -123,13 +123,17 @@ class Snapshot:
                              eval_ranges=tuple(tuple(r) for r in self.python["eval_ranges"]), layout=layout)
 
 
-class SnapshotMemory:
+class SnapshotMemory(ProcessMemory):
     """The snapshot's pages read as frontend/python/memory.py's ProcessMemory reads a live process."""
 
     def __init__(self, pages: dict[int, bytes]) -> None:
+        super().__init__(0)
         self._pages = pages
 
-    def read(self, address: int, size: int) -> bytes:
+    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return [self._read(address, size) for address, size in ranges]
+
+    def _read(self, address: int, size: int) -> bytes:
         out = bytearray()
         while len(out) < size:
             page = self._pages.get((address + len(out)) & ~(PAGE - 1))
@@ -139,48 +143,24 @@ class SnapshotMemory:
             out += page[at:at + size - len(out)]
         return bytes(out)
 
-    def read_exact(self, address: int, size: int) -> bytes | None:
-        data = self.read(address, size)
-        return data if len(data) == size else None
 
-    def pointer(self, address: int) -> int | None:
-        data = self.read_exact(address, 8)
-        return None if data is None else _POINTER.unpack(data)[0]
-
-    def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
-        return [self.read(address, size) for address, size in ranges]
-
-
-class LoggedMemory:
-    """A live process's memory (frontend/python/memory.py's ProcessMemory) that keeps the pages it was asked
-    for: what a snapshot of the reads made through it must hold."""
+class LoggedMemory(ProcessMemory):
+    """A live process's memory that keeps the pages it was asked for: what a snapshot of the reads made
+    through it must hold."""
 
     def __init__(self, pid: int) -> None:
-        from optrace.frontend.python.memory import ProcessMemory
-
-        self._live = ProcessMemory(pid)
+        super().__init__(pid)
         self.pages: set[int] = set()
 
     def read_ranges(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         for address, size in ranges:
             if 0 < address < 1 << 64:
                 self.pages.update(range(address & ~(PAGE - 1), address + max(size, 1), PAGE))
-        return self._live.read_ranges(ranges)
-
-    def read(self, address: int, size: int) -> bytes:
-        return self.read_ranges([(address, size)])[0]
-
-    def read_exact(self, address: int, size: int) -> bytes | None:
-        data = self.read(address, size)
-        return data if len(data) == size else None
-
-    def pointer(self, address: int) -> int | None:
-        data = self.read_exact(address, 8)
-        return None if data is None else _POINTER.unpack(data)[0]
+        return super().read_ranges(ranges)
 
     def page_bytes(self) -> dict[int, bytes]:
         """The pages asked for, as they are now (those that cannot be read left out)."""
-        found = {page: self._live.read_exact(page, PAGE) for page in sorted(self.pages)}
+        found = {page: self.read_exact(page, PAGE) for page in sorted(self.pages)}
         return {page: data for page, data in found.items() if data is not None}
 
 

@@ -1,17 +1,16 @@
 """What libjvm.so tells of itself: where the VM's description tables and their entry layouts are linked (the
 ``gHotSpot*`` symbols, exported in ``.dynsym`` by every HotSpot since JDK 6: 24 of them in JDK 17 and 25),
-and its load segments (a mapping's load bias). Read once per file (frontend/runtimes/runtimefile.py)."""
+and its load segments (a mapping's load bias). Read once per file (frontend/symbols/filefacts.py)."""
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass
 
-from optrace.fileaccess import BoundedFile, printable
+from optrace.fileaccess import BoundedFile
 from optrace.frontend.python.symbolnames import find_symbols
 from optrace.frontend.runtimes.hotspot.vmstructs import SYMBOLS
-from optrace.frontend.runtimes.runtimefile import FileKey, RuntimeFiles
-from optrace.frontend.symbols.elffile import EM_X86_64, ElfFile
+from optrace.frontend.symbols.filefacts import FileFacts, FileKey
+from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.unwind.unwindfile import UnwindFile, file_without_rows
 from optrace.procfs import MapEntry
 
@@ -30,21 +29,15 @@ class JvmFile:
         return self.segments.bias(entry)
 
 
-def _read(reader: BoundedFile, shown: str, identity: FileKey) -> JvmFile | str:
-    try:
-        elf = ElfFile(reader)
-        if elf.elfclass != 64 or not elf.little_endian or elf.machine != EM_X86_64:
-            return f"{shown} is not an x86_64 ELF file"
-        found = find_symbols(elf, ".dynsym", SYMBOLS)
-        missing = [name for name in SYMBOLS if name not in found]
-        if missing:
-            return f"{shown} exports no {missing[0]}"
-        return JvmFile({name: address for name, (address, _size) in found.items()}, file_without_rows(reader), identity)
-    except (OSError, ValueError, struct.error) as err:  # ElfFormatError and BudgetExceeded included
-        return f"cannot read {shown}: {printable(err)[:200]}"
+def _read(elf: ElfFile, reader: BoundedFile, shown: str, identity: FileKey) -> JvmFile | str:
+    found = find_symbols(elf, ".dynsym", SYMBOLS)
+    missing = [name for name in SYMBOLS if name not in found]
+    if missing:
+        return f"{shown} exports no {missing[0]}"
+    return JvmFile({name: address for name, (address, _size) in found.items()}, file_without_rows(reader), identity)
 
 
-_files: RuntimeFiles[JvmFile] = RuntimeFiles(_read)
+_files: FileFacts[JvmFile] = FileFacts(_read)
 
 
 def libjvm_mapping(entries: list[MapEntry]) -> MapEntry | None:
