@@ -57,15 +57,18 @@ def stopped(tid: int) -> Iterator[Registers]:
         _ptrace(PTRACE_DETACH, tid)
 
 
-def busiest_thread(pid: int) -> int:
-    """The thread of ``pid`` that has used the most CPU time so far (a Java program's main thread is not the
-    process's first: the launcher starts the VM on a thread of its own)."""
+def busiest_thread(pid: int, comm: str | None = None) -> int:
+    """The thread of ``pid`` (named ``comm``, if given) that has used the most CPU time so far. A Java
+    program's main thread is not the process's first (the launcher starts the VM on a thread of its own) and
+    is the busiest "java" thread: the JIT's threads are named "C2 CompilerThre..." and such."""
     best = (-1, pid)
     for name in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{name}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+                head, tail = stat.read().rsplit(")", 1)
         except OSError:
             continue
-        best = max(best, (int(fields[11]) + int(fields[12]), int(name)))
+        fields = tail.split()
+        if comm is None or head.split("(", 1)[1] == comm:
+            best = max(best, (int(fields[11]) + int(fields[12]), int(name)))
     return best[1]

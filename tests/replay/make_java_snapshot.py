@@ -88,7 +88,7 @@ def _snapshot(jdk: str, pid: int, kind: str) -> Path:
     process = attach_tables(pid, memory, jvm.symbols, jvm.bias(entry), ("make", pid, kind))
     if isinstance(process, str):
         raise SystemExit(f"JDK {jdk}: {process}")
-    tid = busiest_thread(pid)
+    tid = busiest_thread(pid, "java")
     tables = set(memory.pages)
     os.kill(pid, signal.SIGCONT)
     problems = Counter()

@@ -21,6 +21,8 @@ HARMLESS = {
     ("blob_size", -1): "a bound the code must lie within, not read for a name",
     ("nmethod_compile_id", -1): "the debug information's cache key (the BPF walker's frame cookie, docs/runtimes.md)",
     ("nmethod_compile_id", 1): "the debug information's cache key (the BPF walker's frame cookie, docs/runtimes.md)",
+    ("blob_frame_complete", -1): "it orders the ways a leaf's caller is read; each is checked (walker.py)",
+    ("blob_frame_complete", 1): "it orders the ways a leaf's caller is read; each is checked (walker.py)",
     ("code_blob", -1): "a read length: one byte less still covers every field read",
     ("code_blob", 1): "a read length",
     ("nmethod", -1): "a read length: one byte less still covers every field read",

@@ -32,7 +32,7 @@ class CountingMemory(ProcessMemory):
 
 
 def stacks(pid: int, process, count: int, wait: tuple[float, float] = (0.005, 0.06)) -> list:
-    tid = busiest_thread(pid)
+    tid = busiest_thread(pid, "java")
     found = []
     for _ in range(count):
         time.sleep(random.uniform(*wait))

@@ -10,8 +10,9 @@ Java from a runtime call of Java code, the walk goes on below, from the Java fra
 at a pc outside the code cache, or after MAX_FRAMES frames. A thread stopped outside the code cache (in the
 VM or native code) is walked from the last Java frame it left (threads.py), as the VM does.
 
-Compiled code's prologue and epilogue have no complete frame: as the OpenTelemetry profiler does, a leaf pc
-before the blob's frame-complete offset, or on a ``ret``, is taken with only the return address pushed.
+Compiled code's prologue and epilogue have no complete frame, and some stubs no fixed one: a leaf's caller is
+read in the ways such a frame can be laid out (see ``_compiled_callers``), the first that returns into code the
+walk knows being taken; a caller's frame is always complete.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from optrace.frontend.runtimes.hotspot.process import HotSpotProcess, JavaFrame
 from optrace.frontend.runtimes.hotspot.threads import caller_java_frame, java_thread, last_java_frame
 
 MAX_FRAMES = 512
+MAX_LEAF_FRAME = 1 << 16  # bytes between a leaf's sp and an rbp it may have pushed a frame at
 RET = 0xC3
 WORD = 8
 ENTRY = "entry"  # reached the call stub: the thread's Java frames are all there
@@ -99,14 +101,71 @@ def _frame(process: HotSpotProcess, pc: int, sp: int, fp: int, bcp_register: int
         sender_sp, saved_fp, ra = (int.from_bytes(caller[i:i + WORD], "little") for i in (0, WORD, 2 * WORD))
         return ra, sender_sp, saved_fp
     frames.extend(process.compiled(blob, pc, return_address=bcp_register is None))
-    if bcp_register is not None and _frameless(process, blob, pc):
-        ra = memory.pointer(sp)
-        return UNREADABLE if ra is None else (ra, sp + WORD, fp)
+    callers = _compiled_callers(process, blob, pc, sp, fp, leaf=bcp_register is not None)
+    return next(callers, UNREADABLE)
+
+
+def _compiled_callers(process: HotSpotProcess, blob, pc: int, sp: int, fp: int, leaf: bool):
+    """The caller's (pc, sp, fp) of a compiled frame or stub. A caller's frame is complete: its blob's frame
+    size places the return address and the saved rbp. A leaf may be in a prologue or epilogue, or a stub with
+    no fixed frame: the frame-size reading first (a pc before the frame is complete or on a ``ret``: with only
+    the return address pushed first), then with the return address at sp, at sp + 8 (rbp pushed), above rbp
+    (an rbp frame); the first that returns right after a call in the code cache (or to the call stub)."""
+    memory = process.memory
     size = blob.frame_size * WORD
-    top = memory.read_exact(sp + size - 2 * WORD, 2 * WORD) if size >= 2 * WORD else None
+    built = _caller_at(memory, sp + size - 2 * WORD, sp + size) if size >= 2 * WORD else None
+    readings = [built]
+    if leaf:
+        frameless = (memory.pointer(sp), sp + WORD, fp)
+        pushed = _caller_at(memory, sp, sp + 2 * WORD)
+        framed = _caller_at(memory, fp, fp + 2 * WORD) if sp <= fp < sp + MAX_LEAF_FRAME else None
+        readings = [frameless, pushed, built, framed] if _frameless(process, blob, pc) else \
+            [built, frameless, pushed, framed]
+    entry = memory.pointer(process.layout.statics["call_stub_return"] + process.bias)
+    for reading in readings:
+        if reading is not None and reading[0] is not None and (reading[0] == entry or not leaf
+                                                               or _returns_into_code(process, reading[0])):
+            yield reading
+
+
+def _returns_into_code(process: HotSpotProcess, address: int) -> bool:
+    """Whether ``address`` can be a return address: in the interpreter (whose invokes push the return entry of
+    the bytecode and jump), else right after a call instruction in the code cache; a value that merely points
+    into code (a spilled address) is not taken for one."""
+    if not process.in_code_cache(address):
+        return False
+    blob = process.blob_at(address)
+    if blob is not None and blob.kind == INTERPRETER:
+        return True
+    before = process.memory.read_exact(address - 8, 8)
+    return before is not None and (before[3] == 0xE8 or any(_indirect_call(before, size) for size in range(2, 8)))
+
+
+def _indirect_call(before: bytes, size: int) -> bool:
+    """Whether the ``size`` bytes ending ``before`` are ``call r/m64`` (FF /2, maybe after a REX prefix)."""
+    at = len(before) - size
+    if 0x40 <= before[at] <= 0x4F:
+        at += 1
+    if at + 2 > len(before) or before[at] != 0xFF or (before[at + 1] >> 3) & 7 != 2:
+        return False
+    modrm = before[at + 1]
+    mod, rm = modrm >> 6, modrm & 7
+    length = 2
+    if mod != 3 and rm == 4:  # a SIB byte follows
+        length += 1
+        if mod == 0 and at + 2 < len(before) and before[at + 2] & 7 == 5:
+            length += 4
+    length += {1: 1, 2: 4}.get(mod, 4 if mod == 0 and rm == 5 else 0)
+    return at + length == len(before)
+
+
+def _caller_at(memory, saved_fp_at: int, caller_sp: int) -> tuple[int, int, int] | None:
+    """(return address, caller's sp, caller's fp) with the saved rbp at ``saved_fp_at`` and the return address
+    just above it."""
+    top = memory.read_exact(saved_fp_at, 2 * WORD)
     if top is None:
-        return UNREADABLE
-    return int.from_bytes(top[WORD:], "little"), sp + size, int.from_bytes(top[:WORD], "little")
+        return None
+    return int.from_bytes(top[WORD:], "little"), caller_sp, int.from_bytes(top[:WORD], "little")
 
 
 def _frameless(process: HotSpotProcess, blob, pc: int) -> bool:
