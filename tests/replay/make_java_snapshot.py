@@ -38,6 +38,11 @@ REPO = HERE.parents[1]
 WORKLOAD = REPO / "workloads" / "java" / "Phases.java"
 JDKS = {"17": "/usr/lib/jvm/java-17-openjdk-amd64/bin", "25": "/usr/lib/jvm/temurin-25-jdk-amd64/bin"}
 ATTEMPTS = 1000
+LAUNCHES = 5
+
+
+class Missed(Exception):
+    """No stop of this launch met the design."""
 
 
 def design_problem(stack, kind: str) -> str | None:
@@ -68,15 +73,21 @@ def make(jdk: str) -> list[Path]:
     with tempfile.TemporaryDirectory() as classes:
         subprocess.run([str(bin_dir / "javac"), "-d", classes, str(WORKLOAD)], check=True)
         for flags, warm_up, kinds in (([], 4, ("", "vm")), (["-Xint"], 0, ("upcall",))):
-            java = subprocess.Popen([str(bin_dir / "java"), *flags, "-cp", classes, "Phases", "120"],
-                                    stdout=subprocess.PIPE, text=True)
-            try:
-                java.stdout.readline()
-                time.sleep(warm_up)
-                made += [_snapshot(jdk, java.pid, kind) for kind in kinds]
-            finally:
-                java.kill()
-                java.wait()
+            for launch in range(LAUNCHES):  # the upcall lasts a few stops: a launch may miss it
+                java = subprocess.Popen([str(bin_dir / "java"), *flags, "-cp", classes, "Phases", "120"],
+                                        stdout=subprocess.PIPE, text=True)
+                try:
+                    java.stdout.readline()
+                    time.sleep(warm_up)
+                    made += [_snapshot(jdk, java.pid, kind) for kind in kinds]
+                    break
+                except Missed as missed:
+                    print(f"JDK {jdk}, launch {launch + 1}: {missed}", file=sys.stderr)
+                finally:
+                    java.kill()
+                    java.wait()
+            else:
+                raise SystemExit(f"JDK {jdk}: {kinds} not met in {LAUNCHES} launches")
     return made
 
 
@@ -93,7 +104,7 @@ def _snapshot(jdk: str, pid: int, kind: str) -> Path:
     os.kill(pid, signal.SIGCONT)
     problems = Counter()
     for attempt in range(ATTEMPTS):
-        time.sleep(random.uniform(0.001, 0.01) if kind == "upcall" else random.uniform(0.005, 0.05))
+        time.sleep(random.uniform(0.0005, 0.002) if kind == "upcall" else random.uniform(0.005, 0.05))
         memory.pages = set(tables)
         process = attach_tables(pid, memory, jvm.symbols, jvm.bias(entry), ("make", pid, kind))  # its heaps read anew
         with stopped(tid) as regs:
@@ -104,7 +115,7 @@ def _snapshot(jdk: str, pid: int, kind: str) -> Path:
                 pages = memory.page_bytes()
                 break
     else:
-        raise SystemExit(f"JDK {jdk}: no stop met the design in {ATTEMPTS} attempts: {problems.most_common(5)}")
+        raise Missed(f"no stop met the design in {ATTEMPTS} attempts: {problems.most_common(5)}")
     snapshot = JavaSnapshot(
         name=f"java-{jdk}{'-' + kind if kind else ''}", about={"made": datetime.date.today().isoformat(), "jdk": process.release,
                                    "program": WORKLOAD.name, "by": "tests/replay/make_java_snapshot.py",

@@ -15,6 +15,14 @@ JDKS = {"17": "/usr/lib/jvm/java-17-openjdk-amd64/bin", "25": "/usr/lib/jvm/temu
 PHASES = {"Phases.hashPhase": 0.5, "Phases.sortPhase": 0.3, "Phases.scanPhase": 0.2}
 
 
+def main_lines() -> range:
+    """The lines of Phases.main's body (its frame's line is one of them)."""
+    lines = WORKLOAD.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines, 1) if "public static void main" in line)
+    last = next(i for i, line in enumerate(lines, 1) if i > first and line.strip() == "}")
+    return range(first + 1, last)
+
+
 def java(jdk: str) -> Path:
     found = Path(JDKS[jdk]) / "java"
     if not found.exists():

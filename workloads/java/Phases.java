@@ -1,3 +1,5 @@
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.util.Arrays;
 
 /**
@@ -5,12 +7,18 @@ import java.util.Arrays;
  * 30 % in {@link #sortPhase} (Arrays.sort with a lambda comparator) and 20 % in {@link #scanPhase}, for the
  * seconds given (default 10), after printing "ready". Each phase calls small helpers the JIT inlines once it
  * compiles them (the lambda and compareKeys into TimSort's loops), and one it cannot ({@link #sortKey}, too
- * big): the first cycles run interpreted, the later ones compiled. Time is checked every few thousand steps,
- * so the phases' shares are wall-clock shares of one busy thread.
+ * big): the first cycles run interpreted, the later ones compiled. Phases are timed in the thread's CPU time
+ * (checked about every millisecond of work), so their shares hold on a loaded machine, as a CPU profile sees them
+ * (workloads/burn.h does the same); the run's length is wall-clock time.
  */
 public final class Phases {
     static final long CYCLE_NANOS = 100_000_000L;
+    static final ThreadMXBean THREADS = ManagementFactory.getThreadMXBean();
     static long sink;
+
+    static long cpu() {
+        return THREADS.getCurrentThreadCpuTime();
+    }
 
     public static void main(String[] args) {
         double seconds = args.length > 0 ? Double.parseDouble(args[0]) : 10;
@@ -18,7 +26,7 @@ public final class Phases {
         System.out.println("ready");
         System.out.flush();
         while (System.nanoTime() < end) {
-            long start = System.nanoTime();
+            long start = cpu();
             hashPhase(start + CYCLE_NANOS / 2);
             sortPhase(start + CYCLE_NANOS / 2 + CYCLE_NANOS * 3 / 10);
             scanPhase(start + CYCLE_NANOS);
@@ -28,8 +36,8 @@ public final class Phases {
 
     static void hashPhase(long until) {
         long h = sink;
-        while (System.nanoTime() < until) {
-            for (int i = 0; i < 4096; i++) {
+        while (cpu() < until) {
+            for (int i = 0; i < 1 << 18; i++) {
                 h = mix(h, i);
             }
         }
@@ -45,12 +53,14 @@ public final class Phases {
         Integer[] data = new Integer[512];
         long seed = sink;
         do {
-            for (int i = 0; i < data.length; i++) {
-                seed = seed * 6364136223846793005L + 1442695040888963407L;
-                data[i] = (int) (seed >>> 33);
+            for (int round = 0; round < 16; round++) {
+                for (int i = 0; i < data.length; i++) {
+                    seed = seed * 6364136223846793005L + 1442695040888963407L;
+                    data[i] = (int) (seed >>> 33);
+                }
+                Arrays.sort(data, (a, b) -> compareKeys(a, b));
             }
-            Arrays.sort(data, (a, b) -> compareKeys(a, b));
-        } while (System.nanoTime() < until);
+        } while (cpu() < until);
         sink += data[0];
     }
 
@@ -84,10 +94,12 @@ public final class Phases {
     static void scanPhase(long until) {
         long[] values = new long[2048];
         long total = 0;
-        while (System.nanoTime() < until) {
-            for (int i = 0; i < values.length; i++) {
-                values[i] = step(values[i], i);
-                total += values[i];
+        while (cpu() < until) {
+            for (int pass = 0; pass < 128; pass++) {
+                for (int i = 0; i < values.length; i++) {
+                    values[i] = step(values[i], i);
+                    total += values[i];
+                }
             }
         }
         sink += total;
