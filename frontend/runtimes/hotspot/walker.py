@@ -16,11 +16,13 @@ walk knows being taken; a caller's frame is always complete.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from optrace.frontend.runtimes.hotspot.codecache import INTERPRETER
+from optrace.frontend.runtimes.hotspot.codecache import INTERPRETER, CodeBlob
 from optrace.frontend.runtimes.hotspot.process import HotSpotProcess, JavaFrame
 from optrace.frontend.runtimes.hotspot.threads import caller_java_frame, java_thread, last_java_frame
+from optrace.frontend.runtimes.hotspot.vmstructs import Memory
 
 MAX_FRAMES = 512
 MAX_LEAF_FRAME = 1 << 16  # bytes between a leaf's sp and an rbp it may have pushed a frame at
@@ -62,8 +64,7 @@ def java_stack(process: HotSpotProcess, regs: Registers, tid: int) -> JavaStack:
         pc = anchor.pc or process.memory.pointer(sp - WORD) or 0
     frames: list[JavaFrame] = []
     upcalls = 0
-    entry = process.layout.statics["call_stub_return"] + process.bias
-    call_stub = process.memory.pointer(entry)
+    call_stub = process.memory.pointer(process.layout.statics["call_stub_return"] + process.bias) or 0
     for _ in range(MAX_FRAMES):
         if not leaf and pc == call_stub:  # an entry frame: the thread's first, or an upcall from the VM
             below = caller_java_frame(process.memory, process.layout, fp)
@@ -72,7 +73,7 @@ def java_stack(process: HotSpotProcess, regs: Registers, tid: int) -> JavaStack:
             pc, sp, fp = below.pc or process.memory.pointer(below.sp - WORD) or 0, below.sp, below.fp
             upcalls += 1
             continue
-        step = _frame(process, pc, sp, fp, regs.r13 if leaf else None, frames)
+        step = _frame(process, pc, sp, fp, regs.r13 if leaf else None, call_stub, frames)
         if isinstance(step, str):
             return JavaStack(tuple(frames), step, from_anchor, upcalls)
         pc, sp, fp = step
@@ -80,7 +81,7 @@ def java_stack(process: HotSpotProcess, regs: Registers, tid: int) -> JavaStack:
     return JavaStack(tuple(frames), DEPTH, from_anchor, upcalls)
 
 
-def _frame(process: HotSpotProcess, pc: int, sp: int, fp: int, bcp_register: int | None,
+def _frame(process: HotSpotProcess, pc: int, sp: int, fp: int, bcp_register: int | None, call_stub: int,
            frames: list[JavaFrame]) -> tuple[int, int, int] | str:
     """Names the frame at ``pc`` into ``frames``; its caller's (pc, sp, fp), or why the walk ends."""
     if not process.in_code_cache(pc):
@@ -101,17 +102,19 @@ def _frame(process: HotSpotProcess, pc: int, sp: int, fp: int, bcp_register: int
         sender_sp, saved_fp, ra = (int.from_bytes(caller[i:i + WORD], "little") for i in (0, WORD, 2 * WORD))
         return ra, sender_sp, saved_fp
     frames.extend(process.compiled(blob, pc, return_address=bcp_register is None))
-    callers = _compiled_callers(process, blob, pc, sp, fp, leaf=bcp_register is not None)
+    callers = _compiled_callers(process, blob, (pc, sp, fp), call_stub, leaf=bcp_register is not None)
     return next(callers, UNREADABLE)
 
 
-def _compiled_callers(process: HotSpotProcess, blob, pc: int, sp: int, fp: int, leaf: bool):
+def _compiled_callers(process: HotSpotProcess, blob: CodeBlob, regs: tuple[int, int, int], call_stub: int,
+                      leaf: bool) -> Iterator[tuple[int, int, int]]:
     """The caller's (pc, sp, fp) of a compiled frame or stub. A caller's frame is complete: its blob's frame
     size places the return address and the saved rbp. A leaf may be in a prologue or epilogue, or a stub with
     no fixed frame: the frame-size reading first (a pc before the frame is complete or on a ``ret``: with only
     the return address pushed first), then with the return address at sp, at sp + 8 (rbp pushed), above rbp
     (an rbp frame); the first that returns right after a call in the code cache (or to the call stub)."""
     memory = process.memory
+    pc, sp, fp = regs
     size = blob.frame_size * WORD
     built = _caller_at(memory, sp + size - 2 * WORD, sp + size) if size >= 2 * WORD else None
     readings = [built]
@@ -121,9 +124,8 @@ def _compiled_callers(process: HotSpotProcess, blob, pc: int, sp: int, fp: int, 
         framed = _caller_at(memory, fp, fp + 2 * WORD) if sp <= fp < sp + MAX_LEAF_FRAME else None
         readings = [frameless, pushed, built, framed] if _frameless(process, blob, pc) else \
             [built, frameless, pushed, framed]
-    entry = memory.pointer(process.layout.statics["call_stub_return"] + process.bias)
     for reading in readings:
-        if reading is not None and reading[0] is not None and (reading[0] == entry or not leaf
+        if reading is not None and reading[0] is not None and (reading[0] == call_stub or not leaf
                                                                or _returns_into_code(process, reading[0])):
             yield reading
 
@@ -159,7 +161,7 @@ def _indirect_call(before: bytes, size: int) -> bool:
     return at + length == len(before)
 
 
-def _caller_at(memory, saved_fp_at: int, caller_sp: int) -> tuple[int, int, int] | None:
+def _caller_at(memory: Memory, saved_fp_at: int, caller_sp: int) -> tuple[int, int, int] | None:
     """(return address, caller's sp, caller's fp) with the saved rbp at ``saved_fp_at`` and the return address
     just above it."""
     top = memory.read_exact(saved_fp_at, 2 * WORD)
@@ -168,7 +170,7 @@ def _caller_at(memory, saved_fp_at: int, caller_sp: int) -> tuple[int, int, int]
     return int.from_bytes(top[WORD:], "little"), caller_sp, int.from_bytes(top[:WORD], "little")
 
 
-def _frameless(process: HotSpotProcess, blob, pc: int) -> bool:
+def _frameless(process: HotSpotProcess, blob: CodeBlob, pc: int) -> bool:
     """A leaf pc whose frame is not built (the prologue) or already gone (on the ``ret``)."""
     if pc < blob.code_begin + blob.frame_complete:
         return True
