@@ -12,7 +12,9 @@ import pytest
 
 from jvms import PHASES, main_lines, phase_of, running
 from optrace.frontend.python.memory import ProcessMemory
+from optrace.frontend.runtimes.hotspot import process as hotspot_process
 from optrace.frontend.runtimes.hotspot.process import attach
+from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.runtimes.hotspot.walker import ENTRY, NOT_JAVA, Registers, java_stack
 from optrace.procfs import read_maps
 from threadstop import busiest_thread, stopped
@@ -42,7 +44,8 @@ def stacks(pid: int, process, count: int, wait: tuple[float, float] = (0.005, 0.
 
 
 @pytest.mark.parametrize("jdk", JDK_VERSIONS)
-def test_tables_are_read_once_per_libjvm(jdk, phases_classes):
+def test_tables_are_read_once_per_libjvm(jdk, phases_classes, monkeypatch):
+    monkeypatch.setattr(hotspot_process, "_tables", LruCache(8))  # whatever attached before in this session
     with running(jdk, phases_classes, 20) as first, running(jdk, phases_classes, 20) as second:
         memory = CountingMemory(first.pid)
         process = attach(first.pid, read_maps(first.pid).entries, memory)
