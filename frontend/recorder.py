@@ -7,6 +7,7 @@ resolved while the recording still has root and the processes' files, so `optrac
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections import Counter
@@ -192,10 +193,13 @@ class Recorder:
     def _start_targets(self) -> None:
         if self.options.subprocesses:
             add_subprocesses(self.session.target_pids, self.session.add_pid)
-        # The command execs as soon as its events are open (perf's order); its unwind tables are built after,
-        # from its exec event, and its stacks until they are loaded are copied and walked once they are
-        # (bpf/stackcopy.c). Building them first kept it waiting 0.14-0.55 s after the attach (issue 42).
+        # The command waits for its program's unwind tables and the walker (issue 42: 0.3-0.5 s of its exec
+        # time at load 15): released at once, a CPython command's first second had no Python frames (its
+        # interpreter is found with its table), 15 % of a 2.5 s run's samples under load (bench/README.md (e)).
         if self.options.command:
+            program = shutil.which(self.options.command[0])
+            if program:
+                self.session.prepare_unwind(program)
             self.child = GatedChild(self.options.command)
             self.session.add_pid(self.child.pid)
             self.child.release()

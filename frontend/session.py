@@ -472,6 +472,10 @@ class ProfilingSession:
             self.profiler.mark_known(pid, epoch)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
 
+    def prepare_unwind(self, executable: str) -> None:
+        """Build the unwind tables of a program about to be started now (see UnwindScheduler.prepare_unwind)."""
+        self.unwinder.prepare_unwind(executable)
+
     def maybe_jit(self, sample: RawSample) -> bool:
         """A raw address outside every file mapping (and [vdso]) may be JIT code (its name depends on when
         it was sampled: the JIT reuses addresses)."""

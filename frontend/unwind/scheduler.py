@@ -338,3 +338,9 @@ class UnwindScheduler:
             self.unwind_later(pid)
         self.wait_for(BUSY_UNWIND_SECONDS)  # after the jobs above
 
+    def prepare_unwind(self, executable: str) -> None:
+        """Build the unwind tables of a program about to be started (and its libraries) now, and wait for
+        the walking program: the command's stacks are unwound from its first instruction."""
+        if self.unwinding is not None:
+            self._contain("unwind_tables", self.unwinding.warm, executable)
+            self._unwind_step.result()
