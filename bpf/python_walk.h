@@ -160,8 +160,8 @@ static inline u64 python_next(struct python_walk *pw, struct py_proc *proc, stru
     }
     pw->frame = previous;
     u8 mark = s->frame[proc->frame_entry & (PY_FRAME_WINDOW - 1)];
-    if (proc->entry_kind == ENTRY_SHIM && mark == proc->entry_value)
-        return 0;  // the C stack's shim: the call's frames are all put
+    if (proc->entry_kind == ENTRY_SHIM && mark >= proc->entry_value)
+        return 0;  // the frame the eval call started with: the call's frames are all put
     u64 code = field_u64(s, proc->frame_code) & ~proc->code_tag_mask;
     u32 instr = instruction(proc, s, code);
     pw->call_done = proc->entry_kind == ENTRY_PER_CALL || (proc->entry_kind == ENTRY_FLAG && mark);

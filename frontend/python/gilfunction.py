@@ -12,8 +12,8 @@ import capstone
 
 from bisect import bisect_left
 
-from optrace.frontend.python.symbolnames import find_symbols
-from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile
+from optrace.frontend.python.symbolnames import code_at, find_symbols
+from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.symbols.fderanges import fde_ranges
 
 TAKE_GIL = "take_gil"
@@ -40,21 +40,13 @@ def take_gil_range(elf: ElfFile) -> tuple[int, int] | None:
 
 def _direct_calls(elf: ElfFile, address: int, size: int) -> list[int]:
     """The targets of the direct calls and jumps (tail calls) of the code at ``address``."""
-    code = _code(elf, address, min(size, MAX_CALLER_BYTES))
+    code = code_at(elf, address, min(size, MAX_CALLER_BYTES))
     disassembler = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     found = []
     for instruction in disassembler.disasm(code, address):
         if instruction.mnemonic in ("call", "jmp") and instruction.op_str.startswith("0x"):
             found.append(int(instruction.op_str, 16))
     return found
-
-
-def _code(elf: ElfFile, address: int, size: int) -> bytes:
-    section = next((s for s in elf.sections() if s.addr <= address < s.addr + s.size and s.type != SHT_NOBITS),
-                   None)
-    if section is None:
-        return b""
-    return elf.read_at(section.offset + address - section.addr, min(size, section.addr + section.size - address))
 
 
 def _fde_end(elf: ElfFile, start: int) -> int | None:

@@ -1,6 +1,7 @@
 """What a CPython executable or libpython tells of itself, read once per file: where ``_PyRuntime`` and the
-eval function (``_PyEval_EvalFrameDefault``, and its ``.cold`` part when .symtab names it) are linked, the
-``Py_Version`` it was built as (3.11+), and its PT_LOAD segments (for the load bias of a mapping).
+eval function (``_PyEval_EvalFrameDefault``, and its ``.cold`` part: named in .symtab, else found from its
+jumps, evalcold.py) are linked, the ``Py_Version`` it was built as (3.11+), and its PT_LOAD segments (for
+the load bias of a mapping).
 
 The file is another user's: it is opened as the process maps it (frontend/symbols/access.py's
 ``open_mapped_file``: /proc/PID/map_files or the path inside the process's root, no symlink followed, a
@@ -20,6 +21,7 @@ from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
 from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.elffile import EM_X86_64, ElfFile
 from optrace.frontend.symbols.lru import LruCache
+from optrace.frontend.python.evalcold import cold_part
 from optrace.frontend.python.gilfunction import take_gil_range
 from optrace.frontend.python.symbolnames import find_symbols
 from optrace.frontend.unwind.unwindfile import UnwindFile, file_without_rows
@@ -82,7 +84,7 @@ def _read_file(reader: BoundedFile, shown: str) -> InterpreterFile | str:
         if EVAL_COLD not in symbols or RUNTIME not in symbols:
             symbols = {**find_symbols(elf, ".symtab", WANTED), **symbols}
         segments = file_without_rows(reader)
-        return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(symbols),
+        return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(elf, symbols),
                                py_version=_py_version(elf, segments, symbols), segments=segments,
                                gil=_file_range(segments, take_gil_range(elf)))
     except (OSError, ValueError, struct.error) as err:  # ElfFormatError and BudgetExceeded included
@@ -96,9 +98,14 @@ def _runtime(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> int | None:
     return section.addr if section is not None and section.addr else None
 
 
-def _eval_ranges(symbols: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    return tuple((start, start + size) for name in (EVAL, EVAL_COLD) if name in symbols
-                 for start, size in (symbols[name],) if size > 0)
+def _eval_ranges(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The eval function and its split-off part: named in .symtab, else found from its jumps (evalcold.py)."""
+    ranges = tuple((start, start + size) for name in (EVAL, EVAL_COLD) if name in symbols
+                   for start, size in (symbols[name],) if size > 0)
+    if len(ranges) != 1 or EVAL_COLD in symbols:
+        return ranges
+    cold = cold_part(elf, *symbols[EVAL])
+    return ranges if cold is None else (*ranges, cold)
 
 
 def _file_range(segments: UnwindFile, vaddrs: tuple[int, int] | None) -> tuple[int, int] | None:

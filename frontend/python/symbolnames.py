@@ -1,10 +1,10 @@
-"""A few symbols of an ELF file found by name, without decoding its symbol tables whole."""
+"""A few symbols of an ELF file found by name, without decoding its symbol tables whole; the code at an address."""
 from __future__ import annotations
 
 import struct
 
 from optrace.frontend.symbols.elffile import SHT_NOBITS, ElfFile
-from optrace.frontend.symbols.symbol import MAX_TABLE_BYTES, SHN_UNDEF
+from optrace.frontend.symbols.symbol import MAX_TABLE_BYTES, SHN_UNDEF, STT_FUNC
 
 MAX_NAME_HITS = 16  # places one wanted name is looked for in a string table
 _SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
@@ -38,3 +38,23 @@ def _string_offsets(strings: bytes, name: str) -> list[int]:
         offsets.append(at)
         at = strings.find(key, at + 1)
     return offsets
+
+
+def function_starts(elf: ElfFile, section_name: str) -> set[int]:
+    """The addresses where the defined functions of ``section_name`` start."""
+    section = elf.section_by_name(section_name)
+    if section is None or section.type == SHT_NOBITS or section.entsize != _SYMBOL.size:
+        return set()
+    data = elf.section_data(section, MAX_TABLE_BYTES)
+    return {value for _name, info, _other, shndx, value, _size in
+            _SYMBOL.iter_unpack(data[:len(data) - len(data) % _SYMBOL.size])
+            if info & 0xF == STT_FUNC and shndx != SHN_UNDEF and value}
+
+
+def code_at(elf: ElfFile, address: int, size: int) -> bytes:
+    """Up to ``size`` bytes of the section holding link-time ``address``, from there (b"" outside any)."""
+    section = next((s for s in elf.sections() if s.addr <= address < s.addr + s.size and s.type != SHT_NOBITS),
+                   None)
+    if section is None:
+        return b""
+    return elf.read_at(section.offset + address - section.addr, min(size, section.addr + section.size - address))

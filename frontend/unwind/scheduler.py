@@ -185,6 +185,7 @@ class UnwindScheduler:
         maps = self.profiler.unwind
         loaded = None if self.keep_rows else maps.is_loaded
         own = pid == os.getpid()  # walked by frame pointers (see unwind_later)
+        self._python_first(pid, own, capture)
         exec_epoch: int | None = 0
         if own:
             epoch = self.profiler.epoch(pid)
@@ -213,11 +214,6 @@ class UnwindScheduler:
             self.on_tables(pid, epoch, exec_epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
-        if self.python is not None and not own:
-            if capture is None:
-                self._contain("python", self._look_at_python, pid)
-            else:  # on the capture worker: the Python walker's state is the unwind worker's
-                self._python_later(pid)
         if not own and pid in self._unwound:
             self._reloaded.append(pid)
         self._unwound[pid] = epoch
@@ -229,6 +225,17 @@ class UnwindScheduler:
         while self._reloaded:
             taken.append(self._reloaded.popleft())
         return taken
+
+    def _python_first(self, pid: int, own: bool, capture: Capture | None) -> None:
+        """The Python walker gets the process before the CFI walker its table: a CFI walk with no Python walker
+        yet leaves the eval frames bare (1 % of a 3.13 recording's samples, those walked in the 0.1 s the
+        interpreter's look took after the table)."""
+        if self.python is None or own:
+            return
+        if capture is None:
+            self._contain("python", self._look_at_python, pid)
+        else:  # on the capture worker: the Python walker's state is the unwind worker's
+            self._python_later(pid)
 
     def _look_at_python(self, pid: int) -> None:
         """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""
