@@ -71,6 +71,10 @@ class UnwindScheduler:
         # at while they still run: their new files' frames are named from it (appended on the worker).
         self._reloaded: deque[int] = deque()
         self._unwind_worker: ThreadPoolExecutor | None = None
+        # Python looks that do not wait behind tables being built: a command's interpreter is looked at again
+        # every 50 ms until it is initialized (frontend/python/processes.py), which the unwind worker, busy
+        # building the command's tables, made 20-90 ms of its CPU late (its samples had no Python frames)
+        self._python_worker: ThreadPoolExecutor | None = None
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
@@ -82,6 +86,8 @@ class UnwindScheduler:
         if self.unwinding is None:
             return
         self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
+        if self.python is not None:
+            self._python_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-python")
         self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
         self._captures = MappingCaptures(self._capture, lambda pid, capture: self._contain(
             "unwind_tables", self.unwind, pid, capture), self._contain)
@@ -97,6 +103,8 @@ class UnwindScheduler:
         if self._unwind_worker is not None:
             self.unwinding.cancel()
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
+            if self._python_worker is not None:
+                self._python_worker.shutdown(wait=True, cancel_futures=True)
             self._captures.close()
             self.unwinding.tables.close()
 
@@ -234,7 +242,7 @@ class UnwindScheduler:
             return
         if capture is None:
             self._contain("python", self._look_at_python, pid)
-        else:  # on the capture worker: the Python walker's state is the unwind worker's
+        else:  # on the capture worker
             self._python_later(pid)
 
     def _look_at_python(self, pid: int) -> None:
@@ -251,9 +259,9 @@ class UnwindScheduler:
             self._python_later(pid)
 
     def _python_later(self, pid: int) -> None:
-        """:meth:`_look_at_python` on the worker."""
+        """:meth:`_look_at_python` on the Python worker."""
         try:
-            self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
+            self._python_worker.submit(self._contain, "python", self._look_at_python, pid)
         except RuntimeError:  # shut down: the session is ending
             pass
 
@@ -268,6 +276,8 @@ class UnwindScheduler:
         more than the kernel's row array holds (bpf/unwindmaps.py). Unwinding it cost serve 2 s of
         conversion and 40 MB of transient memory at start and after every new generation, and its rows
         filled 80 % of the array, so other processes' files started new generations sooner."""
+        if program and self.python is not None and self._python_worker is not None:  # an exec: looked at from
+            self._python_later(pid)  # its start (a table queued for its previous program would hold it back)
         if self._unwind_worker is None or pid in self._unwind_queued:
             return
         self._unwind_queued.add(pid)
