@@ -12,29 +12,28 @@ function) lead into one FDE that no exported symbol starts; that FDE is the part
 """
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import Counter
 
 import capstone
 
 from optrace.frontend.python.symbolnames import code_at, function_starts
+from optrace.frontend.python.functionbounds import FunctionBounds
 from optrace.frontend.symbols.elffile import ElfFile
-from optrace.frontend.symbols.fderanges import FdeRanges, fde_ranges
 
 MAX_EVAL_BYTES = 1 << 18  # of the exported function disassembled (pyenv's 3.12 eval function is 97 KiB)
 
 
-def cold_part(elf: ElfFile, start: int, size: int) -> tuple[int, int] | None:
+def cold_part(elf: ElfFile, start: int, size: int, bounds: FunctionBounds | None = None) -> tuple[int, int] | None:
     """[start, end) link-time addresses of the eval function's split-off part, None when it has none
     that can be told (no conditional jump out of it, or jumps into several unnamed functions alike)."""
     targets = _branches_out(code_at(elf, start, min(size, MAX_EVAL_BYTES)), start, start + size)
     if not targets:
         return None
-    ranges = fde_ranges(elf)
+    bounds = bounds or FunctionBounds(elf)
     named = function_starts(elf, ".dynsym")
     held: Counter[tuple[int, int]] = Counter()
     for target in targets:
-        found = _fde_holding(ranges, target)
+        found = bounds.around(target)
         if found is not None and found[0] not in named and not found[0] <= start < found[1]:
             held[found] += 1
     if not held:
@@ -53,10 +52,3 @@ def _branches_out(code: bytes, start: int, end: int) -> list[int]:
             if not start <= target < end:
                 found.append(target)
     return found
-
-
-def _fde_holding(ranges: FdeRanges, address: int) -> tuple[int, int] | None:
-    at = bisect_right(ranges.starts, address) - 1
-    if at < 0 or address >= ranges.ends[at]:
-        return None
-    return ranges.starts[at], ranges.ends[at]

@@ -22,6 +22,7 @@ from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.elffile import EM_X86_64, ElfFile
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.python.evalcold import cold_part
+from optrace.frontend.python.functionbounds import FunctionBounds
 from optrace.frontend.python.gilfunction import take_gil_range
 from optrace.frontend.python.symbolnames import find_symbols
 from optrace.frontend.unwind.unwindfile import UnwindFile, file_without_rows
@@ -84,9 +85,10 @@ def _read_file(reader: BoundedFile, shown: str) -> InterpreterFile | str:
         if EVAL_COLD not in symbols or RUNTIME not in symbols:
             symbols = {**find_symbols(elf, ".symtab", WANTED), **symbols}
         segments = file_without_rows(reader)
-        return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(elf, symbols),
+        bounds = FunctionBounds(elf)
+        return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(elf, symbols, bounds),
                                py_version=_py_version(elf, segments, symbols), segments=segments,
-                               gil=_file_range(segments, take_gil_range(elf)))
+                               gil=_file_range(segments, take_gil_range(elf, bounds)))
     except (OSError, ValueError, struct.error) as err:  # ElfFormatError and BudgetExceeded included
         return f"cannot read {shown}: {printable(err)[:200]}"
 
@@ -98,13 +100,14 @@ def _runtime(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> int | None:
     return section.addr if section is not None and section.addr else None
 
 
-def _eval_ranges(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+def _eval_ranges(elf: ElfFile, symbols: dict[str, tuple[int, int]],
+                 bounds: FunctionBounds) -> tuple[tuple[int, int], ...]:
     """The eval function and its split-off part: named in .symtab, else found from its jumps (evalcold.py)."""
     ranges = tuple((start, start + size) for name in (EVAL, EVAL_COLD) if name in symbols
                    for start, size in (symbols[name],) if size > 0)
     if len(ranges) != 1 or EVAL_COLD in symbols:
         return ranges
-    cold = cold_part(elf, *symbols[EVAL])
+    cold = cold_part(elf, *symbols[EVAL], bounds)
     return ranges if cold is None else (*ranges, cold)
 
 
