@@ -84,7 +84,7 @@ struct py_proc {
 BPF_HASH(py_procs, u32, struct py_proc, PYTHON_PROCS);
 
 #define PY_FRAME_WINDOW 128  // optrace.pythonlayout.FRAME_WINDOW
-#define PY_WINDOW 4096       // bytes of the thread's frames read at once (3.11+ keep them on a stack of their own)
+#define PY_WINDOW 4096       // bytes of the thread's frames read at once
 #define PY_PAGE_MASK (~4095ULL)
 #define PY_CODE_SHIFT 16     // PYTHON_CODE_SHIFT
 #define PY_CODE_MASK ((1ULL << 44) - 1)
@@ -98,8 +98,10 @@ BPF_HASH(py_procs, u32, struct py_proc, PYTHON_PROCS);
 #define INSTR_POINTER 2
 
 // The frames read last: `valid` bytes from `base` (0: none this sample). In 3.11+ a thread's frames are
-// pushed on its own stack, each after its caller: one read ending at a frame's end holds the frames of
-// its callers before it (a 2 KiB read cost what 2-3 frame reads did, and holds 10-20 frames).
+// pushed on a stack of their own, each after its caller: one read ending at a frame's end holds the frames
+// of its callers before it (pyfixed.py's 50-deep recursion: 100-odd bytes a frame, 2 reads where there were
+// 50; with 32 frames a program, the BPF time per sample with Python frames went from 1.84x to 1.22x the
+// native walk's, medians of 5 interleaved rounds at load 25).
 struct py_scratch {
     u8 window[PY_WINDOW + PY_FRAME_WINDOW];  // a frame's fields are read at (offset & (PY_WINDOW - 1)) + field
     u64 base;

@@ -1,9 +1,9 @@
 """The CPython interpreters of this machine the Python-frame tests run against, and children started with them.
 
 Besides pyenv's and Debian's (bookworm), Debian sid's python3.14 and python3.15 ("3.14-sid", "3.15-sid"): they
-need sid's glibc, so they run from the sid root `make setup` makes (scripts/setup-sid-root.sh), in their own
-mount namespace and root as a container runs them, with the repository and /tmp bound in at the same paths
-(a test's files are where the test put them, and their frames name them so).
+need sid's glibc, so they run from the sid root `make setup` makes, in their own mount namespace and root as a
+container runs them (bench/sidroot.py), with the repository and /tmp bound in at the same paths (a test's files
+are where the test put them, and their frames name them so).
 """
 from __future__ import annotations
 
@@ -15,18 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from sidroot import SID_ROOT, in_container, sid_python
+
 PYENV_VERSIONS = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
 PROGRAMS = Path(__file__).parent / "programs"
 SID = ["3.14-sid", "3.15-sid"]
 SUPPORTED = ["3.8", "3.9", "3.10", "3.11", "3.11-debian", "3.12", "3.13", *SID]
 REFUSED = ["3.6", "3.7"]
 DEBIAN_311 = Path("/usr/bin/python3.11")
-SID_ROOT = Path(os.environ.get("OPTRACE_SID_ROOT", "/var/cache/optrace-test/sid"))  # scripts/setup-sid-root.sh
 REPO = Path(__file__).resolve().parents[2]
-# $1 the root, then the command: the repository and /tmp bound in at their own paths, then chroot (mounts made
-# in the namespace unshare --mount made, private to it: gone with the process)
-CONTAINER = ('root=$1; shift; for dir in "$REPO" /tmp; do mkdir -p "$root$dir" && mount --bind "$dir" "$root$dir" '
-             '|| exit 1; done; exec chroot "$root" "$@"')
+BINDS = [REPO, Path("/tmp")]  # bound into sid's container at their own paths
 
 
 def interpreter(name: str) -> Path | None:
@@ -35,7 +33,7 @@ def interpreter(name: str) -> Path | None:
     if name == "3.11-debian":
         return DEBIAN_311 if DEBIAN_311.exists() else None
     if name in SID:
-        exe = SID_ROOT / "usr" / "bin" / f"python{minor_name(name)}"
+        exe = sid_python(minor_name(name))
         return exe if exe.exists() else None
     found = sorted(PYENV_VERSIONS.glob(f"{name}.*/bin/python{name}"), key=lambda p: p.parts[-3])
     return found[-1] if found else None
@@ -50,10 +48,7 @@ def command(name: str) -> list[str]:
     """The argv that runs interpreter ``name`` (skips the test when it is not installed): its executable, or
     for sid's, a container around it (the same pid: unshare and chroot exec into it)."""
     exe = require(name)
-    if name not in SID:
-        return [str(exe)]
-    return ["env", f"REPO={REPO}", "unshare", "--mount", "--", "sh", "-c", CONTAINER, "sh", str(SID_ROOT),
-            f"/usr/bin/{exe.name}"]
+    return [str(exe)] if name not in SID else in_container([f"/usr/bin/{exe.name}"], BINDS)
 
 
 def include_dir(name: str) -> Path | None:
