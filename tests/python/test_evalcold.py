@@ -45,7 +45,7 @@ def found(path: Path) -> tuple[int, int] | None:
 
 def facts(path: Path) -> InterpreterFile:
     with reader_for(os.open(path, os.O_RDONLY), ELF_POLICY, str(path)) as reader:
-        read = _read_file(reader, str(path))
+        read = _read_file(ElfFile(reader), reader, str(path), None)
     assert not isinstance(read, str), read
     return read
 
