@@ -147,10 +147,10 @@ def measure_deep(rounds: int, workdir: Path) -> dict:
 
 # (b) slowdown of a fixed-work job --------------------------------------------------------------------------
 
-def job(tool: Tool | None, hz: int, workdir: Path, python: list[str] | None = None) -> dict:
+def job(tool: Tool | None, hz: int, workdir: Path, python: list[str] | None = None, settle_s: float = 1.0) -> dict:
     """One run of the fixed-work job (``python``: Debian's python3.11 by default; 10 frames deep), profiled by
     ``tool`` from when its samples are walked as they will be (optrace: its tables and interpreter in the
-    walkers; the others: one second after their launch, once they read the process) or not profiled."""
+    walkers; the others: ``settle_s`` after their launch, once they read the process) or not profiled."""
     with Target([*(python or [PYTHON]), str(PYFIXED), "--depth", str(JOB_DEPTH), "--rounds", str(JOB_ROUNDS)]) as target:
         if tool is None:
             result = json.loads(target.release())
@@ -161,7 +161,7 @@ def job(tool: Tool | None, hz: int, workdir: Path, python: list[str] | None = No
             if tool is TOOLS["optrace"]:
                 wait_walked(recording.launched.pid, target.pid, True)
             else:
-                time.sleep(1.0)
+                time.sleep(settle_s)
             result = json.loads(target.release())
             run, samples = recording.stop()
         target.close()
