@@ -99,8 +99,8 @@ BPF_HASH(py_procs, u32, struct py_proc, PYTHON_PROCS);
 
 // The frames read last: `valid` bytes from `base` (0: none this sample). In 3.11+ a thread's frames are
 // pushed on a stack of their own, each after its caller: one read ending at a frame's end holds the frames
-// of its callers before it (pyfixed.py's 50-deep recursion: 100-odd bytes a frame, 2 reads where there were
-// 50; with 32 frames a program, the BPF time per sample with Python frames went from 1.84x to 1.22x the
+// of its callers before it (pyfixed.py's 50-deep recursion: 100-odd bytes a frame, 2-3 reads where there
+// were 50; with 32 frames a program, the BPF time per sample with Python frames went from 1.84x to 1.22x the
 // native walk's, medians of 5 interleaved rounds at load 25).
 struct py_scratch {
     u8 window[PY_WINDOW + PY_FRAME_WINDOW];  // a frame's fields are read at (offset & (PY_WINDOW - 1)) + field
@@ -133,37 +133,45 @@ static inline u8 field_u8(struct py_scratch *s, u32 at, u32 offset)
     return s->window[(at & (PY_WINDOW - 1)) + (offset & (PY_FRAME_WINDOW - 1))];
 }
 
-// Where the frame at `frame` is in the window, reading the PY_WINDOW bytes that end at its end when it is
-// not there (or, when those cross into an unmapped page, from the frame's own page); -1: unreadable.
+// Reads `len` bytes at `start` into the window (0: done).
+static inline int read_window(struct py_scratch *s, u64 start, u64 len)
+{
+    asm volatile("" : "+r"(len));  // the mask below stays, as the verifier needs it
+    len &= 2 * PY_WINDOW - 1;
+    if (len > PY_WINDOW || bpf_probe_read_user(s->window, len, (void *)start))
+        return -1;
+    s->base = start;
+    s->valid = len;
+    return 0;
+}
+
+// Where the frame at `frame` is in the window; -1: unreadable. A frame not in it is read alone, and when
+// its caller's frame lies below it within PY_WINDOW (3.11+'s frame stack), the PY_WINDOW bytes that end at
+// its end are read (or, when those cross into an unmapped page, from its caller's page): its callers'
+// frames are then in the window. Frames on the heap (up to 3.10, generators) cost a read each, as before.
 static inline s32 frame_in_window(struct py_scratch *s, struct py_proc *proc, u64 frame)
 {
     u32 size = proc->frame_bytes;
-    asm volatile("" : "+r"(size));  // the mask below stays, as the verifier needs it
+    asm volatile("" : "+r"(size));
     size &= PY_FRAME_WINDOW - 1;
     u64 at = frame - s->base;
     if (frame >= s->base && at + size <= s->valid)
         return at;
-    u64 end = frame + size, start = end - PY_WINDOW;
-    if (start > frame)  // below address PY_WINDOW
-        start = frame;
-    u32 len = end - start;
-    asm volatile("" : "+r"(len));
-    len &= 2 * PY_WINDOW - 1;
-    if (len > PY_WINDOW || bpf_probe_read_user(s->window, len, (void *)start)) {
-        start = frame & PY_PAGE_MASK;
-        if (start + PY_WINDOW < end)
-            start = end - PY_WINDOW;
-        len = end - start;
-        asm volatile("" : "+r"(len));
-        len &= 2 * PY_WINDOW - 1;
-        if (len > PY_WINDOW || bpf_probe_read_user(s->window, len, (void *)start)) {
-            s->valid = 0;
-            return -1;
-        }
+    if (read_window(s, frame, size)) {
+        s->valid = 0;
+        return -1;
     }
-    s->base = start;
-    s->valid = len;
-    return frame - start;
+    u64 previous = field_u64(s, 0, proc->frame_previous), end = frame + size;
+    if (previous >= frame || frame - previous > PY_WINDOW - PY_FRAME_WINDOW)
+        return 0;  // the caller is elsewhere: this frame alone
+    if (!read_window(s, end - PY_WINDOW, PY_WINDOW) ||
+        !read_window(s, previous & PY_PAGE_MASK, end - (previous & PY_PAGE_MASK)))
+        return frame - s->base;
+    if (read_window(s, frame, size)) {  // the caller's page is not mapped: this frame alone again
+        s->valid = 0;
+        return -1;
+    }
+    return 0;
 }
 
 // The Python walk is over for this sample: eval frames from here on stay native.
