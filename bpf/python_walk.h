@@ -100,8 +100,8 @@ BPF_HASH(py_procs, u32, struct py_proc, PYTHON_PROCS);
 // The frames read last: `valid` bytes from `base` (0: none this sample). In 3.11+ a thread's frames are
 // pushed on a stack of their own, each after its caller: one read ending at a frame's end holds the frames
 // of its callers before it (pyfixed.py's 50-deep recursion: 100-odd bytes a frame, 2-3 reads where there
-// were 50; with 32 frames a program, the BPF time per sample with Python frames went from 1.84x to 1.22x the
-// native walk's, medians of 5 interleaved rounds at load 25).
+// were 50; with 32 frames a program, the BPF time per sample with Python frames went from 2.26x to 1.26x the
+// native walk's, medians of 3 interleaved rounds at load 29).
 struct py_scratch {
     u8 window[PY_WINDOW + PY_FRAME_WINDOW];  // a frame's fields are read at (offset & (PY_WINDOW - 1)) + field
     u64 base;
