@@ -11,6 +11,7 @@ from support import cpu_seconds, run_optrace, running
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 MIN_CPU_S = 0.2  # the child used less while top ran: the case proves nothing (the machine starved it)
+DEMO = ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix")  # workloads/demo.c's functions
 
 
 def test_a_parents_running_child_is_shown_only_with_subprocesses(workloads):
@@ -26,6 +27,6 @@ def test_a_parents_running_child_is_shown_only_with_subprocesses(workloads):
             used = cpu_seconds(child) - before
             assert proc.returncode == 0, proc.stderr
             tables[flags] = proc.stdout  # every refresh's table
-    assert "hot_a" not in tables[()], tables[()]  # the parent shell only waits
+    assert not any(name in tables[()] for name in DEMO), tables[()]  # the parent shell only waits
     assert used >= MIN_CPU_S, f"the child used {used:.2f} s of CPU while top ran: too little to tell (machine load)"
-    assert "[.] hot_a" in tables[("--subprocesses",)], tables[("--subprocesses",)]
+    assert any(f"[.] {name}" in tables[("--subprocesses",)] for name in DEMO), tables[("--subprocesses",)]
