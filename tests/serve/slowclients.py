@@ -134,7 +134,10 @@ class Clients:
 
     def run(self, seconds: float) -> dict[str, int]:
         self.reopen = [time.monotonic()] * self.count
-        self.epoll.register(0, select.EPOLLIN)
+        try:
+            self.epoll.register(0, select.EPOLLIN)
+        except PermissionError:  # stdin is a file (/dev/null): only SECONDS end the run
+            pass
         deadline, announced = time.monotonic() + seconds, False
         while time.monotonic() < deadline and not self.stopped:
             self.tick()
