@@ -26,22 +26,26 @@ TLS_CHUNK = 16 << 10  # one TLS record's worth
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset and drops what is unsent
 
 
+def _nothing() -> None:
+    pass
+
+
 def _wake(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(None)
 
 
 class PlainChannel:
-    def __init__(self, sock: socket.socket, progressed: Callable[[], None]) -> None:
-        self.sock, self.progressed = sock, progressed
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
         self.loop = asyncio.get_running_loop()
 
     async def read(self) -> bytes:
         """What came next (b"" once the client is done sending)."""
         return await self.loop.sock_recv(self.sock, READ_BYTES)
 
-    async def send(self, *parts: bytes | memoryview) -> None:
-        """All of ``parts``, in order, without copying them."""
+    async def send(self, *parts: bytes | memoryview, progressed: Callable[[], None] = _nothing) -> None:
+        """All of ``parts``, in order, without copying them; ``progressed`` each time the kernel takes some."""
         views = [memoryview(part).cast("B") for part in parts if len(part)]
         while views:
             try:
@@ -49,9 +53,14 @@ class PlainChannel:
             except (BlockingIOError, InterruptedError):
                 sent = 0
             if not sent:
-                await self._writable()
+                waiter = self.loop.create_future()
+                self.loop.add_writer(self.sock, _wake, waiter)
+                try:
+                    await waiter
+                finally:
+                    self.loop.remove_writer(self.sock)
                 continue
-            self.progressed()
+            progressed()
             while sent:
                 if sent >= len(views[0]):
                     sent -= len(views.pop(0))
@@ -70,18 +79,10 @@ class PlainChannel:
                 pass
         self.sock.close()
 
-    async def _writable(self) -> None:
-        waiter = self.loop.create_future()
-        self.loop.add_writer(self.sock, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            self.loop.remove_writer(self.sock)
-
 
 class TlsChannel(PlainChannel):
-    def __init__(self, sock: socket.socket, progressed: Callable[[], None], context: ssl.SSLContext) -> None:
-        super().__init__(sock, progressed)
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext) -> None:
+        super().__init__(sock)
         self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
 
@@ -112,12 +113,12 @@ class TlsChannel(PlainChannel):
             except ssl.SSLZeroReturnError:  # the client's close_notify
                 return b""
 
-    async def send(self, *parts: bytes | memoryview) -> None:
+    async def send(self, *parts: bytes | memoryview, progressed: Callable[[], None] = _nothing) -> None:
         for part in parts:
             view = memoryview(part).cast("B")
             for offset in range(0, len(view), TLS_CHUNK):
                 self._tls.write(view[offset:offset + TLS_CHUNK])  # into memory: renegotiation is off (tls_context)
-                await self._send_pending()
+                await self._send_pending(progressed)
 
     async def finish(self) -> None:
         try:
@@ -134,7 +135,7 @@ class TlsChannel(PlainChannel):
         self._incoming.write(data)
         return True
 
-    async def _send_pending(self) -> None:
+    async def _send_pending(self, progressed: Callable[[], None] = _nothing) -> None:
         pending = self._outgoing.read()
         if pending:
-            await PlainChannel.send(self, pending)
+            await PlainChannel.send(self, pending, progressed=progressed)

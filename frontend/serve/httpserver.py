@@ -141,6 +141,10 @@ class _Warnings:
         print(f"optrace: warning: {kind}: {printable(detail)[:200]}", file=sys.stderr, flush=True)
 
 
+def _nothing() -> None:
+    pass
+
+
 def _spread(seconds: float) -> float:
     """A deadline between half of ``seconds`` and all of it: connections opened together (a flood) are not
     all cut in the same pass of the loop, and their clients do not all come back together."""
@@ -162,7 +166,7 @@ class _Conversation:
     def __init__(self, server: MetricsServer, conn: Connection, sock: socket.socket,
                  context: ssl.SSLContext | None) -> None:
         self.server, self.conn = server, conn
-        self.channel = TlsChannel(sock, self._progressed, context) if context else PlainChannel(sock, self._progressed)
+        self.channel = TlsChannel(sock, context) if context else PlainChannel(sock)
         self.protocol = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         self.loop = asyncio.get_running_loop()
         self._write_due = math.inf
@@ -182,9 +186,11 @@ class _Conversation:
             limits.progressed(self.conn)
             response = await self.server.answer(request)
             head_only = request.method == "HEAD"
+            parts = self._framed(response, head_only)
             limits.writing(self.conn, b"" if head_only else response.body)
+            del request, response  # a client that does not read holds its answer's bytes, nothing more
             self._writing(WRITE_S)
-            await self._send(response, head_only)
+            await self.channel.send(*parts, progressed=self._progressed)
             limits.written(self.conn)
             if self.protocol.our_state is not h11.DONE or self.protocol.their_state is not h11.DONE:
                 return
@@ -238,21 +244,22 @@ class _Conversation:
         except h11.RemoteProtocolError:
             pass
 
-    async def _send(self, response: Response, head_only: bool) -> None:
-        """The answer's head and body in one go, the body from its own bytes (h11 passes it through)."""
+    def _framed(self, response: Response, head_only: bool) -> list[bytes]:
+        """The answer's bytes to send: its head, its body as it is (h11 passes it through), its end."""
         headers = [*response.headers, ("Content-Length", str(len(response.body)))]
         head = self.protocol.send(h11.Response(status_code=response.status, reason=response.reason.encode(),
                                                headers=headers))
         body = [] if head_only else self.protocol.send_with_data_passthrough(h11.Data(response.body))
-        await self.channel.send(head, *body, self.protocol.send(h11.EndOfMessage()))
+        return [head, *body, self.protocol.send(h11.EndOfMessage())]
 
     async def _refuse(self, status: int, message: str) -> None:
         """An error answer to a request that could not be read, if the protocol still allows one."""
         if self.protocol.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         reason = {400: "Bad Request", 431: "Request Header Fields Too Large"}.get(status, "Bad Request")
+        parts = self._framed(text_response(status, reason, message, [("Connection", "close")]), head_only=False)
         self._writing(FIRST_BYTE_S)
-        await self._send(text_response(status, reason, message, [("Connection", "close")]), head_only=False)
+        await self.channel.send(*parts, progressed=self._progressed)
 
 
 class MetricsServer:
@@ -368,7 +375,7 @@ class MetricsServer:
     def _converse(self, sock: socket.socket, peer: str) -> None:
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(client_of(peer), lambda: None)
+        conn = Connection(client_of(peer), _nothing)
         self.limits.admit(conn)
         conversation = _Conversation(self, conn, sock, self.endpoint.context)
         task = self._loop.create_task(self._conversation(conversation))
@@ -395,6 +402,7 @@ class MetricsServer:
         or it gave way) or not."""
         self._conversations.discard(task)
         self.limits.release(conversation.conn)
+        conversation.conn.close = _nothing  # the task's last reference: a cut one's traceback holds the conn
         conversation.channel.close(not task.cancelled() and task.exception() is None and task.result())
 
     def _sweep(self) -> None:
