@@ -56,11 +56,13 @@ from functools import partial
 from urllib.parse import unquote
 
 import h11
+from prometheus_client.registry import Collector
 
 from optrace.errors import OptraceError
 from optrace.fileaccess import printable
 from optrace.frontend.serve.channel import PlainChannel, TlsChannel
 from optrace.frontend.serve.connlimits import Connection, ConnectionLimits
+from optrace.frontend.serve.connmetrics import ConnectionsCollector
 from optrace.frontend.serve.routes import (CurrentPage, Endpoint, PageSource, ProfileCollector, Request, Response,
                                            Routes, endpoint_for, text_response)
 from optrace.frontend.serve.webconfig import TlsFiles, WebConfig
@@ -321,6 +323,10 @@ class MetricsServer:
             self._thread.join(CLOSE_S * 2)
         self._workers.shutdown(wait=False, cancel_futures=True)
         self._sock.close()
+
+    def collector(self) -> Collector:
+        """Its connections and their bytes, for the page."""
+        return ConnectionsCollector(self.limits)
 
     async def answer(self, request: Request) -> Response:
         """The routes' answer, given at once when it needs no waiting, else built on a worker; a bug there

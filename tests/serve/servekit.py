@@ -66,21 +66,27 @@ def running_daemon(options: ServeOptions, sources: list | None = None) -> Iterat
 
 def scrape_times(url: str, count: int, every_s: float, timeout_s: float, credentials: str = "") -> dict[str, list]:
     """Seconds each of ``count`` scrapes took, one every ``every_s`` on a new connection (a failed one counts
-    as ``timeout_s``, its error in "failures"); with ``credentials`` (USER:PASSWORD), basic auth."""
-    times, failures = [], []
+    as ``timeout_s``, its error in "failures"); with ``credentials`` (USER:PASSWORD), basic auth. "peaks":
+    the largest value each series of the HTTP server's own metrics (``optrace_http_*``) showed."""
+    times, failures, peaks = [], [], {}
     headers = {"Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()} if credentials else {}
     for _ in range(count):
         started = time.monotonic()
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s) as response:
-                if response.status != 200 or b"optrace_drains_total" not in response.read():
+                page = response.read()
+                if response.status != 200 or b"optrace_drains_total" not in page:
                     raise OSError(f"HTTP {response.status} without the page")
             times.append(time.monotonic() - started)
+            for line in page.decode().splitlines():
+                if line.startswith("optrace_http_"):
+                    series, _, value = line.rpartition(" ")
+                    peaks[series] = max(peaks.get(series, 0.0), float(value))
         except OSError as error:
             times.append(timeout_s)
             failures.append(f"after {time.monotonic() - started:.1f} s: {error!r}")
         time.sleep(max(0.0, started + every_s - time.monotonic()))
-    return {"times": times, "failures": failures}
+    return {"times": times, "failures": failures, "peaks": peaks}
 
 
 def p99(values: list[float]) -> float:
