@@ -85,7 +85,7 @@ class ServeDaemon:
                 stack.callback(self.otlp.close)  # before the sources: its last interval is sent first
                 self.otlp.start()
                 page.add_collector(self.otlp.collector())
-            server.start(page.render, self.windows.collect, page.current)
+            server.start(page.render, self.windows, page.current)
             self.address = server.address
             on_ready(server.url)
             self._loop(stop)

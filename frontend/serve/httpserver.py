@@ -53,7 +53,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from urllib.parse import unquote
+from http import HTTPStatus
+from urllib.parse import unquote, urlsplit
 
 import h11
 from prometheus_client.registry import Collector
@@ -155,9 +156,30 @@ def _spread(seconds: float) -> float:
 
 def _request(event: h11.Request, client: str) -> Request:
     target = event.target.decode("latin-1")
+    if target[:8].lower().startswith(("http://", "https://")):  # the absolute form, which a server must accept
+        url = urlsplit(target)
+        target = f"{url.path or '/'}?{url.query}" if url.query else url.path or "/"
     path, _, query = target.partition("?")
     headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in event.headers}
     return Request(event.method.decode("latin-1"), unquote(path, "latin-1"), query, client, headers)
+
+
+def _has_body(event: h11.Request) -> bool:
+    """Whether a request says a body follows. A body is never read: its connection is closed after the
+    answer, and nothing the client sent after the head is taken as a request (no smuggling through a body
+    framed one way by a proxy and another here)."""
+    return any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0")
+               for name, value in event.headers)
+
+
+def _refused(event: h11.Request) -> tuple[int, str] | None:
+    """A request head answered with an error (and its connection closed) rather than served."""
+    if len(event.headers) > MAX_HEADERS:
+        return 431, f"more than {MAX_HEADERS} header lines"
+    names = {name for name, _ in event.headers}
+    if b"transfer-encoding" in names and b"content-length" in names:  # RFC 9112 6.3: a smuggling attempt
+        return 400, "both Transfer-Encoding and Content-Length"
+    return None
 
 
 class _Conversation:
@@ -199,6 +221,7 @@ class _Conversation:
             self.protocol.start_next_cycle()
             self.conn.answering = False
             started, first_byte_due = None, self.loop.time() + KEEPALIVE_S
+            await asyncio.sleep(0)  # one request a turn: a client that pipelines without end shares the loop
 
     def _writing(self, seconds: float) -> None:
         """An answer starts: all of it is due in ``seconds``, and its next bytes in WRITE_STALL_S."""
@@ -223,12 +246,14 @@ class _Conversation:
                 await self._refuse(error.error_status_hint, "bad request")
                 return None
             if isinstance(event, h11.Request):
-                if len(event.headers) <= MAX_HEADERS:
+                refused = _refused(event)
+                if refused:
+                    await self._refuse(*refused)
+                    return None
+                if not _has_body(event):
                     self._end_of_request()
-                    self.server.limits.reading(self.conn, len(self.protocol.trailing_data[0]))  # pipelined ones
-                    return _request(event, self.conn.address)
-                await self._refuse(431, f"more than {MAX_HEADERS} header lines")
-                return None
+                self.server.limits.reading(self.conn, len(self.protocol.trailing_data[0]))  # pipelined ones
+                return _request(event, self.conn.address)
             if event is not h11.NEED_DATA:
                 return None  # ConnectionClosed, or PAUSED after a request whose body was not read
             began = self.conn.buffered > 0
@@ -239,8 +264,7 @@ class _Conversation:
             self.server.limits.reading(self.conn, len(self.protocol.trailing_data[0]))
 
     def _end_of_request(self) -> None:
-        """Takes the end of a request without a body, so the connection can be kept alive; a body is not
-        read (its connection is closed after the answer)."""
+        """Takes the end of a request without a body, so the connection can be kept alive."""
         try:
             self.protocol.next_event()
         except h11.RemoteProtocolError:
@@ -249,6 +273,8 @@ class _Conversation:
     def _framed(self, response: Response, head_only: bool) -> list[bytes]:
         """The answer's bytes to send: its head, its body as it is (h11 passes it through), its end."""
         headers = [*response.headers, ("Content-Length", str(len(response.body)))]
+        if self.protocol.their_state is not h11.DONE and ("Connection", "close") not in headers:
+            headers.append(("Connection", "close"))  # a body not read: nothing after it is either
         head = self.protocol.send(h11.Response(status_code=response.status, reason=response.reason.encode(),
                                                headers=headers))
         body = [] if head_only else self.protocol.send_with_data_passthrough(h11.Data(response.body))
@@ -258,8 +284,8 @@ class _Conversation:
         """An error answer to a request that could not be read, if the protocol still allows one."""
         if self.protocol.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        reason = {400: "Bad Request", 431: "Request Header Fields Too Large"}.get(status, "Bad Request")
-        parts = self._framed(text_response(status, reason, message, [("Connection", "close")]), head_only=False)
+        answer = text_response(status, HTTPStatus(status).phrase, message, [("Connection", "close")])
+        parts = self._framed(answer, head_only=False)
         self._writing(FIRST_BYTE_S)
         await self.channel.send(*parts, progressed=self._progressed)
 

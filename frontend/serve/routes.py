@@ -13,6 +13,7 @@ import html
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import parse_qs
 
 from optrace import __version__
@@ -21,7 +22,18 @@ from optrace.frontend.serve.profilewindows import WindowRefused, parse_seconds
 from optrace.frontend.serve.webconfig import AuthBusy, BasicAuth, WebConfig, tls_context
 
 PROFILE_PATH = "/debug/pprof/profile"  # Go's net/http/pprof
-ProfileCollector = Callable[[str, int], bytes]  # (client address, seconds) -> gzipped pprof
+
+
+class ProfileCollector(Protocol):
+    """The profile windows (profilewindows.py)."""
+
+    def collect(self, client: str, seconds: int) -> bytes:
+        """Blocks ``seconds``, then the gzipped pprof; raises WindowRefused."""
+
+    def refusal(self, client: str) -> WindowRefused | None:
+        """Why a window for ``client`` would be refused now, without waiting; None if it might open."""
+
+
 PageSource = Callable[[], bytes]  # renders /metrics (once per drain)
 CurrentPage = Callable[[], bytes | None]  # the page of this drain if rendered already, without waiting
 TEXT = "text/plain; charset=utf-8"
@@ -94,11 +106,18 @@ class _GzipCache:
         return body
 
 
-def _profile(request: Request, collect: ProfileCollector) -> Response:
-    """`/debug/pprof/profile?seconds=N`: blocks N seconds, then the pprof (see profilewindows)."""
+def _profile(request: Request, windows: ProfileCollector, wait: bool) -> Response | None:
+    """`/debug/pprof/profile?seconds=N`: blocks N seconds, then the pprof (see profilewindows). Without
+    ``wait``, only a refusal (a bad N, a client or server with its windows taken: a flood of those is
+    answered by the event loop, never by the workers), else None."""
     try:
         seconds = parse_seconds(parse_qs(request.query, keep_blank_values=True).get("seconds", []))
-        body = collect(request.client, seconds)
+        if not wait:
+            refused = windows.refusal(request.client)
+            if refused is None:
+                return None
+            raise refused
+        body = windows.collect(request.client, seconds)
     except WindowRefused as refused:
         status, _, reason = refused.status.partition(" ")
         return text_response(int(status), reason, str(refused))
@@ -143,7 +162,7 @@ class Routes:
         if request.path == "/":
             return Response(200, "OK", [("Content-Type", "text/html; charset=utf-8")], index_page(endpoint.scheme))
         if request.path == PROFILE_PATH and self._profile is not None:
-            return _profile(request, self._profile) if wait else None
+            return _profile(request, self._profile, wait)
         return Response(404, "Not Found", [("Content-Type", "text/plain")], b"not found: try /metrics\n")
 
     def _metrics(self, request: Request, wait: bool) -> Response | None:
