@@ -40,9 +40,9 @@ class PlainChannel:
         self.sock = sock
         self.loop = asyncio.get_running_loop()
 
-    async def read(self) -> bytes:
-        """What came next (b"" once the client is done sending)."""
-        return await self.loop.sock_recv(self.sock, READ_BYTES)
+    async def read(self, limit: int = READ_BYTES) -> bytes:
+        """What came next, at most ``limit`` bytes (b"" once the client is done sending)."""
+        return await self.loop.sock_recv(self.sock, min(limit, READ_BYTES))
 
     async def send(self, *parts: bytes | memoryview, progressed: Callable[[], None] = _nothing) -> None:
         """All of ``parts``, in order, without copying them; ``progressed`` each time the kernel takes some."""
@@ -69,6 +69,15 @@ class PlainChannel:
 
     async def finish(self) -> None:
         """Nothing more will be written."""
+
+    async def linger(self, seconds: float, max_bytes: int) -> None:
+        """Says it is done (FIN), then reads and drops what the client still sends, up to ``max_bytes``
+        for ``seconds``: closed with unread bytes, a socket resets, and the client may lose the answer
+        that was sent last (a 431, a 400) before reading it."""
+        self.sock.shutdown(socket.SHUT_WR)
+        async with asyncio.timeout(seconds):
+            while max_bytes > 0 and (data := await self.loop.sock_recv(self.sock, READ_BYTES)):
+                max_bytes -= len(data)
 
     def close(self, clean: bool) -> None:
         """Closes the socket: after what was sent has gone, or (``clean`` False) at once, with a reset."""
@@ -102,10 +111,10 @@ class TlsChannel(PlainChannel):
             await self._send_pending()
             return
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int = READ_BYTES) -> bytes:
         while True:
             try:
-                return self._tls.read(READ_BYTES)
+                return self._tls.read(min(limit, READ_BYTES))
             except ssl.SSLWantReadError:
                 await self._send_pending()  # TLS 1.3 may have something to say first (session tickets)
                 if not await self._receive():

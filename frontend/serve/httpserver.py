@@ -88,6 +88,8 @@ ACCEPT_BATCH = 256  # connections accepted per pass of the loop
 SWEEP_S = 0.25  # how often deadlines are looked at (each is kept to within this)
 ACCEPT_PAUSE_S = 0.5  # out of descriptors: accepting again after this
 CLOSE_S = 5.0  # serve's stop: connections still open after this are dropped
+LINGER_S = 2.0  # after an answer to a request not read whole: how long its client's bytes are taken and dropped
+LINGER_BYTES = 64 << 10  # ... and how many at most
 TIDY_S = 10.0  # how often the loop looks whether to give freed memory back
 TIDY_GONE = 256  # ... which it does once this many connections fewer are held than at the peak since
 WARN_AGAIN_S = 60.0
@@ -260,7 +262,8 @@ class _Conversation:
             if began and head_due is None:
                 head_due = self.loop.time() + _spread(HEAD_S)
             self.conn.due = head_due if began else min(first_byte_due, head_due or first_byte_due)
-            self.protocol.receive_data(await self.channel.read())
+            # never more than the head's limit and a byte: h11 holds an incomplete head to it, not a whole one
+            self.protocol.receive_data(await self.channel.read(MAX_HEAD_BYTES + 1 - self.conn.buffered))
             self.server.limits.reading(self.conn, len(self.protocol.trailing_data[0]))
 
     def _end_of_request(self) -> None:
@@ -420,6 +423,8 @@ class MetricsServer:
         try:
             await conversation.run()
             await conversation.channel.finish()
+            if conversation.protocol.their_state is not h11.DONE:  # a body or an error: bytes not read
+                await conversation.channel.linger(LINGER_S, LINGER_BYTES)
             return True
         except ssl.SSLError:
             return True  # a refused handshake: its alert went out before the close
