@@ -1,14 +1,16 @@
 """How many connections serve holds, per client address and in all, what their answers may hold in memory,
 and which connection gives way for a new one.
 
-Every connection is ordered by its last *progress*: when it was accepted, when it sent a whole request
-head, and whenever the kernel took bytes of its answer. Bytes of an unfinished head are not progress (a
-slowloris trickle is not), and neither is time spent waiting for an answer to be built. When a new
-connection does not fit, the one whose last progress is oldest gives way, whatever its state (waiting for
-a request, its answer being built, or blocked because its client does not read): first among the new
-one's address (at ``per_address``), then among all (at ``total``). A scraper's connection progresses
-within milliseconds of its accept, so a flood, even from the scraper's own address, pushes out only
-connections that sit still. A new connection is always let in.
+Every connection stands in a line ordered by its last *progress*: when it was accepted, when it sent a
+whole request head, when its answer was built, and whenever the kernel took bytes of its answer. Bytes of
+an unfinished head are not progress (a slowloris trickle is not). While its answer is being built the
+connection steps out of the line: the server's slowness is not the client's (a scraper's connection
+waiting for a page render under a flood of connections that each got twenty 401s went first). When a new
+connection does not fit, the first in line gives way, whatever its state (waiting for a request, or
+blocked because its client does not read): first among the new one's address (at ``per_address``), then
+among all (at ``total``); only when none is in line does the one whose answer has been building longest.
+A scraper's connection progresses within milliseconds of its accept, so a flood, even from the scraper's
+own address, pushes out only connections that sit still. A new connection is always let in.
 
 Request bytes read but not answered yet (a head being sent, requests pipelined behind it) stay within
 ``request_bytes`` in all: past it, the connections holding such bytes give way in the same order (a
@@ -25,7 +27,7 @@ Not thread-safe: the server's event loop is its only user.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,8 +49,11 @@ class ConnectionLimits:
         self.total = total  # may change (a reload that turns TLS on or off): the next admissions keep to it
         self.request_bytes = request_bytes
         self.answer_bytes = answer_bytes
-        self._all: OrderedDict[Connection, None] = OrderedDict()  # oldest progress first
+        self._held = 0
+        self._count: Counter[str] = Counter()  # held, by address
+        self._all: OrderedDict[Connection, None] = OrderedDict()  # the line: oldest progress first
         self._by_address: defaultdict[str, OrderedDict[Connection, None]] = defaultdict(OrderedDict)
+        self._building: OrderedDict[Connection, None] = OrderedDict()  # out of the line, longest first
         self._reading: OrderedDict[Connection, None] = OrderedDict()  # those holding request bytes, likewise
         self._writing: OrderedDict[Connection, None] = OrderedDict()  # those writing a body, likewise
         self._bodies: dict[int, list] = {}  # id(body) -> [body, connections writing it]
@@ -60,25 +65,37 @@ class ConnectionLimits:
 
     def admit(self, new: Connection) -> None:
         """Hold ``new``, cutting the connections that give way for it."""
-        same = self._by_address.get(new.address)
-        if same is not None and len(same) >= self.per_address:
-            self._cut(next(iter(same)))
-        while self._all and len(self._all) >= self.total:
-            self._cut(next(iter(self._all)))
+        if self._count[new.address] >= self.per_address:
+            self._cut(self._first(new.address))
+        while self._held >= max(self.total, 1):
+            self._cut(self._first(None))
         new.held = True
-        self._all[new] = None
-        self._by_address[new.address][new] = None
-        self.peak = max(self.peak, len(self._all))
+        self._held += 1
+        self._count[new.address] += 1
+        self._line_up(new)
+        self.peak = max(self.peak, self._held)
 
     def progressed(self, conn: Connection) -> None:
         """``conn`` made progress: it moves to the end of the line of those that give way."""
-        if not conn.held:
+        if conn not in self._all:
             return
         self._all.move_to_end(conn)
         self._by_address[conn.address].move_to_end(conn)
         for line in (self._reading, self._writing):
             if conn in line:
                 line.move_to_end(conn)
+
+    def building(self, conn: Connection) -> None:
+        """``conn``'s answer is being built: out of the line until :meth:`built`."""
+        if conn in self._all:
+            self._out_of_line(conn)
+            self._building[conn] = None
+
+    def built(self, conn: Connection) -> None:
+        """``conn``'s answer is ready (progress): back in the line, at its end."""
+        if conn in self._building:
+            del self._building[conn]
+            self._line_up(conn)
 
     def reading(self, conn: Connection, buffered: int) -> None:
         """``conn`` holds ``buffered`` request bytes now; those holding others give way while the bytes
@@ -134,11 +151,14 @@ class ConnectionLimits:
         conn.held = False
         self.written(conn)
         self._unread(conn)
-        del self._all[conn]
-        same = self._by_address[conn.address]
-        del same[conn]
-        if not same:
-            del self._by_address[conn.address]
+        if conn in self._building:
+            del self._building[conn]
+        else:
+            self._out_of_line(conn)
+        self._held -= 1
+        self._count[conn.address] -= 1
+        if not self._count[conn.address]:
+            del self._count[conn.address]
 
     def cut_overdue(self, now: float) -> None:
         """Cuts the connections whose deadline (``due``) has passed."""
@@ -153,14 +173,31 @@ class ConnectionLimits:
         return [conn for conn in self._all if not conn.answering]
 
     def held(self, address: str | None = None) -> int:
-        if address is None:
-            return len(self._all)
-        return len(self._by_address.get(address, ()))
+        return self._held if address is None else self._count.get(address, 0)
 
     def reset_peak(self) -> int:
         """The peak since the last reset; from now on, the peak is what is held now."""
-        peak, self.peak = self.peak, len(self._all)
+        peak, self.peak = self.peak, self._held
         return peak
+
+    def _line_up(self, conn: Connection) -> None:
+        self._all[conn] = None
+        self._by_address[conn.address][conn] = None
+
+    def _out_of_line(self, conn: Connection) -> None:
+        del self._all[conn]
+        same = self._by_address[conn.address]
+        del same[conn]
+        if not same:
+            del self._by_address[conn.address]
+
+    def _first(self, address: str | None) -> Connection:
+        """Who gives way among ``address``'s connections (None: among all): the first in line, else the
+        one whose answer has been building longest."""
+        line = self._all if address is None else self._by_address.get(address)
+        if line:
+            return next(iter(line))
+        return next(conn for conn in self._building if address is None or conn.address == address)
 
     def _cut(self, conn: Connection) -> None:
         self.release(conn)

@@ -11,27 +11,32 @@ to poll, and no per-address limit or whole-request deadline). h11 (python-hyper'
 parses and frames; this module only moves bytes and keeps the limits:
 
 - **connections**: at most MAX_PER_ADDRESS per client (an IPv4 address, an IPv6 /64) and MAX_CONNECTIONS
-  in all (fewer when the descriptor limit, raised to the hard one, leaves less than that above
-  FD_RESERVE). A new connection is always let in: the one that has made no progress for the longest
-  (connlimits.py: accept, a whole request head, answer bytes the kernel took) gives way, whatever its
-  state, first among its client's, then among all;
+  in all (MAX_TLS_CONNECTIONS with TLS: OpenSSL keeps its record buffers per connection; fewer when the
+  descriptor limit, raised to the hard one, leaves less than that above FD_RESERVE). A new connection is
+  always let in: the one that has made no progress for the longest (connlimits.py: accept, a whole request
+  head, answer bytes the kernel took) gives way, whatever its state, first among its client's, then among
+  all;
 - **time**: the first byte of a request within FIRST_BYTE_S of the connection (the TLS handshake
   included), its whole head within HEAD_S (each cut somewhere in the last half of that, so a flood's
   connections are not all cut in one pass); a kept-alive connection waits KEEPALIVE_S for its next
   request; an answer is cut when the client takes none of it for WRITE_STALL_S, and when it is not all
-  written within WRITE_S;
+  written within WRITE_S. Each deadline is the connection's ``due`` time, which one sweep of the loop
+  enforces every SWEEP_S (no timer per wait);
 - **requests**: read one at a time: the next is read only once the last answer is written, so requests
-  pipelined behind an answer the client does not read wait in the kernel, not here. A request head of at
-  most MAX_HEAD_BYTES and MAX_HEADERS header lines (else 431); a body is not read, and its connection is
-  closed after the answer;
-- **memory**: a connection holds its socket, its parser and at most MAX_HEAD_BYTES + READ_BYTES of
-  request bytes (channel.py); answers are sent from their bytes, never copied per connection (the page of
-  a drain is one object whoever is sent it), and the bodies being written hold at most ANSWER_BYTES
-  (connlimits.py): the whole server's connections stay within a few tens of MB whatever clients do, and
-  glibc is asked to give freed memory back (optrace/heap.py) once a crowd of connections has gone;
-- **work**: an answer that needs no waiting (the page of this drain, rendered already) is given by the loop
-  at once; at most WORKERS others are built at once (a page render, a bcrypt check, a profile's
-  N seconds: those are bounded on their own, routes.py), the rest wait in the loop, not in threads.
+  pipelined behind an answer the client does not read wait in the kernel, not here; one request a turn
+  of the loop per connection. A head of at most MAX_HEAD_BYTES (read no further than that) and MAX_HEADERS
+  header lines, else 431; a request with a body (Transfer-Encoding, or a Content-Length other than 0) is
+  answered and its connection closed, the body and anything after it never taken as a request; one with
+  both Transfer-Encoding and Content-Length is refused (400). An absolute-form target is served by its path;
+- **memory**: a connection holds its socket, its parser and the request bytes read and not answered;
+  those bytes stay within REQUEST_BYTES in all. Answers are sent from their bytes, never copied per
+  connection (the page of a drain is one object whoever is sent it), and the bodies being written stay
+  within ANSWER_BYTES, each counted once (connlimits.py). glibc is asked to give freed memory back
+  (optrace/heap.py) once a crowd of connections has gone;
+- **work**: an answer that needs no waiting (the page of this drain, rendered already; an error; a
+  refused profile window) is given by the loop at once; at most WORKERS others are built at once (a page
+  render, a bcrypt check, a profile's N seconds: those are bounded on their own, routes.py), the rest
+  wait in the loop, not in threads.
 
 The TLS context is taken per accepted connection (a web config reloaded by SIGHUP applies to the next
 connection; users and headers to the next request) and the handshake runs in the loop (channel.py),
@@ -209,8 +214,9 @@ class _Conversation:
             if request is None:
                 return
             self.conn.answering, self.conn.due = True, math.inf
-            limits.progressed(self.conn)
+            limits.building(self.conn)
             response = await self.server.answer(request)
+            limits.built(self.conn)
             head_only = request.method == "HEAD"
             parts = self._framed(response, head_only)
             limits.writing(self.conn, b"" if head_only else response.body)

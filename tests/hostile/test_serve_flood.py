@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,36 +28,13 @@ import pytest
 
 from hostilekit import OPTRACE, HostileUser, wait_for_line
 from optrace.frontend.serve.httpserver import ANSWER_BYTES, MAX_CONNECTIONS, REQUEST_BYTES
-from serve.servekit import p99 as servekit_p99
+from serve.servekit import p99
+from serve.test_slow_readers import (AFTER_S, ATTACKERS, P99_TARGET_S, PASSWORD, SCRAPE_EVERY_S, SCRAPE_TIMEOUT_S,
+                                     SCRAPES, SUCCESS_TARGET, RssWatch, rss_mb)
 from support import bpf_prog_ids, first_in_line, still_loaded
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 SERVE_TESTS = Path(__file__).resolve().parent.parent / "serve"
-SCRAPES = 100
-SCRAPE_EVERY_S = 0.5
-SCRAPE_TIMEOUT_S = 3.0
-P99_TARGET_S = 1.0
-SUCCESS_TARGET = 0.99
-AFTER_S = 60
-ATTACKERS = [(4352, 17, None), (300, 1, "127.0.0.1")]  # (sockets, source addresses, the one address)
-PASSWORD = "correct horse battery staple"
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class PeakRss(threading.Thread):
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.peak_mb, self.stop = pid, 0.0, threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.wait(0.2):
-            self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
 
 
 def start_serve(tmp: Path, auth: bool) -> tuple[subprocess.Popen, str, Path]:
@@ -97,20 +73,19 @@ def test_root_serve_beside_pipelined_slow_readers(bpf_ready, hostile_user: Hosti
         time.sleep(10)  # its first drains: the page has the machine's series, its caches their first files
         programs = bpf_prog_ids(serve.pid)
         before = rss_mb(serve.pid)
-        watch = PeakRss(serve.pid)
-        watch.start()
         attackers = [attacker(hostile_user, script, port, count, sources, origin, seconds)
                      for count, sources, origin in ATTACKERS]
         try:
-            for each in attackers:
-                assert each.stdout.readline() == "ready\n", "the attackers did not get connected"
-            scraper = subprocess.run([sys.executable, str(SERVE_TESTS / "servekit.py"), "scrape", url, str(SCRAPES),
-                                      str(SCRAPE_EVERY_S), str(SCRAPE_TIMEOUT_S), f"prometheus:{PASSWORD}" if auth else ""],
-                                     capture_output=True, text=True, timeout=seconds)
+            with RssWatch(serve.pid) as watch:
+                for each in attackers:
+                    assert each.stdout.readline() == "ready\n", "the attackers did not get connected"
+                scraper = subprocess.run([sys.executable, str(SERVE_TESTS / "servekit.py"), "scrape", url,
+                                          str(SCRAPES), str(SCRAPE_EVERY_S), str(SCRAPE_TIMEOUT_S),
+                                          f"prometheus:{PASSWORD}" if auth else ""],
+                                         capture_output=True, text=True, timeout=seconds)
         finally:
             reports = [json.loads(each.communicate("stop\n", timeout=60)[0].strip().splitlines()[-1])
                        for each in attackers]
-            watch.stop.set()
         page = len(subprocess.run(["curl", "-s", "-u", f"prometheus:{PASSWORD}", url], capture_output=True).stdout)
         time.sleep(AFTER_S)
         after = rss_mb(serve.pid)
@@ -120,9 +95,9 @@ def test_root_serve_beside_pipelined_slow_readers(bpf_ready, hostile_user: Hosti
     scrapes = json.loads(scraper.stdout)
     times, failures = scrapes["times"], scrapes["failures"]
     ordered = sorted(times)
-    p99 = servekit_p99(times)
+    slowest = p99(times)
     print(f"\n{'auth' if auth else 'open'}: {SCRAPES - len(failures)} of {SCRAPES} scrapes, median "
-          f"{ordered[len(ordered) // 2]:.3f} s, p99 {p99:.3f} s, max {ordered[-1]:.3f} s; page {page // 1024} KB; "
+          f"{ordered[len(ordered) // 2]:.3f} s, p99 {slowest:.3f} s, max {ordered[-1]:.3f} s; page {page // 1024} KB; "
           f"serve RSS {before:.0f} MB before, {watch.peak_mb:.0f} MB peak, {after:.0f} MB {AFTER_S} s after; "
           f"attackers: {reports}; failures: {failures[:5]}")
     assert code == 0, err.read_text()[-2000:]
@@ -131,7 +106,7 @@ def test_root_serve_beside_pipelined_slow_readers(bpf_ready, hostile_user: Hosti
     assert page > 90_000, "the page is smaller than the issue's"
     assert sum(report["opened"] for report in reports) >= 2 * sum(count for count, _, _ in ATTACKERS)
     assert SCRAPES - len(failures) >= SUCCESS_TARGET * SCRAPES, failures[:5]
-    assert p99 <= P99_TARGET_S, ordered[-5:]
+    assert slowest <= P99_TARGET_S, ordered[-5:]
     peaks = scrapes["peaks"]
     assert peaks['optrace_http_connections_cut_total{reason="gave_way"}'] > 0  # the table was full
     assert peaks["optrace_http_connections"] <= peaks["optrace_http_connections_max"] == MAX_CONNECTIONS

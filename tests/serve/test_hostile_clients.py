@@ -152,7 +152,7 @@ def test_open_pprof_windows_share_one_bound(monkeypatch):
     windows = ProfileWindows(99, lambda: "cpu-clock")
     functions = [Frame(f"f{i}", "/home/evil/bin/manystacks", address=0x1000 + 64 * i) for i in range(64)]
     bodies: list[bytes] = []
-    collectors = [threading.Thread(target=lambda c=c: bodies.append(windows.collect(f"10.0.0.{c}", 2)))
+    collectors = [threading.Thread(target=lambda c=c: bodies.append(windows.collect(f"10.0.0.{c}", 60)))
                   for c in range(profilewindows.MAX_WINDOWS)]
     for collector in collectors:
         collector.start()
@@ -164,7 +164,7 @@ def test_open_pprof_windows_share_one_bound(monkeypatch):
         windows.drained((functions, samples), time.monotonic())
     kept = [len(window.stacks) for window in windows._open]
     counted = [sum(window.stacks.values()) for window in windows._open]
-    windows.drained(None, time.monotonic() + 10)  # their end
+    windows.drained(None, time.monotonic() + 100)  # their end
     for collector in collectors:
         collector.join(10)
     assert sum(kept) <= 1000 + profilewindows.MAX_WINDOWS, kept  # each: its stacks and its [over the limit]

@@ -355,8 +355,14 @@ def test_a_new_connection_pushes_out_the_one_that_made_no_progress_longest():
     limits.admit(c1)
     assert closed == ["a1", "a3", "b1"]  # the total: the oldest of all
     limits.progressed(a4), limits.progressed(c1)
-    limits.admit(c2)  # every one is being answered: the one that moved longest ago gives way all the same
+    limits.building(c1)  # its answer is being built: the server's time, not the client's
+    limits.admit(c2)  # the others sent a request and sit still: the one that moved longest ago gives way
     assert closed[-1] == "a2" and limits.cut == 4
+    limits.building(a4), limits.building(c2)
+    c3 = conn("c3")
+    limits.admit(c3)  # all out of the line: the one whose answer has been building longest goes
+    assert closed[-1] == "c1" and limits.held("c") == 2
+    limits.built(a4)
     limits.release(a1)  # a connection that gave way ends later: nothing changes
     assert limits.held() == 3 and limits.held("a") == 1 and limits.held("c") == 2
 
