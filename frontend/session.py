@@ -162,7 +162,7 @@ def wait_options(options: OffCpuOptions | None) -> WaitOptions | None:
     if options is None:
         return None
     return WaitOptions(min_block_us=options.min_block_us, states=options.states,
-                       kernel_stacks=options.kernel_stacks, every=options.every)
+                       kernel_stacks=options.kernel_stacks, every=options.every, wakers=options.wakers)
 
 
 def check_off_cpu_every(every: int) -> None:
@@ -177,6 +177,7 @@ class OffCpuOptions:
     states: frozenset[str] = frozenset()  # of optrace.bpf.offcpu.STATES; empty: every wait
     kernel_stacks: bool = True  # False: user stacks only (the kernel stack is most of the cost)
     every: int = 1  # N: one wait in N (at random) recorded, counted N times
+    wakers: bool = False  # each wait with the stacks of the thread that woke it (RawSample.waker)
 
 
 @dataclass
@@ -439,22 +440,14 @@ class ProfilingSession:
     # -- off-CPU time ----------------------------------------------------------------------------------
     def _drain_off_cpu(self, drain: Drain, result: DrainResult, off_cpu: list[RawSample]) -> None:
         """The off-CPU sums since the last drain (walked as CPU samples are: raw IPs translated from the
-        mappings of their epoch, stack copies walked); processes that waited get their unwind tables as
-        sampled ones do."""
+        mappings of their epoch, stack copies walked); processes that waited, and their wakers (whose stacks
+        are CFI or build-id frames: nothing to translate), get their unwind tables as sampled ones do."""
         lost = dict(result.off_cpu_lost)
         drain.off_cpu_short_waits = lost.pop("short_waits", 0)
         drain.lost.update({f"off_cpu_{reason}": n for reason, n in lost.items()})
-        drain.off_cpu = off_cpu
-        drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
-        self.unwinder.unwind_processes(drain.off_cpu)
-
-    @staticmethod
-    def off_cpu_leaves(samples: list[RawSample]) -> list[RawSample]:
-        """Each wait with only the frame it is named after: the innermost user frame (the call that
-        blocked, as the program sees it), or for a kernel thread the caller of schedule() (its kernel
-        stack starts at schedule(), bpf/offcpu.c)."""
-        return [dataclasses.replace(s, user=s.user[:1], kernel=()) if s.user else
-                dataclasses.replace(s, kernel=s.kernel[1:2] or s.kernel[-1:]) for s in samples]
+        drain.off_cpu, seen = off_cpu, off_cpu + [s.waker for s in off_cpu if s.waker is not None]
+        drain.off_cpu_maybe_jit = self._learn_processes(seen, result.time)[:len(off_cpu)]
+        self.unwinder.unwind_processes(seen)
 
     def finish(self, time: float) -> None:
         """The recording is over: JIT files are read a last time."""
