@@ -316,6 +316,8 @@ class ProfilingSession:
             from optrace.frontend.unwind.copywalks import CopyWalks
 
             self.copies = CopyWalks(self.profiler, self.unwinder, self._contain)
+            if opts.mode.programs_at_exec:  # a program gone before its exec event is read is named from these
+                self.unwinder.on_capture = self.symbolizer.captured
         self.unwinder.start()
         for pid in opts.pids or ():
             self.add_pid(pid)
@@ -553,9 +555,9 @@ class ProfilingSession:
             if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
                 self.unwinder.unwind_later(pid, path)
                 self.learn(pid)
+            self._contain("process_maps", self.symbolizer.snapshot_process, pid)  # first: it says where pid is
             if path:
-                self._contain("executable", self.symbolizer.add_executable, path)
-            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+                self._contain("executable", self.symbolizer.add_executable, path, pid)
 
     def _learn_processes(self, samples: list[RawSample], time: float, folded_pids: Iterable[int] = (),
                          ) -> list[bool]:
@@ -566,8 +568,8 @@ class ProfilingSession:
         executables, snapshot = self.tracker.sampled(samples, tables)
         for pid in snapshot.union(self.unwinder.take_reloaded()):  # (those poll() did not take yet)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
-        for path in executables.values():  # for processes gone before their maps could be read
-            self._contain("executable", self.symbolizer.add_executable, path)
+        for pid, path in executables.items():  # for processes gone before their maps could be read
+            self._contain("executable", self.symbolizer.add_executable, path, pid)
         maybe_jit = [self.maybe_jit(s) for s in samples]
         for pid in {s.pid for s, jit in zip(samples, maybe_jit) if jit}:
             self._jit_pids.add(pid)

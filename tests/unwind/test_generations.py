@@ -349,7 +349,7 @@ def test_folded_stacks_count_their_tables_build_ids(session, monkeypatch):
     for them, so a process showing a new file is snapshotted while it is alive."""
     snapshots = []
     session.unwinder.fold = True
-    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path: None)
+    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path, pid=None: None)
     session.unwinder.unwind(1)
     assert session.unwinder.table_build_ids(1) == {b"a".ljust(20, b"\0")}
     session._learn_processes([], 0.0, {1})
@@ -364,7 +364,7 @@ def test_polls_reload_a_young_table_whose_process_mapped_more_after_a_drain(sess
     the drain were [unknown])."""
     unwind, _ = maps
     snapshots = []
-    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path: None)
+    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path, pid=None: None)
     session.profiler.poll_events = lambda ready=None: ([], [])
     session.unwinder.unwind(1)
     session.unwinder.unwind_processes([])  # a drain
