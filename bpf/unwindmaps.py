@@ -32,6 +32,11 @@ kernel's build-id stacks give, valid after the process exited. The walker's stac
 generations may name other files. A retired generation's ids still decode for RETIRED_READS more drains
 (stacks sampled just before the reset are read then), and are not handed out again before; then they are
 dropped, so what is kept is at most a few generations' files. Other frames come back as raw IPs.
+
+A file refused rows because the array (or the generation's file list) is full is marked MAPPING_COPY too:
+its code has CFI, so the walker copies the stack there and the copy is walked in user space with the rows
+the session holds, rather than by frame pointers, which give false frames through code built without them
+(``stats["rows_full"]``, ``stats["files_full"]``).
 """
 from __future__ import annotations
 
@@ -134,6 +139,7 @@ class _LoadedFile:
     row_count: int
     build_id: bytes | None
     lazy: bool = False  # its rows are not loaded until a sample shows they are used (MAPPING_COPY)
+    refused: bool = False  # it has rows, but the array had no room for them: walked from copies (MAPPING_COPY)
 
 
 class UnwindMaps:
@@ -328,7 +334,8 @@ class UnwindMaps:
         offset_adj = (mapping.file_offset - mapping.start) & ((1 << 64) - 1)
         return _MAPPING.pack(mapping.start, mapping.end, mapping.bias & ((1 << 64) - 1), offset_adj,
                              loaded.row_start, loaded.row_count,
-                             loaded.file_id if loaded.build_id is not None else 0, MAPPING_COPY if loaded.lazy else 0)
+                             loaded.file_id if loaded.build_id is not None else 0,
+                             MAPPING_COPY if loaded.lazy or loaded.refused else 0)
 
     def _file(self, mapping: ProcessMapping) -> _LoadedFile:
         loaded = self._files.get(mapping.file_key)
@@ -337,9 +344,9 @@ class UnwindMaps:
                 self._fill(loaded, mapping.rows)
                 self.stats["files_loaded_when_used"] += 1
             return loaded
-        if len(self._files) >= MAX_GENERATION_FILES:  # walked by frame pointers, its frames raw IPs
+        if len(self._files) >= MAX_GENERATION_FILES:  # walked from copies (its frames raw IPs otherwise)
             self.stats["files_full"] += 1
-            return _LoadedFile(0, 0, 0, None)
+            return _LoadedFile(0, 0, 0, None, refused=bool(mapping.rows))
         if mapping.rows is None:  # dropped by a caller that found it loaded before a new generation
             self.stats["rows_missing"] += 1
             return _LoadedFile(0, 0, 0, None)
@@ -359,6 +366,7 @@ class UnwindMaps:
         count = len(rows) // ROW_SIZE
         if self._next_row + count > self._capacity:
             self.stats["rows_full"] += 1
+            loaded.refused = count > 0
             return
         if count:
             self._write_rows(self._next_row, rows[:count * ROW_SIZE])
