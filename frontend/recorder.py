@@ -318,7 +318,7 @@ class Recorder:
             user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id", "cfi", "copied")},
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
-            off_cpu=self._off_cpu_meta(off_cpu),
+            off_cpu=self._off_cpu_meta(off_cpu, stack_quality(off_cpu_raw, frames, off_cpu) if self.options.stacks else {}),
             python=sample_outcomes(raw, frames, samples, python),
             interpreters=interpreters(python),
             bpf_programs={load.name: load.how for load in self.program_loads},
@@ -336,7 +336,7 @@ class Recorder:
         rows = iter(named)
         return frames, wakeup_rows(off_cpu, [next(rows) if s.waker is not None else None for s in raw])
 
-    def _off_cpu_meta(self, off_cpu: list[Sample]) -> OffCpuMeta | None:
+    def _off_cpu_meta(self, off_cpu: list[Sample], quality: dict[str, int]) -> OffCpuMeta | None:
         opts = self.options.off_cpu
         if opts is None:
             return None
@@ -345,7 +345,7 @@ class Recorder:
         return OffCpuMeta(source=ATTACHMENT, min_block_us=opts.min_block_us, states=sorted(opts.states),
                           total_ns=sum(s.count for s in off_cpu), short_waits=self.short_waits,
                           kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every,
-                          wakers=opts.wakers)
+                          wakers=opts.wakers, stack_quality=quality)
 
 
 def read_source_of(outcomes: dict, pid: int, file: str) -> list[str] | None:

@@ -173,6 +173,8 @@ class OffCpuMeta:
     wall: bool = False
     every: int = 1  # N: one wait in N recorded (at random), counted N times: times are estimates
     wakers: bool = False  # record --wakers: Record.wakeups joins the waits that slept to their wakers
+    # Off-CPU nanoseconds with a user stack by outcome, as RecordMeta.stack_quality counts samples
+    stack_quality: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
