@@ -103,25 +103,39 @@ def optrace_waits(path: Path) -> dict[tuple[str, ...], float]:
 
 def perf_waits(path: Path) -> dict[tuple[str, ...], float]:
     """sqlite3's off-CPU seconds by stack: each switch-out of one of its threads to its next switch-in, under
-    the switch-out's stack (perf script, frames from the root)."""
-    text = subprocess.run(["perf", "script", "-i", str(path), "-F", "comm,tid,cpu,time,event,trace,ip,sym"],
-                          capture_output=True, text=True, check=True).stdout
+    the switch-out's stack (frames from the root). perf script reads the events twice: all of them without
+    their stacks (the switch-ins are other threads' events), then sqlite3's own with theirs (unwinding the
+    other threads' stacks, which nothing here uses, took most of a minute)."""
+    ins: dict[int, list[float]] = defaultdict(list)  # tid -> its switch-in times
+    for block in perf_script(path, "comm,tid,cpu,time,event,trace"):
+        match = SWITCH.match(block[0])
+        if match and match["next_comm"] == "sqlite3":
+            ins[int(match["next"])].append(float(match["time"]))
     waits: dict[tuple[str, ...], float] = defaultdict(float)
-    out: dict[int, tuple[float, tuple[str, ...]]] = {}  # tid -> (switch-out time, its stack)
-    for block in text.split("\n\n"):
-        lines = block.strip("\n").splitlines()
-        match = SWITCH.match(lines[0]) if lines else None
-        if match is None:
+    for block in perf_script(path, "comm,tid,cpu,time,event,trace,ip,sym", "--comms", "sqlite3"):
+        match = SWITCH.match(block[0])
+        if match is None or int(match["prev"]) != int(match["tid"]):
             continue
-        at = float(match["time"])
-        if match["comm"] == "sqlite3" and int(match["prev"]) == int(match["tid"]):
-            frames = tuple(reversed([line.split(None, 1)[1].rsplit("+", 1)[0] if len(line.split(None, 1)) > 1
-                                     else "[unknown]" for line in lines[1:]]))
-            out[int(match["tid"])] = (at, frames)
-        if match["next_comm"] == "sqlite3" and int(match["next"]) in out:
-            began, frames = out.pop(int(match["next"]))
-            waits[frames] += at - began
+        began, tid = float(match["time"]), int(match["tid"])
+        ended = next((at for at in ins[tid] if at >= began), None)
+        if ended is not None:
+            frames = [line.split(None, 1)[1].rsplit("+", 1)[0] if len(line.split(None, 1)) > 1 else "[unknown]"
+                      for line in block[1:]]
+            waits[tuple(reversed(frames))] += ended - began
     return waits
+
+
+def perf_script(path: Path, fields: str, *more: str) -> list[list[str]]:
+    """perf script's switch events, each as its lines (the event, then its stack's, when it prints them)."""
+    text = subprocess.run(["perf", "script", "-i", str(path), "-F", fields, *more], capture_output=True, text=True,
+                          check=True).stdout
+    events: list[list[str]] = []
+    for line in text.splitlines():
+        if SWITCH.match(line):
+            events.append([line])
+        elif line.strip() and events:
+            events[-1].append(line)
+    return events
 
 
 def shares(waits: dict[tuple[str, ...], float]) -> dict:
@@ -141,11 +155,12 @@ def measure(rounds: int, rows: int, budget_s: float) -> dict[str, list[dict]]:
         sql = Path(tmp) / "inserts.sql"
         sql.write_text(statements(rows))
         for index in range(rounds):
+            round_started = time.monotonic()
             for tool in random.sample(TOOLS, len(TOOLS)):
                 runs[tool].append(run_once(tool, Path(tmp), sql))
             log(f"round {index + 1}/{rounds}: " + ", ".join(
                 f"{tool} {runs[tool][-1]['wall_s']:.2f} s" for tool in TOOLS))
-            if time.monotonic() - started > budget_s:
+            if time.monotonic() + 1.5 * (time.monotonic() - round_started) > started + budget_s:
                 log("time budget reached: fewer rounds")
                 break
     return runs
