@@ -316,7 +316,7 @@ int on_switch_out(struct bpf_perf_event_data *ctx)
 #ifdef CFI_UNWIND
     // Processes with unwind tables: opened there (no return); those without get a copy of their stack.
     if (unwind_user_stack(ctx, &key, set, kernel_missing, task))
-        copy_sample_stack(ctx, &key);
+        copy_sample_stack(ctx, &key, set, kernel_missing, task);
 #endif
     take_user_stack(ctx, &key, &user_missing, &files_only);
     open_wait(task, &key);

@@ -44,6 +44,7 @@ UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see
 STACK_COPIES = Path(__file__).with_name("stackcopy.c")  # after it: stacks copied where it cannot walk (stackcopies.py)
 PYTHON_WALK = Path(__file__).with_name("python_walk.h")  # before unwind.c: its Python state
 PYTHON_WALKER = Path(__file__).with_name("python.c")  # after it, with python (see pythonmaps.py)
+COPY_PYTHON = Path(__file__).with_name("copypython.c")  # after python.c: a copied sample's Python frames
 OFF_CPU = Path(__file__).with_name("offcpu.c")  # after profile.c, with waits (see offcpu.py)
 WAKERS = Path(__file__).with_name("wakers.c")  # last, with waits' wakers (see offcpu.py)
 LOST_REASONS = (  # enum lost_reason in profile.c
@@ -266,7 +267,7 @@ class Profiler:
     def _sources(self) -> list[Path]:
         sources = [STACK_STORE, PROGRAM, FORKS] + ([OFF_CPU] if self._wait_options is not None else [])
         if self.cfi_unwind:
-            sources += [PYTHON_WALK, UNWINDER, STACK_COPIES] + ([PYTHON_WALKER] if self.python_frames else [])
+            sources += [PYTHON_WALK, UNWINDER, STACK_COPIES] + ([PYTHON_WALKER, COPY_PYTHON] if self.python_frames else [])
         return sources + ([WAKERS] if self._wait_options is not None and self._wait_options.wakers else [])
 
     def load_walker(self) -> None:

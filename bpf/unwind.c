@@ -63,7 +63,8 @@ enum unwind_status {
 #define PROG_PYTHON_STEP 1    // python.c: the Python frames of one eval call
 #define PROG_PYTHON_THREAD 2  // python.c: the sampled thread's PyThreadState
 #define PROG_PYTHON_CAPTURE 3 // python.c: code objects of a new stack, captured for naming
-#define UNWIND_PROGS 4
+#define PROG_COPY_PYTHON 4    // copypython.c: the Python frames of a copied sample's thread
+#define UNWIND_PROGS 5
 
 // Indices into unwind_counters (keep in sync with UNWIND_COUNTERS in unwindmaps.py)
 enum unwind_counter {
@@ -186,12 +187,10 @@ static inline void forget_unwind_table(u32 pid)
     unwind_procs.delete(&pid);
 }
 
-// A walk's state from the first frame on (its registers are set): the sample's key, count set and wait.
-static inline void unwind_start(struct unwind_state *st, struct unwind_proc *proc, struct key_t *key, u32 set,
-                                int kernel_missing, u64 wait_task)
+// A walk's state from its start: the sample's key, count set and wait, no frame yet.
+static inline void unwind_begin(struct unwind_state *st, struct key_t *key, u32 set, int kernel_missing, u64 wait_task)
 {
     u32 zero = 0, pid = key->pid;
-    st->stale = proc->epoch != current_epoch(pid);
     u64 *generation = unwind_generation.lookup(&zero);
     st->key = *key;
     st->set = set;
@@ -205,6 +204,14 @@ static inline void unwind_start(struct unwind_state *st, struct unwind_proc *pro
     st->wakee = 0;
     python_walk_start(&st->py, pid);
     st->hash = (FNV_BASIS ^ STACK_CFI ^ (generation ? *generation : 0) << 8) * FNV_PRIME;
+}
+
+// A walk's state from the first frame on (its registers are set), with the process's table.
+static inline void unwind_start(struct unwind_state *st, struct unwind_proc *proc, struct key_t *key, u32 set,
+                                int kernel_missing, u64 wait_task)
+{
+    unwind_begin(st, key, set, kernel_missing, wait_task);
+    st->stale = proc->epoch != current_epoch(key->pid);
 }
 
 // Called by on_sample; returns only when the sample is not unwound here (the process has no mapping

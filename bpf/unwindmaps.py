@@ -79,6 +79,8 @@ UNWIND_STATUSES = ("outermost", "chain_end", "no_cfi", "expression", "read_fault
 UNWIND_COUNTERS = ("stacks_full", "no_user_registers", "copies", "copies_full")  # enum unwind_counter
 PROG_UNWIND_STEP = 0  # indices into unwind_progs (unwind.c)
 PYTHON_PROGRAMS = ((1, b"python_step"), (2, b"python_thread"), (3, b"python_capture"))
+PROG_COPY_PYTHON = 4  # copypython.c: a copied sample's Python frames
+CHAIN_MAPS = {b"unwind_progs": b"chain_progs"}  # python_thread's copy for copy_python (copypython.c)
 _MAPPING = struct.Struct("<QQQQIIII")
 
 
@@ -175,9 +177,20 @@ class UnwindMaps:
         kernel's verification took 0.11 s here before forget() in unwind.c, 0.015 s now): until it is in
         place the tail call fails and samples take frame-pointer stacks (unwind.c). Safe to call twice."""
         programs = [(PROG_UNWIND_STEP, b"unwind_step")] + (list(PYTHON_PROGRAMS) if python else [])
-        loaded = [(index, load_function(self._bpf, name, ProgType.PERF_EVENT).fd) for index, name in programs]
-        progs = self._bpf[b"unwind_progs"]
-        for index, fd in loaded:
+        if python and b"chain_progs" in self._bpf:  # first (copies come until the walker is in place): copypython.c's
+            copy_python = load_function(self._bpf, b"copy_python", ProgType.PERF_EVENT).fd  # copy_python, and
+            thread = self._bpf.load_func_copy(b"chain_python_thread", b"python_thread", ProgType.PERF_EVENT,
+                                              CHAIN_MAPS).fd  # python_thread's copy that comes back to it
+            self._put(b"chain_progs", [(PYTHON_PROGRAMS[0][0], copy_python), (PYTHON_PROGRAMS[1][0], thread)])
+            capture = PYTHON_PROGRAMS[2]
+            self._put(b"unwind_progs", [(capture[0], load_function(self._bpf, capture[1], ProgType.PERF_EVENT).fd),
+                                        (PROG_COPY_PYTHON, copy_python)])
+        self._put(b"unwind_progs", [(index, load_function(self._bpf, name, ProgType.PERF_EVENT).fd)
+                                    for index, name in programs])
+
+    def _put(self, table: bytes, programs: list[tuple[int, int]]) -> None:
+        progs = self._bpf[table]
+        for index, fd in programs:
             progs[progs.Key(index)] = progs.Leaf(fd)
 
     def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping]) -> None:

@@ -322,6 +322,7 @@ class ProfilingSession:
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
+            self.unwinder.python_soon(pid)  # its samples copied until its tables come keep their Python frames
             if opts.mode.symbols_before_attach:
                 self._contain("symbols", self.symbolizer.load_symbols, pid)
         if cpu_before is not None:

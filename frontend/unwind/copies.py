@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
-from optrace.frontend.unwind.stackcopy import MAX_FRAMES, unwind_copy
+from optrace.frontend.unwind.stackcopy import MAX_FRAMES, unwind_copy, with_python_frames, without_call_ends
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -241,8 +241,10 @@ class StackCopies:
         self.stats["walk_" + walk.status] += 1
         mappings = [tables.mapping_at(pc) for pc in walk.pcs]
         self._files_used.update(m.file_key for m in mappings if m is not None)
-        frames = prefix + tuple(map(frame_in, mappings, walk.pcs))
-        return dataclasses.replace(sample, user=frames, stop=walk.status, epoch=0, copy=0)
+        frames = tuple(map(frame_in, mappings, walk.pcs))
+        if not copy.continues and copy.eval_ranges:  # the user stack: the thread's Python frames (copypython.c)
+            frames = with_python_frames(walk.pcs, frames, sample.user, copy.eval_ranges)
+        return dataclasses.replace(sample, user=prefix + frames, stop=walk.status, epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:
         self.stats["gave_up"] += 1
@@ -250,7 +252,7 @@ class StackCopies:
             known = self._tables.get(sample.pid)
         self.stats["gave_up_" + ("tables_of_other_epochs" if known else "no_tables")] += 1
         self._copies.take(sample.copy)
-        return dataclasses.replace(sample, stop=NO_TABLE, copy=0)
+        return dataclasses.replace(sample, user=without_call_ends(sample.user), stop=NO_TABLE, copy=0)
 
     def _tables_for(self, copy: StackCopy) -> ProcessTables | None:
         with self._lock:

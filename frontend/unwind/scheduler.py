@@ -71,6 +71,7 @@ class UnwindScheduler:
         # at while they still run: their new files' frames are named from it (appended on the worker).
         self._reloaded: deque[int] = deque()
         self._unwind_worker: ThreadPoolExecutor | None = None
+        self._python_worker: ThreadPoolExecutor | None = None  # the looks at processes' interpreters
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
@@ -86,6 +87,8 @@ class UnwindScheduler:
             return
         self._unwind_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-unwind")
         self._unwind_step = self._unwind_worker.submit(self._contain, "unwind_step", self.profiler.load_walker)
+        if self.python is not None:  # not behind the walker's load and others' tables (see _python_later)
+            self._python_worker = ThreadPoolExecutor(1, thread_name_prefix="optrace-python")
         self._captures = MappingCaptures(self._capture, lambda pid, capture: self._contain(
             "unwind_tables", self.unwind, pid, capture), self._contain)
 
@@ -97,6 +100,8 @@ class UnwindScheduler:
     def close(self) -> None:
         """Stop the worker (the table being built is cancelled: up to its 10 s CPU budget would hold the
         exit), the capture worker, and release the tables' files."""
+        if self._python_worker is not None:
+            self._python_worker.shutdown(wait=True, cancel_futures=True)
         if self._unwind_worker is not None:
             self.unwinding.cancel()
             self._unwind_worker.shutdown(wait=True, cancel_futures=True)
@@ -189,6 +194,8 @@ class UnwindScheduler:
         loaded = None if self.keep_rows else maps.is_loaded
         own = pid == os.getpid()  # walked by frame pointers (see unwind_later)
         exec_epoch: int | None = 0
+        if self.python is not None and not own:  # again: it may have exec'd an interpreter since
+            self._python_later(pid)
         if own:
             epoch = self.profiler.epoch(pid)
             mappings = self.unwinding.frame_pointer_mappings(pid)
@@ -216,11 +223,6 @@ class UnwindScheduler:
             self.on_tables(pid, epoch, exec_epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
-        if self.python is not None and not own:
-            if capture is None:
-                self._contain("python", self._look_at_python, pid)
-            else:  # on the capture worker: the Python walker's state is the unwind worker's
-                self._python_later(pid)
         if not own and pid in self._unwound:
             self._reloaded.append(pid)
         self._unwound[pid] = epoch
@@ -246,10 +248,17 @@ class UnwindScheduler:
         for pid in self.python.to_retry(now):
             self._python_later(pid)
 
+    def python_soon(self, pid: int) -> None:
+        """Whether the process runs a CPython, looked at on its own worker now (see :meth:`_python_later`)."""
+        if self.python is not None and self._python_worker is not None:
+            self._python_later(pid)
+
     def _python_later(self, pid: int) -> None:
-        """:meth:`_look_at_python` on the worker."""
+        """:meth:`_look_at_python` on a worker of its own, one look at a time: not behind the walker's load
+        (seconds under load) and other processes' tables, so a process's samples copied meanwhile keep their
+        Python frames (bpf/copypython.c) once it is found."""
         try:
-            self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
+            (self._python_worker or self._unwind_worker).submit(self._contain, "python", self._look_at_python, pid)
         except RuntimeError:  # shut down: the session is ending
             pass
 
@@ -271,6 +280,9 @@ class UnwindScheduler:
             self._unwind_worker.submit(self._unwind_job, pid, program)
         except RuntimeError:  # shut down: the session is ending
             self._unwind_queued.discard(pid)
+            return
+        if self.python is not None and pid != os.getpid():  # at once, not after the tables (see _python_later)
+            self._python_later(pid)
 
     def _unwind_job(self, pid: int, program: str | None) -> None:
         try:
@@ -289,6 +301,8 @@ class UnwindScheduler:
             return
         if not self.profiler.exec_epoch(pid) or not self._captures.capture(pid, self.profiler.epoch(pid)):
             self.unwind_later(pid)
+        elif self.python is not None:  # at once, not after the tables (see _python_later)
+            self._python_later(pid)
 
     def _capture(self, pid: int) -> Capture | None:
         """The process's mappings read now, their files held open, with the epochs read before (see the

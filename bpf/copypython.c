@@ -1,0 +1,102 @@
+// The Python frames of a copied sample (appended after python.c by profiler.py, with -DPYTHON_UNWIND): a
+// sample of a Python process whose unwind table is not loaded has its stack copied (stackcopy.c), but its
+// Python frames are the thread's frame chain in the heap, gone by the time user space walks the copy. So
+// copy_python, tail-called by copy_sample_stack, reads the chain now (python.c's python_next, from the
+// thread's state found as python.c finds it) and stores its frame words, leaf first, as the sample's user
+// stack; the last frame of each eval call carries CHAIN_CALL_END. It then counts the sample (or opens its
+// wait) as on_sample would have, with the copy, which user space walks later, putting each eval call's frames
+// in place of its eval frame (frontend/unwind/copies.py). A thread whose chain cannot be read keeps the
+// kernel's leaf, as before.
+//
+// The thread's state: python_thread (python.c) is loaded a second time (bpf/unwindmaps.py) with chain_progs
+// for its program array, where PROG_PYTHON_STEP is copy_python and PROG_PYTHON_THREAD that copy: its search,
+// done, comes back here.
+
+#define CHAIN_CALL_END (1ULL << 61)  // in a chain's frame word: its eval call's last frame (copies.py)
+
+BPF_PROG_ARRAY(chain_progs, UNWIND_PROGS);
+
+// One Python frame of the chain into the sample's stack; at a 3.12+ shim (no frame: the call's end), the
+// frame put before it is marked as its call's last.
+static inline void chain_frame(struct unwind_state *st, struct py_proc *proc, struct py_scratch *s)
+{
+    u64 word = python_next(&st->py, proc, s);
+    if (word) {
+        if (push_frame(st, word | (st->py.call_done ? CHAIN_CALL_END : 0)))
+            python_fail(&st->py, PY_DEPTH);
+        else
+            st->py.frames++;
+        return;
+    }
+    u32 last = st->stack.len;
+    asm volatile("" : "+r"(last));
+    if (st->py.call_done && last > 0 && last <= UNWIND_MAX_FRAMES)
+        st->stack.frames[(last - 1) & (UNWIND_MAX_FRAMES - 1)] |= CHAIN_CALL_END;
+}
+
+// The chain is taken: the sample stored and counted (or its wait opened), then its code objects captured.
+static inline void chain_done(void *ctx, struct unwind_state *st)
+{
+    if (!st->stack.len) {  // no Python frame: the kernel's leaf, as on_sample takes it for a copy
+        int user_missing = 0, files_only = 0;
+        take_user_stack(ctx, &st->key, &user_missing, &files_only);
+#ifdef OFF_CPU
+        if (st->wait_task) {
+            open_wait(st->wait_task, &st->key);
+            return;
+        }
+#endif
+        count_stack_loss(user_missing, st->kernel_missing);
+        add_count(&st->key, st->set, 1);
+        return;
+    }
+    u32 status = UNWIND_COPIED | st->py.status << 8;
+    u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
+    hash = (hash ^ status) * FNV_PRIME;
+    u32 len = st->stack.len;
+    if (len > UNWIND_MAX_FRAMES)
+        len = UNWIND_MAX_FRAMES;
+    st->key.user = store_stack(st->stack.frames, len, hash, STACK_CFI, status, &st->fresh);
+    st->key.user_kind = st->key.user ? STACK_CFI : 0;
+    st->key.epoch = 0;
+    if (!st->key.user)
+        unwind_count(UNWIND_STACKS_FULL);
+#ifdef OFF_CPU
+    if (st->wait_task)
+        open_wait(st->wait_task, &st->key);
+    else
+#endif
+    {
+        count_stack_loss(!st->key.user, st->kernel_missing);
+        add_count(&st->key, st->set, 1);
+    }
+    if (st->fresh) {
+        st->py.scanned = 0;
+        st->py.emitted = 0;
+        unwind_progs.call(ctx, PROG_PYTHON_CAPTURE);
+    }
+}
+
+int copy_python(void *ctx)
+{
+    struct unwind_state *st = walk_state();
+    if (!st)
+        return 0;
+    u32 pid = st->key.pid, zero = 0;
+    struct py_proc *proc = py_procs.lookup(&pid);
+    struct py_scratch *s = py_scratch.lookup(&zero);
+    if (!proc || !s) {
+        python_fail(&st->py, PY_NO_THREAD);
+    } else if (st->py.state == PY_PENDING && !python_thread_ready(st, proc)) {
+        chain_progs.call(ctx, PROG_PYTHON_THREAD);  // comes back here, the thread's state found or not
+        python_fail(&st->py, PY_NO_THREAD);
+    }
+    for (int i = 0; i < PY_FRAMES_PER_PROG && proc && s && st->py.state == PY_READY && st->py.frame; i++)
+        chain_frame(st, proc, s);
+    if (st->py.state == PY_READY && st->py.frame) {
+        chain_progs.call(ctx, PROG_PYTHON_STEP);  // the next frames
+        python_fail(&st->py, PY_DEPTH);            // out of tail calls: the chain is cut here
+    }
+    chain_done(ctx, st);
+    return 0;
+}
