@@ -1,18 +1,21 @@
 // The Python frames of a copied sample (appended after python.c by profiler.py, with -DPYTHON_UNWIND): a
-// sample of a Python process whose unwind table is not loaded has its stack copied (stackcopy.c), but its
-// Python frames are the thread's frame chain in the heap, gone by the time user space walks the copy. So
-// copy_python, tail-called by copy_sample_stack, reads the chain now (python.c's python_next, from the
-// thread's state found as python.c finds it) and stores its frame words, leaf first, as the sample's user
-// stack; the last frame of each eval call carries CHAIN_CALL_END. It then counts the sample (or opens its
-// wait) as on_sample would have, with the copy, which user space walks later, putting each eval call's frames
-// in place of its eval frame (frontend/unwind/copies.py). A thread whose chain cannot be read keeps the
-// kernel's leaf, as before.
+// sample of a Python process whose unwind table is not loaded has its stack copied (stackcopy.c), and so
+// does a CFI walk that meets a file whose rows are not in the kernel (unwind.c's unwind_done), but the
+// Python frames of the part walked in user space are the thread's frame chain in the heap, gone by then.
+// So copy_python, tail-called by copy_sample_stack or unwind_done, reads the rest of the chain now
+// (python.c's python_next, from the thread's state found as python.c finds it, or from where the walk's
+// Python frames stopped) and stores its frame words, leaf first, after what the walk took (nothing, for a
+// first sample), each marked CHAIN_WORD, the last of each eval call CHAIN_CALL_END. It then counts the sample
+// (or opens its wait) as on_sample (unwind_done) would have, with the copy, which user space walks later,
+// putting each eval call's frames in place of its eval frame (frontend/unwind/copies.py). A first sample
+// whose chain cannot be read keeps the kernel's leaf, as before.
 //
 // The thread's state: python_thread (python.c) is loaded a second time (bpf/unwindmaps.py) with chain_progs
 // for its program array, where PROG_PYTHON_STEP is copy_python and PROG_PYTHON_THREAD that copy: its search,
 // done, comes back here.
 
 #define CHAIN_CALL_END (1ULL << 61)  // in a chain's frame word: its eval call's last frame (copies.py)
+#define CHAIN_WORD (1ULL << 60)      // a frame word of the chain read at the copy (not walked with the stack)
 
 BPF_PROG_ARRAY(chain_progs, UNWIND_PROGS);
 
@@ -22,7 +25,7 @@ static inline void chain_frame(struct unwind_state *st, struct py_proc *proc, st
 {
     u64 word = python_next(&st->py, proc, s);
     if (word) {
-        if (push_frame(st, word | (st->py.call_done ? CHAIN_CALL_END : 0)))
+        if (push_frame(st, word | CHAIN_WORD | (st->py.call_done ? CHAIN_CALL_END : 0)))
             python_fail(&st->py, PY_DEPTH);
         else
             st->py.frames++;
@@ -30,11 +33,13 @@ static inline void chain_frame(struct unwind_state *st, struct py_proc *proc, st
     }
     u32 last = st->stack.len;
     asm volatile("" : "+r"(last));
-    if (st->py.call_done && last > 0 && last <= UNWIND_MAX_FRAMES)
+    if (st->py.call_done && last > 0 && last <= UNWIND_MAX_FRAMES &&
+        (st->stack.frames[(last - 1) & (UNWIND_MAX_FRAMES - 1)] & CHAIN_WORD))
         st->stack.frames[(last - 1) & (UNWIND_MAX_FRAMES - 1)] |= CHAIN_CALL_END;
 }
 
 // The chain is taken: the sample stored and counted (or its wait opened), then its code objects captured.
+// Its key has the copy: counted with the keys whose stacks are decoded at each drain.
 static inline void chain_done(void *ctx, struct unwind_state *st)
 {
     if (!st->stack.len) {  // no Python frame: the kernel's leaf, as on_sample takes it for a copy

@@ -458,6 +458,10 @@ static inline void unwind_done(void *ctx, struct unwind_state *st)
     if (st->stack.status == UNWIND_COPIED && (st->wakee ||
         !copy_user_stack(&st->key, st->ip, st->sp, st->bp, COPY_CONTINUES | (st->walked ? COPY_RETURN_ADDRESS : 0))))
         st->stack.status = UNWIND_NO_CFI;  // no room for the copy: the walk ends here
+#ifdef PYTHON_UNWIND
+    else if (st->stack.status == UNWIND_COPIED && (st->py.state == PY_PENDING || st->py.state == PY_READY))
+        unwind_progs.call(ctx, PROG_COPY_PYTHON);  // the rest of its Python frames, then stored and counted there
+#endif
     u32 status = st->stack.status | st->py.status << 8;
     u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
     hash = (hash ^ status) * FNV_PRIME;

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
-from optrace.frontend.unwind.stackcopy import MAX_FRAMES, unwind_copy, with_python_frames, without_call_ends
+from optrace.frontend.unwind.stackcopy import MAX_FRAMES, chain_of, unwind_copy, with_python_frames, without_call_ends
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -234,7 +234,8 @@ class StackCopies:
         if tables is None:
             return None
         self._copies.take(sample.copy)
-        prefix = sample.user if copy.continues else ()
+        walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
+        prefix = walked if copy.continues else ()
         rules = tables.rules
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
         self.stats["walked"] += 1
@@ -242,9 +243,9 @@ class StackCopies:
         mappings = [tables.mapping_at(pc) for pc in walk.pcs]
         self._files_used.update(m.file_key for m in mappings if m is not None)
         frames = tuple(map(frame_in, mappings, walk.pcs))
-        if not copy.continues and copy.eval_ranges:  # the user stack: the thread's Python frames (copypython.c)
-            frames = with_python_frames(walk.pcs, frames, sample.user, copy.eval_ranges)
-        return dataclasses.replace(sample, user=prefix + frames, stop=walk.status, epoch=0, copy=0)
+        if chain and copy.eval_ranges:
+            frames = with_python_frames(walk.pcs, frames, chain, copy.eval_ranges)
+        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:
         self.stats["gave_up"] += 1

@@ -7,9 +7,10 @@ CFA from rsp or rbp, the return address at CFA - 8 and the caller's rbp where th
 copy. It stops where unwind.c stops (no CFI, an expression, the outermost frame), and also where the copy
 ends: a stack deeper than the copy is cut there, and says so.
 
-A Python process's copy comes with its thread's Python frames, taken when the copy was (the chain is in the
-heap: bpf/copypython.c), as the sample's user stack: :func:`with_python_frames` puts each eval call's frames
-in place of its frame in the eval function, as the BPF walker does.
+A Python process's copy comes with its thread's Python frames that the walk to the copy did not put, taken
+when the copy was (the chain is in the heap: bpf/copypython.c), after the sample's user stack: :func:`chain_of`
+tells them apart, :func:`with_python_frames` puts each eval call's frames in place of its frame in the eval
+function, as the BPF walker does.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from optrace.model import PYTHON_FRAME, StackCopy, UserFrame
 
 MAX_FRAMES = 256  # as the BPF walker (UNWIND_MAX_FRAMES)
 CHAIN_CALL_END = 1 << 61  # in a copied sample's Python frame word: its eval call's last frame (copypython.c)
+CHAIN_WORD = 1 << 60  # a Python frame word read with the copy, not walked with the sample's stack
 _U64 = struct.Struct("<Q")
 
 # Why a copy's walk ended (the names of bpf/unwindmaps.py's UNWIND_STATUSES, and "copy_end")
@@ -115,7 +117,7 @@ def with_python_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], chai
     the Python frames its call ran: the next ones of ``chain`` (the thread's Python frames when the copy was
     taken, leaf first, each call's last marked CHAIN_CALL_END), as unwind.c puts them (an eval frame with
     none left stays as it is). At most MAX_FRAMES frames."""
-    words = [frame.offset for frame in chain if frame.build_id == PYTHON_FRAME]
+    words = [frame.offset for frame in chain]
     out: list[UserFrame] = []
     taken = 0
     for pc, frame in zip(pcs, frames):
@@ -123,7 +125,7 @@ def with_python_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], chai
             while taken < len(words):
                 word = words[taken]
                 taken += 1
-                out.append(UserFrame(PYTHON_FRAME, word & ~CHAIN_CALL_END))
+                out.append(UserFrame(PYTHON_FRAME, word & ~(CHAIN_CALL_END | CHAIN_WORD)))
                 if word & CHAIN_CALL_END:
                     break
         else:
@@ -131,7 +133,13 @@ def with_python_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], chai
     return tuple(out[:MAX_FRAMES])
 
 
+def chain_of(frames: tuple[UserFrame, ...]) -> tuple[tuple[UserFrame, ...], tuple[UserFrame, ...]]:
+    """(the frames the walk to the copy put, the chain read with the copy) of a copied sample's user stack."""
+    chained = [f.build_id == PYTHON_FRAME and bool(f.offset & CHAIN_WORD) for f in frames]
+    return (tuple(f for f, c in zip(frames, chained) if not c), tuple(f for f, c in zip(frames, chained) if c))
+
+
 def without_call_ends(frames: tuple[UserFrame, ...]) -> tuple[UserFrame, ...]:
     """A copied sample's user stack as it is named when its copy is not walked (its Python frames' marks off)."""
-    return tuple(UserFrame(PYTHON_FRAME, f.offset & ~CHAIN_CALL_END) if f.build_id == PYTHON_FRAME else f
-                 for f in frames)
+    return tuple(UserFrame(PYTHON_FRAME, f.offset & ~(CHAIN_CALL_END | CHAIN_WORD)) if f.build_id == PYTHON_FRAME
+                 else f for f in frames)
