@@ -12,7 +12,7 @@ from typing import TextIO
 from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.frontend.report.gilwaits import gil_samples
-from optrace.frontend.report.wakers import SEPARATOR
+from optrace.frontend.report.wakers import SEPARATOR, joined_total
 from optrace.frontend.report.events import amount, human_time, nothing_line
 from optrace.frontend.report.rows import (Profile, ReportOptions, Row, RowKey, RowTable, build_table, percent,
                                           sample_total)
@@ -117,7 +117,7 @@ def event_lines(profile: Profile) -> list[str]:
         lines.append("# " + ", ".join(f"{part} {human_time(ns)} ({percent(ns, total):.2f}%)"
                                       for part, ns in profile.parts.items()))
     if SEPARATOR in profile.record.frames:
-        slept = sum(w.count for w in profile.record.wakeups)
+        slept = joined_total(profile.record)
         lines.append(f"# Wakers: the waits that slept ({human_time(slept)} of {human_time(off_cpu.total_ns)} off CPU; the"
                      " others waited for a CPU), each joined to the stack of the thread that woke it: the blocked"
                      " stack, --, the waker's from the wake-up to its root, then its command")
