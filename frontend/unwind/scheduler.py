@@ -301,8 +301,6 @@ class UnwindScheduler:
             return
         if not self.profiler.exec_epoch(pid) or not self._captures.capture(pid, self.profiler.epoch(pid)):
             self.unwind_later(pid)
-        elif self.python is not None:  # at once, not after the tables (see _python_later)
-            self._python_later(pid)
 
     def _capture(self, pid: int) -> Capture | None:
         """The process's mappings read now, their files held open, with the epochs read before (see the
