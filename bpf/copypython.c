@@ -55,17 +55,8 @@ static inline void chain_done(void *ctx, struct unwind_state *st)
         add_count(&st->key, st->set, 1);
         return;
     }
-    u32 status = UNWIND_COPIED | st->py.status << 8;
-    u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
-    hash = (hash ^ status) * FNV_PRIME;
-    u32 len = st->stack.len;
-    if (len > UNWIND_MAX_FRAMES)
-        len = UNWIND_MAX_FRAMES;
-    st->key.user = store_stack(st->stack.frames, len, hash, STACK_CFI, status, &st->fresh);
-    st->key.user_kind = st->key.user ? STACK_CFI : 0;
-    st->key.epoch = 0;
-    if (!st->key.user)
-        unwind_count(UNWIND_STACKS_FULL);
+    st->stack.status = UNWIND_COPIED;
+    unwind_store(st);
 #ifdef OFF_CPU
     if (st->wait_task)
         open_wait(st->wait_task, &st->key);
@@ -82,20 +73,29 @@ static inline void chain_done(void *ctx, struct unwind_state *st)
     }
 }
 
+// Whether the thread's state is known (python.c's cache); else its search, which comes back to copy_python
+// (no return then; out of tail calls: no Python frames).
+static inline void chain_thread(void *ctx, struct unwind_state *st, struct py_proc *proc)
+{
+    if (st->py.state != PY_PENDING || python_thread_ready(st, proc))
+        return;
+    chain_progs.call(ctx, PROG_PYTHON_THREAD);
+    python_fail(&st->py, PY_NO_THREAD);
+}
+
 int copy_python(void *ctx)
 {
+    u32 zero = 0;
+    struct py_scratch *s = py_scratch.lookup(&zero);
     struct unwind_state *st = walk_state();
     if (!st)
         return 0;
-    u32 pid = st->key.pid, zero = 0;
+    u32 pid = st->key.pid;
     struct py_proc *proc = py_procs.lookup(&pid);
-    struct py_scratch *s = py_scratch.lookup(&zero);
-    if (!proc || !s) {
+    if (proc && s)
+        chain_thread(ctx, st, proc);
+    else
         python_fail(&st->py, PY_NO_THREAD);
-    } else if (st->py.state == PY_PENDING && !python_thread_ready(st, proc)) {
-        chain_progs.call(ctx, PROG_PYTHON_THREAD);  // comes back here, the thread's state found or not
-        python_fail(&st->py, PY_NO_THREAD);
-    }
     for (int i = 0; i < PY_FRAMES_PER_PROG && proc && s && st->py.state == PY_READY && st->py.frame; i++)
         chain_frame(st, proc, s);
     if (st->py.state == PY_READY && st->py.frame) {

@@ -449,6 +449,23 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
     return 0;
 }
 
+// The walked stack stored (once per store epoch) as the sample's user stack; when the store is full, the
+// sample keeps none.
+static inline void unwind_store(struct unwind_state *st)
+{
+    u32 status = st->stack.status | st->py.status << 8;
+    u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
+    hash = (hash ^ status) * FNV_PRIME;
+    u32 len = st->stack.len;
+    if (len > UNWIND_MAX_FRAMES)
+        len = UNWIND_MAX_FRAMES;
+    st->key.user = store_stack(st->stack.frames, len, hash, STACK_CFI, status, &st->fresh);
+    st->key.user_kind = st->key.user ? STACK_CFI : 0;
+    st->key.epoch = 0;
+    if (!st->key.user)
+        unwind_count(UNWIND_STACKS_FULL);
+}
+
 // The walk is over: store the stack (once per store epoch) and count the sample under it; when the store
 // is full, the sample keeps no user stack.
 static inline void unwind_done(void *ctx, struct unwind_state *st)
@@ -462,17 +479,7 @@ static inline void unwind_done(void *ctx, struct unwind_state *st)
     else if (st->stack.status == UNWIND_COPIED && (st->py.state == PY_PENDING || st->py.state == PY_READY))
         unwind_progs.call(ctx, PROG_COPY_PYTHON);  // the rest of its Python frames, then stored and counted there
 #endif
-    u32 status = st->stack.status | st->py.status << 8;
-    u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
-    hash = (hash ^ status) * FNV_PRIME;
-    u32 len = st->stack.len;
-    if (len > UNWIND_MAX_FRAMES)
-        len = UNWIND_MAX_FRAMES;
-    st->key.user = store_stack(st->stack.frames, len, hash, STACK_CFI, status, &st->fresh);
-    st->key.user_kind = st->key.user ? STACK_CFI : 0;
-    st->key.epoch = 0;
-    if (!st->key.user)
-        unwind_count(UNWIND_STACKS_FULL);
+    unwind_store(st);
 #ifdef WAKERS
     if (st->wakee) {
         note_waker(st->wakee, &st->key);
