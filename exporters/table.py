@@ -14,6 +14,7 @@ from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.frontend.report.gilwaits import gil_samples
 from optrace.frontend.report.wakers import SEPARATOR, joined_total
 from optrace.frontend.report.events import amount, human_time, nothing_line
+from optrace.frontend.report.pythonview import PYTHON_INTERNALS
 from optrace.frontend.report.rows import (Profile, ReportOptions, Row, RowKey, RowTable, build_table, percent,
                                           sample_total)
 from optrace.model import STACK_COMPLETE, CallCount, Record, RecordMeta
@@ -86,6 +87,9 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
     ]
     if meta.idle_samples:
         lines.append(f"# Idle samples (pid 0, not in the profile): {meta.idle_samples}")
+    if meta.carried_samples:
+        lines.append(f"# Taken at their process's next tick for threads that ended between two ticks: "
+                     f"{meta.carried_samples} ({percent(meta.carried_samples, meta.total_samples):.1f}%)")
     if meta.launcher_samples:
         lines.append(f"# optrace's launcher before exec (optrace-exec, not in the profile): {meta.launcher_samples}")
     if not meta.stacks:
@@ -101,7 +105,21 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
 
 
 def event_lines(profile: Profile) -> list[str]:
-    """What the rows count when it is time (off-cpu, wall): the total, how it was measured, its parts."""
+    """What the rows count: when it is time (off-cpu, wall), the total, how it was measured, its parts; and the
+    samples the Python view changed."""
+    return _time_lines(profile) + python_view_lines(profile)
+
+
+def python_view_lines(profile: Profile) -> list[str]:
+    """What folding the interpreter's frames into Python functions (frontend/report/pythonview.py) changed."""
+    if not profile.python_folded:
+        return []
+    share = percent(profile.python_folded, sample_total(profile.record))
+    return [f"# Python view: the interpreter's own frames below a Python function count as its time in "
+            f"{amount(profile.python_folded, profile.event)} ({share:.2f}%); {PYTHON_INTERNALS} shows them"]
+
+
+def _time_lines(profile: Profile) -> list[str]:
     off_cpu = profile.record.meta.off_cpu
     if profile.event == "cpu" or off_cpu is None:
         return []

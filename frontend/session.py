@@ -32,6 +32,7 @@ from optrace.bpf.profiler import DrainResult, FoldedCounts
 from optrace.containment import contain, count_failure
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
+from optrace.frontend.report.pythonview import leaf_only
 from optrace.frontend.startpriority import start_done
 from optrace.frontend.unwind.scheduler import UnwindScheduler
 from optrace.heap import release_free_memory
@@ -294,7 +295,7 @@ class ProfilingSession:
         if self.profiler.python is not None:
             from optrace.frontend.python.processes import PythonProcesses
 
-            self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer.add_names)
+            self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer)
             self.symbolizer.python_lookup = self.python.frame
 
         unwinding = None  # ProcessUnwinding with call_graph "dwarf"
@@ -668,9 +669,3 @@ class KernelSymbolsLoader:
         if self._table is not None:
             symbolizer.use_kernel_symbols(self._table)
             self._table = None
-
-
-def leaf_only(sample: RawSample) -> RawSample:
-    if sample.kernel:
-        return dataclasses.replace(sample, user=(), kernel=sample.kernel[:1])
-    return dataclasses.replace(sample, user=sample.user[:1])
