@@ -165,8 +165,7 @@ def gunicorn(workers: int) -> Iterator[tuple[subprocess.Popen, int, list[int]]]:
     """A gunicorn master with its sync workers forked and listening: (master, port, worker pids)."""
     program = Path(sys.executable).with_name("gunicorn")
     master = subprocess.Popen([str(program), "--chdir", str(SERVICE.parent), "-w", str(workers), "-b", "127.0.0.1:0",
-                               "--no-control-socket", "pyservice:application"], stderr=subprocess.PIPE, text=True,
-                              preexec_fn=first_in_line)
+                               "--no-control-socket", "pyservice:application"], stderr=subprocess.PIPE, text=True)
     try:
         port, booted = 0, []
         deadline = time.monotonic() + 60
