@@ -86,9 +86,10 @@ static inline int is_target(u32 tgid)
 // random place in it (threshold_of): a tick is a sample with a chance of its time over the period, whatever
 // the order of the threads' ticks. Thresholds at the multiples of the period gave every sample to one of two
 // threads ticking in turn when the period was an even number of ticks (-F 500: 99.7 % to one of two equal
-// threads), and runs of ~250 samples to one thread at -F 499 (a CI run: 68 % / 32 %). The CPU time of a
-// thread between its last tick and its end is added at its exit (the kernel's own count, exact there); a
-// threshold it crosses is owed, and the process's next tick takes it (CARRIED).
+// threads); at -F 499, runs of ~250 samples to one thread, longer when the turns slip (a CI run under load:
+// 68 % / 32 %). The CPU time of a thread between its last tick and its end is added at its exit (the
+// kernel's own count, exact there); a threshold it crosses is owed, and the process's next tick takes it
+// (CARRIED).
 enum sampling_setting {
     SAMPLE_NS = 0,  // the sampling period (1e9 / F); 0: every tick is a sample (an event counted in cycles)
     ATTACHED_NS,    // bpf_ktime_get_ns() when the last events were opened: threads born later are counted whole
