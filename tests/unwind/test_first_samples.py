@@ -91,17 +91,14 @@ def test_a_fresh_command_is_complete_from_its_first_sample(tmp_path, hogs):
 
 def test_short_lived_processes_are_complete_in_a_whole_machine_recording(tmp_path, hogs):
     """30 processes of 30 ms CPU each, one after the other: each one's table is read only once its first
-    samples are taken (their copies ask for it), and it may be gone before the table is built. The whole
-    machine's samples are the recorder's work: at load 30 (other -a recorders at 999 Hz beside it) the 30
-    processes took 121 s and the recorder, at 3 % of a CPU, ran past 120 s after the stop; -d and the wait
-    are bounds against a hang, not the test's measure."""
+    samples are taken (their copies ask for it), and it may be gone before the table is built."""
     binary = fresh_binary(tmp_path, "shortfresh")
     out = tmp_path / "short.data"
-    with running([str(OPTRACE), "record", "-a", "-F", "999", "-d", "900", "-o", str(out)]) as recorder:
+    with running([str(OPTRACE), "record", "-a", "-F", "999", "-d", "60", "-o", str(out)]) as recorder:
         wait_perf_events(recorder.pid, os.cpu_count() or 1)
         for _ in range(30):
             subprocess.run([str(binary), "0.03"], check=True, timeout=60)
         recorder.send_signal(signal.SIGINT)
-        assert recorder.wait(timeout=600) == 0
+        assert recorder.wait(timeout=120) == 0
     complete, total = hot_leaf_stacks(out, "shortfresh")
     assert total >= 300 and complete >= 0.9 * total, (complete, total)
