@@ -128,3 +128,21 @@ def test_refuses_unknown_benchmark_names(harness, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["run.py", "--only", "nosuch"])
     assert harness.main() == 2
     assert "no such benchmark: nosuch" in capsys.readouterr().err
+
+
+def test_the_readme_holds_each_stored_outcome_as_stored(monkeypatch):
+    """bench/README.md's sections made by benchmarks are their stored outcomes' (bench/outcomes/, tracked) word
+    for word: a section edited in the README alone goes back to the outcome's text at the next --render (the
+    OTLP section's peak RSS sentence did)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_run_tracked", BENCH / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, run)
+    spec.loader.exec_module(run)
+    readme = run.sections(run.README.read_text())
+    stored = [outcome for outcome in map(run.load_previous, run.discover()) if outcome is not None and outcome.ok]
+    assert stored
+    for outcome in stored:
+        for heading, text in run.sections(outcome.markdown).items():
+            assert readme.get(heading, "").rstrip() == text.rstrip(), (
+                f"bench/README.md's '{heading}' is not bench/outcomes/{outcome.area}.json's: edit both")
