@@ -165,7 +165,7 @@ class PickySymbolizer:
         if pid == 666:
             raise Boom("maps of pid 666")
 
-    def add_executable(self, path: str) -> None:
+    def add_executable(self, path: str, pid: int | None = None) -> None:
         pass
 
     def forget_process(self, pid: int) -> None:
