@@ -22,7 +22,7 @@ from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RB
                                          Rule)
 from optrace.model import PYTHON_FRAME, StackCopy, UserFrame
 
-MAX_FRAMES = 256  # as the BPF walker (UNWIND_MAX_FRAMES)
+MAX_FRAMES = 508  # as the BPF walker's stacks (unwind.c's UNWIND_STACK_CAP: stackstore.c's STORE_MAX_WORDS)
 CHAIN_CALL_END = 1 << 61  # in a copied sample's Python frame word: its eval call's last frame (copypython.c)
 CHAIN_WORD = 1 << 60  # a Python frame word read with the copy, not walked with the sample's stack
 _U64 = struct.Struct("<Q")
