@@ -418,6 +418,8 @@ class ProfilingSession:
         if self.copies is not None:
             samples, off_cpu = self.copies.walk(samples, off_cpu, result, final)
         maybe_jit = self._learn_processes(samples, result.time, folded.pids())
+        if self.copies is not None:  # samples waiting for tables (maybe past their process's exit): learned now
+            self._learn_processes(self.copies.arrived(), result.time)
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
             self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,

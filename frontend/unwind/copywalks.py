@@ -61,6 +61,11 @@ class CopyWalks:
             self.unwinder.unwind_later(pid)
         return samples + late, off_cpu + late_off_cpu
 
+    def arrived(self) -> list[RawSample]:
+        """The samples that began waiting for tables at this drain, with the frames known before their walk
+        (StackCopies.take_arrived): their process's JIT files are looked for now, while it may still live."""
+        return self.copies.take_arrived()
+
     def waiting(self) -> set[int]:
         """The processes whose samples wait for their tables (a later drain gives them)."""
         return self.copies.wanted()
