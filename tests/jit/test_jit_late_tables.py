@@ -19,6 +19,7 @@ import pytest
 
 from jithelpers import PROGRAMS, PYTHON
 from optrace.frontend.session import RECORD, ProfilingSession, SessionOptions
+from optrace.frontend.unwind import copies
 from optrace.frontend.unwind.scheduler import UnwindScheduler
 from optrace.model import RawSample
 
@@ -41,6 +42,7 @@ def withheld(monkeypatch) -> set[int]:
             time.sleep(0.05)
 
     monkeypatch.setattr(UnwindScheduler, "unwind", unwind)
+    monkeypatch.setattr(copies, "PENDING_DRAINS", 1 << 20)  # tables being read are waited for, however long
     return pids
 
 
