@@ -47,7 +47,7 @@ class TopEngine:
             TOP, frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, call_graph=options.call_graph,
             python=options.python))
         self.refreshes = 0
-        self._last = 0.0
+        self._last = 0.0  # when the last drain was (monotonic), or the attach
 
     def start(self) -> None:
         self.session.start()
@@ -68,8 +68,8 @@ class TopEngine:
         frames, samples = self.session.symbolize(raw)
         if not self.options.python_internals:
             samples = python_view(frames, samples)
-        now = time.monotonic()
-        elapsed, self._last = max(now - self._last, 1e-3), now
+        # between drains: a slow refresh before (the first waits for the kernel's symbols) is not this one's
+        elapsed, self._last = max(drained.time - self._last, 1e-3), drained.time
         count = sum(sample.count for sample in samples)
         self.refreshes += 1
         self.header.lost += sum(n for reason, n in drained.lost.items() if reason != "idle")

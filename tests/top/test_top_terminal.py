@@ -177,9 +177,14 @@ def test_jit_names_appear(workloads):
 
 
 def test_piped_prints_a_plain_table_per_interval(demo):
-    proc = run_optrace("top", "-p", str(demo.pid), "-n", "3", "-d", "0.5", timeout=120)
+    """Four tables a second apart, the last with demo's four functions: its first rows wait for its unwind
+    table, 1-3 s after the attach at load 30 on 2 CPUs. 999 Hz: demo runs its functions in rounds of 10 ms
+    of CPU, and at top's default 99 Hz (a sample per 10.1 ms of its CPU) the few samples a loaded machine
+    gave it fell in one or two of them (hot_a was missing from 2 of 3 last tables)."""
+    proc = run_optrace("top", "-p", str(demo.pid), "-F", "999", "-n", "4", "-d", "1", timeout=120)
     assert proc.returncode == 0, proc.stderr
     tables = [part for part in proc.stdout.split("\n\n") if part.strip()]
-    assert len(tables) == 3 and all(table.startswith("# optrace top ") for table in tables)
+    assert len(tables) == 4 and all(table.startswith("# optrace top ") for table in tables)
     assert "\x1b" not in proc.stdout
-    assert "hot_a" in tables[-1] and "[.] hot_a" in tables[-1]
+    names = ("hot_a", "hot_b", "lib_burn", "demo::Hasher::mix(double)")
+    assert all(f"[.] {name}" in tables[-1] for name in names), proc.stdout
