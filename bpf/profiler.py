@@ -49,7 +49,15 @@ LOST_REASONS = (  # enum lost_reason in profile.c
     "kernel_stack_missing",
     "counts_map_full",
     "idle",
+    "ended_between_ticks",
+    "carried",  # not lost: taken at the next tick of the process of a thread that ended between ticks
 )
+# With events bound to the targets' threads, they tick every TICK_NS of a thread's CPU time at most (a
+# sample is taken each 1e9 / F ns of its process's, profile.c's sample_due): a thread's first millisecond
+# can be sampled. Each tick is a timer interrupt of the thread's CPU (~20 us in this VM: 1 ms ticks cost a
+# busy target ~2 %, 0.25 ms ticks ~8 %, bench/README.md).
+TICK_NS = 1_000_000
+SAMPLE_NS, ATTACHED_NS = 0, 1  # enum sampling_setting
 NO_USER_STACK: tuple[tuple[UserFrame, ...], str, str] = ((), "", "")
 BUILD_ID_VALID = 1
 BUILD_ID_IP = 2
@@ -203,6 +211,7 @@ class Profiler:
         self.store: StackStore | None = None
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
         self.event = ""
+        self.tick_ns = 0  # once attached to the targets' threads: the events' period (ns; 0: per CPU or cycles)
         self._bpf = None
         self._set = 0
         self._lost_seen = [0] * len(LOST_REASONS)
@@ -274,12 +283,29 @@ class Profiler:
         else:
             name, ev_type, ev_config = self._task_event()
             prog_fd = load_function(self._bpf, b"on_sample", ProgType.PERF_EVENT).fd
-            self._tasks = TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
+            self._tasks = self._task_events(prog_fd, ev_type, ev_config)
             self.event = name
+            self._mark_attached()
             for pid in self._pids:
                 self._tasks.add_process(pid)
         if self.waits is not None:
             self.waits.attach(self._initial_pids is None, self._pids)
+
+    def _task_events(self, prog_fd: int, ev_type: int, ev_config: int) -> TaskEvents:
+        """cpu-clock events ticking every TICK_NS of a thread's CPU time at most, a sample each 1e9 / F ns of
+        its process's (profile.c's sample_due); cycles (counted in cycles, not time) at F, every tick a sample."""
+        if ev_type != PerfType.SOFTWARE:
+            return TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
+        sample_ns = 1_000_000_000 // self.frequency_hz
+        self.tick_ns = min(sample_ns, TICK_NS)
+        settings = self._bpf[b"sampling"]
+        settings[settings.Key(SAMPLE_NS)] = settings.Leaf(sample_ns)
+        return TaskEvents(prog_fd, ev_type, ev_config, self.tick_ns, inherit=self._follow, period=True)
+
+    def _mark_attached(self) -> None:
+        """Threads born from now on have events from their start: their whole CPU time is the recording's."""
+        settings = self._bpf[b"sampling"]
+        settings[settings.Key(ATTACHED_NS)] = settings.Leaf(time.monotonic_ns())  # bpf_ktime_get_ns()'s clock
 
     def _task_event(self) -> tuple[str, int, int]:
         for name, ev_type, ev_config in self._event_choices():
@@ -315,6 +341,7 @@ class Profiler:
         targets[targets.Key(pid)] = targets.Leaf(1)
         self._pids.append(pid)
         if self._tasks is not None:
+            self._mark_attached()
             self._tasks.add_process(pid)
             if self.waits is not None:
                 self.waits.add_process(pid)

@@ -23,7 +23,7 @@
 // 999 Hz: 5.0 -> 4.8 us, measured when 8 was the default).
 
 #ifndef UNWIND_MAX_FRAMES
-#define UNWIND_MAX_FRAMES 256  // a power of two, frames of either kind (native, Python)
+#define UNWIND_MAX_FRAMES 512  // a power of two, frames of either kind (native, Python)
 #endif
 #define UNWIND_FRAMES_PER_PROG 4
 #define UNWIND_MAX_MAPPINGS 256  // executable file mappings per process, a power of two
@@ -54,7 +54,7 @@ enum unwind_status {
     UNWIND_NO_CFI,         // frame pointers could not go on where there is no CFI
     UNWIND_EXPRESSION,     // a rule that needs a DWARF expression
     UNWIND_READ_FAULT,     // the stack could not be read, or did not grow towards its base
-    UNWIND_DEPTH,          // UNWIND_MAX_FRAMES frames taken
+    UNWIND_DEPTH,          // UNWIND_STACK_CAP frames taken, or the sample's tail calls
     UNWIND_COPIED,         // a PC in a file mapped since the table was read: a copy of the stack goes on
 };
 
@@ -142,6 +142,15 @@ BPF_ARRAY(unwind_generation, u64, 1);  // the mapping tables' generation (Unwind
 BPF_PERCPU_ARRAY(unwind_states, struct unwind_state_bytes, 1);
 BPF_PERCPU_ARRAY(unwind_counters, u64, UNWIND_NR_COUNTERS);
 BPF_PROG_ARRAY(unwind_progs, UNWIND_PROGS);
+
+#define UNWIND_STACK_CAP STORE_MAX_WORDS  // frames a stack holds: a stored record's most (508)
+
+// Tail-calls the walk's program `prog`: returns only when the call could not be made (out of tail calls).
+static inline void walk_call(void *ctx, struct unwind_state *st, u32 prog)
+{
+    st->py.tail_calls++;
+    unwind_progs.call(ctx, prog);
+}
 
 static inline void unwind_count(u32 counter)
 {
@@ -280,7 +289,7 @@ static inline int push_frame(struct unwind_state *st, u64 frame)
     // Hides n's range from clang: knowing it (< UNWIND_MAX_FRAMES, one more per inlined frame), the optimizer
     // spent 0.6 s of the 1.5 s compile on this file here (0.15 s without); the verifier still sees the check.
     asm volatile("" : "+r"(n));
-    if (n >= UNWIND_MAX_FRAMES) {
+    if (n >= UNWIND_STACK_CAP) {
         st->stack.status = UNWIND_DEPTH;
         return 1;
     }
@@ -342,7 +351,7 @@ static inline void python_inline(struct unwind_state *st)
 // frames that call ran in its place (python.c), once the caller's registers are found.
 static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc)
 {
-    if (st->stack.len >= UNWIND_MAX_FRAMES) {
+    if (st->stack.len >= UNWIND_STACK_CAP) {
         st->stack.status = UNWIND_DEPTH;
         return 1;
     }
@@ -463,8 +472,20 @@ static inline void unwind_finish(void *ctx, struct unwind_state *st)
     if (st->fresh && st->py.frames) {
         st->py.scanned = 0;
         st->py.emitted = 0;
-        unwind_progs.call(ctx, PROG_PYTHON_CAPTURE);
+        walk_call(ctx, st, PROG_PYTHON_CAPTURE);
     }
+}
+
+// The native walk goes on (unwind_step), or, when the tail calls left are for the rest of the thread's Python
+// frames, python_step puts those and ends the sample (python_rest_due). Returns when out of tail calls.
+static inline void python_rest_or_step(void *ctx, struct unwind_state *st)
+{
+    if (python_rest_due(&st->py, st->stack.len, UNWIND_STACK_CAP)) {
+        st->py.rest = 1;
+        walk_call(ctx, st, PROG_PYTHON_STEP);
+        st->py.rest = 0;
+    }
+    walk_call(ctx, st, PROG_UNWIND_STEP);
 }
 
 int unwind_step(void *ctx)
@@ -484,10 +505,10 @@ int unwind_step(void *ctx)
         done = unwind_frame(st, proc);
     if (st->py.mode) {  // an eval call's Python frames come next, then the walk goes on (or ends)
         st->py.native_done = done;
-        unwind_progs.call(ctx, PROG_PYTHON_STEP);
+        walk_call(ctx, st, PROG_PYTHON_STEP);
         keep_eval_frame(st);  // no Python step: the eval frame stays as it is
     } else if (!done) {
-        unwind_progs.call(ctx, PROG_UNWIND_STEP);
+        python_rest_or_step(ctx, st);
     }
     if (!done)
         st->stack.status = UNWIND_DEPTH;  // out of tail calls

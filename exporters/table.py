@@ -86,6 +86,9 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
     ]
     if meta.idle_samples:
         lines.append(f"# Idle samples (pid 0, not in the profile): {meta.idle_samples}")
+    if meta.carried_samples:
+        lines.append(f"# Taken at their process's next tick for threads that ended between two ticks: "
+                     f"{meta.carried_samples} ({percent(meta.carried_samples, meta.total_samples):.1f}%)")
     if meta.launcher_samples:
         lines.append(f"# optrace's launcher before exec (optrace-exec, not in the profile): {meta.launcher_samples}")
     if not meta.stacks:

@@ -25,7 +25,7 @@ from optrace.frontend.session import (
     DEFAULT_JIT_MAX_FILE_SIZE, RECORD, OffCpuOptions, ProfilingSession, SessionOptions,
 )
 from optrace.frontend.stopsignals import StopSignals
-from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
+from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild, add_subprocesses, with_subprocesses
 from optrace.frontend.unwind.quality import stack_quality
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
 from optrace.procfs import is_alive
@@ -59,6 +59,7 @@ class RecordOptions:
     wall: bool = False  # off-CPU time and CPU samples, to be shown together as time
     call_graph: str = DEFAULT_CALL_GRAPH  # or "fp" (see SessionOptions.call_graph)
     python: bool = True  # Python frames (SessionOptions.python)
+    subprocesses: bool = False  # with pids: their descendants too (target.with_subprocesses)
 
 
 FOLD_BATCH_KEYS = 1 << 18  # folded keys kept as the drains gave them before they are summed (16 MiB of bytes)
@@ -133,7 +134,8 @@ class Recorder:
         self._loads_before = len(program_loads())  # this process's loads before the recording's
         opts = options
         self.session = ProfilingSession(SessionOptions(
-            RECORD, frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids),
+            RECORD, frequency_hz=opts.frequency_hz,
+            pids=None if opts.system_wide else with_subprocesses(list(opts.pids), opts.subprocesses),
             stacks=opts.stacks, stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
             jitdumps=opts.jitdumps, off_cpu=opts.off_cpu,
             call_graph=opts.call_graph if opts.stacks else "fp",  # leaves only: nothing to unwind for
@@ -189,6 +191,11 @@ class Recorder:
         return pid in self._targets
 
     def _start_targets(self) -> None:
+        if self.options.subprocesses:
+            add_subprocesses(self.session.target_pids, self.session.add_pid)
+        # The command waits for its program's unwind tables and the walker (issue 42: 0.3-0.5 s of its exec
+        # time at load 15): released at once, a CPython command's first second had no Python frames (its
+        # interpreter is found with its table), 15 % of a 2.5 s run's samples under load (bench/README.md (e)).
         if self.options.command:
             program = shutil.which(self.options.command[0])
             if program:
@@ -285,6 +292,7 @@ class Recorder:
         session = self.session
         lost = dict(self.lost)
         idle = lost.pop("idle", 0)
+        carried = lost.pop("carried", 0)
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
         from optrace.frontend.codecapture import capture_session  # not imported on the way to the first sample
@@ -309,6 +317,7 @@ class Recorder:
             lost=lost,
             idle_samples=idle if self.options.system_wide else 0,
             launcher_samples=self.launcher_samples,
+            carried_samples=carried,
             stacks=self.options.stacks,
             call_graph=self.options.call_graph if self.options.stacks else "fp",
             stack_quality=quality,

@@ -177,6 +177,10 @@ class RecordMeta:
     # any optrace's): optrace's own overhead, left out of the profile and counted here (perf shows its
     # "perf-exec" as a command).
     launcher_samples: int = 0
+    # Of total_samples: those taken for threads that ended between two ticks of their events, at their
+    # process's next tick (events bound to the targets' threads tick every millisecond or so, a sample each
+    # 1/F of a process's CPU time: bpf/profile.c's sample_due), so their stacks are another thread's
+    carried_samples: int = 0
     stacks: bool = True  # False with --no-stacks: each sample keeps only its leaf frame
     # "dwarf": user stacks unwound in BPF from the files' CFI where they have it, else frame pointers;
     # "fp": frame pointers only (records from before the choice existed are "fp")

@@ -32,8 +32,8 @@ from optrace.frontend.serve.profilewindows import ProfileWindows
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, ExporterTotals
 
-RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "off_cpu", "off_cpu_every",
-                "call_graph", "python", "python_internals", "otlp")
+RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "subprocesses", "comms", "max_series", "off_cpu",
+                "off_cpu_every", "call_graph", "python", "python_internals", "otlp")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 DRAIN_FAILED = 'counted in optrace_read_errors_total{kind="drain"}'
 OTLP_FAILED = 'this drain\'s stacks are not in the OTLP profile; counted in optrace_read_errors_total{kind="otlp"}'
