@@ -51,6 +51,7 @@ class CopyWalks:
         FINAL_TABLES_S for the tables being read); the processes whose tables are still wanted get them."""
         self._read()
         self.copies.keep(result.open_copies)
+        self.copies.take_arrived()  # the last drain's, if no one took them: at most one drain's are held
         samples = self.copies.resolve(samples)
         off_cpu = self.copies.resolve(off_cpu, off_cpu=True)
         if final and self.copies.wanted() & self.unwinder.pending():
