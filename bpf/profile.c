@@ -245,7 +245,8 @@ static inline void new_epoch(u32 tgid)
 static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set,
                                     int kernel_missing, u64 wait_task);  // unwind.c
 static inline void forget_unwind_table(u32 pid);  // unwind.c
-static inline u32 copy_sample_stack(struct bpf_perf_event_data *ctx, struct key_t *key);  // stackcopy.c
+static inline u32 copy_sample_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing,
+                                    u64 wait_task);  // stackcopy.c
 #endif
 
 // The process's epoch, set now if it has none.
@@ -335,7 +336,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
 #ifdef CFI_UNWIND
     // Processes with unwind tables are counted there (no return); those without get a copy of their stack.
     if (unwind_user_stack(ctx, &key, set, kernel_missing, 0))
-        copy_sample_stack(ctx, &key);
+        copy_sample_stack(ctx, &key, set, kernel_missing, 0);
 #endif
     take_user_stack(ctx, &key, &user_missing, &files_only);
     count_stack_loss(user_missing, kernel_missing);

@@ -27,7 +27,8 @@ from optrace.frontend.session import (
 from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild, add_subprocesses, with_subprocesses
 from optrace.frontend.unwind.quality import stack_quality
-from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
+from optrace.frontend.report.wakers import merged_samples, wakeup_rows
+from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample, Wakeup
 from optrace.procfs import is_alive
 
 POLL_SECONDS = 0.05  # how often a loop that polls on a timer wakes (see Recorder._timer_polls)
@@ -81,7 +82,7 @@ class SampleStore:
 
     def add(self, sample: RawSample, timed: bool) -> None:
         key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0, sample.tid,
-               sample.stop, sample.python)
+               sample.stop, sample.python, sample.waker)
         self._counts[key] += sample.count
 
     def add_folded(self, folded: FoldedCounts) -> None:
@@ -111,8 +112,8 @@ class SampleStore:
         for sample in decode(self._folded, self._records):
             self.add(sample, timed=False)
         self._folded, self._records = {}, []
-        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop, python=python)
-                for (pid, comm, user, kernel, t, tid, stop, python), n in self._counts.items()]
+        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop, python=python, waker=waker)
+                for (pid, comm, user, kernel, t, tid, stop, python, waker), n in self._counts.items()]
 
 
 class Recorder:
@@ -288,7 +289,9 @@ class Recorder:
         frames, samples = self.session.symbolize(raw)
         quality = stack_quality(raw, frames, samples) if self.options.stacks else {}
         python = self.session.python.outcomes() if self.session.python is not None else {}
-        frames, off_cpu = merged_frames(frames, *self.session.symbolize(self.off_cpu_store.samples()))
+        off_cpu_raw = self.off_cpu_store.samples()
+        frames, off_cpu = merged_frames(frames, *self.session.symbolize(off_cpu_raw))
+        frames, wakeups = self._wakeups(frames, off_cpu_raw, off_cpu)
         session = self.session
         lost = dict(self.lost)
         idle = lost.pop("idle", 0)
@@ -324,15 +327,25 @@ class Recorder:
             user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id", "cfi", "copied")},
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
-            off_cpu=self._off_cpu_meta(off_cpu),
+            off_cpu=self._off_cpu_meta(off_cpu, stack_quality(off_cpu_raw, frames, off_cpu) if self.options.stacks else {}),
             python=sample_outcomes(raw, frames, samples, python),
             interpreters=interpreters(python),
             bpf_programs={load.name: load.how for load in self.program_loads},
         )
-        return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu,
-                      functions=functions, python_sources=sources)
+        return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=merged_samples(off_cpu),
+                      wakeups=wakeups, functions=functions, python_sources=sources)
 
-    def _off_cpu_meta(self, off_cpu: list[Sample]) -> OffCpuMeta | None:
+    def _wakeups(self, frames: list[Frame], raw: list[RawSample], off_cpu: list[Sample]
+                 ) -> tuple[list[Frame], list[Wakeup]]:
+        """The waits that slept (``raw[i]`` is ``off_cpu[i]`` before it was named), with their wakers named."""
+        wakers = [s.waker for s in raw if s.waker is not None]
+        if not wakers:
+            return frames, []
+        frames, named = merged_frames(frames, *self.session.symbolize(wakers))
+        rows = iter(named)
+        return frames, wakeup_rows(off_cpu, [next(rows) if s.waker is not None else None for s in raw])
+
+    def _off_cpu_meta(self, off_cpu: list[Sample], quality: dict[str, int]) -> OffCpuMeta | None:
         opts = self.options.off_cpu
         if opts is None:
             return None
@@ -340,7 +353,8 @@ class Recorder:
 
         return OffCpuMeta(source=ATTACHMENT, min_block_us=opts.min_block_us, states=sorted(opts.states),
                           total_ns=sum(s.count for s in off_cpu), short_waits=self.short_waits,
-                          kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every)
+                          kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every,
+                          wakers=opts.wakers, stack_quality=quality)
 
 
 def read_source_of(outcomes: dict, pid: int, file: str) -> list[str] | None:

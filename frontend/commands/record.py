@@ -49,18 +49,20 @@ SAMPLED_EVENTS = ("cpu-clock",)
               help="With --off-cpu: user stacks only, like perf's --off-cpu (the kernel stack is most of the cost).")
 @click.option("--off-cpu-every", "every", type=int, default=1, show_default=True, metavar="N",
               help="With --off-cpu: record one wait in N (at random) and count it N times; N times fewer stacks taken.")
+@click.option("--wakers", is_flag=True,
+              help="With --off-cpu: join each wait that slept to the stacks of the thread that woke it (report --wakers).")
 @verbose_option()
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx: click.Context, output, frequency, event, stacks, call_graph, python, pids, subprocesses, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
-            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every, verbose,
+            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every, wakers, verbose,
             command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
 
     With a command, exits with the command's status (128+N when signal N ended it), like perf; when the
     recording ends first (-d) and stops the command, exits 0."""
     check_event(event)
-    wanted = OffCpuOptions(min_block, frozenset(states), kernel_stacks=not user_stacks_only, every=every)
+    wanted = OffCpuOptions(min_block, frozenset(states), kernel_stacks=not user_stacks_only, every=every, wakers=wakers)
     off_cpu_options = off_cpu_settings(off_cpu or wall, wanted, stacks)
     options = RecordOptions(
         frequency_hz=frequency,
@@ -110,7 +112,8 @@ def off_cpu_settings(enabled: bool, wanted: OffCpuOptions, stacks: bool) -> OffC
     so without stacks every wait would be one row (`--off-cpu --no-stacks` is an error)."""
     if not enabled:
         if wanted != OffCpuOptions():
-            raise OptraceError("--min-block, --state, --off-cpu-user-stacks and --off-cpu-every need --off-cpu or --wall")
+            raise OptraceError("--min-block, --state, --off-cpu-user-stacks, --off-cpu-every and --wakers need --off-cpu"
+                               " or --wall")
         return None
     if not stacks:
         raise OptraceError("--off-cpu needs stacks (its leaf is always the scheduler): drop --no-stacks")

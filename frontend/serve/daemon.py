@@ -80,11 +80,12 @@ class ServeDaemon:
                 source.start()
             events = [s.event for s in self.sources if s.event]
             page = MetricsPage(self.totals, ExporterInfo(self.options.frequency_hz, events[0] if events else "none"))
+            page.add_collector(server.collector())
             if self.otlp is not None:
                 stack.callback(self.otlp.close)  # before the sources: its last interval is sent first
                 self.otlp.start()
                 page.add_collector(self.otlp.collector())
-            server.start(page.render, self.windows.collect)
+            server.start(page.render, self.windows, page.current)
             self.address = server.address
             on_ready(server.url)
             self._loop(stop)

@@ -204,6 +204,12 @@ class MetricsPage:
         with self._lock:
             self._collectors.append(collector)
 
+    def current(self) -> bytes | None:
+        """The page of the last drain if it was rendered already, else None (never waits: the server's
+        event loop asks, and answers at once when it can)."""
+        page = self._page
+        return page[1] if page is not None and page[0] == self._totals.generation else None
+
     def render(self) -> bytes:
         with self._lock:
             if self._page is not None and self._page[0] == self._totals.generation:

@@ -15,10 +15,11 @@ frame: none when the unwinder itself ended at a thread's first frame.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
-from optrace.frontend.report.pythonview import python_view
+from optrace.frontend.report.pythonview import leaf_depth, python_view
 from optrace.frontend.serve.options import SERVE_CALL_GRAPH, ServeOptions
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, add_leaf_rows, add_off_cpu_rows
@@ -26,7 +27,15 @@ from optrace.frontend.session import SERVE, OffCpuOptions, ProfilingSession, Ses
 from optrace.frontend.target import add_subprocesses, with_subprocesses
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.frontend.uprobes.reach import slowed_processes
-from optrace.model import UNKNOWN, Frame, Sample
+from optrace.model import UNKNOWN, Frame, RawSample, Sample
+
+
+def off_cpu_leaves(samples: list[RawSample]) -> list[RawSample]:
+    """Each wait with only the frame it is named after: the innermost user frame (the call that blocked, as
+    the program sees it; in a Python stack, up to the Python frame, see leaf_depth), or for a kernel thread
+    the caller of schedule() (its kernel stack starts at schedule(), bpf/offcpu.c)."""
+    return [dataclasses.replace(s, user=s.user[:leaf_depth(s.user)], kernel=()) if s.user else
+            dataclasses.replace(s, kernel=s.kernel[1:2] or s.kernel[-1:]) for s in samples]
 
 
 def build_sources(options: ServeOptions) -> list[Source]:
@@ -83,7 +92,7 @@ class ProfileSource:
         add_leaf_rows(delta, *named)
         delta.stack_quality.update(outermost_quality(drain.samples, outermost, frames, rows[len(drain.samples):]))
         if drain.off_cpu:
-            add_off_cpu_rows(delta, *self._viewed(*self.session.symbolize(self.session.off_cpu_leaves(drain.off_cpu))))
+            add_off_cpu_rows(delta, *self._viewed(*self.session.symbolize(off_cpu_leaves(drain.off_cpu))))
             if delta.want_off_cpu_stacks:
                 delta.off_cpu_stacks = self._viewed(*self.session.symbolize(drain.off_cpu, stacks=True))
         if delta.want_stacks:

@@ -231,7 +231,7 @@ def leaf_labels(comm: str, frame: Frame | None) -> tuple[str, str, str]:
 
 
 def add_off_cpu_rows(delta: Delta, frames: list[Frame], samples: Iterable[Sample]) -> None:
-    """Off-CPU nanoseconds by the frame each wait is named after (see ProfilingSession.off_cpu_leaves)."""
+    """Off-CPU nanoseconds by the frame each wait is named after (see sources.py's off_cpu_leaves)."""
     for sample in samples:
         delta.off_cpu_ns[leaf_labels(sample.comm, frames[sample.frames[0]] if sample.frames else None)] += sample.count
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
-from optrace.frontend.unwind.stackcopy import MAX_FRAMES, unwind_copy
+from optrace.frontend.unwind.stackcopy import MAX_FRAMES, chain_of, unwind_copy, with_python_frames, without_call_ends
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -248,15 +248,18 @@ class StackCopies:
         if tables is None:
             return None
         self._copies.take(sample.copy)
-        prefix = sample.user if copy.continues else ()
+        walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
+        prefix = walked if copy.continues else ()
         rules = tables.rules
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
         self.stats["walked"] += 1
         self.stats["walk_" + walk.status] += 1
         mappings = [tables.mapping_at(pc) for pc in walk.pcs]
         self._files_used.update(m.file_key for m in mappings if m is not None)
-        frames = prefix + tuple(map(frame_in, mappings, walk.pcs))
-        return dataclasses.replace(sample, user=frames, stop=walk.status, epoch=0, copy=0)
+        frames = tuple(map(frame_in, mappings, walk.pcs))
+        if chain and copy.eval_ranges:
+            frames = with_python_frames(walk.pcs, frames, chain, copy.eval_ranges)
+        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:
         self.stats["gave_up"] += 1
@@ -268,12 +271,14 @@ class StackCopies:
         return dataclasses.replace(sample, user=user, stop=NO_TABLE, copy=0)
 
     def _known_frames(self, sample: RawSample) -> tuple[UserFrame, ...]:
-        """A copied sample's frames before its walk: those the kernel took and, when the copy goes on from
-        them, the copy's PC (a raw address, as :func:`frame_in` names a PC in no file with a build-id)."""
+        """A copied sample's frames before its walk, as they are named when the copy is not walked: those the
+        kernel took and, when the copy goes on from them, the copy's PC (a raw address, as :func:`frame_in`
+        names a PC in no file with a build-id) before the thread's Python frames read with the copy."""
         copy = self._copies.get(sample.copy)
-        if copy is None or not copy.continues or len(sample.user) >= MAX_FRAMES:
-            return sample.user
-        return sample.user + (UserFrame(None, copy.ip),)
+        if copy is None or not copy.continues:
+            return without_call_ends(sample.user)
+        walked, chain = chain_of(sample.user)
+        return without_call_ends(walked + (UserFrame(None, copy.ip),) + chain)[:MAX_FRAMES]
 
     def _tables_for(self, copy: StackCopy) -> ProcessTables | None:
         with self._lock:

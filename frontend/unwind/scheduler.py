@@ -79,6 +79,9 @@ class UnwindScheduler:
         self._unwind_queued: set[int] = set()
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
         self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
+        # told each capture (pid, its mappings, its files' descriptors: duplicates, the hook's to close): the
+        # symbolizer names a process gone before it looked at it from them (Machine.captured)
+        self.on_capture: Callable[[int, list[MapEntry], list[int | None]], None] | None = None
 
     def start(self) -> None:
         """The worker, whose first job is the walking program, verified while sampling starts (frame
@@ -258,6 +261,12 @@ class UnwindScheduler:
         for pid in self.python.to_retry(now):
             self._python_later(pid)
 
+    def python_soon(self, pid: int) -> None:
+        """Whether the process runs a CPython, looked at on the Python worker now: a target's samples copied
+        until its tables come then keep their Python frames (bpf/copypython.c)."""
+        if self.python is not None and self._python_worker is not None:
+            self._python_later(pid)
+
     def _python_later(self, pid: int) -> None:
         """:meth:`_look_at_python` on the Python worker."""
         try:
@@ -312,6 +321,8 @@ class UnwindScheduler:
         if maps is not None and (self.profiler.exec_epoch(pid) != exec_epoch or not maps.entries):  # or exiting
             maps.close()
             return None
+        if maps is not None and self.on_capture is not None:
+            self._contain("process_maps", lambda: self.on_capture(pid, maps.entries, duplicates(maps.fds)))
         return None if maps is None else Capture(epoch, exec_epoch, maps)
 
     def is_loaded(self, pid: int) -> bool:
@@ -361,3 +372,17 @@ class UnwindScheduler:
         if self.unwinding is not None:
             self._contain("unwind_tables", self.unwinding.warm, executable)
             self._unwind_step.result()
+
+
+def duplicates(fds: list[int | None]) -> list[int | None]:
+    """A duplicate of each descriptor (None stays None); none left open when one cannot be made."""
+    made: list[int | None] = []
+    try:
+        for fd in fds:
+            made.append(None if fd is None else os.dup(fd))
+    except OSError:
+        for fd in made:
+            if fd is not None:
+                os.close(fd)
+        raise
+    return made
