@@ -66,8 +66,10 @@ class TopEngine:
 
     def refresh(self) -> None:
         """Drain the kernel's maps and add what they held (kept aside while paused: the totals freeze)."""
-        drained = self.session.drain()
         view = self.options.view
+        # without the children column, a sample whose stack was copied is not held until its process's
+        # unwind table is read (seconds after the attach on a loaded machine): its leaf is known now
+        drained = self.session.drain(leaves=not view.children)
         raw = drained.samples if view.children else [leaf_only(sample) for sample in drained.samples]
         frames, samples = self.session.symbolize(raw)
         if not self.options.python_internals:

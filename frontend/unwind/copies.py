@@ -170,15 +170,19 @@ class StackCopies:
         self._kept = ids
 
     # -- samples ------------------------------------------------------------------------------------------
-    def resolve(self, samples: Sequence[RawSample], off_cpu: bool = False) -> list[RawSample]:
+    def resolve(self, samples: Sequence[RawSample], off_cpu: bool = False, leaves: bool = False
+                ) -> list[RawSample]:
         """``samples`` with their copies walked, but those whose process's tables are not known yet: they
-        wait (:meth:`end_drain` hands them back)."""
+        wait (:meth:`end_drain` hands them back) or, with ``leaves`` (a caller that names leaves only), come
+        back at once with the frames known before their walk, their leaf among them."""
         out = []
         for sample in samples:
             if not sample.copy:
                 out.append(sample)
                 continue
             walked = self._walked(sample)
+            if walked is None and leaves:
+                walked = self._unwalked(sample, "unwalked_for_leaves")
             if walked is None:
                 self._waiting.append(_Waiting(sample, self._drain, off_cpu))
                 self._arrived.append(dataclasses.replace(sample, user=self._known_frames(sample)))
@@ -265,7 +269,11 @@ class StackCopies:
         self.stats["gave_up"] += 1
         with self._lock:
             known = self._tables.get(sample.pid)
-        self.stats["gave_up_" + ("tables_of_other_epochs" if known else "no_tables")] += 1
+        return self._unwalked(sample, "gave_up_" + ("tables_of_other_epochs" if known else "no_tables"))
+
+    def _unwalked(self, sample: RawSample, why: str) -> RawSample:
+        """The sample with the frames known before its walk, its copy dropped unwalked."""
+        self.stats[why] += 1
         user = self._known_frames(sample)
         self._copies.take(sample.copy)
         return dataclasses.replace(sample, user=user, stop=NO_TABLE, copy=0)

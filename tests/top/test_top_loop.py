@@ -79,11 +79,13 @@ class FakeSession:
     def __init__(self, drains: list[tuple[float, int]], clock: Clock) -> None:
         self.drains, self.clock = list(drains), clock
         self.symbolized = 0
+        self.leaves: list[bool] = []  # each drain's ``leaves``
 
     def start(self) -> None:
         pass
 
-    def drain(self) -> Drain:
+    def drain(self, leaves: bool = False) -> Drain:
+        self.leaves.append(leaves)
         at, count = self.drains.pop(0)
         assert at >= self.clock.now
         self.clock.now = at
@@ -112,3 +114,19 @@ def test_samples_per_second_is_over_the_time_between_drains(monkeypatch):
         engine.refresh()
         rates.append(engine.header.samples_per_s)
     assert rates == pytest.approx([50 / 0.5, 120 / 0.81, 9 / 0.51])
+
+
+def test_samples_wait_for_unwind_tables_only_while_the_children_column_is_on(monkeypatch):
+    """The self column needs leaves, known at once: rows within a second of the attach, whatever the time
+    the target's unwind tables take (7.5 s at load 30 on 2 CPUs)."""
+    clock = Clock()
+    monkeypatch.setattr("optrace.frontend.top.engine.time.monotonic", clock)
+    engine = TopEngine(TopOptions(python_internals=True))
+    engine.session = FakeSession([(100.5, 50), (101.5, 50), (102.5, 50)], clock)
+    engine.start()
+    engine.refresh()
+    engine.options.view.children = True
+    engine.refresh()
+    engine.options.view.children = False
+    engine.refresh()
+    assert engine.session.leaves == [True, False, True]

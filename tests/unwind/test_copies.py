@@ -112,3 +112,20 @@ def test_a_sample_stopped_at_its_leaf_keeps_its_pc_when_it_gives_up():
     copies.resolve([sample])
     cpu, _ = copies.end_drain((), final=True)
     assert [(s.user, s.stop, s.copy) for s in cpu] == [((UserFrame(None, JIT_PC),), NO_TABLE, 0)]
+
+
+def test_a_caller_naming_leaves_gets_waiting_samples_at_once_and_once():
+    """top without its children column: a sample whose tables are not there comes with its leaf now (not
+    after the tables, seconds later under load), and is not handed back again when they come."""
+    copies = StackCopies()
+    kernel_leaf, copy = copied_sample(1)
+    at_leaf, continued = continued_sample(2)
+    copies.add_copies({1: copy, 2: continued})
+    assert [(s.user, s.copy) for s in copies.resolve([kernel_leaf, at_leaf], leaves=True)] == \
+        [(kernel_leaf.user, 0), ((UserFrame(None, JIT_PC),), 0)]
+    assert copies.wanted() == set() and copies.stats["unwalked_for_leaves"] == 2
+    copies.add_tables(PID, 6, 3, [MAPPING])
+    assert copies.end_drain(()) == ([], [])
+    again, _ = copied_sample(3)
+    copies.add_copies({3: copy})
+    assert [s.user for s in copies.resolve([again], leaves=True)] == [walked_frames()]  # tables there: walked
