@@ -97,7 +97,7 @@ def test_hot_function_share_keys_and_quit(demo):
         # before the symbols are read, the attach after)
         pane.wait_for(lambda t: "collecting samples" in t or rows(t), 60, "the screen after the attach")
         attached = time.monotonic()
-        pane.wait_for(lambda t: "hot_a" in rows(t), 10, "a first row")
+        pane.wait_for(lambda t: rows(t), 10, "a first row")
         assert time.monotonic() - attached < 1.0, "no rows 1 s after the attach"
         share_settled(pane, "hot_a", 40)
         share_settled(pane, "hot_b", 20)
