@@ -280,13 +280,14 @@ class StackCopies:
 
     def _known_frames(self, sample: RawSample) -> tuple[UserFrame, ...]:
         """A copied sample's frames before its walk, as they are named when the copy is not walked: those the
-        kernel took and, when the copy goes on from them, the copy's PC (a raw address, as :func:`frame_in`
-        names a PC in no file with a build-id) before the thread's Python frames read with the copy."""
+        kernel took and, when the copy goes on from them or they are none (a first sample whose thread's
+        Python frames were read: copypython.c stores no leaf), the copy's PC (a raw address, as
+        :func:`frame_in` names a PC in no file with a build-id) before the Python frames read with the copy."""
         copy = self._copies.get(sample.copy)
-        if copy is None or not copy.continues:
-            return without_call_ends(sample.user)
         walked, chain = chain_of(sample.user)
-        return without_call_ends(walked + (UserFrame(None, copy.ip),) + chain)[:MAX_FRAMES]
+        if copy is not None and (copy.continues or not walked):
+            walked += (UserFrame(None, copy.ip),)
+        return without_call_ends(walked + chain)[:MAX_FRAMES]
 
     def _tables_for(self, copy: StackCopy) -> ProcessTables | None:
         with self._lock:
