@@ -101,8 +101,8 @@ class SessionMode:
     # cost what later ones do (else the walker is verified and those tables converted while sampling, and
     # their stacks are raw IPs decoded at each drain until then). The attach comes that much later.
     unwind_busy_first: bool
-    # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
-    # first rows come within a second of the attach)
+    # True: the given pids' objects have their symbol tables read, and the kernel's begun, before the
+    # sampler attaches (top's first rows come within a second of the attach)
     symbols_before_attach: bool
 
 
@@ -286,6 +286,8 @@ class ProfilingSession:
                                      scan_slice_s=opts.mode.scan_slice_s)
         for pid in opts.pids or ():  # before the programs load: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+        if opts.mode.symbols_before_attach:  # while the programs load: after, 0.8 s at load 14 beside the tables
+            self._kallsyms = KernelSymbolsLoader()
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
         measured_from = time.monotonic()
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
@@ -335,7 +337,7 @@ class ProfilingSession:
         # walker follows frame pointers until they are in place) and the kernel symbols (named at the end).
         for pid in opts.pids or ():
             self.unwinder.unwind_later(pid)
-        self._kallsyms = KernelSymbolsLoader()
+        self._kallsyms = self._kallsyms or KernelSymbolsLoader()
 
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
@@ -409,9 +411,10 @@ class ProfilingSession:
         """Whether :meth:`poll` is wanted on a timer, events or not (see UnwindScheduler.wants_polls)."""
         return self.unwinder.wants_polls(now)
 
-    def drain(self, final: bool = False) -> Drain:
+    def drain(self, final: bool = False, leaves: bool = False) -> Drain:
         """The samples since the last drain; ``final``: the last one, every sample waiting for its
-        process's tables comes now (see frontend/unwind/copywalks.py)."""
+        process's tables comes now; ``leaves``: a caller that names leaves only, for whom no sample waits
+        (see frontend/unwind/copywalks.py)."""
         result = self.profiler.drain()
         if self.python is not None:
             self.python.add_captures(self.profiler.python.take_captures())
@@ -420,8 +423,10 @@ class ProfilingSession:
         folded = result.folded
         self._note_execs(result.execs)
         if self.copies is not None:
-            samples, off_cpu = self.copies.walk(samples, off_cpu, result, final)
+            samples, off_cpu = self.copies.walk(samples, off_cpu, result, final, leaves)
         maybe_jit = self._learn_processes(samples, result.time, folded.pids())
+        if self.copies is not None:  # samples waiting for tables (maybe past their process's exit): learned now
+            self._learn_processes(self.copies.arrived(), result.time)
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
             self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,

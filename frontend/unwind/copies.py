@@ -13,7 +13,13 @@ Bounds: copies wait at most WAIT_DRAINS drains for their tables, PENDING_DRAINS 
 UNNAMED_DRAINS drains (an open off-CPU wait names its copy until it ends: :meth:`StackCopies.keep`);
 tables are kept for at most MAX_TABLE_PIDS processes, each process's last MAX_TABLES_PER_PID, and dropped
 one drain after the process exits. A sample that gives up waiting keeps what the kernel took (its leaf,
-or the CFI walk up to where the copy would have gone on), its stop "no_table".
+or the CFI walk up to where the copy would have gone on) and, when the copy goes on from it, the copy's own
+PC as a raw address (where the walk would have started: a CFI walk stopped at a JIT function's PC has no
+frame of its own), its stop "no_table".
+
+What is known of a waiting sample before its walk (those frames, :meth:`StackCopies.take_arrived`) is
+told at once: whether it ran JIT code must be learned while its process lives (its perf map and mapped
+jitdumps are found through /proc/PID), and its tables may come only after the process exited.
 """
 from __future__ import annotations
 
@@ -138,6 +144,7 @@ class StackCopies:
         self._copies = _CopyStore(self.stats)
         self._kept: set[int] = set()  # ids open waits name
         self._waiting: list[_Waiting] = []
+        self._arrived: list[RawSample] = []  # samples that began waiting since the last take_arrived
         self._files: OrderedDict[Hashable, UnwindTable] = OrderedDict()
         self._exited: dict[int, int] = {}  # pid -> the drain its exit was seen at
         self._drain = 0
@@ -164,17 +171,22 @@ class StackCopies:
         self._kept = ids
 
     # -- samples ------------------------------------------------------------------------------------------
-    def resolve(self, samples: Sequence[RawSample], off_cpu: bool = False) -> list[RawSample]:
+    def resolve(self, samples: Sequence[RawSample], off_cpu: bool = False, leaves: bool = False
+                ) -> list[RawSample]:
         """``samples`` with their copies walked, but those whose process's tables are not known yet: they
-        wait (:meth:`end_drain` hands them back)."""
+        wait (:meth:`end_drain` hands them back) or, with ``leaves`` (a caller that names leaves only), come
+        back at once with the frames known before their walk, their leaf among them."""
         out = []
         for sample in samples:
             if not sample.copy:
                 out.append(sample)
                 continue
             walked = self._walked(sample)
+            if walked is None and leaves:
+                walked = self._unwalked(sample, "unwalked_for_leaves")
             if walked is None:
                 self._waiting.append(_Waiting(sample, self._drain, off_cpu))
+                self._arrived.append(dataclasses.replace(sample, user=self._known_frames(sample)))
             else:
                 out.append(walked)
         return out
@@ -184,6 +196,12 @@ class StackCopies:
         rows the kernel does not load until they are used needs them (bpf/unwindmaps.py's LAZY_ROWS)."""
         used, self._files_used = self._files_used, set()
         return used
+
+    def take_arrived(self) -> list[RawSample]:
+        """The samples that began waiting for tables since the last call, with the frames known before their
+        walk (their copy still named: they are not samples to count, only what can be learned of them now)."""
+        arrived, self._arrived = self._arrived, []
+        return arrived
 
     def wanted(self) -> set[int]:
         """The processes whose waiting samples need tables."""
@@ -256,9 +274,25 @@ class StackCopies:
         self.stats["gave_up"] += 1
         with self._lock:
             known = self._tables.get(sample.pid)
-        self.stats["gave_up_" + ("tables_of_other_epochs" if known else "no_tables")] += 1
+        return self._unwalked(sample, "gave_up_" + ("tables_of_other_epochs" if known else "no_tables"))
+
+    def _unwalked(self, sample: RawSample, why: str) -> RawSample:
+        """The sample with the frames known before its walk, its copy dropped unwalked."""
+        self.stats[why] += 1
+        user = self._known_frames(sample)
         self._copies.take(sample.copy)
-        return dataclasses.replace(sample, user=without_call_ends(sample.user), stop=NO_TABLE, copy=0)
+        return dataclasses.replace(sample, user=user, stop=NO_TABLE, copy=0)
+
+    def _known_frames(self, sample: RawSample) -> tuple[UserFrame, ...]:
+        """A copied sample's frames before its walk, as they are named when the copy is not walked: those the
+        kernel took and, when the copy goes on from them or they are none (a first sample whose thread's
+        Python frames were read: copypython.c stores no leaf), the copy's PC (a raw address, as
+        :func:`frame_in` names a PC in no file with a build-id) before the Python frames read with the copy."""
+        copy = self._copies.get(sample.copy)
+        walked, chain = chain_of(sample.user)
+        if copy is not None and (copy.continues or not walked):
+            walked += (UserFrame(None, copy.ip),)
+        return without_call_ends(walked + chain)[:MAX_FRAMES]
 
     def _tables_for(self, copy: StackCopy) -> ProcessTables | None:
         with self._lock:
