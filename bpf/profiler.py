@@ -29,6 +29,7 @@ from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.offcpu import OffCpuWaits, WaitOptions
 from optrace.bpf.perfevents import TaskEvents
 from optrace.bpf.stackcopies import MAX_BYTES as COPY_MAX_BYTES, CopyRing, ring_pages
+from optrace.bpf.images import ProcessImages
 from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
 from optrace.bpf.unwindmaps import FileIds, decode_cfi
 from optrace.defaults import DEFAULT_FREQUENCY_HZ
@@ -41,6 +42,7 @@ PROGRAM = Path(__file__).with_name("profile.c")
 FORKS = Path(__file__).with_name("forks.c")  # after profile.c: a target's children are targets
 UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
 STACK_COPIES = Path(__file__).with_name("stackcopy.c")  # after it: stacks copied where it cannot walk (stackcopies.py)
+IMAGES = Path(__file__).with_name("images.c")  # after them: processes' executable mappings (images.py)
 PYTHON_WALK = Path(__file__).with_name("python_walk.h")  # before unwind.c: its Python state
 PYTHON_WALKER = Path(__file__).with_name("python.c")  # after it, with python (see pythonmaps.py)
 OFF_CPU = Path(__file__).with_name("offcpu.c")  # after profile.c, with waits (see offcpu.py)
@@ -199,6 +201,7 @@ class Profiler:
         self._fold = fold
         self.unwind = None  # UnwindMaps once loaded, with cfi_unwind
         self.copies: CopyRing | None = None  # once loaded, with cfi_unwind
+        self.images: ProcessImages | None = None  # once loaded, with cfi_unwind
         self.python = None  # PythonMaps once loaded, with python
         self.store: StackStore | None = None
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
@@ -243,6 +246,7 @@ class Profiler:
 
             self.unwind = UnwindMaps(self._bpf, self._unwind_rows)
             self.copies = CopyRing(self._bpf)
+            self.images = ProcessImages(self._bpf)
         if self.python_frames:
             from optrace.bpf.pythonmaps import PythonMaps
 
@@ -260,11 +264,12 @@ class Profiler:
         sources = [STACK_STORE, PROGRAM, FORKS] + ([OFF_CPU] if self._wait_options is not None else [])
         if not self.cfi_unwind:
             return sources
-        return sources + [PYTHON_WALK, UNWINDER, STACK_COPIES] + ([PYTHON_WALKER] if self.python_frames else [])
+        return sources + [PYTHON_WALK, UNWINDER, STACK_COPIES, IMAGES] + ([PYTHON_WALKER] if self.python_frames else [])
 
     def load_walker(self) -> None:
         """The CFI walker's programs (and python.c's with ``python``), off the start-up path (unwindmaps.py)."""
         self.unwind.load_step(python=self.python_frames)
+        self.images.start()
 
     def attach(self) -> None:
         """Start sampling: on every CPU for the whole machine, else on the targets' threads (and what they
@@ -425,6 +430,10 @@ class Profiler:
         epochs = self._bpf[b"epochs"]
         _insert_if_absent(epochs, pid, time.monotonic_ns())  # the clock of bpf_ktime_get_ns()
         return _lookup(epochs, pid)
+
+    def live_epoch(self, pid: int) -> int:
+        """The process's epoch, 0 when it has none (never sampled, or gone: its exit drops it); nothing is set."""
+        return _lookup(self._bpf[b"epochs"], pid)
 
     def exec_epoch(self, pid: int) -> int:
         """The process's epoch at its last exec the sampler saw (0: none), with cfi_unwind: a stack copy

@@ -78,6 +78,7 @@ enum unwind_counter {
 #define COPY_CONTINUES 1       // the copy goes on from the key's CFI stack (whose walk stopped at ip), else it
                                // replaces its user stack (the leaf the kernel took)
 #define COPY_RETURN_ADDRESS 2  // ip is a return address (looked up at ip - 1)
+#define COPY_SHARED 4          // several samples name the copy (a thread's stack at its exit, images.c)
 
 #define MAPPING_COPY 1  // unwind_mapping.flags: the file's rows are not loaded (yet): a copy of the stack goes on
 
@@ -150,15 +151,9 @@ static inline void unwind_count(u32 counter)
         (*slot)++;
 }
 
-// The user registers: the sample's when it hit user mode, else those the task saved on kernel entry.
-static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *sp, u64 *bp)
+// The user registers the current task saved on kernel entry.
+static inline int task_user_registers(u64 *ip, u64 *sp, u64 *bp)
 {
-    if ((ctx->regs.cs & 3) == 3) {
-        *ip = ctx->regs.ip;
-        *sp = ctx->regs.sp;
-        *bp = ctx->regs.bp;
-        return 1;
-    }
     struct task_struct *task = bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     u64 cs = 0;
@@ -169,6 +164,18 @@ static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *
     bpf_probe_read_kernel(sp, sizeof(*sp), &regs->sp);
     bpf_probe_read_kernel(bp, sizeof(*bp), &regs->bp);
     return *ip != 0;
+}
+
+// The user registers: the sample's when it hit user mode, else those the task saved on kernel entry.
+static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *sp, u64 *bp)
+{
+    if ((ctx->regs.cs & 3) == 3) {
+        *ip = ctx->regs.ip;
+        *sp = ctx->regs.sp;
+        *bp = ctx->regs.bp;
+        return 1;
+    }
+    return task_user_registers(ip, sp, bp);
 }
 
 static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32 flags);  // stackcopy.c

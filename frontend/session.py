@@ -552,11 +552,11 @@ class ProfilingSession:
     def _note_execs(self, execs: list[tuple[int, str]]) -> None:
         for pid, filename in execs:
             path = exec_path(pid, filename)
+            self.unwinder.execd(pid, path)
             if not self.options.mode.programs_at_exec:
                 if path:
                     self.tracker.exec(pid, path)
                 continue
-            self.unwinder.execd(pid)
             if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
                 self.unwinder.unwind_later(pid, path)
                 self.learn(pid)

@@ -92,6 +92,7 @@ class StackCopy:
     pid: int = 0
     epoch: int = 0  # the process's mappings epoch when it was taken (bpf/profile.c)
     exec_epoch: int = 0  # the process's epoch at its last exec (0: none seen)
+    shared: bool = False  # several samples name it (a thread's stack as it began to exit): kept once walked
 
 
 @dataclass(frozen=True)

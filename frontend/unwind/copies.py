@@ -233,7 +233,8 @@ class StackCopies:
         tables = self._tables_for(copy)
         if tables is None:
             return None
-        self._copies.take(sample.copy)
+        if not copy.shared:  # a shared one goes when no sample names it any more (UNNAMED_DRAINS)
+            self._copies.take(sample.copy)
         prefix = sample.user if copy.continues else ()
         rules = tables.rules
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))

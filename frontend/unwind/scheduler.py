@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Protocol
@@ -31,6 +31,7 @@ BUSY_PROCESSES = 32  # UnwindScheduler.unwind_busy: the busiest processes whose 
 BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
 BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a stored program loads in 0.02 s)
 YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
+MAX_PROGRAMS = 65536  # exec'd paths kept for processes not seen exiting yet
 
 Contain = Callable[..., object]  # the session's ``_contain(kind, call, *args)``: a failure costs one process
 # A process's tables as loaded: (pid, epoch, exec epoch, mappings), for the walks of its stack copies
@@ -74,6 +75,8 @@ class UnwindScheduler:
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
+        self._programs: dict[int, str] = {}  # pid -> the path it exec'd (for the files of its image)
+        self._imaged: set[int] = set()  # processes whose kernel image was read (forgotten at their exit)
         self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
 
     def start(self) -> None:
@@ -136,15 +139,23 @@ class UnwindScheduler:
             if pid in self._unwound and self.profiler.epoch(pid) != self._unwound[pid]:
                 self.unwind_later(pid)
 
-    def execd(self, pid: int) -> None:
-        """The process exec'd: its table is of its old program."""
+    def execd(self, pid: int, program: str | None = None) -> None:
+        """The process exec'd (``program``: the path it exec'd, if known): its table is of its old program."""
         self._unwound.pop(pid, None)
+        if program and self.unwinding is not None:
+            self._programs[pid] = program
+            while len(self._programs) > MAX_PROGRAMS:  # exits lost (a full event buffer): the oldest go
+                del self._programs[next(iter(self._programs))]
 
     def exited(self, pid: int) -> None:
-        """The process exited: its table goes at once."""
+        """The process exited: its table goes at once, and the kernel's image of it (read already)."""
         self._young.pop(pid, None)
+        self._programs.pop(pid, None)
         if self._unwound.pop(pid, None) is not None:
             self.profiler.unwind.forget_process(pid)
+        if pid in self._imaged:
+            self._imaged.discard(pid)
+            self.profiler.images.forget(pid)
 
     def drop_unwound_exited(self) -> None:
         """The tables of processes gone without an exit event seen, or loaded by the worker after their
@@ -186,6 +197,9 @@ class UnwindScheduler:
         loaded = None if self.keep_rows else maps.is_loaded
         own = pid == os.getpid()  # walked by frame pointers (see unwind_later)
         exec_epoch: int | None = 0
+        if capture is not None and capture.image is not None:
+            self._unwind_image(pid, capture, loaded)
+            return
         if own:
             epoch = self.profiler.epoch(pid)
             mappings = self.unwinding.frame_pointer_mappings(pid)
@@ -199,6 +213,14 @@ class UnwindScheduler:
                 exec_epoch = None
         if not epoch or mappings is None:
             return
+        self._load(pid, epoch, exec_epoch, mappings, loaded, python_here=capture is None, own=own)
+
+    def _load(self, pid: int, epoch: int, exec_epoch: int | None, mappings: list[ProcessMapping],
+              loaded: Callable[[Hashable], bool] | None, python_here: bool, own: bool = False) -> None:
+        """Load the process's table read at ``epoch`` into the kernel; :attr:`on_tables` gets it too (unless
+        ``exec_epoch`` is None: exec'd while read); its Python looked at now (``python_here``: on the unwind
+        worker) or queued there."""
+        maps = self.profiler.unwind
         generation = maps.generation
         if self.fold:  # before the table: a stack it unwinds may be drained at once
             ids = frozenset(m.build_id for m in mappings if m.build_id)
@@ -214,7 +236,7 @@ class UnwindScheduler:
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         if self.python is not None and not own:
-            if capture is None:
+            if python_here:
                 self._contain("python", self._look_at_python, pid)
             else:  # on the capture worker: the Python walker's state is the unwind worker's
                 self._python_later(pid)
@@ -222,6 +244,20 @@ class UnwindScheduler:
             self._reloaded.append(pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
+
+    def _unwind_image(self, pid: int, capture: Capture, loaded: Callable[[Hashable], bool] | None) -> None:
+        """:meth:`unwind` from the kernel's image of the process: loaded into the kernel while the process still
+        has the image's epoch, else (gone, or it mapped more since) only handed to its copies' walks."""
+        alive = self.profiler.live_epoch(pid) == capture.epoch
+        mappings = self.unwinding.mappings_of_image(pid, capture.image, self._programs.get(pid), alive,
+                                                    loaded if alive else None)
+        if mappings is None:
+            return
+        if not alive:
+            if self.on_tables is not None:
+                self.on_tables(pid, capture.epoch, capture.exec_epoch, mappings)
+            return
+        self._load(pid, capture.epoch, capture.exec_epoch, mappings, loaded, python_here=False)
 
     def take_reloaded(self) -> list[int]:
         """The processes whose table was loaded again since the last call (see ``_reloaded``)."""
@@ -284,23 +320,40 @@ class UnwindScheduler:
         see (running before it: not short-lived, likely), :meth:`unwind_later`."""
         if self._captures is None or self.is_loaded(pid):
             return
-        if not self.profiler.exec_epoch(pid) or not self._captures.capture(pid, self.profiler.epoch(pid)):
+        if not self.profiler.exec_epoch(pid) or not self._captures.capture(pid, self.profiler.live_epoch(pid)):
             self.unwind_later(pid)
 
     def _capture(self, pid: int) -> Capture | None:
-        """The process's mappings read now, their files held open, with the epochs read before (see the
-        session's ``learn``); None when it is gone or exec'd meanwhile (its copies then wait for the next look)."""
+        """The kernel's image of the process (bpf/images.py), else (none, or one that may miss a mapping) its
+        mappings read now, their files held open, with the epochs read before (see the session's ``learn``);
+        None when it is gone or exec'd meanwhile without an image (its copies then wait for the next look)."""
+        image = self._image(pid)
+        if image is not None and image.image.complete:
+            return image
         epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
         maps = self.unwinding.capture(pid)
         if maps is not None and (self.profiler.exec_epoch(pid) != exec_epoch or not maps.entries):  # or exiting
             maps.close()
+            return image
+        return image if maps is None else Capture(epoch, exec_epoch, maps)
+
+    def _image(self, pid: int) -> Capture | None:
+        """The kernel's image of the process since its last exec, as a capture at the epoch of its last
+        mapping; None when it has none."""
+        images = self.profiler.images
+        if images is None or not images.enabled:
             return None
-        return None if maps is None else Capture(epoch, exec_epoch, maps)
+        image = images.image(pid)
+        exec_epoch = self.profiler.exec_epoch(pid)
+        if image is None or image.exec_epoch != exec_epoch:
+            return None
+        self._imaged.add(pid)
+        return Capture(max([exec_epoch, *(m.epoch for m in image.maps)]), exec_epoch, image=image)
 
     def is_loaded(self, pid: int) -> bool:
         """Whether the kernel holds the process's table read at its current epoch (copies taken before it
         was loaded may still come)."""
-        return self._unwound.get(pid) == self.profiler.epoch(pid) and self.profiler.unwind.has_process(pid)
+        return self._unwound.get(pid) == self.profiler.live_epoch(pid) and self.profiler.unwind.has_process(pid)
 
     def pending(self) -> set[int]:
         """The processes whose tables are being read, or will be from their captured mappings."""

@@ -1,0 +1,306 @@
+// Process images: the executable file mappings of each process exec'd during the session, recorded by the
+// kernel as they are made (appended after stackcopy.c with -DCFI_UNWIND; profile.c's exec, exit and mmap
+// hooks and forks.c call in here). User space builds a process's unwind tables from its image, and walks its
+// stack copies with them (frontend/unwind/images.py), without reading /proc/PID/maps: a compiler's assembler
+// lives for 50 ms and was gone, in 2 of 3 cases on a loaded machine, before user space could read its maps
+// after its first sample. Nothing goes to user space until a process is sampled: an exec or a mapping costs a
+// few reads of kernel memory and a map update here, and the image of a process never sampled goes at its exit.
+//
+// An image holds the path the process exec'd, the executable's text (mm->start_code..end_code), the dynamic linker's load address (AT_BASE
+// of the auxiliary vector: the linker maps itself before the process runs, with no mmap call this sees) and
+// each file mapping made with PROT_EXEC by mmap (the libraries ld.so maps, dlopen), with each file's
+// identity: device, inode, size and mtime, the key user space knows files by (a stat of the file). Up to
+// IMAGE_MAPS mappings; the ones that do not fit are counted (``dropped``), and an mprotect that makes memory
+// executable marks the image incomplete (its file is not known here): user space then reads /proc if it can.
+//
+// A sampled process's image is kept after its exit (its copies are walked later) until user space is done
+// with it (bpf/images.py forgets it); a forked process starts with a copy of its parent's.
+//
+// The exit hook also copies the exiting thread's stack (stackcopy.c's ring, the same copy for every sample
+// taken while it exits): the kernel's tracepoint comes before the process's memory is torn down (Linux 6.16+:
+// sched_process_exit has group_dead), while samples of exit_mmap's work come after, when the user stack can
+// no longer be read.
+
+#ifndef IMAGE_MAPS
+#define IMAGE_MAPS 24
+#endif
+#ifndef IMAGES_SIZE
+#define IMAGES_SIZE 8192
+#endif
+#define AUXV_PAIRS 28  // mm_struct.saved_auxv holds AT_VECTOR_SIZE (56) words
+#define AT_BASE 7
+#define EXIT_COPIES 1024
+#define IMAGE_PATH 256
+
+// Indices into image_offsets (keep in sync with IMAGE_FIELDS in images.py); 0: not known, nothing recorded
+enum image_offset {
+    IO_TASK_MM = 0,
+    IO_TASK_FILES,
+    IO_TASK_FS,
+    IO_TASK_NSPROXY,
+    IO_BINPRM_FILE,
+    IO_FILE_INODE,
+    IO_INODE_INO,
+    IO_INODE_SB,
+    IO_INODE_SIZE,
+    IO_INODE_MTIME_SEC,
+    IO_INODE_MTIME_NSEC,
+    IO_SB_DEV,
+    IO_MM_START_CODE,
+    IO_MM_END_CODE,
+    IO_MM_SAVED_AUXV,
+    IO_FILES_FDT,
+    IO_FDT_MAX_FDS,
+    IO_FDT_FD,
+    IO_FS_ROOT_DENTRY,
+    IO_DENTRY_INODE,
+    IO_NSPROXY_MNT_NS,
+    IO_MNT_NS_INUM,
+    NR_IMAGE_OFFSETS,
+};
+
+// Image flags
+#define IMAGE_INCOMPLETE 1  // an mprotect made memory executable: a mapping may be missing
+
+struct image_file {
+    u64 ino;
+    u64 size;
+    u64 mtime_ns;
+    u32 dev;  // the kernel's dev_t (MAJOR << 20 | MINOR), not stat's encoding
+    u32 pad;
+};
+
+struct image_map {
+    u64 start;
+    u64 end;
+    u64 pgoff;  // file offset of start
+    u64 epoch;  // the process's epoch once it was made (profile.c)
+    struct image_file file;
+};
+
+struct image {
+    u64 exec_epoch;  // the exec_epochs value it belongs to (stackcopy.c's copies carry theirs)
+    u64 start_code;  // the executable's text (mm_struct)
+    u64 end_code;
+    u64 interp_base;  // AT_BASE: the dynamic linker's load bias, 0 for a static program
+    struct image_file exe;
+    u64 root_ino;  // the process's root directory (a chroot or container names other files)
+    u32 root_dev;
+    u32 mnt_ns;
+    u32 count;
+    u32 dropped;  // mappings that did not fit
+    u32 flags;    // IMAGE_*
+    u32 pad;
+    struct image_map maps[IMAGE_MAPS];
+    char path[IMAGE_PATH];  // the exec'd path as passed to execve (may be relative)
+};
+
+struct exit_copy {
+    u64 task;  // the task_struct, with the thread id: a reused id is another thread
+    u32 copy;  // the copy's id (stackcopy.c)
+    u32 pad;
+};
+
+TABLE_BYTES(image);
+BPF_ARRAY(image_offsets, u32, NR_IMAGE_OFFSETS);
+BPF_F_TABLE("hash", u32, struct image_bytes, images, IMAGES_SIZE, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(image_scratch, struct image_bytes, 1);
+BPF_TABLE("lru_hash", u32, struct exit_copy, exit_copies, EXIT_COPIES);  // tid -> its stack at exit
+BPF_PERCPU_ARRAY(image_counters, u64, 4);  // IMAGE_COUNTERS in images.py
+
+enum image_counter {
+    IMAGES_FULL = 0,   // an exec whose image did not fit in the map
+    IMAGE_MAPS_DROPPED,
+    EXIT_COPIES_TAKEN,
+    IMAGES_UNKNOWN_FIELDS,  // an exec seen before the offsets were set (or without BTF): no image
+};
+
+static inline void image_count(u32 counter)
+{
+    u64 *slot = image_counters.lookup(&counter);
+    if (slot)
+        (*slot)++;
+}
+
+static inline u32 image_off(u32 index)
+{
+    u32 *known = image_offsets.lookup(&index);
+    return known ? *known : 0;
+}
+
+static inline u64 read_ptr(u64 base, u32 index)
+{
+    u64 value = 0;
+    u32 offset = image_off(index);
+    if (base && offset)
+        bpf_probe_read_kernel(&value, sizeof(value), (void *)(base + offset));
+    return value;
+}
+
+static inline int file_identity(u64 file, struct image_file *id)
+{
+    u64 inode = read_ptr(file, IO_FILE_INODE);
+    if (!inode)
+        return 0;
+    u64 sb = read_ptr(inode, IO_INODE_SB);
+    s64 sec = (s64)read_ptr(inode, IO_INODE_MTIME_SEC);
+    u32 nsec = 0, dev = 0;
+    bpf_probe_read_kernel(&nsec, sizeof(nsec), (void *)(inode + image_off(IO_INODE_MTIME_NSEC)));
+    if (sb)
+        bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(sb + image_off(IO_SB_DEV)));
+    id->ino = read_ptr(inode, IO_INODE_INO);
+    id->size = read_ptr(inode, IO_INODE_SIZE);
+    id->mtime_ns = sec * 1000000000ULL + nsec;
+    id->dev = dev;
+    id->pad = 0;
+    return id->ino != 0;
+}
+
+// The exec'd process's image, replacing any before (profile.c's sched_process_exec, after its epoch is set).
+static inline void image_exec(u32 tgid, u64 bprm, u64 exec_epoch)
+{
+    u32 zero = 0;
+    if (!image_off(IO_TASK_MM)) {
+        image_count(IMAGES_UNKNOWN_FIELDS);
+        return;
+    }
+    struct image *img = (struct image *)image_scratch.lookup(&zero);
+    if (!img)
+        return;
+    u64 task = bpf_get_current_task();
+    u64 mm = read_ptr(task, IO_TASK_MM);
+    img->exec_epoch = exec_epoch;
+    img->start_code = read_ptr(mm, IO_MM_START_CODE);
+    img->end_code = read_ptr(mm, IO_MM_END_CODE);
+    img->interp_base = 0;
+    u64 auxv = mm ? mm + image_off(IO_MM_SAVED_AUXV) : 0;
+#pragma clang loop unroll(disable)
+    for (int i = 0; i < AUXV_PAIRS && auxv; i++) {
+        u64 pair[2] = {};
+        if (bpf_probe_read_kernel(pair, sizeof(pair), (void *)(auxv + i * sizeof(pair))) || !pair[0])
+            break;
+        if (pair[0] == AT_BASE) {
+            img->interp_base = pair[1];
+            break;
+        }
+    }
+    if (!file_identity(read_ptr(bprm, IO_BINPRM_FILE), &img->exe))
+        img->exe.ino = 0;
+    u64 root = read_ptr(read_ptr(task, IO_TASK_FS), IO_FS_ROOT_DENTRY);
+    u64 root_inode = read_ptr(root, IO_DENTRY_INODE);
+    img->root_ino = read_ptr(root_inode, IO_INODE_INO);
+    u64 root_sb = read_ptr(root_inode, IO_INODE_SB);
+    u32 dev = 0, inum = 0;
+    if (root_sb)
+        bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(root_sb + image_off(IO_SB_DEV)));
+    img->root_dev = dev;
+    u64 mnt_ns = read_ptr(read_ptr(task, IO_TASK_NSPROXY), IO_NSPROXY_MNT_NS);
+    if (mnt_ns)
+        bpf_probe_read_kernel(&inum, sizeof(inum), (void *)(mnt_ns + image_off(IO_MNT_NS_INUM)));
+    img->mnt_ns = inum;
+    img->count = 0;
+    img->dropped = 0;
+    img->flags = 0;
+    img->pad = 0;
+    const char *filename = NULL;
+    img->path[0] = 0;
+    bpf_probe_read_kernel(&filename, sizeof(filename), (void *)(bprm + kernel_offset(BINPRM_FILENAME)));
+    if (filename)
+        bpf_probe_read_kernel_str(img->path, sizeof(img->path), filename);
+    if (images.update(&tgid, (struct image_bytes *)img))
+        image_count(IMAGES_FULL);
+}
+
+// A file mapping made executable by mmap(fd) at [start, start + len) (profile.c's sys_exit_mmap): added to the
+// process's image (if it has one), replacing the mappings it overlaps.
+static inline void image_mmap(u32 tgid, u64 start, u64 len, u64 pgoff, u32 fd, u64 epoch)
+{
+    struct image *img = (struct image *)images.lookup(&tgid);
+    if (!img)
+        return;
+    u64 fdt = read_ptr(read_ptr(bpf_get_current_task(), IO_TASK_FILES), IO_FILES_FDT);
+    u32 max_fds = 0;
+    if (fdt)
+        bpf_probe_read_kernel(&max_fds, sizeof(max_fds), (void *)(fdt + image_off(IO_FDT_MAX_FDS)));
+    if (fd >= max_fds)
+        return;
+    u64 files = read_ptr(fdt, IO_FDT_FD);
+    u64 file = 0;
+    if (files)
+        bpf_probe_read_kernel(&file, sizeof(file), (void *)(files + (u64)fd * sizeof(u64)));
+    struct image_map map = {.start = start, .end = start + ((len + 4095) & ~4095ULL), .pgoff = pgoff, .epoch = epoch};
+    if (!file_identity(file, &map.file))
+        return;
+    u32 count = img->count, slot = count;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < IMAGE_MAPS; i++) {
+        if (i >= count)
+            break;
+        struct image_map *m = &img->maps[i];
+        if (m->start < map.end && map.start < m->end) {  // replaced (MAP_FIXED over it)
+            slot = i;
+            break;
+        }
+    }
+    if (slot >= IMAGE_MAPS) {
+        img->dropped++;
+        image_count(IMAGE_MAPS_DROPPED);
+        return;
+    }
+    img->maps[slot] = map;
+    if (slot == count)
+        img->count = count + 1;
+}
+
+// An mprotect made memory executable: which file it is, if any, is not known here.
+static inline void image_mprotect(u32 tgid)
+{
+    struct image *img = (struct image *)images.lookup(&tgid);
+    if (img)
+        img->flags |= IMAGE_INCOMPLETE;
+}
+
+// A new process (sched_process_fork): it runs its parent's image until it execs.
+static inline void image_fork(u32 parent, u32 child)
+{
+    struct image *img = (struct image *)images.lookup(&parent);
+    if (img)
+        images.update(&child, (struct image_bytes *)img);
+}
+
+// Whether the process was sampled since its exec: its stack was copied (stackcopy.c), or its table loaded.
+static inline int was_sampled(u32 pid)
+{
+    return copy_wakes.lookup(&pid) || unwind_procs.lookup(&pid);
+}
+
+// A process exits (profile.c's sched_process_exit, its main thread): a sampled process keeps its image for user
+// space, whose copies it walks; another's goes. The thread's stack is copied once, for the samples taken while
+// it exits (see the top of this file; COPY_SHARED: several samples name the copy).
+static inline void image_exit(u32 tgid, u32 tid, int sampled)
+{
+    if (!sampled) {
+        if (tid == tgid)
+            images.delete(&tgid);
+        return;
+    }
+    u64 ip, sp, bp;
+    struct key_t key = {.pid = tgid, .tid = tid};
+    if (tid != tgid || !task_user_registers(&ip, &sp, &bp))
+        return;
+    u32 id = copy_user_stack(&key, ip, sp, bp, COPY_SHARED);
+    if (!id)
+        return;
+    struct exit_copy copy = {.task = bpf_get_current_task(), .copy = id};
+    exit_copies.update(&tid, &copy);
+    image_count(EXIT_COPIES_TAKEN);
+}
+
+// The copy of the stack a thread had when it began to exit, for a sample taken since (0: none).
+static inline u32 exit_copy_of(u32 tid)
+{
+    struct exit_copy *copy = exit_copies.lookup(&tid);
+    if (!copy || copy->task != bpf_get_current_task())
+        return 0;
+    return copy->copy;
+}
