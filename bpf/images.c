@@ -260,12 +260,20 @@ static inline void image_mprotect(u32 tgid)
         img->flags |= IMAGE_INCOMPLETE;
 }
 
-// A new process (sched_process_fork): it runs its parent's image until it execs.
+// A new process (sched_process_fork): it runs its parent's image until it execs, and has its parent's epochs
+// (the same mappings: its copies are walked with the tables of the image it was given).
 static inline void image_fork(u32 parent, u32 child)
 {
     struct image *img = (struct image *)images.lookup(&parent);
-    if (img)
-        images.update(&child, (struct image_bytes *)img);
+    if (!img)
+        return;
+    images.update(&child, (struct image_bytes *)img);
+    u64 *epoch = epochs.lookup(&parent);
+    if (epoch)
+        epochs.update(&child, epoch);
+    u64 *exec_epoch = exec_epochs.lookup(&parent);
+    if (exec_epoch)
+        exec_epochs.update(&child, exec_epoch);
 }
 
 // Whether the process was sampled since its exec: its stack was copied (stackcopy.c), or its table loaded.

@@ -49,6 +49,7 @@ from optrace.bpf.abi import ProgType
 from optrace.bpf.loader import load_function
 from optrace.bpf.pidtables import forget_pid, has_pid
 from optrace.bpf.pythonmaps import python_status_name
+from optrace.bpf.rowspace import RowSpace
 from optrace.bpf.stackstore import GRACE_SECONDS
 from optrace.model import PYTHON_FRAME, UserFrame
 from optrace.pythonlayout import is_python_frame
@@ -155,7 +156,9 @@ class UnwindMaps:
         self._used: dict[Hashable, float] = {}  # file -> when a process that maps it was last sampled
         self._wanted: dict[Hashable, None] = {}  # large files samples were in: their rows are loaded (ordered set)
         self._retired: list[tuple[int, dict[int, _LoadedFile]]] = []  # (reads when retired, its ids)
-        self._next_row = 0
+        self._evicted: dict[int, _LoadedFile] = {}  # files evicted since the last drain, by id (decoded still)
+        self._dropped: set[int] = set()  # processes whose tables an eviction dropped (see take_dropped)
+        self._rows = RowSpace(rows_capacity)
         self._last_id = 0
         self._reads = 0
         self._generation_started = clock()
@@ -182,6 +185,8 @@ class UnwindMaps:
         if len(mappings) > MAX_MAPPINGS:
             self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
         with self._lock:
+            if not self._fits(ordered):
+                self._evict_stale(ordered)
             if not self._fits(ordered) and self._may_start_over(ordered):
                 self._new_generation()
             packed = b"".join(self._packed(m) for m in ordered)
@@ -213,6 +218,47 @@ class UnwindMaps:
         rows = sum(f.row_count for key, f in self._files.items() if key in in_use)
         rows += sum(self._rows_needed(mappings).values())
         return rows <= STALE_SHARE * self._capacity
+
+    def _evict_stale(self, mappings: Sequence[ProcessMapping]) -> None:
+        """Give back the rows of files no process sampled in the last ACTIVE_SECONDS maps (the least recently
+        used first) until ``mappings``' new files fit, if they can: the tables of the processes that map an
+        evicted file are dropped (loaded again once sampled), its id still decodes for RETIRED_READS drains."""
+        recent = self._clock() - ACTIVE_SECONDS
+        keep = {m.file_key for m in mappings}
+        stale = sorted((self._used.get(key, 0.0), i, key) for i, (key, f) in enumerate(self._files.items())
+                       if f.row_count and key not in keep and self._used.get(key, 0.0) < recent)
+        free = [(f.row_start, f.row_count) for *_, key in stale for f in (self._files[key],)]
+        trial = RowSpace(self._capacity)
+        trial._free = list(self._rows._free)
+        needed = list(self._rows_needed(mappings).values())
+        evict = []
+        for (_, _, key), (start, count) in zip(stale, free):
+            if trial.fits(needed):
+                break
+            trial.release(start, count)
+            evict.append(key)
+        if not evict or not trial.fits(needed):
+            return
+        evicted = set(evict)
+        for pid, keys in list(self._process_files.items()):
+            if evicted.intersection(keys):
+                forget_pid(self._procs, pid)
+                del self._process_files[pid]
+                self._dropped.add(pid)
+        time.sleep(GRACE_SECONDS)  # walks in flight, which looked their table up before, end on the old rows
+        for key in evict:
+            loaded = self._files.pop(key)
+            self._rows.release(loaded.row_start, loaded.row_count)
+            self._by_id.pop(loaded.file_id, None)
+            self._evicted[loaded.file_id] = loaded
+            self._used.pop(key, None)
+        self.stats["files_evicted"] += len(evict)
+
+    def take_dropped(self) -> set[int]:
+        """The processes whose tables an eviction dropped since the last call (loaded again once sampled)."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, set()
+        return dropped
 
     def want(self, file_keys: Iterable[Hashable]) -> set[int]:
         """Samples were in these files (copies walked in user space): a large one's rows are to be loaded.
@@ -260,6 +306,9 @@ class UnwindMaps:
         the reset came between that drain's flip and its read, by the one after)."""
         ids = self._file_ids()
         with self._lock:
+            if self._evicted:  # retired as a generation's files are: read again by the next drains
+                self._retired.append((self._reads, self._evicted))
+                self._evicted = {}
             self._reads += 1
             self._retired = [(at, ids) for at, ids in self._retired if self._reads - at < RETIRED_READS]
         return ids
@@ -267,7 +316,7 @@ class UnwindMaps:
     def _file_ids(self) -> FileIds:
         """The ids as of now, the previous drain's object when they are the same."""
         with self._lock:
-            current, retired = self._by_id, [ids for _, ids in self._retired]
+            current, retired = self._by_id, [ids for _, ids in self._retired] + ([self._evicted] if self._evicted else [])
             if self._ids is None or self._ids.key != (id(current), *map(id, retired)):
                 self._ids = FileIds(current, retired)
             return self._ids
@@ -280,7 +329,7 @@ class UnwindMaps:
     def sizes(self) -> dict[str, int]:
         """What the generation holds now: rows, files, and file ids kept for decoding (retired too)."""
         with self._lock:
-            return {"unwind_rows": self._next_row, "unwind_files": len(self._files),
+            return {"unwind_rows": self._rows.used, "unwind_files": len(self._files),
                     "unwind_file_ids": len(self._by_id) + sum(len(ids) for _, ids in self._retired)}
 
     def new_generation(self) -> None:
@@ -294,7 +343,8 @@ class UnwindMaps:
         self._process_files, self._used = {}, {}
         time.sleep(GRACE_SECONDS)  # walks in flight, which looked their table up before, end on the old rows
         self._retired.append((self._reads, self._by_id))
-        self._by_id, self._files, self._next_row = {}, {}, 0
+        self._by_id, self._files = {}, {}
+        self._rows.reset()
         self._generation_started = self._clock()
         self.generation += 1
         salt = self._bpf[b"unwind_generation"]  # before any new table: walks from now on hash with it
@@ -304,9 +354,8 @@ class UnwindMaps:
     def _fits(self, mappings: Sequence[ProcessMapping]) -> bool:
         """Whether the files of ``mappings`` not loaded yet fit in this generation (a file larger than the
         whole array never gets rows, so it does not count)."""
-        rows = sum(self._rows_needed(mappings).values())
         new = {m.file_key for m in mappings if m.file_key not in self._files}
-        return self._next_row + rows <= self._capacity and len(self._files) + len(new) <= MAX_GENERATION_FILES
+        return self._rows.fits(self._rows_needed(mappings).values()) and len(self._files) + len(new) <= MAX_GENERATION_FILES
 
     def _rows_needed(self, mappings: Sequence[ProcessMapping]) -> dict[Hashable, int]:
         """The rows loading these mappings would write, by file: a new file's unless it waits until it is
@@ -347,24 +396,27 @@ class UnwindMaps:
         if self._stays_lazy(mapping.file_key, len(mapping.rows) // ROW_SIZE):
             loaded.lazy = True
             self.stats["files_waiting"] += 1
-        else:
-            self._fill(loaded, mapping.rows)
+        elif not self._fill(loaded, mapping.rows):  # no room: its stacks are copied until there is (as if lazy)
+            loaded.lazy = True
+            self._wanted[mapping.file_key] = None
         self._files[mapping.file_key] = loaded
         self._by_id[loaded.file_id] = loaded
         return loaded
 
-    def _fill(self, loaded: _LoadedFile, rows: bytes) -> None:
-        """The file's rows written where this generation's end, if they fit (else it has none)."""
-        loaded.lazy = False
+    def _fill(self, loaded: _LoadedFile, rows: bytes) -> bool:
+        """The file's rows written where there is room; False when there is none (it stays or becomes a file
+        whose stacks are copied, MAPPING_COPY, and is asked for again at the next load that maps it)."""
         count = len(rows) // ROW_SIZE
-        if self._next_row + count > self._capacity:
-            self.stats["rows_full"] += 1
-            return
+        start = self._rows.allocate(count) if count else 0
+        if start is None:
+            self.stats["rows_full_waiting" if loaded.lazy else "rows_full"] += 1
+            return False
+        loaded.lazy = False
         if count:
-            self._write_rows(self._next_row, rows[:count * ROW_SIZE])
-            loaded.row_start, loaded.row_count = self._next_row, count
-            self._next_row += count
+            self._write_rows(start, rows[:count * ROW_SIZE])
+            loaded.row_start, loaded.row_count = start, count
             self.stats["rows_loaded"] += count
+        return True
 
     def _write_rows(self, start: int, rows: bytes) -> None:
         """Through a shared mapping of the pages that hold them, dropped after the copy."""
@@ -379,7 +431,8 @@ class UnwindMaps:
         skipped (they are far fewer than MAX_FILE_IDS, so this ends)."""
         while True:
             self._last_id = self._last_id % MAX_FILE_IDS + 1
-            if self._last_id not in self._by_id and not any(self._last_id in ids for _, ids in self._retired):
+            if self._last_id not in self._by_id and self._last_id not in self._evicted and not any(
+                    self._last_id in ids for _, ids in self._retired):
                 return self._last_id
 
 

@@ -226,6 +226,8 @@ class UnwindScheduler:
             ids = frozenset(m.build_id for m in mappings if m.build_id)
             self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
         maps.load_process(pid, epoch, mappings)
+        for dropped in maps.take_dropped():  # they mapped a file evicted to make room: loaded again once sampled
+            self._unwound.pop(dropped, None)
         if maps.generation != generation:  # every other table was dropped: loaded again once sampled
             self._unwound = {}
             if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
