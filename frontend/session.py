@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +32,7 @@ from optrace.containment import contain, count_failure
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
 from optrace.frontend.startpriority import start_done
+from optrace.frontend.symbols.kernelsymbols import KernelSymbolsLoader
 from optrace.frontend.unwind.scheduler import UnwindScheduler
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
@@ -64,9 +64,10 @@ class SessionMode:
     # full test-suite runs lost about half of one demo function's samples in serve (never in record, never
     # alone); kept out until understood.
     raw_stacks: bool
-    # True: an exec'd program and its libraries are indexed at once (record: a short-lived program may be
-    # gone by the next drain). False: only once the process is sampled (serve: a busy machine execs
-    # hundreds of processes a second, most never sampled).
+    # True: with pids (record of a command or of pids: a few targets), an exec'd program and its libraries
+    # are indexed and its maps read at once (a short-lived program may be gone by the next drain). Never for
+    # the whole machine, nor in serve: a busy machine execs hundreds of processes a second, most never
+    # sampled; a sampled one is looked at once sampled (its image, bpf/images.c, outlives it).
     programs_at_exec: bool
     # True: with pids (record of a command or of pids: a few targets), an exec'd process's mappings are
     # read at once, so its samples are raw IPs from the first one. Never for the whole machine.
@@ -142,6 +143,11 @@ class SessionOptions:
     # True (with call_graph "dwarf"): the interpreter's eval frames of CPython processes are replaced by the
     # Python frames they ran (bpf/python.c, frontend/python/)
     python: bool = True
+
+    @property
+    def programs_at_exec(self) -> bool:
+        """SessionMode.programs_at_exec, with pids only."""
+        return self.mode.programs_at_exec and self.pids is not None
 
     @property
     def learn_at_exec(self) -> bool:
@@ -418,7 +424,8 @@ class ProfilingSession:
             samples, off_cpu = self.copies.walk(samples, off_cpu, result, final)
         maybe_jit = self._learn_processes(samples, result.time, folded.pids())
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
-            self.learn(pid)
+            if self.unwinder.budget.take("raw_stacks"):
+                self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,
                       folded=folded)
         if self.options.off_cpu is not None:
@@ -553,12 +560,12 @@ class ProfilingSession:
         for pid, filename in execs:
             path = exec_path(pid, filename)
             self.unwinder.execd(pid, path)
-            if not self.options.mode.programs_at_exec:
+            if not self.options.programs_at_exec:
                 if path:
                     self.tracker.exec(pid, path)
                 continue
             if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
-                self.unwinder.unwind_later(pid, path)
+                self.unwinder.unwind_later(pid, path, budgeted=False)
                 self.learn(pid)
             if path:
                 self._contain("executable", self.symbolizer.add_executable, path)
@@ -572,7 +579,8 @@ class ProfilingSession:
         tables = {pid: self.unwinder.table_build_ids(pid) for pid in folded_pids}
         executables, snapshot = self.tracker.sampled(samples, tables)
         for pid in snapshot.union(self.unwinder.take_reloaded()):  # (those poll() did not take yet)
-            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+            if self.unwinder.budget.take("symbols"):
+                self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         for path in executables.values():  # for processes gone before their maps could be read
             self._contain("executable", self.symbolizer.add_executable, path)
         maybe_jit = [self.maybe_jit(s) for s in samples]
@@ -638,40 +646,6 @@ class ProfilingSession:
         hostile or malformed file costs only what depended on it."""
         return contain(lambda: call(*args), lambda exc: count_failure(self.read_errors, self.warnings, kind, exc,
                                                                       "only what depended on it is lost"))
-
-
-class KernelSymbolsLoader:
-    """/proc/kallsyms loaded (its table read back when stored, see kallsyms.py) in a thread started now,
-    handed to the symbolizer when it first names samples; a failure becomes the symbolizer's own warning
-    (it loads them again itself). A session starts it once the sampler is attached: before, it would only
-    compete with the way to the first sample (0.066 s of CPU for a stored table, 0.13-0.16 s parsed)."""
-
-    def __init__(self) -> None:
-        self._table = None
-        self._thread: threading.Thread | None = threading.Thread(target=self._load, name="kallsyms", daemon=True)
-        self._thread.start()
-
-    def _load(self) -> None:
-        from optrace.frontend.symbols.kallsyms import Kallsyms, stored_symbols
-
-        stored = None
-        try:
-            stored = stored_symbols()
-            self._table = Kallsyms.load(stored=stored)
-        except Exception:  # the symbolizer's own load gives the warning
-            self._table = None
-        finally:
-            if stored is not None:
-                stored.close()
-
-    def hand_to(self, symbolizer) -> None:
-        if self._thread is None:
-            return
-        self._thread.join()
-        self._thread = None
-        if self._table is not None:
-            symbolizer.use_kernel_symbols(self._table)
-            self._table = None
 
 
 def leaf_only(sample: RawSample) -> RawSample:

@@ -56,8 +56,9 @@ class CopyWalks:
         if final and self.copies.wanted() & self.unwinder.pending():
             self.unwinder.wait_for(FINAL_TABLES_S, captures=True)
         late, late_off_cpu = self.copies.end_drain(result.exits, final, self.unwinder.pending())
-        # processes waiting for tables, and those mapping a large file whose rows a walk showed are used
-        for pid in self.copies.wanted() | self.profiler.unwind.want(self.copies.take_files_used()):
+        for pid in self.copies.wanted():  # processes waiting for tables (from their images: maybe gone)
+            self.unwinder.unwind_soon(pid)
+        for pid in self.profiler.unwind.want(self.copies.take_files_used()):  # they map a large file walks used
             self.unwinder.unwind_later(pid)
         return samples + late, off_cpu + late_off_cpu
 

@@ -61,6 +61,7 @@ class ImageFiles:
         self._refs: LruCache[FileIdentity, FileRef] = LruCache(MAX_KNOWN)  # paths naming an identity
         self._interps: LruCache[FileIdentity, str | None] = LruCache(MAX_KNOWN)  # executable -> its PT_INTERP
         self._programs: LruCache[FileIdentity, None] = LruCache(MAX_KNOWN)  # executables whose libraries are known
+        self._names: LruCache[FileIdentity, str] = LruCache(MAX_KNOWN)  # file names, as resolved
         self._own = own_root()
         self.stats: Counter[str] = Counter()
 
@@ -103,11 +104,23 @@ class ImageFiles:
         if unwind is None or unwind.identity != identity:
             ref = self._refs.get(identity)
             unwind = self.tables.file_of_ref(ref, need_rows) if ref is not None else None
+            if ref is not None:
+                self._names.put(identity, os.path.basename(ref.name))
         if unwind is None or unwind.identity != identity:
             self.stats["image_files_unknown"] += 1
             return None
         self.stats["image_files_opened"] += 1
         return unwind
+
+    def names(self, image: ProcessImage) -> list[str] | None:
+        """The names of the image's files (the executable's and its mappings'), None when one is not known."""
+        names = []
+        for identity in (image.exe, *(m.file for m in image.maps)):
+            name = self._names.get(identity) if identity is not None else None
+            if name is None:
+                return None
+            names.append(name)
+        return names
 
     def _through_process(self, pid: int, entry: MapEntry) -> UnwindFile | None:
         try:
@@ -121,7 +134,10 @@ class ImageFiles:
                 name = os.readlink(f"/proc/{pid}/map_files/{entry.start:x}-{entry.end:x}")
             except OSError:
                 name = f"[mapped by {pid}]"
-            return self.tables.file_of_open_file(fd, name)
+            unwind = self.tables.file_of_open_file(fd, name)
+            if unwind.identity is not None:
+                self._names.put(unwind.identity, os.path.basename(name))
+            return unwind
         finally:
             os.close(fd)
 
@@ -135,11 +151,13 @@ class ImageFiles:
         if _stat_identity(ref) != identity:
             return
         self._refs.put(identity, ref)
+        self._names.put(identity, os.path.basename(program))
         libraries, _missing = self._linker.needed_libraries(program)
         for library in libraries:
             library_identity = _stat_identity(library)
             if library_identity is not None:
                 self._refs.put(library_identity, library)
+                self._names.put(library_identity, os.path.basename(library.name))
 
     def _interp(self, exe_identity: FileIdentity, ours: bool, need_rows: Callable[[Hashable], bool]
                 ) -> UnwindFile | None:

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from optrace.bpf.profiler import Profiler
 from optrace.bpf.unwindmaps import ProcessMapping
+from optrace.frontend.unwind.budget import ProcessBudget
 from optrace.frontend.unwind.captures import Capture, MappingCaptures
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.heap import release_free_memory
@@ -42,6 +43,8 @@ class PythonLooks(Protocol):
     """What the scheduler asks of frontend/python/processes.py's PythonProcesses (looked at on the worker)."""
 
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> object: ...
+
+    def may_run_python(self, names: Iterable[str]) -> bool: ...
 
     def to_retry(self, now: float) -> list[int]: ...
 
@@ -76,6 +79,7 @@ class UnwindScheduler:
         self._unwind_queued: set[int] = set()
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
         self._programs: dict[int, str] = {}  # pid -> the path it exec'd (for the files of its image)
+        self.budget = ProcessBudget()  # looks at processes per second (frontend/unwind/budget.py)
         self._imaged: set[int] = set()  # processes whose kernel image was read (forgotten at their exit)
         self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
 
@@ -200,6 +204,7 @@ class UnwindScheduler:
         if capture is not None and capture.image is not None:
             self._unwind_image(pid, capture, loaded)
             return
+        python_here = capture is None  # on the unwind worker (else the capture worker's)
         if own:
             epoch = self.profiler.epoch(pid)
             mappings = self.unwinding.frame_pointer_mappings(pid)
@@ -213,13 +218,17 @@ class UnwindScheduler:
                 exec_epoch = None
         if not epoch or mappings is None:
             return
-        self._load(pid, epoch, exec_epoch, mappings, loaded, python_here=capture is None, own=own)
+        python_maps = capture.maps.entries if capture is not None and capture.maps is not None else None
+        self._load(pid, epoch, exec_epoch, mappings, loaded, python_here=python_here, own=own,
+                   python_maps=python_maps)
 
     def _load(self, pid: int, epoch: int, exec_epoch: int | None, mappings: list[ProcessMapping],
-              loaded: Callable[[Hashable], bool] | None, python_here: bool, own: bool = False) -> None:
+              loaded: Callable[[Hashable], bool] | None, python_here: bool, own: bool = False,
+              python_maps: list[MapEntry] | None = None, python_names: list[str] | None = None) -> None:
         """Load the process's table read at ``epoch`` into the kernel; :attr:`on_tables` gets it too (unless
         ``exec_epoch`` is None: exec'd while read); its Python looked at now (``python_here``: on the unwind
-        worker) or queued there."""
+        worker) or queued there, from ``python_maps`` (its executable mappings as read) or its maps read
+        then, unless the names of its files (``python_names``) or ``python_maps`` name no interpreter."""
         maps = self.profiler.unwind
         generation = maps.generation
         if self.fold:  # before the table: a stack it unwinds may be drained at once
@@ -237,11 +246,12 @@ class UnwindScheduler:
             self.on_tables(pid, epoch, exec_epoch, mappings)
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
-        if self.python is not None and not own:
+        names = python_names if python_maps is None else [os.path.basename(m.file_path) for m in python_maps]
+        if self.python is not None and not own and (names is None or self.python.may_run_python(names)):
             if python_here:
-                self._contain("python", self._look_at_python, pid)
+                self._contain("python", self._look_at_python, pid, python_maps)
             else:  # on the capture worker: the Python walker's state is the unwind worker's
-                self._python_later(pid)
+                self._python_later(pid, python_maps)
         if not own and pid in self._unwound:
             self._reloaded.append(pid)
         self._unwound[pid] = epoch
@@ -259,7 +269,8 @@ class UnwindScheduler:
             if self.on_tables is not None:
                 self.on_tables(pid, capture.epoch, capture.exec_epoch, mappings)
             return
-        self._load(pid, capture.epoch, capture.exec_epoch, mappings, loaded, python_here=False)
+        self._load(pid, capture.epoch, capture.exec_epoch, mappings, loaded, python_here=False,
+                   python_names=self.unwinding.images.names(capture.image))
 
     def take_reloaded(self) -> list[int]:
         """The processes whose table was loaded again since the last call (see ``_reloaded``)."""
@@ -268,11 +279,16 @@ class UnwindScheduler:
             taken.append(self._reloaded.popleft())
         return taken
 
-    def _look_at_python(self, pid: int) -> None:
-        """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py)."""
-        maps = read_maps(pid)
-        if maps is not None:
-            self.python.look_at(pid, (entry for entry in maps.entries if entry.executable and entry.is_file))
+    def _look_at_python(self, pid: int, entries: list[MapEntry] | None = None) -> None:
+        """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py), from its
+        executable mappings (``entries``, else read now if the budget allows)."""
+        if entries is None:
+            if not self.budget.take("python_maps"):
+                return
+            maps = read_maps(pid)
+            entries = maps.entries if maps is not None else None
+        if entries is not None:
+            self.python.look_at(pid, (entry for entry in entries if entry.executable and entry.is_file))
 
     def _retry_python(self, now: float) -> None:
         """Look again, on the worker, at processes whose interpreter was not initialized when first looked at."""
@@ -281,14 +297,14 @@ class UnwindScheduler:
         for pid in self.python.to_retry(now):
             self._python_later(pid)
 
-    def _python_later(self, pid: int) -> None:
+    def _python_later(self, pid: int, entries: list[MapEntry] | None = None) -> None:
         """:meth:`_look_at_python` on the worker."""
         try:
-            self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid)
+            self._unwind_worker.submit(self._contain, "python", self._look_at_python, pid, entries)
         except RuntimeError:  # shut down: the session is ending
             pass
 
-    def unwind_later(self, pid: int, program: str | None = None) -> None:
+    def unwind_later(self, pid: int, program: str | None = None, budgeted: bool = True) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
         With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
         (a compiler's first cc1 is: the next one finds them ready).
@@ -300,6 +316,8 @@ class UnwindScheduler:
         conversion and 40 MB of transient memory at start and after every new generation, and its rows
         filled 80 % of the array, so other processes' files started new generations sooner."""
         if self._unwind_worker is None or pid in self._unwind_queued:
+            return
+        if budgeted and not self.budget.take("tables"):
             return
         self._unwind_queued.add(pid)
         try:
@@ -320,10 +338,12 @@ class UnwindScheduler:
         frontend/unwind/captures.py: a short-lived process is gone by the time the worker, busy converting
         another's files, gets to it); without a capture, or for a process whose exec the session did not
         see (running before it: not short-lived, likely), :meth:`unwind_later`."""
-        if self._captures is None or self.is_loaded(pid):
+        if self._captures is None or self.is_loaded(pid) or pid in self._captures.pending():
             return
-        if not self.profiler.exec_epoch(pid) or not self._captures.capture(pid, self.profiler.live_epoch(pid)):
+        if not self.profiler.exec_epoch(pid):
             self.unwind_later(pid)
+        elif self.budget.take("tables") and not self._captures.capture(pid, self.profiler.live_epoch(pid)):
+            self.unwind_later(pid, budgeted=False)
 
     def _capture(self, pid: int) -> Capture | None:
         """The kernel's image of the process (bpf/images.py), else (none, or one that may miss a mapping) its
@@ -390,7 +410,7 @@ class UnwindScheduler:
                       reverse=True)
         for pid in [own, *busy[:BUSY_PROCESSES]]:
             learn(pid)
-            self.unwind_later(pid)
+            self.unwind_later(pid, budgeted=False)
         self.wait_for(BUSY_UNWIND_SECONDS)  # after the jobs above
 
     def prepare_unwind(self, executable: str) -> None:
