@@ -283,11 +283,12 @@ class ProfilingSession:
     def start(self) -> None:
         from optrace.bpf.profiler import Profiler
         from optrace.frontend.symbols.symbolizer import Symbolizer
+        from optrace.frontend.symbols.symbolstore import SymbolStore
 
         opts = self.options
         cfi = opts.call_graph == "dwarf"
         self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids,
-                                     scan_slice_s=opts.mode.scan_slice_s)
+                                     scan_slice_s=opts.mode.scan_slice_s, store=SymbolStore.default())
         for pid in opts.pids or ():  # before the programs load: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None

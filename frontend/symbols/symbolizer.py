@@ -34,6 +34,7 @@ from optrace.heap import release_free_memory
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.access import FileRef
 from optrace.frontend.symbols.machine import MAX_INDEXED_FILES, Machine
+from optrace.frontend.symbols.symbolstore import SymbolStore
 from optrace.procfs import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 
@@ -58,11 +59,11 @@ class Symbolizer:
     def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
                  jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits(),
                  build_ids: BuildIdCache | None = None, scan_slice_s: float | None = None,
-                 python_lookup: PythonLookup | None = None) -> None:
+                 python_lookup: PythonLookup | None = None, store: SymbolStore | None = None) -> None:
         """``build_ids``: the cache the sampler's AddressSpaces read mapped files' build-ids through, so
         each mapped file is read once for both. ``scan_slice_s``: how long one :meth:`symbolize` call may
         spend on the scan of the library dirs for an unknown build-id (None: all of it at once); the rest
-        comes at later calls."""
+        comes at later calls. ``store``: objects' tables read in earlier runs, and kept (symbolstore.py)."""
         self.scan_slice_s = scan_slice_s
         self._scan_sliced = False  # this symbolize call had its slice of the scan
         self.warnings: list[str] = []
@@ -70,7 +71,7 @@ class Symbolizer:
         # warning; bad_files_<kind> splits them (see access.FileProblems)
         self.stats: dict[str, int] = {"frames_resolved": 0, "frames_unresolved": 0, "dsos_loaded": 0, "bad_files": 0}
         self.machine = Machine(self._warn, self.stats, max_files=limits.indexed_files, build_ids=build_ids)
-        self._context = DsoContext(tuple(debug_roots), self._warn, self.stats)
+        self._context = DsoContext(tuple(debug_roots), self._warn, self.stats, store)
         self._kallsyms = kallsyms
         self._kallsyms_loaded = kallsyms is not None
         self._jit_lookup = jit_lookup
@@ -111,8 +112,10 @@ class Symbolizer:
         self.machine.processes.pop(pid, None)
 
     def close(self) -> None:
-        """Release the files kept open for objects of other mount namespaces."""
+        """Release the files kept open for objects of other mount namespaces, and the store."""
         self.machine.close()
+        if self._context.store is not None:
+            self._context.store.close()
 
     def symbolize(self, samples: Iterable[RawSample]) -> tuple[list[Frame], list[Sample]]:
         """Each distinct frame is named once per call: a kernel address, a (pid, user frame), or for a raw
