@@ -263,7 +263,9 @@ class Symbolizer:
 
     def _name_elsewhere(self, build_id: bytes | None, offset: int) -> str | None:
         ranges = self._names_elsewhere.get(build_id) if build_id else None
-        return next((name for start, end, name in ranges or () if start <= offset < end), None)
+        if not ranges:  # nearly every object: no generator made per frame named
+            return None
+        return next((name for start, end, name in ranges if start <= offset < end), None)
 
     def _dso_for_mapping(self, entry: MapEntry) -> Dso:
         """The object a mapping holds, known by the mapped file (device, inode), not by the build-id it

@@ -52,6 +52,16 @@ class ProcessTables:
     mappings: tuple[ProcessMapping, ...]
     starts: tuple[int, ...] = field(default=(), compare=False)
     rules: dict[int, tuple[ProcessMapping | None, Rule | None]] = field(default_factory=dict, compare=False)
+    frames: dict[int, UserFrame] = field(default_factory=dict, compare=False)  # pc -> its frame, as rules
+
+    def frame(self, pc: int) -> UserFrame:
+        """The frame of ``pc`` (:func:`frame_in` of its mapping), each made once."""
+        found = self.frames.get(pc)
+        if found is None:
+            found = frame_in(self.mapping_at(pc), pc)
+            if len(self.frames) < MAX_RULES:
+                self.frames[pc] = found
+        return found
 
     def mapping_at(self, pc: int) -> ProcessMapping | None:
         index = bisect_right(self.starts, pc) - 1
@@ -240,9 +250,8 @@ class StackCopies:
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
         self.stats["walked"] += 1
         self.stats["walk_" + walk.status] += 1
-        mappings = [tables.mapping_at(pc) for pc in walk.pcs]
-        self._files_used.update(m.file_key for m in mappings if m is not None)
-        frames = prefix + tuple(map(frame_in, mappings, walk.pcs))
+        frames = prefix + tuple(map(tables.frame, walk.pcs))
+        self._files_used.update(m.file_key for m in map(tables.mapping_at, walk.pcs) if m is not None)
         return dataclasses.replace(sample, user=frames, stop=walk.status, epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:
