@@ -30,7 +30,13 @@
 #define AUXV_PAIRS 28  // mm_struct.saved_auxv holds AT_VECTOR_SIZE (56) words
 #define AT_BASE 7
 #define EXIT_COPIES 1024
+#ifndef COPIES_PER_SECOND
+#define COPIES_PER_SECOND 200  // a process's stack copies per second, at most (stackcopy.c)
+#endif
 #define IMAGE_PATH 256
+#ifndef IMAGE_FILES
+#define IMAGE_FILES 8192  // MAX_GENERATION_FILES
+#endif
 
 // Indices into image_offsets (keep in sync with IMAGE_FIELDS in images.py); 0: not known, nothing recorded
 enum image_offset {
@@ -61,6 +67,7 @@ enum image_offset {
 
 // Image flags
 #define IMAGE_INCOMPLETE 1  // an mprotect made memory executable: a mapping may be missing
+#define IMAGE_WALKED 2      // a sample was walked from it (the process was sampled)
 
 struct image_file {
     u64 ino;
@@ -95,6 +102,19 @@ struct image {
     char path[IMAGE_PATH];  // the exec'd path as passed to execve (may be relative)
 };
 
+// A file whose rows are in unwind_rows (unwindmaps.py), by identity: how a mapping of it is walked. Its
+// executable segment places the executable's text (start_code is its vaddr relocated) and the linker's.
+struct unwind_file {
+    u32 row_start;
+    u32 row_count;
+    u32 file_id;
+    u32 flags;       // MAPPING_* (unwind.c)
+    s64 vaddr_adj;   // of its executable segment: ELF virtual address = file offset + vaddr_adj
+    u64 x_vaddr;     // the segment's virtual address and size in the file
+    u64 x_size;
+    u64 used;        // when a walk last went through it (bpf_ktime_get_ns: user space's monotonic clock)
+};
+
 struct exit_copy {
     u64 task;  // the task_struct, with the thread id: a reused id is another thread
     u32 copy;  // the copy's id (stackcopy.c)
@@ -106,13 +126,22 @@ BPF_ARRAY(image_offsets, u32, NR_IMAGE_OFFSETS);
 BPF_F_TABLE("hash", u32, struct image_bytes, images, IMAGES_SIZE, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(image_scratch, struct image_bytes, 1);
 BPF_TABLE("lru_hash", u32, struct exit_copy, exit_copies, EXIT_COPIES);  // tid -> its stack at exit
-BPF_PERCPU_ARRAY(image_counters, u64, 4);  // IMAGE_COUNTERS in images.py
+BPF_PERCPU_ARRAY(image_counters, u64, 5);  // IMAGE_COUNTERS in images.py
+struct copy_quota {
+    u64 since;  // the second its count is of (bpf_ktime_get_ns)
+    u64 count;
+};
+
+BPF_TABLE("lru_hash", u32, struct copy_quota, copy_quotas, EXIT_COPIES);  // pid -> copies this second
+BPF_HASH(unwind_files, struct image_file, struct unwind_file, IMAGE_FILES);  // identity -> rows (unwindmaps.py)
+BPF_HASH(unwind_interps, struct image_file, struct image_file, IMAGE_FILES);  // executable -> its PT_INTERP file
 
 enum image_counter {
     IMAGES_FULL = 0,   // an exec whose image did not fit in the map
     IMAGE_MAPS_DROPPED,
     EXIT_COPIES_TAKEN,
     IMAGES_UNKNOWN_FIELDS,  // an exec seen before the offsets were set (or without BTF): no image
+    COPIES_OVER_QUOTA,      // copies refused: the process had COPIES_PER_SECOND this second
 };
 
 static inline void image_count(u32 counter)
@@ -276,32 +305,32 @@ static inline void image_fork(u32 parent, u32 child)
         exec_epochs.update(&child, exec_epoch);
 }
 
-// Whether the process was sampled since its exec: its stack was copied (stackcopy.c), or its table loaded.
+// Whether the process was sampled since its exec: its stack was copied (stackcopy.c), its table loaded, or
+// a sample walked from its image.
 static inline int was_sampled(u32 pid)
 {
-    return copy_wakes.lookup(&pid) || unwind_procs.lookup(&pid);
+    struct image *img = (struct image *)images.lookup(&pid);
+    return copy_wakes.lookup(&pid) || unwind_procs.lookup(&pid) || (img && (img->flags & IMAGE_WALKED));
 }
 
-// A process exits (profile.c's sched_process_exit, its main thread): a sampled process keeps its image for user
-// space, whose copies it walks; another's goes. The thread's stack is copied once, for the samples taken while
-// it exits (see the top of this file; COPY_SHARED: several samples name the copy).
+// A process exits (profile.c's sched_process_exit, its main thread): a sampled one has its stack copied once,
+// for the samples taken while it exits (see the top of this file; COPY_SHARED: several samples name the copy).
+// One whose stack was copied keeps its image for user space, whose copies it walks (it forgets it at the
+// exit event); another's goes.
 static inline void image_exit(u32 tgid, u32 tid, int sampled)
 {
-    if (!sampled) {
-        if (tid == tgid)
-            images.delete(&tgid);
-        return;
-    }
     u64 ip, sp, bp;
+    u32 id = 0;
     struct key_t key = {.pid = tgid, .tid = tid};
-    if (tid != tgid || !task_user_registers(&ip, &sp, &bp))
-        return;
-    u32 id = copy_user_stack(&key, ip, sp, bp, COPY_SHARED);
-    if (!id)
-        return;
-    struct exit_copy copy = {.task = bpf_get_current_task(), .copy = id};
-    exit_copies.update(&tid, &copy);
-    image_count(EXIT_COPIES_TAKEN);
+    if (sampled && tid == tgid && task_user_registers(&ip, &sp, &bp))
+        id = copy_user_stack(&key, ip, sp, bp, COPY_SHARED);
+    if (id) {
+        struct exit_copy copy = {.task = bpf_get_current_task(), .copy = id};
+        exit_copies.update(&tid, &copy);
+        image_count(EXIT_COPIES_TAKEN);
+    } else if (tid == tgid && !copy_wakes.lookup(&tgid)) {  // no copy of it is to be walked: user space won't ask
+        images.delete(&tgid);
+    }
 }
 
 // The copy of the stack a thread had when it began to exit, for a sample taken since (0: none).
@@ -311,4 +340,98 @@ static inline u32 exit_copy_of(u32 tid)
     if (!copy || copy->task != bpf_get_current_task())
         return 0;
     return copy->copy;
+}
+
+// Whether the process's image can be walked: complete (every executable mapping in it). It is marked walked.
+static inline int walkable_image(u32 pid)
+{
+    struct image *img = (struct image *)images.lookup(&pid);
+    if (!img || img->dropped || (img->flags & IMAGE_INCOMPLETE) || !img->exe.ino)
+        return 0;
+    if (!(img->flags & IMAGE_WALKED))
+        img->flags |= IMAGE_WALKED;
+    return 1;
+}
+
+// The mapping that holds ``pc`` in the process's image, as a table's entry would say (the state's
+// image_map): its file's rows by identity, MAPPING_COPY when user space does not know the file yet (the copy
+// makes it), 0 when no file of the image holds ``pc`` (anonymous code, [vdso]: frame pointers).
+static inline struct unwind_mapping *image_mapping(struct unwind_state *st, u64 pc)
+{
+    u32 pid = st->key.pid;
+    struct image *img = (struct image *)images.lookup(&pid);
+    if (!img)
+        return 0;
+    struct unwind_mapping *m = &st->image_map;
+    struct image_file *identity = &img->exe;  // always a key: the verifier follows no path with none
+    u64 start = 0, pgoff = 0;
+    int kind = 0;  // 1: the executable's text, 2: the linker, 3: an mmap'd file
+    int unknown_linker = 0;
+    struct unwind_file *file = 0;
+    if (pc >= img->start_code && pc < img->end_code) {
+        kind = 1;
+    } else if (img->interp_base) {
+        struct image_file *interp = unwind_interps.lookup(&img->exe);
+        struct unwind_file *linker = interp ? unwind_files.lookup(interp) : 0;
+        if (!linker)
+            unknown_linker = 1;
+        else if (pc >= img->interp_base + linker->x_vaddr && pc < img->interp_base + linker->x_vaddr + linker->x_size) {
+            file = linker;
+            kind = 2;
+        }
+    }
+    u32 count = img->count;
+#pragma clang loop unroll(disable)
+    for (u32 i = 0; i < IMAGE_MAPS && !kind; i++) {
+        if (i >= count)
+            break;
+        struct image_map *map = &img->maps[i];
+        if (pc >= map->start && pc < map->end) {
+            identity = &map->file;
+            start = map->start;
+            pgoff = map->pgoff;
+            kind = 3;
+        }
+    }
+    if (!kind && unknown_linker) {  // maybe in the linker, which user space has not placed yet: the copy does
+        m->flags = MAPPING_COPY;
+        return m;
+    }
+    if (!kind)
+        return 0;
+    if (kind != 2)
+        file = unwind_files.lookup(identity);
+    if (!file) {
+        m->flags = MAPPING_COPY;
+        return m;
+    }
+    file->used = bpf_ktime_get_ns();
+    u64 bias = kind == 1 ? img->start_code - file->x_vaddr : kind == 2 ? img->interp_base : start - pgoff - file->vaddr_adj;
+    m->bias = bias;
+    m->offset_adj = -bias - file->vaddr_adj;
+    m->row_start = file->row_start;
+    m->row_count = file->row_count;
+    m->file_id = file->file_id;
+    m->flags = file->flags;
+    return m;
+}
+
+// Whether the process may have one more copy of its stack this second (stackcopy.c): a process whose table
+// does not come, or a file of which finds no room in the rows, is copied at most COPIES_PER_SECOND times a
+// second, its other samples walked as far as the walker can (counted), not copied at every sample.
+static inline int copy_allowed(u32 pid)
+{
+    u64 now = bpf_ktime_get_ns();
+    struct copy_quota *quota = copy_quotas.lookup(&pid);
+    if (!quota || now - quota->since >= 1000000000ULL) {
+        struct copy_quota fresh = {.since = now, .count = 1};
+        copy_quotas.update(&pid, &fresh);
+        return 1;
+    }
+    if (quota->count >= COPIES_PER_SECOND) {
+        image_count(COPIES_OVER_QUOTA);
+        return 0;
+    }
+    quota->count++;
+    return 1;
 }

@@ -28,7 +28,8 @@ IMAGE_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 # before Linux 6.7 an inode's mtime was a struct timespec64 (i_mtime, then __i_mtime): its tv_sec and tv_nsec
 MTIME_FALLBACKS = (("__i_mtime",), ("i_mtime",))
-IMAGE_COUNTERS = ("images_full", "image_maps_dropped", "exit_copies", "images_unknown_fields")  # enum image_counter
+IMAGE_COUNTERS = ("images_full", "image_maps_dropped", "exit_copies", "images_unknown_fields",
+                  "copies_over_quota")  # enum image_counter
 IMAGE_INCOMPLETE = 1
 MAX_MAPS = 24  # IMAGE_MAPS
 PATH_BYTES = 256  # IMAGE_PATH

@@ -132,6 +132,9 @@ struct unwind_state {
     u64 wait_task;       // off-CPU (offcpu.c): the task whose wait the stack opens; 0: a CPU sample
     u32 stale;           // the process's mappings changed since its table was read (see unwind_frame)
     u32 fresh;           // the stack store had not held this stack yet (unwind_done)
+    u32 image;           // walked from the process's image (images.c): it has no mapping table
+    u32 pad_image;
+    struct unwind_mapping image_map;  // the mapping image_mapping() found for the current frame
     struct python_walk py;  // python.c's part of the walk (python_walk.h)
 };
 
@@ -179,6 +182,8 @@ static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *
 }
 
 static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32 flags);  // stackcopy.c
+static inline int walkable_image(u32 pid);  // images.c
+static inline struct unwind_mapping *image_mapping(struct unwind_state *st, u64 pc);  // images.c
 
 // The process exec'd: its mappings are all new (profile.c's exec tracepoint).
 static inline void forget_unwind_table(u32 pid)
@@ -197,8 +202,10 @@ static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_
     // A table older than the process's last new executable mapping (dlopen) still holds for every file it
     // has: a PC in none of its mappings may be in a file mapped since, and the walk goes on from a copy of
     // the stack there (unwind_frame), until user space loads the table again. An exec drops the table
-    // (forget_unwind_table).
-    if (!proc)
+    // (forget_unwind_table). A process without a table is walked from its image (images.c) when the kernel
+    // holds a complete one: the files user space knows have rows by identity, and a PC in another is copied.
+    int image = !proc && walkable_image(pid);
+    if (!proc && !image)
         return 1;
     u32 zero = 0;
     struct unwind_state *st = (struct unwind_state *)unwind_states.lookup(&zero);
@@ -208,7 +215,8 @@ static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_
         unwind_count(UNWIND_NO_USER_REGS);
         return 0;
     }
-    st->stale = proc->epoch != current_epoch(pid);
+    st->stale = proc ? proc->epoch != current_epoch(pid) : 0;
+    st->image = image;
     u64 *generation = unwind_generation.lookup(&zero);
     st->key = *key;
     st->set = set;
@@ -354,7 +362,7 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
         return 1;
     }
     u64 pc = st->ip;
-    struct unwind_mapping *m = find_mapping(st, proc, pc);
+    struct unwind_mapping *m = proc ? find_mapping(st, proc, pc) : image_mapping(st, pc);
     // A file whose rows are not loaded (unwindmaps.py loads a large file's once a copy shows they are used),
     // or maybe one mapped since the table was read (else anonymous code: frame pointers): a copy goes on.
     if (m ? m->flags & MAPPING_COPY : st->stale) {
@@ -481,9 +489,9 @@ int unwind_step(void *ctx)
     if (!st)
         return 0;
     u32 pid = st->key.pid;
-    struct unwind_proc *proc = (struct unwind_proc *)unwind_procs.lookup(&pid);
+    struct unwind_proc *proc = st->image ? 0 : (struct unwind_proc *)unwind_procs.lookup(&pid);
     int done = 0;
-    if (!proc) {  // user space dropped the table meanwhile
+    if (!proc && !st->image) {  // user space dropped the table meanwhile
         st->stack.status = UNWIND_NO_CFI;
         done = 1;
     }

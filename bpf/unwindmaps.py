@@ -38,6 +38,7 @@ from __future__ import annotations
 import array
 import ctypes
 import mmap
+import os
 import struct
 import threading
 import time
@@ -92,6 +93,9 @@ class ProcessMapping:
     file_key: Hashable  # identifies the file across processes (its rows are loaded once)
     rows: bytes | None
     build_id: bytes | None  # None: its frames stay raw IPs
+    # (vaddr, size, vaddr - file offset) of its file's executable segment, for a file_key that is a file's
+    # identity (st_dev, st_ino, st_size, st_mtime_ns): the walk of images (images.c) finds its rows by it
+    segment: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,8 @@ class UnwindMaps:
         self.generation = 0  # bumped when every process's table was dropped (see the module docstring)
         self.stats: Counter[str] = Counter()
         self._ids: FileIds | None = None  # the last drain's file ids
+        self._by_identity = FileEntries(bpf)  # the files' rows by identity, for walks of images (images.c)
+        self._segments: dict[Hashable, tuple[int, int, int]] = {}  # this generation's files' segments
 
     def load_step(self, python: bool = False) -> None:
         """Load the walking program (unwind_step) and put it where on_sample tail-calls it; with ``python``,
@@ -185,19 +191,30 @@ class UnwindMaps:
         if len(mappings) > MAX_MAPPINGS:
             self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
         with self._lock:
-            if not self._fits(ordered):
-                self._evict_stale(ordered)
-            if not self._fits(ordered) and self._may_start_over(ordered):
-                self._new_generation()
-            packed = b"".join(self._packed(m) for m in ordered)
-            now = self._clock()
+            packed = self._loaded(ordered)
             self._process_files[pid] = tuple(m.file_key for m in ordered)
-            self._used.update((m.file_key, now) for m in ordered)
         value = self._procs.Leaf()
         packed = struct.pack("<IIQ", len(ordered), 0, epoch) + packed
         ctypes.memmove(ctypes.addressof(value), packed, len(packed))
         self._procs[self._procs.Key(pid)] = value
         self.stats["processes_loaded"] += 1
+
+    def load_files(self, mappings: Sequence[ProcessMapping]) -> None:
+        """Load these mappings' files (rows and identities) with no process table: a process gone before its
+        table was loaded leaves its files to the walks of the images of those that run them next (images.c)."""
+        with self._lock:
+            self._loaded(sorted(mappings, key=lambda m: m.start)[:MAX_MAPPINGS])
+
+    def _loaded(self, ordered: Sequence[ProcessMapping]) -> bytes:
+        """The mappings' files loaded (making room first, see the module docstring), packed as a table's."""
+        if not self._fits(ordered):
+            self._evict_stale(ordered)
+        if not self._fits(ordered) and self._may_start_over(ordered):
+            self._new_generation()
+        packed = b"".join(self._packed(m) for m in ordered)
+        now = self._clock()
+        self._used.update((m.file_key, now) for m in ordered)
+        return packed
 
     def touch(self, pids: Iterable[int]) -> None:
         """These processes were sampled now: the files of their tables are in use."""
@@ -226,7 +243,8 @@ class UnwindMaps:
         recent = self._clock() - ACTIVE_SECONDS
         keep = {m.file_key for m in mappings}
         stale = sorted((self._used.get(key, 0.0), i, key) for i, (key, f) in enumerate(self._files.items())
-                       if f.row_count and key not in keep and self._used.get(key, 0.0) < recent)
+                       if f.row_count and key not in keep and self._used.get(key, 0.0) < recent
+                       and self._by_identity.walked_at(key) < recent)
         free = [(f.row_start, f.row_count) for *_, key in stale for f in (self._files[key],)]
         trial = RowSpace(self._capacity)
         trial._free = list(self._rows._free)
@@ -245,14 +263,21 @@ class UnwindMaps:
                 forget_pid(self._procs, pid)
                 del self._process_files[pid]
                 self._dropped.add(pid)
+        for key in evict:
+            self._by_identity.forget(key)
         time.sleep(GRACE_SECONDS)  # walks in flight, which looked their table up before, end on the old rows
         for key in evict:
+            self._segments.pop(key, None)
             loaded = self._files.pop(key)
             self._rows.release(loaded.row_start, loaded.row_count)
             self._by_id.pop(loaded.file_id, None)
             self._evicted[loaded.file_id] = loaded
             self._used.pop(key, None)
         self.stats["files_evicted"] += len(evict)
+
+    def set_interp(self, executable: Hashable, linker: Hashable) -> None:
+        """The dynamic linker (its identity) the executable with this identity names, for walks of images."""
+        self._by_identity.set_interp(executable, linker)
 
     def take_dropped(self) -> set[int]:
         """The processes whose tables an eviction dropped since the last call (loaded again once sampled)."""
@@ -340,6 +365,8 @@ class UnwindMaps:
     def _new_generation(self) -> None:
         for key in list(self._procs.keys()):
             forget_pid(self._procs, key.value)
+        self._by_identity.clear()
+        self._segments = {}
         self._process_files, self._used = {}, {}
         time.sleep(GRACE_SECONDS)  # walks in flight, which looked their table up before, end on the old rows
         self._retired.append((self._reads, self._by_id))
@@ -383,7 +410,8 @@ class UnwindMaps:
         loaded = self._files.get(mapping.file_key)
         if loaded is not None:
             if loaded.lazy and mapping.file_key in self._wanted and mapping.rows is not None:
-                self._fill(loaded, mapping.rows)
+                if self._fill(loaded, mapping.rows) and mapping.file_key in self._segments:
+                    self._by_identity.put(mapping.file_key, loaded, self._segments[mapping.file_key])
                 self.stats["files_loaded_when_used"] += 1
             return loaded
         if len(self._files) >= MAX_GENERATION_FILES:  # walked by frame pointers, its frames raw IPs
@@ -401,6 +429,9 @@ class UnwindMaps:
             self._wanted[mapping.file_key] = None
         self._files[mapping.file_key] = loaded
         self._by_id[loaded.file_id] = loaded
+        if mapping.segment is not None:
+            self._segments[mapping.file_key] = mapping.segment
+            self._by_identity.put(mapping.file_key, loaded, mapping.segment)
         return loaded
 
     def _fill(self, loaded: _LoadedFile, rows: bytes) -> bool:
@@ -462,3 +493,61 @@ def _decoded(frame: int, tables: Sequence[dict[int, _LoadedFile]]) -> UserFrame:
     if loaded is None or loaded.build_id is None:  # cannot happen while the ids are kept long enough
         return UserFrame(None, 0)
     return UserFrame(loaded.build_id, frame & ((1 << FILE_OFFSET_BITS) - 1))
+
+
+class FileEntries:
+    """images.c's tables of files by identity: each file of this generation with rows or waiting for them
+    (unwind_files), and each executable's dynamic linker (unwind_interps). An identity is the unwind cache's
+    key (st_dev, st_ino, st_size, st_mtime_ns); other file keys have no entry."""
+
+    def __init__(self, bpf) -> None:
+        try:
+            self._files, self._interps = bpf[b"unwind_files"], bpf[b"unwind_interps"]
+        except KeyError:  # a program without images.c (tests' stand-ins): nothing to keep
+            self._files = self._interps = None
+
+    def put(self, identity: Hashable, loaded: _LoadedFile, segment: tuple[int, int, int]) -> None:
+        key = self._key(identity)
+        if key is None:
+            return
+        vaddr, size, vaddr_adj = segment
+        value = self._files.Leaf(loaded.row_start, loaded.row_count,
+                                 loaded.file_id if loaded.build_id is not None else 0,
+                                 MAPPING_COPY if loaded.lazy else 0, vaddr_adj, vaddr, size, 0)
+        self._files[key] = value
+
+    def forget(self, identity: Hashable) -> None:
+        key = self._key(identity)
+        if key is not None:
+            try:
+                del self._files[key]
+            except KeyError:
+                pass
+
+    def walked_at(self, identity: Hashable) -> float:
+        """When a walk of an image last went through the file (monotonic seconds; 0.0: never, or no entry)."""
+        key = self._key(identity)
+        try:
+            return self._files[key].used / 1e9 if key is not None else 0.0
+        except KeyError:
+            return 0.0
+
+    def set_interp(self, executable: Hashable, linker: Hashable) -> None:
+        exe_key, linker_key = self._key(executable, self._interps.Key), self._key(linker, self._interps.Leaf)
+        if exe_key is not None and linker_key is not None:
+            self._interps[exe_key] = linker_key
+
+    def clear(self) -> None:
+        for table in (self._files, self._interps) if self._files is not None else ():
+            for key in list(table.keys()):
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
+
+    def _key(self, identity: Hashable, kind=None):
+        if self._files is None or not (isinstance(identity, tuple) and len(identity) == 4 and all(isinstance(v, int) for v in identity)):
+            return None
+        st_dev, ino, size, mtime_ns = identity
+        kernel_dev = os.major(st_dev) << 20 | os.minor(st_dev)
+        return (kind or self._files.Key)(ino, size, mtime_ns, kernel_dev, 0)

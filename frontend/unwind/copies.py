@@ -161,12 +161,14 @@ class StackCopies:
             while len(self._tables) > MAX_TABLE_PIDS:
                 self._tables.popitem(last=False)
 
-    def add_copies(self, copies: dict[int, StackCopy]) -> set[int]:
+    def add_copies(self, copies: dict[int, StackCopy], alive: Callable[[int], bool] = lambda _pid: True) -> set[int]:
         """Copies read from the ring (from any thread); returns the processes among them whose tables are
-        wanted: those without tables here, and those the kernel holds no table for (a copy that does not go
-        on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile)."""
+        wanted: those without tables here, and those still ``alive`` the kernel holds no table for (a copy that
+        does not go on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile).
+        A process's stack at its exit (``shared``) is walked only if a sample names it (:meth:`wanted`)."""
         self._copies.put(copies, self._drain)
-        return {copy.pid for copy in copies.values() if not copy.continues or self._tables_for(copy) is None}
+        return {copy.pid for copy in copies.values() if not copy.shared and (
+            self._tables_for(copy) is None or not copy.continues and alive(copy.pid))}
 
     def keep(self, ids: set[int]) -> None:
         """The copies open off-CPU waits name: kept until a sample names them."""

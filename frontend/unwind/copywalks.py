@@ -40,7 +40,11 @@ class CopyWalks:
         """The stack copies in the sampler's ring (the copy watcher's thread, and each drain after its flip):
         the processes they are of get their tables now, their mappings captured while they live."""
         with self._read_lock:  # a drain resolves no copy another thread has read but not added yet
-            wanted = self.copies.add_copies(self.profiler.read_copies())
+            copies = self.profiler.read_copies()
+            wanted = self.copies.add_copies(copies, lambda pid: bool(self.profiler.live_epoch(pid)))
+        for copy in copies.values():
+            if copy.shared:  # its process's image is kept for it: forgotten at its exit
+                self.unwinder.image_kept(copy.pid)
         for pid in wanted:
             self.unwinder.unwind_soon(pid)
 

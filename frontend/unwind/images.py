@@ -62,6 +62,7 @@ class ImageFiles:
         self._interps: LruCache[FileIdentity, str | None] = LruCache(MAX_KNOWN)  # executable -> its PT_INTERP
         self._programs: LruCache[FileIdentity, None] = LruCache(MAX_KNOWN)  # executables whose libraries are known
         self._names: LruCache[FileIdentity, str] = LruCache(MAX_KNOWN)  # file names, as resolved
+        self._linkers: dict[FileIdentity, FileIdentity] = {}  # executable -> its linker, found since the last take
         self._own = own_root()
         self.stats: Counter[str] = Counter()
 
@@ -84,6 +85,7 @@ class ImageFiles:
             interp = self._interp(image.exe, ours, need_rows) if image.interp_base else None
             if interp is not None:
                 found += self._placed(interp, image.interp_base, first_executable=False)
+                self._linkers[image.exe] = interp.identity
         for mapped in image.maps:
             entry = MapEntry(mapped.start, mapped.end, "r-xp", mapped.offset, "", 0, "")
             unwind = self._file(pid, mapped.file, entry, alive, need_rows)
@@ -111,6 +113,11 @@ class ImageFiles:
             return None
         self.stats["image_files_opened"] += 1
         return unwind
+
+    def take_linkers(self) -> dict[FileIdentity, FileIdentity]:
+        """The executables whose dynamic linker was found since the last call, with it (for bpf/images.c)."""
+        taken, self._linkers = self._linkers, {}
+        return taken
 
     def names(self, image: ProcessImage) -> list[str] | None:
         """The names of the image's files (the executable's and its mappings'), None when one is not known."""
@@ -210,7 +217,7 @@ class ImageFiles:
 def _mapping(unwind: UnwindFile, entry: MapEntry) -> ProcessMapping:
     rows = None if unwind.table is RELEASED else unwind.table.rows
     return ProcessMapping(entry.start, entry.end, entry.offset, unwind.bias(entry), unwind.identity, rows,
-                          unwind.build_id)
+                          unwind.build_id, unwind.executable_segment())
 
 
 def _segment_entry(address: int, size: int, offset: int) -> MapEntry:

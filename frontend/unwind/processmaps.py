@@ -143,7 +143,7 @@ class ProcessUnwinding:
             return None
         rows = None if unwind.table is RELEASED else unwind.table.rows
         return ProcessMapping(entry.start, entry.end, entry.offset, unwind.bias(entry), unwind.identity, rows,
-                              unwind.build_id)
+                              unwind.build_id, unwind.executable_segment())
 
     def _anonymous(self, pid: int, entry: MapEntry) -> ProcessMapping | None:
         """Code without a file: only CPython's perf trampolines have rows (see trampolines.py); the rest

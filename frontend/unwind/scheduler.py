@@ -151,6 +151,11 @@ class UnwindScheduler:
             while len(self._programs) > MAX_PROGRAMS:  # exits lost (a full event buffer): the oldest go
                 del self._programs[next(iter(self._programs))]
 
+    def image_kept(self, pid: int) -> None:
+        """The kernel keeps the process's image after its exit (a copy of its stack needs it): forgotten at
+        its exit event."""
+        self._imaged.add(pid)
+
     def exited(self, pid: int) -> None:
         """The process exited: its table goes at once, and the kernel's image of it (read already)."""
         self._young.pop(pid, None)
@@ -265,7 +270,10 @@ class UnwindScheduler:
                                                     loaded if alive else None)
         if mappings is None:
             return
-        if not alive:
+        for executable, linker in self.unwinding.images.take_linkers().items():  # later images walk in BPF
+            self.profiler.unwind.set_interp(executable, linker)
+        if not alive:  # gone: its files still load, for the next processes of its programs (walked from images)
+            self.profiler.unwind.load_files(mappings)
             if self.on_tables is not None:
                 self.on_tables(pid, capture.epoch, capture.exec_epoch, mappings)
             return
