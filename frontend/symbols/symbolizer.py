@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from optrace.containment import contain
 from optrace.errors import OptraceError
@@ -39,6 +40,7 @@ from optrace.procfs import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 
 JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]
+BUILD_ID = attrgetter("build_id")  # of a UserFrame
 PythonLookup = Callable[[int, int], Frame]  # (pid, the walker's frame word) -> its frame (frontend/python/)
 
 
@@ -133,25 +135,44 @@ class Symbolizer:
                 resolved.append(frame.resolved)
             return found
 
-        rows = []
-        named = total = 0
-        self._scan_sliced = False
-        for raw in samples:
+        def kernel_stack(stack: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
             ids = []
-            for ip in raw.kernel:
+            for ip in stack:
                 found = kernel_ids.get(ip)
                 if found is None:
                     found = kernel_ids[ip] = interned(self._kernel_frame(ip))
                 ids.append(found)
+            return tuple(ids), sum(map(resolved.__getitem__, ids))
+
+        def user_stack(raw: RawSample) -> tuple[tuple[int, ...], int]:
+            ids = []
             for frame in raw.user:
                 key = (raw.pid, frame) if frame.build_id is not None else (raw.pid, frame, raw.time)
                 found = user_ids.get(key)
                 if found is None:
                     found = user_ids[key] = interned(self._user_frame(raw, frame))
                 ids.append(found)
+            return tuple(ids), sum(map(resolved.__getitem__, ids))
+
+        # Whole stacks named once: samples that differ only in thread, command, count or the other half share
+        # them (a deep recursion's stacks made this loop's per-frame steps most of a recording's naming).
+        kernel_stacks: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}  # -> (frame ids, how many named)
+        user_stacks: dict[tuple, tuple[tuple[int, ...], int]] = {}
+        rows = []
+        named = total = 0
+        self._scan_sliced = False
+        for raw in samples:
+            kernel = kernel_stacks.get(raw.kernel)
+            if kernel is None:
+                kernel = kernel_stacks[raw.kernel] = kernel_stack(raw.kernel)
+            key = (raw.pid, raw.user) if all(map(BUILD_ID, raw.user)) else (raw.pid, raw.user, raw.time)
+            user = user_stacks.get(key)
+            if user is None:
+                user = user_stacks[key] = user_stack(raw)
+            ids = kernel[0] + user[0]
             total += len(ids)
-            named += sum(map(resolved.__getitem__, ids))
-            rows.append(Sample(raw.pid, raw.comm, tuple(ids), raw.count, raw.tid))
+            named += kernel[1] + user[1]
+            rows.append(Sample(raw.pid, raw.comm, ids, raw.count, raw.tid))
         self.stats["frames_resolved"] += named
         self.stats["frames_unresolved"] += total - named
         self._trim()
