@@ -69,6 +69,7 @@ STALE_SHARE = 0.75
 # a file with more rows gets them once a sample is in it (cc1: 479k, BCC's libz3: 386k). Not an interpreter
 # (CPython's: 45k-78k, libc 28k): a copy's walk in user space has no Python frames
 LAZY_ROWS = 131072
+MAX_FILE_SHARE = 0.5  # of the array: a larger file never gets rows (frame pointers), never waits for them
 MAPPING_COPY = 1  # unwind_mapping.flags (unwind.c)
 RETIRED_READS = 2  # drains a retired generation's file ids still decode for (see drain_ids)
 # enum unwind_status in unwind.c, by value
@@ -393,11 +394,11 @@ class UnwindMaps:
             loaded = self._files.get(m.file_key)
             if loaded is None and not self._stays_lazy(m.file_key, count) or loaded is not None and loaded.lazy \
                     and m.file_key in self._wanted:
-                needed[m.file_key] = count if count <= self._capacity else 0
+                needed[m.file_key] = count if count <= self._capacity * MAX_FILE_SHARE else 0
         return needed
 
     def _stays_lazy(self, file_key: Hashable, rows: int) -> bool:
-        return rows > LAZY_ROWS and file_key not in self._wanted
+        return LAZY_ROWS < rows <= self._capacity * MAX_FILE_SHARE and file_key not in self._wanted
 
     def _packed(self, mapping: ProcessMapping) -> bytes:
         loaded = self._file(mapping)
@@ -424,8 +425,8 @@ class UnwindMaps:
         if self._stays_lazy(mapping.file_key, len(mapping.rows) // ROW_SIZE):
             loaded.lazy = True
             self.stats["files_waiting"] += 1
-        elif not self._fill(loaded, mapping.rows):  # no room: its stacks are copied until there is (as if lazy)
-            loaded.lazy = True
+        elif not self._fill(loaded, mapping.rows) and len(mapping.rows) // ROW_SIZE <= self._capacity * MAX_FILE_SHARE:
+            loaded.lazy = True  # no room now: its stacks are copied until there is (as a large file's)
             self._wanted[mapping.file_key] = None
         self._files[mapping.file_key] = loaded
         self._by_id[loaded.file_id] = loaded

@@ -33,11 +33,12 @@ from optrace.model import RawSample, StackCopy, UserFrame
 WAIT_DRAINS = 4  # drains a sample waits for its process's tables
 PENDING_DRAINS = 16  # and while they are being read
 UNNAMED_DRAINS = 2  # drains a copy no sample named is kept
-MAX_COPY_BYTES = 64 << 20  # of copies held
+MAX_COPY_BYTES = 32 << 20  # of copies held
 MAX_TABLE_PIDS = 4096
 MAX_TABLES_PER_PID = 4
 MAX_RULES = 1 << 16  # PCs whose rule a process's tables keep
-MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows are the unwind cache's own bytes)
+MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows, the unwind cache's or the kernel's)
+MAX_FILE_TABLE_BYTES = 32 << 20  # and the rows they hold, at most
 NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
 
 
@@ -148,6 +149,7 @@ class StackCopies:
         self._kept: set[int] = set()  # ids open waits name
         self._waiting: list[_Waiting] = []
         self._files: OrderedDict[Hashable, UnwindTable] = OrderedDict()
+        self._file_bytes = 0  # of rows in _files
         self._exited: dict[int, int] = {}  # pid -> the drain its exit was seen at
         self._drain = 0
         self._files_used: set[Hashable] = set()  # files the walks went through since the last take
@@ -288,6 +290,7 @@ class StackCopies:
         if not rows:
             return None
         table = self._files[mapping.file_key] = UnwindTable(rows, len(rows) // ROW.size, "", 0)
-        while len(self._files) > MAX_FILE_TABLES:
-            self._files.popitem(last=False)
+        self._file_bytes += len(rows)
+        while len(self._files) > 1 and (len(self._files) > MAX_FILE_TABLES or self._file_bytes > MAX_FILE_TABLE_BYTES):
+            self._file_bytes -= self._files.popitem(last=False)[1].nbytes
         return table

@@ -10,6 +10,7 @@ calls :meth:`UnwindScheduler.unwind_later` and the hooks of its drain and polls;
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -248,7 +249,7 @@ class UnwindScheduler:
                 mappings = self.unwinding.mappings(pid, loaded) or []
                 maps.load_process(pid, epoch, mappings)
         if self.on_tables is not None and exec_epoch is not None:
-            self.on_tables(pid, epoch, exec_epoch, mappings)
+            self.on_tables(pid, epoch, exec_epoch, self._without_held_rows(mappings, loaded))
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         names = python_names if python_maps is None else [os.path.basename(m.file_path) for m in python_maps]
@@ -266,8 +267,7 @@ class UnwindScheduler:
         """:meth:`unwind` from the kernel's image of the process: loaded into the kernel while the process still
         has the image's epoch, else (gone, or it mapped more since) only handed to its copies' walks."""
         alive = self.profiler.live_epoch(pid) == capture.epoch
-        mappings = self.unwinding.mappings_of_image(pid, capture.image, self._programs.get(pid), alive,
-                                                    loaded if alive else None)
+        mappings = self.unwinding.mappings_of_image(pid, capture.image, self._programs.get(pid), alive, loaded)
         if mappings is None:
             return
         for executable, linker in self.unwinding.images.take_linkers().items():  # later images walk in BPF
@@ -275,10 +275,21 @@ class UnwindScheduler:
         if not alive:  # gone: its files still load, for the next processes of its programs (walked from images)
             self.profiler.unwind.load_files(mappings)
             if self.on_tables is not None:
-                self.on_tables(pid, capture.epoch, capture.exec_epoch, mappings)
+                self.on_tables(pid, capture.epoch, capture.exec_epoch, self._without_held_rows(mappings, loaded))
+            if loaded is not None:
+                self.unwinding.release(mappings)
             return
         self._load(pid, capture.epoch, capture.exec_epoch, mappings, loaded, python_here=False,
                    python_names=self.unwinding.images.names(capture.image))
+
+    def _without_held_rows(self, mappings: list[ProcessMapping], loaded: Callable[[Hashable], bool] | None
+                           ) -> list[ProcessMapping]:
+        """``mappings`` for the walks of copies: without ``keep_rows``, without the rows the kernel holds (read
+        back from it when a walk needs them), so each process's tables do not keep a copy of its files' rows."""
+        if loaded is None:
+            return mappings
+        return [dataclasses.replace(m, rows=None) if m.rows is not None and loaded(m.file_key) else m
+                for m in mappings]
 
     def take_reloaded(self) -> list[int]:
         """The processes whose table was loaded again since the last call (see ``_reloaded``)."""
