@@ -24,6 +24,8 @@
 #ifndef IMAGE_MAPS
 #define IMAGE_MAPS 24
 #endif
+#define IMAGE_MAPS_POW2 32  // a power of two above IMAGE_MAPS, for the verifier's bound on a slot
+#define IMAGE_SEARCH_STEPS 6  // log2(IMAGE_MAPS_POW2) + 1
 #ifndef IMAGES_SIZE
 #define IMAGES_SIZE 8192
 #endif
@@ -241,7 +243,7 @@ static inline void image_exec(u32 tgid, u64 bprm, u64 exec_epoch)
 }
 
 // A file mapping made executable by mmap(fd) at [start, start + len) (profile.c's sys_exit_mmap): added to the
-// process's image (if it has one), replacing the mappings it overlaps.
+// process's image (if it has one), kept sorted by start, replacing a mapping it overlaps.
 static inline void image_mmap(u32 tgid, u64 start, u64 len, u64 pgoff, u32 fd, u64 epoch)
 {
     struct image *img = (struct image *)images.lookup(&tgid);
@@ -260,24 +262,40 @@ static inline void image_mmap(u32 tgid, u64 start, u64 len, u64 pgoff, u32 fd, u
     struct image_map map = {.start = start, .end = start + ((len + 4095) & ~4095ULL), .pgoff = pgoff, .epoch = epoch};
     if (!file_identity(file, &map.file))
         return;
-    u32 count = img->count, slot = count;
+    u32 count = img->count;
+    if (count > IMAGE_MAPS)
+        return;
+    // One pass from the end: the mapping it overlaps goes (MAP_FIXED over it), those after it move up one.
+    u32 at = count;  // where it goes
 #pragma clang loop unroll(disable)
-    for (u32 i = 0; i < IMAGE_MAPS; i++) {
-        if (i >= count)
-            break;
-        struct image_map *m = &img->maps[i];
-        if (m->start < map.end && map.start < m->end) {  // replaced (MAP_FIXED over it)
-            slot = i;
-            break;
+    for (u32 i = IMAGE_MAPS; i > 0; i--) {
+        u32 j = i - 1;
+        if (j >= count)
+            continue;
+        struct image_map *m = &img->maps[j & (IMAGE_MAPS_POW2 - 1)];
+        if (j >= IMAGE_MAPS)
+            return;
+        if (m->start < map.end && map.start < m->end) {  // replaced in place
+            *m = map;
+            return;
         }
+        if (m->start < map.start)
+            break;
+        if (j + 1 >= IMAGE_MAPS) {  // the last one falls off
+            img->dropped++;
+            image_count(IMAGE_MAPS_DROPPED);
+        } else {
+            img->maps[(j + 1) & (IMAGE_MAPS_POW2 - 1)] = *m;
+        }
+        at = j;
     }
-    if (slot >= IMAGE_MAPS) {
+    if (at >= IMAGE_MAPS) {
         img->dropped++;
         image_count(IMAGE_MAPS_DROPPED);
         return;
     }
-    img->maps[slot] = map;
-    if (slot == count)
+    img->maps[at & (IMAGE_MAPS_POW2 - 1)] = map;
+    if (count < IMAGE_MAPS)
         img->count = count + 1;
 }
 
@@ -355,7 +373,11 @@ static inline int walkable_image(u32 pid)
 
 // The mapping that holds ``pc`` in the process's image, as a table's entry would say (the state's
 // image_map): its file's rows by identity, MAPPING_COPY when user space does not know the file yet (the copy
-// makes it), 0 when no file of the image holds ``pc`` (anonymous code, [vdso]: frame pointers).
+// makes it), 0 when no file of the image holds ``pc`` (anonymous code, [vdso]: frame pointers). Which of the
+// image's files holds it is found first and then forgotten (forget(), unwind.c): one path on from there, so the
+// verifier does not follow every way through the search apart (it did: 198k instructions for unwind_step).
+#define IMAGE_EXE IMAGE_MAPS
+#define IMAGE_NONE (IMAGE_MAPS + 1)
 static inline struct unwind_mapping *image_mapping(struct unwind_state *st, u64 pc)
 {
     u32 pid = st->key.pid;
@@ -363,56 +385,66 @@ static inline struct unwind_mapping *image_mapping(struct unwind_state *st, u64 
     if (!img)
         return 0;
     struct unwind_mapping *m = &st->image_map;
-    struct image_file *identity = &img->exe;  // always a key: the verifier follows no path with none
-    u64 start = 0, pgoff = 0;
-    int kind = 0;  // 1: the executable's text, 2: the linker, 3: an mmap'd file
-    int unknown_linker = 0;
-    struct unwind_file *file = 0;
+    u32 slot = IMAGE_NONE;
     if (pc >= img->start_code && pc < img->end_code) {
-        kind = 1;
-    } else if (img->interp_base) {
+        slot = IMAGE_EXE;
+    } else {  // a binary search of the mappings, sorted by start (image_mmap)
+        u32 lo = 0, hi = img->count;
+        if (hi > IMAGE_MAPS)
+            hi = IMAGE_MAPS;
+        for (int i = 0; i < IMAGE_SEARCH_STEPS; i++) {
+            if (lo >= hi)
+                break;
+            u32 mid = forget(st, (lo + hi) / 2);
+            struct image_map *m = &img->maps[mid & (IMAGE_MAPS_POW2 - 1)];
+            if (mid >= IMAGE_MAPS)
+                break;
+            if (pc < m->start) {
+                hi = mid;
+            } else if (pc >= m->end) {
+                lo = mid + 1;
+            } else {
+                slot = mid;
+                break;
+            }
+        }
+    }
+    slot = forget(st, slot);
+    // The file's identity copied to the stack and its placement as scalars: one lookup, one path on.
+    struct image_file key = {};
+    u64 base = 0;  // bias = base - (the file's vaddr_adj for an mmap'd one, its x_vaddr for the executable)
+    if (slot < IMAGE_MAPS) {  // an mmap'd file
+        struct image_map *map = &img->maps[slot & (IMAGE_MAPS_POW2 - 1)];
+        key = map->file;
+        base = map->start - map->pgoff;
+    } else if (slot == IMAGE_EXE) {
+        key = img->exe;
+        base = img->start_code;
+    } else {  // maybe the dynamic linker: placed by its identity, once user space found it for this program
+        if (!img->interp_base)
+            return 0;
         struct image_file *interp = unwind_interps.lookup(&img->exe);
-        struct unwind_file *linker = interp ? unwind_files.lookup(interp) : 0;
-        if (!linker)
-            unknown_linker = 1;
-        else if (pc >= img->interp_base + linker->x_vaddr && pc < img->interp_base + linker->x_vaddr + linker->x_size) {
-            file = linker;
-            kind = 2;
-        }
+        if (!interp)
+            goto unknown;
+        key = *interp;
+        base = img->interp_base;
     }
-    u32 count = img->count;
-#pragma clang loop unroll(disable)
-    for (u32 i = 0; i < IMAGE_MAPS && !kind; i++) {
-        if (i >= count)
-            break;
-        struct image_map *map = &img->maps[i];
-        if (pc >= map->start && pc < map->end) {
-            identity = &map->file;
-            start = map->start;
-            pgoff = map->pgoff;
-            kind = 3;
-        }
-    }
-    if (!kind && unknown_linker) {  // maybe in the linker, which user space has not placed yet: the copy does
-        m->flags = MAPPING_COPY;
-        return m;
-    }
-    if (!kind)
-        return 0;
-    if (kind != 2)
-        file = unwind_files.lookup(identity);
-    if (!file) {
-        m->flags = MAPPING_COPY;
-        return m;
-    }
+    struct unwind_file *file = unwind_files.lookup(&key);
+    if (!file)
+        goto unknown;
+    u64 bias = base - (slot < IMAGE_MAPS ? file->vaddr_adj : slot == IMAGE_EXE ? file->x_vaddr : 0);
+    if (slot > IMAGE_EXE && (pc < base + file->x_vaddr || pc >= base + file->x_vaddr + file->x_size))
+        return 0;  // in none of its files: anonymous code, [vdso]
     file->used = bpf_ktime_get_ns();
-    u64 bias = kind == 1 ? img->start_code - file->x_vaddr : kind == 2 ? img->interp_base : start - pgoff - file->vaddr_adj;
     m->bias = bias;
     m->offset_adj = -bias - file->vaddr_adj;
     m->row_start = file->row_start;
     m->row_count = file->row_count;
     m->file_id = file->file_id;
     m->flags = file->flags;
+    return m;
+unknown:  // a file user space has not placed yet: the copy does
+    m->flags = MAPPING_COPY;
     return m;
 }
 

@@ -122,7 +122,6 @@ static inline void image_exec(u32 tgid, u64 bprm, u64 exec_epoch);  // images.c
 static inline void image_mmap(u32 tgid, u64 start, u64 len, u64 pgoff, u32 fd, u64 epoch);
 static inline void image_mprotect(u32 tgid);
 static inline void image_exit(u32 tgid, u32 tid, int sampled);
-static inline u32 exit_copy_of(u32 tid);
 #endif
 
 // The process's epoch, set now if it has none.
@@ -206,10 +205,9 @@ int on_sample(struct bpf_perf_event_data *ctx)
     if (in_kernel)
         key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, 127, &kernel_missing, &files_only);
 #ifdef CFI_UNWIND
-    // Processes with unwind tables are counted there (no return); those without get a copy of their stack; a
-    // thread that is exiting, whose stack can no longer be read, names the copy taken as it began (images.c).
-    key.copy = in_kernel ? exit_copy_of((u32)id) : 0;
-    if (!key.copy && unwind_user_stack(ctx, &key, set, kernel_missing, 0))
+    // Processes with unwind tables are counted there (no return); those without get a copy of their stack (a
+    // thread that is exiting, whose stack can no longer be read, the copy taken as it began: images.c).
+    if (unwind_user_stack(ctx, &key, set, kernel_missing, 0))
         copy_sample_stack(ctx, &key);
 #endif
     take_user_stack(ctx, &key, &user_missing, &files_only);

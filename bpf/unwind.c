@@ -183,6 +183,7 @@ static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *
 
 static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32 flags);  // stackcopy.c
 static inline int walkable_image(u32 pid);  // images.c
+static inline u32 exit_copy_of(u32 tid);  // images.c
 static inline struct unwind_mapping *image_mapping(struct unwind_state *st, u64 pc);  // images.c
 
 // The process exec'd: its mappings are all new (profile.c's exec tracepoint).
@@ -449,6 +450,8 @@ static inline void unwind_done(void *ctx, struct unwind_state *st)
     if (st->stack.status == UNWIND_COPIED &&
         !copy_user_stack(&st->key, st->ip, st->sp, st->bp, COPY_CONTINUES | (st->walked ? COPY_RETURN_ADDRESS : 0)))
         st->stack.status = UNWIND_NO_CFI;  // no room for the copy: the walk ends here
+    if (st->stack.status == UNWIND_READ_FAULT)  // an exiting thread's stack is gone: the copy taken as it began
+        st->key.copy = exit_copy_of(st->key.tid);  // replaces the user stack (images.c)
     u32 status = st->stack.status | st->py.status << 8;
     u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
     hash = (hash ^ status) * FNV_PRIME;

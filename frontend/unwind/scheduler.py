@@ -81,7 +81,8 @@ class UnwindScheduler:
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
         self._programs: dict[int, str] = {}  # pid -> the path it exec'd (for the files of its image)
         self.budget = ProcessBudget()  # looks at processes per second (frontend/unwind/budget.py)
-        self._imaged: set[int] = set()  # processes whose kernel image was read (forgotten at their exit)
+        self._imaged: set[int] = set()  # processes whose kernel image was read (forgotten after their exit)
+        self._exited_images: list[int] = []  # exited: their images forgotten at the next drain
         self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
 
     def start(self) -> None:
@@ -132,6 +133,9 @@ class UnwindScheduler:
         since their table was loaded (exec, dlopen), get their tables now."""
         if self.unwinding is None:
             return
+        forgotten, self._exited_images = self._exited_images, []
+        for pid in forgotten:
+            self.profiler.images.forget(pid)
         for pid in {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}:
             self.unwind_later(pid)
         self._reload_changed(set(self._unwound))
@@ -163,9 +167,9 @@ class UnwindScheduler:
         self._programs.pop(pid, None)
         if self._unwound.pop(pid, None) is not None:
             self.profiler.unwind.forget_process(pid)
-        if pid in self._imaged:
+        if pid in self._imaged:  # one drain later: samples taken as it exited may come with the next drain
             self._imaged.discard(pid)
-            self.profiler.images.forget(pid)
+            self._exited_images.append(pid)
 
     def drop_unwound_exited(self) -> None:
         """The tables of processes gone without an exit event seen, or loaded by the worker after their

@@ -104,15 +104,16 @@ def test_python_walker_verifies_in_few_instructions():
 
 
 def test_walker_verifies_in_few_instructions():
-    """unwind_step (4 frames) is verified in <= 30k instructions (17k on Linux 6.18; 160k, 0.11 s of CPU
-    at every start, before its mapping search's midpoint went through memory, see forget() in unwind.c)."""
+    """unwind_step (4 frames) is verified in <= 40k instructions (36k on Linux 6.18 with the walk of images,
+    images.c, 17k before; 160k, 0.11 s of CPU at every start, before its mapping search's midpoint went through
+    memory, see forget() in unwind.c; 198k with an image's file found without forget())."""
     from optrace.bpf.abi import ProgType
     from optrace.bpf.profiler import Profiler
 
     profiler = Profiler(99, pids=None, cfi_unwind=True)
     profiler.load()
     try:
-        for program, limit in ((b"unwind_step", 30_000), (b"on_sample", 70_000)):  # 61k with its stack copy
+        for program, limit in ((b"unwind_step", 40_000), (b"on_sample", 70_000)):  # 61k with its stack copy
             name, count = verified_instructions(profiler._bpf.load_func(program, ProgType.PERF_EVENT).fd)
             assert name == program.decode()
             assert 0 < count <= limit, f"{name}: {count} instructions verified"
