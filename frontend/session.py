@@ -48,7 +48,7 @@ SCAN_SLICE_S = 0.1  # SessionMode.scan_slice_s for daemons and live views
 # most 32 MiB (cc1's table is 7.7 MB). A file is converted again (libc: 35 ms of CPU) only after a new
 # generation of the kernel's rows, or when it was evicted and a new process maps it. Keeping the rows in
 # both places cost a whole-machine serve 44 MB of rows (RSS 168 -> 125 MB) after BCC compiles (libLLVM).
-SERVE_UNWIND_CACHE_BYTES = 32 << 20  # SessionMode.unwind_cache_bytes of serve
+SERVE_UNWIND_CACHE_BYTES = 16 << 20  # SessionMode.unwind_cache_bytes of serve
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
 
 
@@ -96,6 +96,12 @@ class SessionMode:
     # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
     # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
     scan_slice_s: float | None
+    # Looks at processes per second (frontend/unwind/budget.py): serve's stay within its share of a core under
+    # an exec storm (a look is ~1 ms of CPU); a recording takes more, for its short-lived processes' stacks.
+    looks_per_second: float
+    # Bytes of symbol tables the symbolizer keeps (CacheLimits.table_bytes): serve reads a table back from the
+    # symbol store (frontend/symbols/symbolstore.py) in a millisecond, and keeps fewer for its memory's sake.
+    symbol_table_bytes: int
     # True: for the whole machine (record -a), the walker and the unwind tables of the processes that used
     # CPU while BCC compiled are in place before the sampler attaches, so the recording's first seconds
     # cost what later ones do (else the walker is verified and those tables converted while sampling, and
@@ -109,15 +115,16 @@ class SessionMode:
 RECORD = SessionMode("record", raw_stacks=True, programs_at_exec=True, learn_at_exec=True, forget_exited=False,
                      unwind_cache_bytes=None, keep_unwind_rows=True, unwind_in_child=False, keep_jit_code=True,
                      jit_names_in_files=False, fold=True, scan_slice_s=None, unwind_busy_first=True,
-                     symbols_before_attach=False)
+                     symbols_before_attach=False, looks_per_second=200.0, symbol_table_bytes=64 << 20)
 SERVE = SessionMode("serve", raw_stacks=False, programs_at_exec=False, learn_at_exec=False, forget_exited=True,
                     unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False, unwind_in_child=True,
                     keep_jit_code=False, jit_names_in_files=True, fold=False, scan_slice_s=SCAN_SLICE_S,
-                    unwind_busy_first=False, symbols_before_attach=False)
+                    unwind_busy_first=False, symbols_before_attach=False, looks_per_second=25.0,
+                    symbol_table_bytes=16 << 20)
 TOP = SessionMode("top", raw_stacks=True, programs_at_exec=False, learn_at_exec=False, forget_exited=True,
                   unwind_cache_bytes=None, keep_unwind_rows=True, unwind_in_child=False, keep_jit_code=False,
                   jit_names_in_files=True, fold=False, scan_slice_s=SCAN_SLICE_S, unwind_busy_first=False,
-                  symbols_before_attach=True)
+                  symbols_before_attach=True, looks_per_second=50.0, symbol_table_bytes=32 << 20)
 
 
 @dataclass
@@ -282,12 +289,13 @@ class ProfilingSession:
     # -- life ------------------------------------------------------------------------------------------
     def start(self) -> None:
         from optrace.bpf.profiler import Profiler
-        from optrace.frontend.symbols.symbolizer import Symbolizer
+        from optrace.frontend.symbols.symbolizer import CacheLimits, Symbolizer
         from optrace.frontend.symbols.symbolstore import SymbolStore
 
         opts = self.options
         cfi = opts.call_graph == "dwarf"
         self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids,
+                                     limits=CacheLimits(table_bytes=opts.mode.symbol_table_bytes),
                                      scan_slice_s=opts.mode.scan_slice_s, store=SymbolStore.default())
         for pid in opts.pids or ():  # before the programs load: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
@@ -317,7 +325,8 @@ class ProfilingSession:
             unwinding = ProcessUnwinding(UnwindTableCache(opts.mode.unwind_cache_bytes or DEFAULT_MAX_BYTES,
                                                           builder=builder, store=store))
         self.unwinder = UnwindScheduler(self.profiler, unwinding, self.python, self._contain,
-                                        keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold)
+                                        keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold,
+                                        looks_per_second=opts.mode.looks_per_second)
         if cfi:
             from optrace.frontend.unwind.copywalks import CopyWalks
 

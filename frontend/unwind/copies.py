@@ -33,12 +33,12 @@ from optrace.model import RawSample, StackCopy, UserFrame
 WAIT_DRAINS = 4  # drains a sample waits for its process's tables
 PENDING_DRAINS = 16  # and while they are being read
 UNNAMED_DRAINS = 2  # drains a copy no sample named is kept
-MAX_COPY_BYTES = 32 << 20  # of copies held
+MAX_COPY_BYTES = 16 << 20  # of copies held
 MAX_TABLE_PIDS = 4096
 MAX_TABLES_PER_PID = 4
 MAX_RULES = 1 << 16  # PCs whose rule a process's tables keep
 MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows, the unwind cache's or the kernel's)
-MAX_FILE_TABLE_BYTES = 32 << 20  # and the rows they hold, at most
+MAX_FILE_TABLE_BYTES = 16 << 20  # and the rows they hold, at most
 NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
 
 

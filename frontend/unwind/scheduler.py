@@ -21,7 +21,7 @@ from typing import Protocol
 
 from optrace.bpf.profiler import Profiler
 from optrace.bpf.unwindmaps import ProcessMapping
-from optrace.frontend.unwind.budget import ProcessBudget
+from optrace.frontend.unwind.budget import LOOKS_PER_SECOND, ProcessBudget
 from optrace.frontend.unwind.captures import Capture, MappingCaptures
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.heap import release_free_memory
@@ -56,7 +56,8 @@ class UnwindScheduler:
     graph "fp"): every call does nothing."""
 
     def __init__(self, profiler: Profiler | None, unwinding: ProcessUnwinding | None, python: PythonLooks | None,
-                 contain: Contain, keep_rows: bool = True, fold: bool = False) -> None:
+                 contain: Contain, keep_rows: bool = True, fold: bool = False,
+                 looks_per_second: float = LOOKS_PER_SECOND) -> None:
         self.profiler = profiler
         self.unwinding = unwinding
         self.python = python
@@ -80,7 +81,7 @@ class UnwindScheduler:
         self._unwind_queued: set[int] = set()
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
         self._programs: dict[int, str] = {}  # pid -> the path it exec'd (for the files of its image)
-        self.budget = ProcessBudget()  # looks at processes per second (frontend/unwind/budget.py)
+        self.budget = ProcessBudget(looks_per_second)  # looks at processes per second (budget.py)
         self._imaged: set[int] = set()  # processes whose kernel image was read (forgotten after their exit)
         self._exited_images: list[int] = []  # exited: their images forgotten at the next drain
         self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
