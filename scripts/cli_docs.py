@@ -30,6 +30,8 @@ EXAMPLES: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
         ("sudo optrace record -F 499 -o demo.data -- workloads/build/demo 2",
          "Profile a command at 499 Hz into demo.data."),
         ("sudo optrace record -p 1234 -d 30", "Profile a running process (and the children it starts) for 30 s."),
+        ("sudo optrace record -p 1234 --subprocesses -d 10",
+         "A pre-fork server's master and the workers it has now (gunicorn, uWSGI) for 10 s."),
         ("sudo optrace record -a -d 10 --call-graph fp", "The whole machine for 10 s, walking frame pointers only."),
         ("sudo optrace record --off-cpu -- ./server", "CPU samples and where threads waited off CPU."),
         ("sudo optrace record -e cpu-clock --call-graph dwarf,16384 -g -- ./app",
@@ -42,6 +44,8 @@ EXAMPLES: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
         ("optrace report -i off.data --event off-cpu --gil", "Which Python code waited for the GIL, and how long."),
         ("optrace report --format flamegraph -o flame.html", "An interactive flame graph (HTML)."),
         ("optrace report --format pprof -o cpu.pb.gz", "A profile for go tool pprof, Pyroscope or Parca."),
+        ("optrace report -i py.data --python-internals",
+         "A Python program's CPython frames (PyObject_Free...) as recorded, not counted as its Python functions'."),
     ),
     ("optrace", "diff"): (
         ("optrace diff base.data new.data --percent-limit 1", "Each row's share in both records and the change."),
@@ -50,10 +54,13 @@ EXAMPLES: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
     ("optrace", "annotate"): (
         ("optrace annotate -i demo.data", "The functions the record kept code for, with their samples."),
         ("optrace annotate -i demo.data hot_a", "hot_a's instructions, each with its share of hot_a's samples."),
+        ("optrace annotate -i py.data Template.render",
+         "A Python function's source lines, each with the samples under it (its callees') and its own."),
     ),
     ("optrace", "top"): (
         ("sudo optrace top", "The hottest functions of the whole machine, refreshed every second (q quits)."),
         ("sudo optrace top --stdio -p 1234 -d 3 -n 2", "Two plain tables of one process, three seconds apart."),
+        ("sudo optrace top -p 1234 --subprocesses", "A process and its descendants, the ones it has now included."),
     ),
     ("optrace", "doctor"): (
         ("optrace doctor", "Every check with ok, warn or FAIL, and the fix of each failure."),

@@ -24,6 +24,7 @@ class ServeOptions:
     frequency_hz: int = DEFAULT_FREQUENCY_HZ
     uprobes: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    subprocesses: bool = False  # with pids: their descendants too (target.with_subprocesses)
     comms: list[str] = field(default_factory=list)
     max_series: int = DEFAULT_MAX_SERIES
     series_idle_s: float = DEFAULT_SERIES_IDLE_S  # 0: series never expire
@@ -33,4 +34,5 @@ class ServeOptions:
     off_cpu_every: int = 1  # N: one wait in N recorded, counted N times (OffCpuOptions.every)
     call_graph: str = SERVE_CALL_GRAPH  # how user stacks are walked (SessionOptions.call_graph)
     python: bool = True  # Python frames (SessionOptions.python)
+    python_internals: bool = False  # the interpreter's frames as they are, not folded (report/pythonview.py)
     otlp: OtlpOptions | None = None  # OTLP push (frontend/serve/otlpexport.py); None: off
