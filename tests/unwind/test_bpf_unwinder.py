@@ -84,7 +84,7 @@ def test_deep_stacks_reach_the_depth_limit(tmp_path, workloads):
 
 def test_python_walker_verifies_in_few_instructions():
     """With Python frames (bpf/python.c) the walker's programs stay quick to verify: unwind_step with its inline
-    Python frame 36k instructions here, python_step 11k, python_thread 28k (its 256-state search),
+    Python frame 36k instructions here (63k with the walk of images, images.c: a mapping search per frame), python_step 11k, python_thread 28k (its 256-state search),
     python_capture under 1k (its frames looked at 32 per program: 455k when it looked at all 256 at once)."""
     from bcc import BPF
 
@@ -93,7 +93,7 @@ def test_python_walker_verifies_in_few_instructions():
     profiler = Profiler(99, pids=None, cfi_unwind=True, python=True)
     profiler.load()
     try:
-        limits = ((b"unwind_step", 60_000), (b"python_step", 30_000), (b"python_thread", 60_000),
+        limits = ((b"unwind_step", 70_000), (b"python_step", 30_000), (b"python_thread", 60_000),
                   (b"python_capture", 20_000))
         for program, limit in limits:
             name, count = verified_instructions(profiler._bpf.load_func(program, BPF.PERF_EVENT).fd)
