@@ -66,11 +66,15 @@ class ImageFiles:
         self._own = own_root()
         self.stats: Counter[str] = Counter()
 
+    def ours(self, image: ProcessImage) -> bool:
+        """Whether the image's process sees our file tree (its paths name our files)."""
+        return Root(image.root, image.mnt_ns) == self._own
+
     def mappings(self, pid: int, image: ProcessImage, program: str | None, alive: bool,
                  need_rows: Callable[[Hashable], bool]) -> list[ProcessMapping]:
         """The image's executable mappings with their files' tables; ``program``: the path it exec'd (None:
         not known), ``alive``: whether its files can still be opened through it."""
-        ours = Root(image.root, image.mnt_ns) == self._own
+        ours = self.ours(image)
         program = program or (image.path if image.path.startswith("/") else None)
         if ours and program and image.exe is not None:
             self._learn_program(image.exe, program)

@@ -396,12 +396,14 @@ class UnwindScheduler:
             self.unwind_later(pid, budgeted=False)
 
     def _capture(self, pid: int) -> Capture | None:
-        """The kernel's image of the process (bpf/images.py), else (none, or one that may miss a mapping) its
-        mappings read now, their files held open, with the epochs read before (see the session's ``learn``);
-        None when it is gone or exec'd meanwhile without an image (its copies then wait for the next look)."""
+        """The kernel's image of the process (bpf/images.py), else (none, one that may miss a mapping, or one of
+        another file tree when the symbolizer wants captures) its mappings read now, their files held open, with
+        the epochs read before (see the session's ``learn``); None when it is gone or exec'd meanwhile without an
+        image (its copies then wait for the next look)."""
         image = self._image(pid)
-        if image is not None and image.image.complete:
-            return image
+        if image is not None and image.image.complete and (self.on_capture is None
+                                                           or self.unwinding.images.ours(image.image)):
+            return image  # (a container's process: its files are read through its maps, for the symbolizer too)
         epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
         maps = self.unwinding.capture(pid)
         if maps is not None and (self.profiler.exec_epoch(pid) != exec_epoch or not maps.entries):  # or exiting
