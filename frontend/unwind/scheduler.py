@@ -205,7 +205,8 @@ class UnwindScheduler:
             return {}
         tables = self.unwinding.tables
         return {**self.profiler.unwind.sizes(), "unwind_processes": len(self._unwound),
-                "unwind_tables": len(tables), "unwind_tables_bytes": tables.held_bytes}
+                "unwind_tables": len(tables), "unwind_tables_bytes": tables.held_bytes,
+                "process_looks": self.budget.taken.total(), "process_looks_deferred": self.budget.deferred.total()}
 
     def touch(self, pids: Iterable[int]) -> None:
         """These processes were sampled now: their files are in use (bpf/unwindmaps.py's generations)."""

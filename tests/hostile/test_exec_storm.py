@@ -24,8 +24,8 @@ from support import OPTRACE, WORKLOADS, perf_event_fds
 
 pytestmark = [pytest.mark.bpf]
 
-STORM_SECONDS = 4.0  # at least, and until it exec'd MIN_EXECS processes (fewer a second on a loaded machine)
-MIN_EXECS = 400
+STORM_SECONDS = 3.0  # at least, and until it exec'd MIN_EXECS processes (fewer a second on a loaded machine)
+MIN_EXECS = 300
 UNSAMPLED_SHARE = 0.05  # of the exec'd processes, read although never sampled (at most; 0 expected)
 BPFTRACE = "/usr/bin/bpftrace"
 PROGRAM = r"""
@@ -87,7 +87,7 @@ def test_exec_storm_costs_only_sampled_processes(bpf_ready, hostile_user, tmp_pa
         output = ""
         if tracer is not None:
             tracer.send_signal(signal.SIGINT)
-            output = tracer.communicate(timeout=60)[0]
+            output = tracer.communicate(timeout=180)[0]  # (its maps printed: slow on a loaded machine)
     assert record.returncode == 0, stderr
     opens, execd = _counts(output)
     assert len(execd) >= MIN_EXECS, f"bpftrace saw {len(execd)} of the storm's execs: proves nothing"
