@@ -29,6 +29,7 @@ MIN_EXECS = 300
 UNSAMPLED_SHARE = 0.05  # of the exec'd processes, read although never sampled (at most; 0 expected)
 BPFTRACE = "/usr/bin/bpftrace"
 PROGRAM = r"""
+BEGIN { printf("ready\n"); }
 tracepoint:sched:sched_process_exec /uid == %(uid)d/ { @execd[pid] = 1; }
 tracepoint:syscalls:sys_enter_openat /pid == %(pid)d && strncmp(str(args->filename, 6), "/proc/", 6) == 0/
 { @opens[str(args->filename, 24)] = count(); }
@@ -41,8 +42,8 @@ def _bpftrace(uid: int, pid: int) -> subprocess.Popen:
     proc = subprocess.Popen([BPFTRACE, "-e", PROGRAM % {"uid": uid, "pid": pid}], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={"BPFTRACE_MAP_KEYS_MAX": "65536",
                                                                     "PATH": "/usr/bin:/bin"})
-    line = proc.stdout.readline()
-    assert line.startswith("Attaching"), f"bpftrace did not start: {line!r} {proc.stderr.read() if not line else ''}"
+    lines = [proc.stdout.readline() for _ in range(2)]  # "Attaching N probes...", then BEGIN's once attached
+    assert lines[-1] == "ready\n", f"bpftrace did not start: {lines!r} {proc.stderr.read() if not lines[-1] else ''}"
     return proc
 
 
