@@ -40,11 +40,12 @@ from optrace.model import RawSample, StackCopy, UserFrame
 WAIT_DRAINS = 4  # drains a sample waits for its process's tables
 PENDING_DRAINS = 16  # and while they are being read
 UNNAMED_DRAINS = 2  # drains a copy no sample named is kept
-MAX_COPY_BYTES = 64 << 20  # of copies held
+MAX_COPY_BYTES = 16 << 20  # of copies held
 MAX_TABLE_PIDS = 4096
 MAX_TABLES_PER_PID = 4
 MAX_RULES = 1 << 16  # PCs whose rule a process's tables keep
-MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows are the unwind cache's own bytes)
+MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows, the unwind cache's or the kernel's)
+MAX_FILE_TABLE_BYTES = 16 << 20  # and the rows they hold, at most
 NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
 
 
@@ -59,6 +60,16 @@ class ProcessTables:
     mappings: tuple[ProcessMapping, ...]
     starts: tuple[int, ...] = field(default=(), compare=False)
     rules: dict[int, tuple[ProcessMapping | None, Rule | None]] = field(default_factory=dict, compare=False)
+    frames: dict[int, UserFrame] = field(default_factory=dict, compare=False)  # pc -> its frame, as rules
+
+    def frame(self, pc: int) -> UserFrame:
+        """The frame of ``pc`` (:func:`frame_in` of its mapping), each made once."""
+        found = self.frames.get(pc)
+        if found is None:
+            found = frame_in(self.mapping_at(pc), pc)
+            if len(self.frames) < MAX_RULES:
+                self.frames[pc] = found
+        return found
 
     def mapping_at(self, pc: int) -> ProcessMapping | None:
         index = bisect_right(self.starts, pc) - 1
@@ -146,6 +157,7 @@ class StackCopies:
         self._waiting: list[_Waiting] = []
         self._arrived: list[RawSample] = []  # samples that began waiting since the last take_arrived
         self._files: OrderedDict[Hashable, UnwindTable] = OrderedDict()
+        self._file_bytes = 0  # of rows in _files
         self._exited: dict[int, int] = {}  # pid -> the drain its exit was seen at
         self._drain = 0
         self._files_used: set[Hashable] = set()  # files the walks went through since the last take
@@ -159,12 +171,14 @@ class StackCopies:
             while len(self._tables) > MAX_TABLE_PIDS:
                 self._tables.popitem(last=False)
 
-    def add_copies(self, copies: dict[int, StackCopy]) -> set[int]:
+    def add_copies(self, copies: dict[int, StackCopy], alive: Callable[[int], bool] = lambda _pid: True) -> set[int]:
         """Copies read from the ring (from any thread); returns the processes among them whose tables are
-        wanted: those without tables here, and those the kernel holds no table for (a copy that does not go
-        on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile)."""
+        wanted: those without tables here, and those still ``alive`` the kernel holds no table for (a copy that
+        does not go on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile).
+        A process's stack at its exit (``shared``) is walked only if a sample names it (:meth:`wanted`)."""
         self._copies.put(copies, self._drain)
-        return {copy.pid for copy in copies.values() if not copy.continues or self._tables_for(copy) is None}
+        return {copy.pid for copy in copies.values() if not copy.shared and (
+            self._tables_for(copy) is None or not copy.continues and alive(copy.pid))}
 
     def keep(self, ids: set[int]) -> None:
         """The copies open off-CPU waits name: kept until a sample names them."""
@@ -252,16 +266,16 @@ class StackCopies:
         tables = self._tables_for(copy)
         if tables is None:
             return None
-        self._copies.take(sample.copy)
+        if not copy.shared:  # a shared one goes when no sample names it any more (UNNAMED_DRAINS)
+            self._copies.take(sample.copy)
         walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
         prefix = walked if copy.continues else ()
         rules = tables.rules
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
         self.stats["walked"] += 1
         self.stats["walk_" + walk.status] += 1
-        mappings = [tables.mapping_at(pc) for pc in walk.pcs]
-        self._files_used.update(m.file_key for m in mappings if m is not None)
-        frames = tuple(map(frame_in, mappings, walk.pcs))
+        frames = tuple(map(tables.frame, walk.pcs))
+        self._files_used.update(m.file_key for m in map(tables.mapping_at, walk.pcs) if m is not None)
         python = sample.python
         if chain and copy.eval_ranges:
             cut = walk.status not in ROOT_REACHED
@@ -318,6 +332,7 @@ class StackCopies:
         if not rows:
             return None
         table = self._files[mapping.file_key] = UnwindTable(rows, len(rows) // ROW.size, "", 0)
-        while len(self._files) > MAX_FILE_TABLES:
-            self._files.popitem(last=False)
+        self._file_bytes += len(rows)
+        while len(self._files) > 1 and (len(self._files) > MAX_FILE_TABLES or self._file_bytes > MAX_FILE_TABLE_BYTES):
+            self._file_bytes -= self._files.popitem(last=False)[1].nbytes
         return table

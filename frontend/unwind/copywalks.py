@@ -40,7 +40,11 @@ class CopyWalks:
         """The stack copies in the sampler's ring (the copy watcher's thread, and each drain after its flip):
         the processes they are of get their tables now, their mappings captured while they live."""
         with self._read_lock:  # a drain resolves no copy another thread has read but not added yet
-            wanted = self.copies.add_copies(self.profiler.read_copies())
+            copies = self.profiler.read_copies()
+            wanted = self.copies.add_copies(copies, lambda pid: bool(self.profiler.live_epoch(pid)))
+        for copy in copies.values():
+            if copy.shared:  # its process's image is kept for it: forgotten at its exit
+                self.unwinder.image_kept(copy.pid)
         for pid in wanted:
             self.unwinder.unwind_soon(pid)
 
@@ -59,8 +63,9 @@ class CopyWalks:
         if final and self.copies.wanted() & self.unwinder.pending():
             self.unwinder.wait_for(FINAL_TABLES_S, captures=True)
         late, late_off_cpu = self.copies.end_drain(result.exits, final, self.unwinder.pending())
-        # processes waiting for tables, and those mapping a large file whose rows a walk showed are used
-        for pid in self.copies.wanted() | self.profiler.unwind.want(self.copies.take_files_used()):
+        for pid in self.copies.wanted():  # processes waiting for tables (from their images: maybe gone)
+            self.unwinder.unwind_soon(pid)
+        for pid in self.profiler.unwind.want(self.copies.take_files_used()):  # they map a large file walks used
             self.unwinder.unwind_later(pid)
         return samples + late, off_cpu + late_off_cpu
 
