@@ -334,12 +334,12 @@ class Recorder:
                           kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every)
 
 
-def read_source_of(outcomes: dict, pid: int, file: str) -> list[str] | None:
-    """A Python process's source file, read as its user could (outcomes: PythonProcesses.outcomes())."""
-    from optrace.frontend.python.sourcecapture import read_source
+def read_source_of(outcomes: dict, pid: int, files: Sequence[str]) -> dict[str, list[str]]:
+    """A Python process's source files, read as its user could (outcomes: PythonProcesses.outcomes())."""
+    from optrace.frontend.python.sourcecapture import read_sources
 
     outcome = outcomes.get(pid)
-    return read_source(pid, file, outcome.uid) if outcome is not None and outcome.uid is not None else None
+    return read_sources(pid, files, outcome.owner) if outcome is not None and outcome.owner is not None else {}
 
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:

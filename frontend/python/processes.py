@@ -21,8 +21,9 @@ from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_co
 from optrace.frontend.python.gilfunction import TAKE_GIL
 from optrace.frontend.python.interpreter import find_interpreter, python_mappings
 from optrace.frontend.python.interpreterfile import InterpreterFile, interpreter_file
+from optrace.frontend.python.sourcecapture import SourceOwner, source_owner
 from optrace.model import UNKNOWN, Frame
-from optrace.procfs import MapEntry, process_uid, start_ticks, stat_fields
+from optrace.procfs import MapEntry, start_ticks, stat_fields
 from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
 
 PYTHON_DSO = "[python]"  # the dso of a Python frame whose code object could not be named
@@ -45,7 +46,7 @@ class PythonOutcome:
     reason: str = ""
     looked: float = 0.0
     tries: int = 1
-    uid: int | None = None  # the process's real user (sourcecapture.py reads only what that user could)
+    owner: SourceOwner | None = None  # whom its source files are read for (sourcecapture.py)
 
 
 class PythonProcesses:
@@ -78,7 +79,7 @@ class PythonProcesses:
             fields = stat_fields(pid)
             self._load(found, start_ticks(fields) if fields else pid)
             self._name_gil_function(pid, found, maps)
-            outcome = PythonOutcome(found, looked=now, uid=process_uid(pid))
+            outcome = PythonOutcome(found, looked=now, owner=source_owner(pid))
         with self._lock:
             self._outcomes[pid] = outcome
         return outcome

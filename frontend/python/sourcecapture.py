@@ -3,20 +3,27 @@ samples each line had, from the record alone (the file may change, or belong to 
 
 A sample counts for the line of its innermost Python frame (the C code that line called included). Bounded
 like machine code (codecapture.CodeBudget): the most sampled functions, each with a minimum share, at most
-MAX_LINES lines of each. A source file is read only if the process's own user could read it (it is another
-user's file: the process names it, root reads it), under optrace.fileaccess's rule (no symlink, no FIFO or
-device, bounded size and time); while the process lives, through its root (its mount namespace).
+MAX_LINES lines of each.
+
+A code object's file name and first line are the process's to choose (``code.replace(co_filename=...)``), so
+a source file is read only if the process's user could open it: opened with that user's credentials
+(optrace.credentials.run_as: uid, gid, groups and its file-access capabilities), the kernel checking every
+folder on the way, under optrace.fileaccess's rule (no symlink, no mount crossed, no FIFO or device, bounded
+size and time). While the process lives, through its own root (its mount namespace) with its credentials of
+now; once it is gone, with those it had when it was first looked at, and only if its root and mount
+namespace were optrace's own. The files of one process are read in one batch (one thread).
 """
 from __future__ import annotations
 
 import os
-import stat
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
+from optrace.credentials import Credentials, process_credentials, run_as
 from optrace.fileaccess import FilePolicy, RefusedFile, open_reader
+from optrace.jitmaps.procinfo import read_identity
 from optrace.model import Frame, PythonSource, Sample
-from optrace.procfs import process_uid
 
 MAX_FUNCTIONS = 100
 MIN_SHARE = 0.005
@@ -25,7 +32,26 @@ MAX_SOURCE_BYTES = 4 << 20
 SOURCE_POLICY = FilePolicy(max_size=MAX_SOURCE_BYTES, read_seconds=2.0)
 
 DEFINITIONS = ("def ", "async def ", "class ")
-SourceReader = Callable[[int, str], "list[str] | None"]  # (pid, file) -> the file's lines
+# (pid, files) -> the lines of those that could be read
+SourceReader = Callable[[int, Sequence[str]], "dict[str, list[str]]"]
+
+
+@dataclass(frozen=True)
+class SourceOwner:
+    """For whom a Python process's source files are read, as first seen: its credentials, its start time
+    (a pid used again is another process) and whether its root and mount namespace are optrace's own."""
+
+    credentials: Credentials
+    start_ticks: int
+    host_mounts: bool
+
+
+def source_owner(pid: int) -> SourceOwner | None:
+    """The process's :class:`SourceOwner` now; None when it is gone."""
+    identity, credentials = read_identity(pid), process_credentials(pid)
+    if identity is None or credentials is None:
+        return None
+    return SourceOwner(credentials, identity.start_ticks, identity.host_mounts)
 
 
 def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: SourceReader) -> list[PythonSource]:
@@ -37,15 +63,12 @@ def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: So
             key = (frame.symbol, frame.dso, frame.address, sample.pid)
             hits.setdefault(key, Counter())[frame.line] += sample.count
     least = MIN_SHARE * sum(sample.count for sample in samples)
-    hottest = sorted(hits.items(), key=lambda item: -sum(item[1].values()))[:MAX_FUNCTIONS]
+    hottest = [(key, lines) for key, lines in sorted(hits.items(), key=lambda item: -sum(item[1].values()))
+               [:MAX_FUNCTIONS] if sum(lines.values()) >= least]
+    texts = _read_by_process(((pid, file) for (_, file, _, pid), _ in hottest), read)
     kept = []
-    texts: dict[tuple[int, str], list[str] | None] = {}
     for (symbol, file, first, pid), lines in hottest:
-        if sum(lines.values()) < least:
-            break
         text = texts.get((pid, file))
-        if (pid, file) not in texts:
-            text = texts[pid, file] = read(pid, file)
         if text is None or not 0 < first <= len(text):
             continue
         last = min(function_end(text, first), first + MAX_LINES - 1)
@@ -53,6 +76,15 @@ def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: So
                                  {line: n for line, n in lines.items() if first <= line <= last}, pid,
                                  truncated=max(lines) > last))
     return kept
+
+
+def _read_by_process(wanted: Iterable[tuple[int, str]], read: SourceReader) -> dict[tuple[int, str], list[str]]:
+    """Each process's files, one ``read`` a process."""
+    by_pid: dict[int, list[str]] = {}
+    for pid, file in wanted:
+        if file not in by_pid.setdefault(pid, []):
+            by_pid[pid].append(file)
+    return {(pid, file): text for pid, files in by_pid.items() for file, text in read(pid, files).items()}
 
 
 def function_end(text: Sequence[str], first: int) -> int:
@@ -76,36 +108,46 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def read_source(pid: int, file: str, uid: int | None = None) -> list[str] | None:
-    """The lines of a process's source file, None when it cannot (or may not) be read: inside the process's
-    root while it lives, else from ours; only a file the process's user (``uid``, else the process's own)
-    may read."""
-    uid = process_uid(pid) if uid is None else uid
-    if uid is None or not os.path.isabs(file):
-        return None
+def read_sources(pid: int, files: Sequence[str], owner: SourceOwner) -> dict[str, list[str]]:
+    """The lines of those of a process's source ``files`` its user can open (see the module's docstring);
+    ``owner``: the process as first seen."""
+    files = [file for file in files if os.path.isabs(file)]
+    root = _process_root(pid)  # before the look: a pid used again after it is not the process looked at
+    now = source_owner(pid) if root is not None else None
+    if now is None or now.start_ticks != owner.start_ticks:
+        if root is not None:
+            os.close(root)
+        now, root = None, None
+        if not owner.host_mounts:
+            return {}  # gone, and its paths were another mount namespace's
+    user = owner.credentials if now is None else now.credentials
     try:
-        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_CLOEXEC)
+        found = run_as(user, lambda: {file: _lines(file, root) for file in files},
+                       SOURCE_POLICY.read_seconds * len(files) + 1.0)
+    except TimeoutError:
+        return {}  # the thread still reads through ``root``: left open
+    except OSError:  # the credentials could not be taken
+        found = {}
+    if root is not None:
+        os.close(root)
+    return {file: lines for file, lines in found.items() if lines is not None}
+
+
+def _process_root(pid: int) -> int | None:
+    try:
+        return os.open(f"/proc/{pid}/root", os.O_PATH | os.O_CLOEXEC)
     except OSError:
-        root = None
+        return None
+
+
+def _lines(file: str, root: int | None) -> list[str] | None:
+    """The file's lines, opened (by the calling thread, holding the user's credentials) inside ``root``
+    (None: optrace's own root)."""
     try:
         reader = open_reader(file, SOURCE_POLICY, root_fd=root, shown=file)
         if reader is None:
             return None
         with reader:
-            if not readable_by(os.fstat(reader.fd), uid):
-                return None
             return reader.read().decode("utf-8", "replace").splitlines()
     except (RefusedFile, OSError):
         return None
-    finally:
-        if root is not None:
-            os.close(root)
-
-
-def readable_by(info: os.stat_result, uid: int) -> bool:
-    """Whether user ``uid`` (its group memberships left out: a stricter rule) may read a file like this."""
-    if uid == 0:
-        return True
-    if info.st_uid == uid:
-        return bool(info.st_mode & stat.S_IRUSR)
-    return bool(info.st_mode & stat.S_IROTH)
