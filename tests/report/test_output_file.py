@@ -60,6 +60,21 @@ def test_replaces_an_existing_report_and_follows_the_umask(optrace, record_file:
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
 
 
+@pytest.mark.skipif(not ROOT, reason="root's outputs")
+@pytest.mark.parametrize("argv", [["report", "--format", "json"], ["report", "--format", "otlp"],
+                                  ["report", "--format", "folded"], ["report", "--format", "pprof"]])
+def test_roots_outputs_are_readable_only_by_root(optrace, record_file: Path, out_dir: Path, argv: list[str]) -> None:
+    """Issue 40: every output of a record can hold other users' source lines or command lines: as root it is
+    0600 whatever the umask lets through (it was 0644 with root's usual 022)."""
+    out = out_dir / "out"
+    old_umask = os.umask(0o022)
+    try:
+        optrace(*argv, "-i", str(record_file), "-o", str(out), check=True)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and out.stat().st_size > 0
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory", "symlink to a fifo",
                                   pytest.param("device", marks=pytest.mark.skipif(not ROOT, reason="mknod"))])
 def test_non_regular_targets_are_refused(optrace, record_file: Path, out_dir: Path, kind: str) -> None:
