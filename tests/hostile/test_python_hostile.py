@@ -36,9 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from hostilekit import HostileUser, Measured, Running, kill_group, scrape, wait_for_line
-from support import (bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, perf_event_fds, python_walker_pids,
-                     run_optrace)
+from hostilekit import HostileUser, Measured, Running, kill_group, scrape, wait_for_line, wait_walked
+from support import bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, run_optrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))  # for groundtruth, pythons
 from benchlib import read_exe  # noqa: E402 - tests/support.py puts bench/ on the path
@@ -101,15 +100,6 @@ def spawn_fake(user: HostileUser, fake: Path, shape: str) -> subprocess.Popen:
         time.sleep(0.02)
     time.sleep(0.2)  # its fake interpreter made (microseconds after the exec)
     return proc
-
-
-def wait_walked(running: Running, pids: set[int], timeout: float = 120) -> None:
-    """Until the recorder samples and its Python walker expands every one of ``pids``."""
-    deadline = time.monotonic() + timeout
-    while not (running.pid and perf_event_fds(running.pid) and pids <= python_walker_pids(running.pid)):
-        assert running.proc.poll() is None, running.stderr()[-2000:]
-        assert time.monotonic() < deadline, f"the walker never took {pids}: {running.stderr()[-2000:]}"
-        time.sleep(0.1)
 
 
 def report_json(data: Path, *args: str) -> dict:
