@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from optrace.credentials import Credentials, process_credentials
 from optrace.fileaccess import RefusedFile, open_file
 from optrace.frontend.symbols.access import ELF_POLICY, FileProblems, FileRef, open_mapped_file, open_ref
 from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
@@ -35,6 +36,7 @@ class ProcessMaps:
     current: Mappings = field(default_factory=Mappings)
     older: list[MapEntry] = field(default_factory=list)
     by_build_id: dict[bytes, MapEntry] = field(default_factory=dict)  # its own files, current ones last
+    credentials: Credentials | None = None  # its user's at this snapshot: what it may read (codecapture)
 
     def find(self, address: int) -> MapEntry | None:
         """The current mapping at ``address``; else an older one if all older candidates agree."""
@@ -104,7 +106,7 @@ class Machine:
         if known is not None:
             keep = set(entries) | set(known.older)
             older = (known.older + [e for e in known.current if e not in keep])[-MAX_OLDER_MAPPINGS:]
-        self.processes[pid] = ProcessMaps(maps.text, entries, older)
+        self.processes[pid] = ProcessMaps(maps.text, entries, older, credentials=process_credentials(pid))
         self._stats["maps_snapshots"] = self._stats.get("maps_snapshots", 0) + 1
         for entry in entries:
             if not entry.is_file:
@@ -128,6 +130,11 @@ class Machine:
         and only from another file with that id when the process was never snapshotted."""
         maps = self.processes.get(pid)
         return None if maps is None else maps.by_build_id.get(build_id)
+
+    def credentials_of(self, pid: int) -> Credentials | None:
+        """The process's user at its last snapshot (None if never snapshotted)."""
+        maps = self.processes.get(pid)
+        return None if maps is None else maps.credentials
 
     def mapping_at(self, pid: int, address: int) -> MapEntry | None:
         maps = self.processes.get(pid)

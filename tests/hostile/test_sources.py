@@ -6,7 +6,9 @@ co_firstlineno=1)``, a 0644 file in a 0700 folder of root's (as root's home), a 
 of a second user's, and that second file through a symlinked folder of the hostile user's. Root records
 the machine for the hostile user (``sudo``: SUDO_UID, so the record is the user's), and the user runs
 ``annotate`` on it: none of those files' lines may be in the record or in what annotate shows, while the
-user's own 0600 file in its 0700 folder is (the case that proves the capture works at all).
+user's own 0600 file in its 0700 folder is (the case that proves the capture works at all). Likewise machine
+code: the user runs a program of root's it may only execute (mode 0711) and its own build of the same
+source; annotate gets the code of its own, not root's.
 
 Item 3: the second user runs its own 0600 program whose hot function holds an ``API_KEY`` line; root
 records the machine (no sudo): the record keeps those lines (the second user's process may read its file),
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from hostilekit import OPTRACE, HostileUser, Running, kill_group, wait_walked
+from hostilekit import OPTRACE, PROGRAMS, HostileUser, Running, kill_group, wait_walked
 from optrace.recordfile import read_record
 from support import system_user
 
@@ -78,6 +80,8 @@ class Planted:
     own: Path  # the hostile user's own 0600 program, in its 0700 folder
     app: Path  # the second user's own 0600 program (its API_KEY line), in its 0700 folder
     markers: dict[str, str]  # what -> a marker found only in that file
+    execute_only: Path  # root's build of programs/burn.c, mode 0711
+    own_binary: Path  # the user's build of it
 
     def attacks(self) -> dict[str, Path]:
         """The hostile processes' function names -> the file each names."""
@@ -122,11 +126,20 @@ def planted(hostile_user: HostileUser, second_user: HostileUser) -> Iterator[Pla
     os.lchown(link, hostile_user.uid, hostile_user.gid)
     second_secret = planted_file(second_user.home / "open.py", SECRET.format(marker=markers["second"]),
                                  second_user.uid, 0o644)
+    programs = Path(tempfile.mkdtemp(prefix="optrace-execonly-", dir="/var/tmp"))
+    os.chmod(programs, 0o755)
+    execute_only, own_binary = programs / "execonly", hostile_user.home / f"ownburn-{secrets.token_hex(3)}"
+    subprocess.run(["gcc", "-O1", "-g", "-o", str(execute_only), str(PROGRAMS / "burn.c")], check=True)
+    os.chmod(execute_only, 0o711)
+    shutil.copy(PROGRAMS / "burn.c", private / "burn.c")
+    os.chown(private / "burn.c", hostile_user.uid, hostile_user.gid)
+    hostile_user.run("gcc", "-O1", "-g", "-o", own_binary, private / "burn.c")
     yield Planted(planted_file(base / "secret.py", SECRET.format(marker=markers["root"]), 0, 0o644),
                   second_secret, link / "open.py", planted_file(private / "spin.py", SPIN, hostile_user.uid, 0o600),
                   planted_file(second_user.home / "app.py", APP.format(marker=markers["app"]), second_user.uid, 0o600),
-                  markers)
+                  markers, execute_only, own_binary)
     shutil.rmtree(base)
+    shutil.rmtree(programs)
 
 
 @dataclass(frozen=True)
@@ -141,8 +154,10 @@ def workload(planted: Planted, hostile_user: HostileUser, second_user: HostileUs
     procs = [hostile_user.spawn(PYTHON, planted.own, str(path), name) for name, path in planted.attacks().items()]
     procs.append(hostile_user.spawn(PYTHON, planted.own, "-", "own_burn"))
     procs.append(second_user.spawn(PYTHON, planted.app))
+    python_pids = {proc.pid for proc in procs}
+    procs += [hostile_user.spawn(binary) for binary in (planted.execute_only, planted.own_binary)]
     try:
-        yield Workload({proc.pid for proc in procs}, procs)
+        yield Workload(python_pids, procs)
     finally:
         for proc in procs:
             kill_group(proc)
@@ -176,16 +191,31 @@ def outputs() -> Iterator[Path]:
     shutil.rmtree(base)
 
 
+@pytest.fixture(scope="module")
+def user_record(workload: Workload, hostile_user: HostileUser, outputs: Path) -> Path:
+    """root's ``record -a`` for the hostile user (sudo)."""
+    data = outputs / "for-user.data"
+    record_machine(workload, data, sudo=hostile_user)
+    return data
+
+
+@pytest.fixture(scope="module")
+def root_record(workload: Workload, outputs: Path) -> Path:
+    """root's own ``record -a``."""
+    data = outputs / "root.data"
+    record_machine(workload, data, sudo=None)
+    return data
+
+
 def stored_sources(path: Path) -> dict[str, str]:
     """Function name -> its stored source lines, read by root."""
     return {source.symbol: "\n".join(source.text) for source in read_record(path).python_sources}
 
 
-def test_sudo_record_keeps_no_file_the_user_could_not_open(workload, planted, hostile_user, outputs):
+def test_sudo_record_keeps_no_file_the_user_could_not_open(user_record, planted, hostile_user):
     """Item 2: recorded for the hostile user (sudo), the record is theirs, and holds their own program's lines
     but none of the files their processes named and could not open: not in the record, not in annotate."""
-    data = outputs / "for-user.data"
-    record_machine(workload, data, sudo=hostile_user)
+    data = user_record
     stored = stored_sources(data)
     assert "own_burn" in stored and "total += i * i" in stored["own_burn"], \
         f"the user's own function was not kept: this run proves nothing ({sorted(stored)})"
@@ -205,11 +235,21 @@ def test_sudo_record_keeps_no_file_the_user_could_not_open(workload, planted, ho
     assert (data.stat().st_uid, data.stat().st_mode & 0o777) == (hostile_user.uid, 0o600)
 
 
-def test_roots_record_is_not_readable_by_another_user(workload, planted, hostile_user, outputs):
+def test_sudo_record_keeps_no_code_the_user_could_only_execute(user_record, planted, hostile_user):
+    """The code of a program of root's that the user may run but not read (0711) is not kept for the user's
+    record; the code of the user's own build of it is."""
+    data = user_record
+    code = {function.dso for function in read_record(data).functions if function.symbol == "hostile_burn"}
+    assert str(planted.own_binary) in code, f"the user's own program's code was not kept: this run proves nothing ({code})"
+    assert str(planted.execute_only) not in code
+    listed = hostile_user.run(OPTRACE, "annotate", "-i", data, "--dso", planted.execute_only.name)
+    assert "hostile_burn" not in listed, listed
+
+
+def test_roots_record_is_not_readable_by_another_user(root_record, planted, hostile_user):
     """Item 3: root's record holds the second user's API_KEY line (its process may read its own file), and
     the hostile user can read neither the record nor anything of it."""
-    data = outputs / "root.data"
-    record_machine(workload, data, sudo=None)
+    data = root_record
     stored = stored_sources(data)
     assert planted.markers["app"] in stored.get("app_burn", ""), \
         f"the second user's function was not kept: this run proves nothing ({sorted(stored)})"
