@@ -334,12 +334,11 @@ class Recorder:
                           kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every)
 
 
-def read_source_of(outcomes: dict, pid: int, files: Sequence[str]) -> dict[str, list[str]]:
-    """A Python process's source files, read as its user could (outcomes: PythonProcesses.outcomes())."""
+def read_source_of(outcomes: dict, wanted: Mapping[int, Sequence[str]]) -> dict[tuple[int, str], list[str]]:
+    """Python processes' source files, read as their users could (outcomes: PythonProcesses.outcomes())."""
     from optrace.frontend.python.sourcecapture import read_sources
 
-    outcome = outcomes.get(pid)
-    return read_sources(pid, files, outcome.owner) if outcome is not None and outcome.owner is not None else {}
+    return read_sources(wanted, {pid: outcome.owner for pid, outcome in outcomes.items() if outcome.owner is not None})
 
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.python.sourcecapture import function_end, read_sources, source_owner
+from optrace.credentials import Credentials, run_as
+from optrace.frontend.python import sourcecapture
+from optrace.frontend.python.sourcecapture import SourceOwner, function_end, read_sources, source_owner
 from optrace.model import Frame, PythonSource, Record, RecordMeta, Sample
+from optrace.procfs import comm
 from optrace.recordfile import write_record
 from pythons import PROGRAMS, require
 from support import assert_one_line_error, run_optrace, running
@@ -59,9 +62,10 @@ def process_of(uid: int, gid: int, *groups: int) -> Iterator[int]:
     group_option = [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
     with running(["setpriv", f"--reuid={uid}", f"--regid={gid}", *group_option, "sleep", "60"]) as proc:
         deadline = time.monotonic() + 10
-        while (owner := source_owner(proc.pid)) is None or owner.credentials.uid != uid:
-            assert time.monotonic() < deadline, "setpriv never became the user"
+        while comm(proc.pid) != "sleep":  # setpriv holds its capabilities as the user until it execs
+            assert time.monotonic() < deadline, "setpriv never ran sleep"
             time.sleep(0.01)
+        assert source_owner(proc.pid).credentials == Credentials(uid, gid, tuple(sorted(groups)))
         yield proc.pid
 
 
@@ -102,7 +106,7 @@ def test_a_source_is_read_only_if_the_processes_user_can_open_it_along_the_whole
     with process_of(USER, USER) as pid:
         names = [str(tree / "root" / "open.py"), str(tree / "third" / "open.py"), str(tree / "user" / "own.py"),
                  str(tree / "user" / "link" / "own.py"), "relative.py"]
-        assert read_sources(pid, names, source_owner(pid)) == {str(tree / "user" / "own.py"): ["x = 'own'"]}
+        assert read_one(pid, names, source_owner(pid)) == {str(tree / "user" / "own.py"): ["x = 'own'"]}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="takes other users' credentials")
@@ -113,11 +117,11 @@ def test_a_source_is_read_with_the_processes_groups_and_capabilities(tree: Path)
     shared = owned(tree / "shared", 0, GROUP, 0o750)
     written(shared / "group.py", "x = 'group'\n", 0, GROUP, 0o640)
     with process_of(USER, USER, GROUP) as pid:
-        assert read_sources(pid, [str(shared / "group.py")], source_owner(pid)) == {str(shared / "group.py"): ["x = 'group'"]}
+        assert read_one(pid, [str(shared / "group.py")], source_owner(pid)) == {str(shared / "group.py"): ["x = 'group'"]}
     with process_of(USER, USER) as pid:
-        assert read_sources(pid, [str(shared / "group.py")], source_owner(pid)) == {}
+        assert read_one(pid, [str(shared / "group.py")], source_owner(pid)) == {}
     here = source_owner(os.getpid())
-    assert read_sources(os.getpid(), [str(tree / "user" / "own.py")], here) == {str(tree / "user" / "own.py"): ["x = 'own'"]}
+    assert read_one(os.getpid(), [str(tree / "user" / "own.py")], here) == {str(tree / "user" / "own.py"): ["x = 'own'"]}
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="takes other users' credentials")
@@ -127,9 +131,25 @@ def test_a_gone_processes_sources_are_read_with_the_credentials_it_had(tree: Pat
     with process_of(USER, USER) as pid:
         owner = source_owner(pid)
     names = [str(tree / "user" / "own.py"), str(tree / "third" / "open.py")]
-    assert read_sources(pid, names, owner) == {names[0]: ["x = 'own'"]}
-    assert read_sources(os.getpid(), names, owner) == {names[0]: ["x = 'own'"]}  # a pid now another's
-    assert read_sources(pid, names, dataclasses.replace(owner, host_mounts=False)) == {}
+    assert read_one(pid, names, owner) == {names[0]: ["x = 'own'"]}
+    assert read_one(os.getpid(), names, owner) == {names[0]: ["x = 'own'"]}  # a pid now another's
+    assert read_one(pid, names, dataclasses.replace(owner, host_mounts=False)) == {}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="takes other users' credentials")
+def test_processes_with_the_same_credentials_are_read_in_one_batch(tree: Path, monkeypatch) -> None:
+    taken = []
+    monkeypatch.setattr(sourcecapture, "run_as", lambda user, work, seconds: taken.append(user) or run_as(user, work, seconds))
+    own, third = str(tree / "user" / "own.py"), str(tree / "third" / "open.py")
+    with process_of(USER, USER) as first, process_of(USER, USER) as second, process_of(THIRD, THIRD) as other:
+        owners = {pid: source_owner(pid) for pid in (first, second, other)}
+        found = read_sources({first: [own], second: [own, third], other: [own, third]}, owners)
+    assert found == {(first, own): ["x = 'own'"], (second, own): ["x = 'own'"], (other, third): ["x = 'third'"]}
+    assert sorted(user.uid for user in taken) == [USER, THIRD]
+
+
+def read_one(pid: int, files: list[str], owner: SourceOwner) -> dict[str, list[str]]:
+    return {file: lines for (_, file), lines in read_sources({pid: files}, {pid: owner}).items()}
 
 
 def test_a_hostile_records_python_source_is_skipped_with_a_warning(tmp_path) -> None:
