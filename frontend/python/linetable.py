@@ -10,9 +10,17 @@
 
 Tables come from another process (possibly cut short by the capture, possibly garbage): every decoder
 only moves forward through the bytes it is given, and answers None (no line, or not known from these
-bytes) rather than raising.
+bytes) rather than raising. A table is decoded once into a :class:`LineIndex` (its address ranges, the
+neighbours of one line merged): each line is then a binary search, whatever instruction a frame word names.
+Decoding at every lookup cost the whole table each time: a process whose frames named instructions near
+the end of 64 KiB tables, new ones at every sample, held record's symbolization for minutes (issue 40).
 """
 from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from optrace.pythonlayout import LINES_310, LINES_LNOTAB, LINES_LOCATIONS
 
@@ -23,60 +31,100 @@ LOCATION_NONE, LOCATION_LONG, LOCATION_NO_COLUMNS = 15, 14, 13
 LOCATION_ONE_LINE = 10  # codes 10-12: line delta 0-2, two column bytes follow
 
 
+NO_LINE = -(1 << 63)  # a range without a line, in a LineIndex (no table's sums reach it)
+Ranges = Iterator[tuple[int, int, int | None]]  # (start, end, line or None) in code units, in order
+
+
+@dataclass(frozen=True)
+class LineIndex:
+    """A table's ranges: ``starts[i]`` to the next start (the last to ``end``) has line ``lines[i]``
+    (NO_LINE: none); from ``end`` on, ``tail``."""
+
+    starts: array
+    lines: array
+    end: int
+    tail: int | None
+    firstlineno: int
+
+    def line(self, instr: int) -> int | None:
+        if instr < 0:
+            return self.firstlineno
+        if instr >= self.end:
+            return self.tail
+        index = bisect_right(self.starts, instr) - 1
+        return None if index < 0 or self.lines[index] == NO_LINE else self.lines[index]
+
+
+def line_index(kind: str, table: bytes, firstlineno: int, complete: bool = True) -> LineIndex:
+    """The table decoded once (see the module's docstring); a kind not known gives no line at all."""
+    tail: list[int | None] = [None]
+    ranges = {LINES_LNOTAB: lambda: _lnotab_ranges(table, firstlineno, complete, tail),
+              LINES_310: lambda: _linetable310_ranges(table, firstlineno),
+              LINES_LOCATIONS: lambda: _locations_ranges(table, firstlineno)}.get(kind, lambda: iter(()))()
+    starts, lines, end = array("q"), array("q"), 0
+    for start, stop, line in ranges:
+        if stop <= start:
+            continue
+        value = NO_LINE if line is None else line
+        if start != end or not lines or lines[-1] != value:  # a gap, or another line: a range of its own
+            if start != end and lines:
+                starts.append(end)
+                lines.append(NO_LINE)
+            starts.append(start)
+            lines.append(value)
+        end = stop
+    return LineIndex(starts, lines, end, tail[0], firstlineno)
+
+
 def line_of(kind: str, table: bytes, firstlineno: int, instr: int, complete: bool = True) -> int | None:
     """The line of instruction ``instr`` (in code units) by a table of ``kind`` (a LINES_* value); None when
     the table gives it no line, or when ``complete`` is False and the cut-off table does not reach it."""
-    if instr < 0:
-        return firstlineno
-    if kind == LINES_LNOTAB:
-        return _lnotab_line(table, firstlineno, instr * CODE_UNIT, complete)
-    if kind == LINES_310:
-        return _linetable310_line(table, firstlineno, instr * CODE_UNIT)
-    if kind == LINES_LOCATIONS:
-        return _locations_line(table, firstlineno, instr)
-    return None
+    return line_index(kind, table, firstlineno, complete).line(instr)
 
 
 def _signed_byte(value: int) -> int:
     return value - 256 if value >= 128 else value
 
 
-def _lnotab_line(table: bytes, firstlineno: int, address: int, complete: bool) -> int | None:
+def _units(address: int) -> int:
+    """The first code unit at or after byte ``address`` (units are CODE_UNIT bytes)."""
+    return -(-address // CODE_UNIT)
+
+
+def _lnotab_ranges(table: bytes, firstlineno: int, complete: bool, tail: list[int | None]) -> Ranges:
+    """Byte offsets from ``at`` up to the next pair's are the line before that pair's increment; past the
+    last pair, the last line if the table is complete (``tail[0]``)."""
     at, line = 0, firstlineno
     for index in range(0, len(table) - 1, 2):
+        yield _units(at), _units(at + table[index]), line
         at += table[index]
-        if at > address:
-            return line
         line += _signed_byte(table[index + 1])
-    return line if complete else None
+    tail[0] = line if complete else None
 
 
-def _linetable310_line(table: bytes, firstlineno: int, address: int) -> int | None:
+def _linetable310_ranges(table: bytes, firstlineno: int) -> Ranges:
     end, line = 0, firstlineno
     for index in range(0, len(table) - 1, 2):
         start, end = end, end + table[index]
         delta = table[index + 1]
         if delta != NO_LINE_310:
             line += _signed_byte(delta)
-        if start <= address < end:
-            return None if delta == NO_LINE_310 else line
-    return None
+        yield _units(start), _units(end), None if delta == NO_LINE_310 else line
 
 
-def _locations_line(table: bytes, firstlineno: int, instr: int) -> int | None:
+def _locations_ranges(table: bytes, firstlineno: int) -> Ranges:
+    """Up to the first malformed entry (not at an entry's start, or running past the table)."""
     at, end, line = 0, 0, firstlineno
     while at < len(table):
         first = table[at]
         if not first & 0x80:
-            return None  # not at the start of an entry: malformed
+            return
         code, start, end = (first >> 3) & 0xF, end, end + (first & 7) + 1
         delta, at = _entry_line_delta(table, at + 1, code)
         if at < 0:
-            return None
+            return
         line += delta or 0
-        if start <= instr < end:
-            return None if delta is None else line
-    return None
+        yield start, end, None if delta is None else line
 
 
 def _entry_line_delta(table: bytes, at: int, code: int) -> tuple[int | None, int]:

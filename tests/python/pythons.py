@@ -75,6 +75,7 @@ def build_fake_python(folder: Path, name: str = "python3.11", version_hex: int =
                "CODE_FILENAME": layout.code_filename, "CODE_LINETABLE": layout.code_linetable,
                "UNICODE_LENGTH": layout.unicode_length, "UNICODE_STATE": layout.unicode_state,
                "UNICODE_ASCII_DATA": layout.unicode_ascii_data, "BYTES_SIZE": layout.bytes_size,
+               "BYTES_DATA": layout.bytes_data,
                "PY_VERSION_HEX": version_hex}
     out = folder / name
     subprocess.run(["gcc", "-O0", "-rdynamic", "-pthread", *(f"-D{key}={value}" for key, value in defines.items()),

@@ -15,6 +15,11 @@
  *   threads   10000 thread states, none of them this thread's (the first one consistent)
  *   churn     the deep chain, whose frames' instructions the spinning thread keeps changing: each sample's
  *             stack is one never seen before (with "spin")
+ *   tables    the deep chain, each frame with a code object of its own (CODES of them) whose line table is one
+ *             bytes object of 1 MiB of valid one-instruction entries, its instructions near the end of it;
+ *             with "spin", the top 256 frames are given other code objects and instructions all the time
+ *   rewrite   the deep chain, while a second thread rewrites the frames' previous, code and instruction
+ *             pointers with garbage, loops and other frames all the time (memory changing under the walk)
  * With "spin" as argv[2] the main thread burns CPU inside _PyEval_EvalFrameDefault (a sampling profiler's
  * Python walker then runs at each sample); else it pauses there.
  * Prints "ready <native tid>" and waits. */
@@ -35,7 +40,10 @@ unsigned char _PyRuntime[1 << 16];
 #define CODE_SIZE 512
 unsigned char arena[(1 << 16) + FRAMES * FRAME_SIZE];
 unsigned char codes[NAMES][CODE_SIZE];
-static volatile int spin, churn;
+#define CODES 16384
+#define TABLE_BYTES (1 << 20)
+static volatile int spin, churn, tables;
+static unsigned char *many_codes, *big_table;
 
 static void put(unsigned char *at, uint64_t value) { memcpy(at, &value, 8); }
 static uint64_t addr(unsigned char *at) { return (uint64_t)(uintptr_t)at; }
@@ -43,10 +51,19 @@ static uint64_t addr(unsigned char *at) { return (uint64_t)(uintptr_t)at; }
 static unsigned char *interp = arena, *tstate = arena + 4096, *cframe = arena + 8192, *code = arena + 12288;
 static unsigned char *name = arena + 16384, *table = arena + 20480, *frame0 = arena + 65536;
 
+/* Frame i of the top 256 gets code object n and an instruction near the end of the big table. */
+static void table_frame(int i, uint64_t n) {
+    unsigned char *c = many_codes + n % CODES * CODE_SIZE;
+    put(frame0 + i * FRAME_SIZE + FRAME_CODE, addr(c));
+    put(frame0 + i * FRAME_SIZE + FRAME_INSTR, addr(c + CODE_ADAPTIVE + 2 * (60000 + n % 5000)));
+}
+
 void _PyEval_EvalFrameDefault(void) {
     for (uint64_t turn = 0;; turn++) {
         if (churn)
             put(frame0 + turn % 256 * FRAME_SIZE + FRAME_INSTR, addr(code + CODE_ADAPTIVE + 2 * (turn % 4093)));
+        else if (tables && spin)
+            table_frame(turn % 256, turn);
         else if (!spin)
             pause();
     }
@@ -101,6 +118,42 @@ static void fake_names(void) {
     }
 }
 
+/* CODES code objects named "t", all with the one big line table (valid entries, each one instruction). */
+static void fake_tables(void) {
+    fake_interpreter(FRAMES, 0, 1);
+    many_codes = mmap(NULL, (size_t)CODES * CODE_SIZE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    big_table = mmap(NULL, TABLE_BYTES + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (many_codes == MAP_FAILED || big_table == MAP_FAILED)
+        exit(1);
+    put(big_table + BYTES_SIZE, TABLE_BYTES);
+    memset(big_table + BYTES_DATA, 0xF8, TABLE_BYTES - BYTES_DATA); /* code 15 (no location), one code unit each */
+    put(name + UNICODE_LENGTH, 1);
+    for (int n = 0; n < CODES; n++) {
+        unsigned char *c = many_codes + n * CODE_SIZE;
+        put(c + CODE_NAME, addr(name));
+        put(c + CODE_QUALNAME, addr(name));
+        put(c + CODE_FILENAME, addr(name));
+        put(c + CODE_LINETABLE, addr(big_table));
+    }
+    for (int i = 0; i < FRAMES; i++)
+        table_frame(i, i);
+}
+
+/* The deep chain's pointers rewritten by a thread of its own, as fast as it can: each frame's previous now
+ * garbage, now itself, now another frame; its code and instruction likewise. */
+static void *rewriter(void *unused) {
+    (void)unused;
+    for (uint64_t turn = 1;; turn++) {
+        uint64_t r = turn * 0x9E3779B97F4A7C15ull;
+        unsigned char *frame = frame0 + r % 300 * FRAME_SIZE;
+        uint64_t choices[4] = {r >> 7, addr(frame), addr(frame0 + (r >> 20) % 300 * FRAME_SIZE), 0};
+        put(frame + FRAME_PREVIOUS, choices[r >> 62]);
+        put(frame + FRAME_CODE, turn % 3 ? addr(code) : r >> 3);
+        put(frame + FRAME_INSTR, r >> 11);
+    }
+    return NULL;
+}
+
 /* FRAMES thread states linked by next, none with this thread's id: the first one passes the layout check. */
 static void fake_threads(void) {
     fake_interpreter(1, 0, 1);
@@ -131,7 +184,16 @@ int main(int argc, char **argv) {
         fake_threads();
     else if (!strcmp(mode, "churn"))
         fake_interpreter(FRAMES, 0, 1);
+    else if (!strcmp(mode, "tables"))
+        fake_tables();
+    else if (!strcmp(mode, "rewrite")) {
+        pthread_t thread;
+        fake_interpreter(FRAMES, 0, 1);
+        if (pthread_create(&thread, NULL, rewriter, NULL))
+            exit(1);
+    }
     churn = spin && !strcmp(mode, "churn");
+    tables = !strcmp(mode, "tables");
     printf("ready %d\n", (int)gettid());
     fflush(stdout);
     _PyEval_EvalFrameDefault();
