@@ -6,7 +6,11 @@ The shapes: a corrupt ``_PyRuntime`` (refused by the layout check), a frame chai
 frames that point at each other, a frame that is its own previous frame, code objects whose name, file and
 line-table pointers point anywhere, names that claim 1 GiB of characters and line tables 1 TiB of bytes
 (in every chain), 10,000 thread states none of which is the thread's, and the deep chain with instructions
-that change all the time (every sample a stack never seen before).
+that change all the time (every sample a stack never seen before). Issue 40 added two: 16,384 code objects
+whose line table is 1 MiB of valid entries, the top frames changing code object and naming instructions near
+the end of it at every sample (decoding the table at each lookup held record's end for more than 15
+minutes), and a second thread rewriting the frames' links, code objects and instructions with garbage,
+loops and other frames while the walker reads them (memory changing under the walk).
 
 Each shape alone (``record -p``): the recording ends in bounded time, the BPF programs' run time per
 sample (kernel.bpf_stats_enabled) stays under MAX_BPF_NS_PER_SAMPLE (the design bounds it: 33 tail calls,
@@ -55,6 +59,8 @@ SHAPES = {
     "names": "python",  # its frames are there, named [unknown]
     "threads": "no_thread",
     "churn": "depth_limit",
+    "tables": "depth_limit",
+    "rewrite": None,  # whatever the thread made of the chain at that instant
 }
 MAX_BPF_NS_PER_SAMPLE = 100_000  # measured 33-51 us on the worst shapes (deep, threads) at load 6, Dec 4
 MAX_NAME_CHARS = 1025  # a frame's name or file: frontend/python/codeobject.py keeps 1024 characters, then "…"
@@ -149,7 +155,9 @@ def test_each_fake_alone_is_walked_within_bounds(fake_python, hostile_user, tmp_
     assert per_sample is not None and per_sample <= MAX_BPF_NS_PER_SAMPLE, (per_sample, before, after)
     meta = report_json(out)["meta"]
     outcomes = meta["python"]
-    assert outcome_count(outcomes, SHAPES[shape]) >= 0.8 * samples_counted(outcomes), outcomes
+    expected = SHAPES[shape]
+    assert samples_counted(outcomes) > 0, outcomes
+    assert expected is None or outcome_count(outcomes, expected) >= 0.8 * samples_counted(outcomes), outcomes
     rows = report_json(out, "--children", "--sort", "dso,symbol")["rows"]
     longest = max(rows, key=lambda row: len(row["symbol"]) + len(row["dso"]))
     assert len(longest["symbol"]) <= MAX_NAME_CHARS and len(longest["dso"]) <= MAX_NAME_CHARS, longest
@@ -172,7 +180,7 @@ class Machine:
                                         for prefix, suffix in (("/proc/", "/"), ("pid ", ""), ("process ", ""))))
 
     def accepted(self) -> set[int]:
-        return {pid for shape, pid in self.fakes.items() if not SHAPES[shape].startswith("refused")}
+        return {pid for shape, pid in self.fakes.items() if not (SHAPES[shape] or "").startswith("refused")}
 
     def mark(self) -> None:
         """A mark in the workload's account (pyground.py writes it at once)."""
@@ -271,7 +279,7 @@ def test_record_a_finishes_bounded(recorded):
 
 def test_record_a_counts_each_fake_under_its_outcome(recorded, machine):
     outcomes = recorded.meta["python"]
-    assert all(outcome_count(outcomes, outcome) > 0 for outcome in SHAPES.values()), outcomes
+    assert all(outcome_count(outcomes, outcome) > 0 for outcome in SHAPES.values() if outcome), outcomes
     interpreters = recorded.meta["interpreters"]
     fakes = sum(count for name, count in interpreters.items() if name.endswith("/pyfake/python3.11"))
     assert fakes == len(machine.accepted()), interpreters

@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from optrace.frontend.python.codeobject import CodeInfo
 from optrace.frontend.python.linetable import line_of
-from optrace.pythonlayout import LINES_310, LINES_LNOTAB, LINES_LOCATIONS
+from optrace.frontend.python.processes import MAX_TABLE_BYTES_PER_PROCESS, PythonProcesses
+from optrace.pythonlayout import LINES_310, LINES_LNOTAB, LINES_LOCATIONS, python_frame_word
 from pythons import PROGRAMS, SUPPORTED, require
 
 KINDS = {"3.8": LINES_LNOTAB, "3.9": LINES_LNOTAB, "3.10": LINES_310}
@@ -83,3 +84,17 @@ def test_a_huge_table_is_decoded_once_whatever_instructions_are_asked():
     spent = time.process_time() - started
     assert lines[::2] == list(range(20002, 22050)) and not any(lines[1::2])
     assert spent < 1.0, spent  # measured 0.03 s at load 15 (about 40 s before)
+
+
+def test_the_line_tables_a_process_decodes_are_bounded():
+    """Issue 40: a process naming a new code object at every frame, each with a table of the most a capture
+    holds, gets lines for MAX_TABLE_BYTES_PER_PROCESS of tables; its other frames are named without a line."""
+    table = bytes([0x80 | 13 << 3, 2]) * 512  # 1 KiB: one unit a line
+    processes = PythonProcesses(lambda *_: None)
+    codes = 2 * MAX_TABLE_BYTES_PER_PROCESS // len(table)
+    processes._codes[7] = {n * 8: CodeInfo("f", "f", "f.py", 1, table, True, LINES_LOCATIONS) for n in range(codes)}
+    started = time.process_time()
+    lines = [processes.frame(7, python_frame_word(n * 8, 500)).line for n in range(codes)]
+    spent = time.process_time() - started
+    assert lines[:codes // 2] == [502] * (codes // 2) and not any(lines[codes // 2:])
+    assert processes.stats["lines_over_budget"] == codes // 2 and spent < 10, spent
