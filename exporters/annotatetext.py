@@ -58,15 +58,19 @@ def annotation_lines(annotation: Annotation) -> list[tuple[str, str]]:
 
 
 def source_lines(annotation: SourceAnnotation) -> list[tuple[str, str]]:
-    """A Python function's lines: ``  percent :   line  source``."""
-    lines = [(f" Percent |  Source of {_name(annotation.symbol)} in {_name(annotation.file)} "
-              f"({annotation.samples} samples; a line's time includes the C code it called)", ""),
+    """A Python function's lines: ``  total     self :   line  source``, shares of the samples whose stacks hold
+    the function."""
+    lines = [(f"   Total     Self |  Source of {_name(annotation.symbol)} in {_name(annotation.file)} "
+              f"({annotation.samples} samples in its stacks, {annotation.self_samples} in its own lines)", ""),
+             ("                  |  Total: a line and the Python and C code it called; Self: the line and the C "
+              "code it called", ""),
              ("-" * 72, "")]
     for row in annotation.lines:
-        shown = f"{row.percent:8.2f}" if row.samples else " " * 8
-        lines.append((f"{shown} :   {row.line:6d}  {escape_controls(row.text)}", heat(row.percent)))
+        total = f"{row.percent:8.2f}" if row.samples else " " * 8
+        own = f"{row.self_percent:8.2f}" if row.self_samples else " " * 8
+        lines.append((f"{total} {own} :   {row.line:6d}  {escape_controls(row.text)}", heat(row.percent)))
     if annotation.truncated:
-        lines.append(("         :   ... (the function is longer: record kept its first lines only)", ""))
+        lines.append(("                  :   ... (the function is longer: record kept its first lines only)", ""))
     return lines
 
 

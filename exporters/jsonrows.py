@@ -6,7 +6,9 @@ One object: ``{"meta": {...}, "report": {...}, "rows": [...], "calls": [...]}``.
 
 ``report.event`` and ``report.unit`` say what the rows count: CPU samples (``samples``), or with
 ``--event off-cpu``/``wall`` nanoseconds, in a ``nanoseconds`` key (``samples`` is then null), ``children``
-in nanoseconds too; ``report.total`` is the event's total in its unit.
+in nanoseconds too; ``report.total`` is the event's total in its unit. ``report.python_folded``: how much of it
+had the interpreter's own frames folded into the Python function running them (frontend/report/pythonview.py;
+0 with --python-internals).
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def write(stream: TextIO, profile: Profile, options: ReportOptions) -> None:
     check_size(rows)
     document = {
         "meta": dataclasses.asdict(record.meta),
-        "report": report_settings(record, options, profile.source, table, profile.event, profile.parts),
+        "report": report_settings(record, options, profile.source, table, profile.event, profile.parts)
+        | {"python_folded": profile.python_folded},
         "rows": [row_object(row, options, profile.unit) for row in rows],
         "calls": [dataclasses.asdict(call) for call in record.calls],
     }

@@ -13,6 +13,7 @@ from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.frontend.report.gilwaits import gil_samples
 from optrace.frontend.report.events import amount, human_time, nothing_line
+from optrace.frontend.report.pythonview import PYTHON_INTERNALS
 from optrace.frontend.report.rows import (Profile, ReportOptions, Row, RowKey, RowTable, build_table, percent,
                                           sample_total)
 from optrace.model import STACK_COMPLETE, CallCount, Record, RecordMeta
@@ -100,7 +101,21 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
 
 
 def event_lines(profile: Profile) -> list[str]:
-    """What the rows count when it is time (off-cpu, wall): the total, how it was measured, its parts."""
+    """What the rows count: when it is time (off-cpu, wall), the total, how it was measured, its parts; and the
+    samples the Python view changed."""
+    return _time_lines(profile) + python_view_lines(profile)
+
+
+def python_view_lines(profile: Profile) -> list[str]:
+    """What folding the interpreter's frames into Python functions (frontend/report/pythonview.py) changed."""
+    if not profile.python_folded:
+        return []
+    share = percent(profile.python_folded, sample_total(profile.record))
+    return [f"# Python view: the interpreter's own frames below a Python function count as its time in "
+            f"{amount(profile.python_folded, profile.event)} ({share:.2f}%); {PYTHON_INTERNALS} shows them"]
+
+
+def _time_lines(profile: Profile) -> list[str]:
     off_cpu = profile.record.meta.off_cpu
     if profile.event == "cpu" or off_cpu is None:
         return []

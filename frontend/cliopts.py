@@ -17,6 +17,7 @@ import click
 
 from optrace.defaults import CALL_GRAPHS, DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
+from optrace.frontend.report.pythonview import PYTHON_INTERNALS
 from optrace.frontend.report.rows import SORT_KEYS, ReportOptions, parse_sort_keys
 from optrace.frontend.target import parse_pids
 from optrace.kernel import max_sample_rate
@@ -103,6 +104,16 @@ def python_option() -> Callable[[Any], Any]:
                         callback=lambda ctx, param, value: value == "on",
                         help="Show the Python functions CPython processes run (3.8+, found without any flag in the "
                              "process) in place of the interpreter's eval frames; needs --call-graph dwarf.")
+
+
+def python_internals_option() -> Callable[[Any], Any]:
+    """``--python-internals`` of the commands that show profiles (report, diff, top, serve): the interpreter's own
+    frames below Python functions as they are, not folded into them (frontend/report/pythonview.py)."""
+    return click.option(PYTHON_INTERNALS, "python_internals", is_flag=True,
+                        help="Show the CPython interpreter's own frames (python3.X, libpython: PyObject_Free, "
+                             "PyLong_FromLong...) below a Python function. By default they count as that function's "
+                             "own time, as py-spy shows it; native code it called (C extensions, libraries, the "
+                             "kernel) stays either way.")
 
 
 def verbose_option() -> Callable[[Any], Any]:

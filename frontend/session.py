@@ -32,6 +32,7 @@ from optrace.bpf.profiler import DrainResult, FoldedCounts
 from optrace.containment import contain, count_failure
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
+from optrace.frontend.report.pythonview import leaf_depth, leaf_only
 from optrace.frontend.startpriority import start_done
 from optrace.frontend.unwind.scheduler import UnwindScheduler
 from optrace.heap import release_free_memory
@@ -293,7 +294,7 @@ class ProfilingSession:
         if self.profiler.python is not None:
             from optrace.frontend.python.processes import PythonProcesses
 
-            self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer.add_names)
+            self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer)
             self.symbolizer.python_lookup = self.python.frame
 
         unwinding = None  # ProcessUnwinding with call_graph "dwarf"
@@ -451,9 +452,9 @@ class ProfilingSession:
     @staticmethod
     def off_cpu_leaves(samples: list[RawSample]) -> list[RawSample]:
         """Each wait with only the frame it is named after: the innermost user frame (the call that
-        blocked, as the program sees it), or for a kernel thread the caller of schedule() (its kernel
-        stack starts at schedule(), bpf/offcpu.c)."""
-        return [dataclasses.replace(s, user=s.user[:1], kernel=()) if s.user else
+        blocked, as the program sees it; in a Python stack, up to the Python frame, see leaf_depth), or for a
+        kernel thread the caller of schedule() (its kernel stack starts at schedule(), bpf/offcpu.c)."""
+        return [dataclasses.replace(s, user=s.user[:leaf_depth(s.user)], kernel=()) if s.user else
                 dataclasses.replace(s, kernel=s.kernel[1:2] or s.kernel[-1:]) for s in samples]
 
     def finish(self, time: float) -> None:
@@ -672,9 +673,3 @@ class KernelSymbolsLoader:
         if self._table is not None:
             symbolizer.use_kernel_symbols(self._table)
             self._table = None
-
-
-def leaf_only(sample: RawSample) -> RawSample:
-    if sample.kernel:
-        return dataclasses.replace(sample, user=(), kernel=sample.kernel[:1])
-    return dataclasses.replace(sample, user=sample.user[:1])

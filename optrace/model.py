@@ -109,6 +109,9 @@ class Frame:
     # ``line`` the line the frame was running (0: not known)
     python: bool = False
     line: Annotated[int, Bounds(0, (1 << 31) - 1)] = 0
+    # Native code of a CPython interpreter itself (the executable or libpython its Python frames were found in,
+    # frontend/python/): views fold such frames below a Python frame into it (frontend/report/pythonview.py)
+    interpreter: bool = False
 
 
 @dataclass

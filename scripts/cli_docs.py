@@ -42,6 +42,8 @@ EXAMPLES: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
         ("optrace report -i off.data --event off-cpu --gil", "Which Python code waited for the GIL, and how long."),
         ("optrace report --format flamegraph -o flame.html", "An interactive flame graph (HTML)."),
         ("optrace report --format pprof -o cpu.pb.gz", "A profile for go tool pprof, Pyroscope or Parca."),
+        ("optrace report -i py.data --python-internals",
+         "A Python program's CPython frames (PyObject_Free...) as recorded, not counted as its Python functions'."),
     ),
     ("optrace", "diff"): (
         ("optrace diff base.data new.data --percent-limit 1", "Each row's share in both records and the change."),
@@ -50,6 +52,8 @@ EXAMPLES: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
     ("optrace", "annotate"): (
         ("optrace annotate -i demo.data", "The functions the record kept code for, with their samples."),
         ("optrace annotate -i demo.data hot_a", "hot_a's instructions, each with its share of hot_a's samples."),
+        ("optrace annotate -i py.data Template.render",
+         "A Python function's source lines, each with the samples under it (its callees') and its own."),
     ),
     ("optrace", "top"): (
         ("sudo optrace top", "The hottest functions of the whole machine, refreshed every second (q quits)."),

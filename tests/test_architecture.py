@@ -47,6 +47,9 @@ FRONTEND_LAYERS = (
     {"report", "symbols", "target", "stopsignals", "preflight", "startpriority"},
     {"unwind", "uprobes", "loopwait", "cliopts"},
     {"python"},  # CPython interpreters found from outside (reads ELF files, unwind tables, process memory)
+    # runtimes read from outside (HotSpot; CPython moves in with the runtime seam, docs/runtimes.md: until
+    # then it borrows python's bounded memory reader and ELF symbol lookup)
+    {"runtimes"},
     {"session"},
     {"codecapture"},
     {"recorder", "top", "serve"},  # the three users of a profiling session

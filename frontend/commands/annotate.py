@@ -11,7 +11,7 @@ from optrace.escape import escape_controls
 from optrace.exporters.formats import ANNOTATE
 from optrace.frontend.cliopts import comma_list, pid_option
 from optrace.frontend.report.annotation import (SYNTAXES, AnnotateOptions, AnnotateView, annotate, find,
-                                                functions_of, listing, selected, selected_sources)
+                                                functions_of, listing, seen_in, selected, selected_sources)
 from optrace.frontend.report.sourceannotation import annotate_source, matching_sources, sources_of
 from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
@@ -46,15 +46,16 @@ def command(symbol: str | None, source: str, dsos: str, pids: tuple[int, ...], s
     functions = selected(functions_of(record, skipped), options)
     sources = selected_sources(sources_of(record, skipped), options)
     shown = escape_controls(source)
-    python = matching_sources(sources, symbol) if symbol is not None else []
+    python = matching_sources(sources, symbol, record) if symbol is not None else []
     if symbol is None:
         for name, problem in list(skipped.items())[:MAX_WARNINGS]:
             click.echo(f"optrace: warning: {escape_controls(name)[:120]} skipped: {problem}", err=True)
         view = AnnotateView(shown, listing=listing(record, functions, sources))
     elif python and not any(f.symbol == symbol for f in functions):
-        view = AnnotateView(shown, python=annotate_source(python))
+        view = AnnotateView(shown, python=annotate_source(python, record))
     else:
-        found = find(functions, symbol, skipped, (s.symbol for s in sources))
+        seen = {pid: n for pid, n in seen_in(record, symbol).items() if not options.pids or pid in options.pids}
+        found = find(functions, symbol, skipped, (s.symbol for s in sources if not seen or s.pid in seen), seen)
         view = AnnotateView(shown, annotation=annotate(found, syntax, source_lines))
     with output_stream(output) as stream:
         write(stream, view, options)

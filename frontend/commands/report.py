@@ -6,9 +6,11 @@ import click
 from optrace.escape import escape_controls
 from optrace.heap import settle
 from optrace.exporters.formats import CALL_GRAPH, PROFILE
-from optrace.frontend.cliopts import PERF_CALL_GRAPH_DEFAULT, pid_option, report_options, row_options
+from optrace.frontend.cliopts import (PERF_CALL_GRAPH_DEFAULT, pid_option, python_internals_option, report_options,
+                                      row_options)
 from optrace.frontend.report.events import EVENTS, event_record, main_event
 from optrace.frontend.report.gilwaits import gil_waits_only
+from optrace.frontend.report.pythonview import python_view_record
 from optrace.frontend.report.rows import Profile
 from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
@@ -35,9 +37,10 @@ from optrace.recordfile import read_record
 @click.option("--gil", is_flag=True,
               help="Only the stacks waiting for Python's GIL (through the interpreter's take_gil): with "
                    "--event off-cpu or wall, which Python code waited for it, and how long.")
+@python_internals_option()
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
 def command(source: str, sort: str, event: str | None, fmt: str, pids: tuple[int, ...], tids: tuple[int, ...], comms: str,
-            dsos: str, percent_limit: str, children: bool, call_graph: str | None, gil: bool,
+            dsos: str, percent_limit: str, children: bool, call_graph: str | None, gil: bool, python_internals: bool,
             output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
     options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph, tids)
@@ -45,8 +48,9 @@ def command(source: str, sort: str, event: str | None, fmt: str, pids: tuple[int
     record = settle(read_record(source))
     event = event or main_event(record.meta)
     record, parts = event_record(record, event)
+    record, folded = (record, 0) if python_internals else python_view_record(record)
     if gil:
         record = gil_waits_only(record)
-    profile = Profile(record, escape_controls(source), event, parts)
+    profile = Profile(record, escape_controls(source), event, parts, python_folded=folded)
     with output_stream(output) as stream:
         write(stream, profile, options)

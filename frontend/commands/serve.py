@@ -11,7 +11,7 @@ from click.core import ParameterSource
 
 from optrace.frontend.serve.options import DEFAULT_MAX_SERIES, DEFAULT_PORT, SERVE_CALL_GRAPH
 from optrace.frontend.serve.totals import DEFAULT_SERIES_IDLE_S
-from optrace.frontend.cliopts import frequency_option, pid_option, python_option, unwind_option
+from optrace.frontend.cliopts import frequency_option, pid_option, python_internals_option, python_option, unwind_option
 from optrace.frontend.serve.config import SETTING_TYPES, build_options, load_config_file
 from optrace.frontend.serve.otlpconfig import DEFAULT_INTERVAL_S, DEFAULT_QUEUE_BYTES, PROTOCOLS
 from optrace.heap import large_blocks_mapped, one_arena
@@ -78,6 +78,7 @@ def otlp_flags(command: Callable[..., None]) -> Callable[..., None]:
                                       "if it comes back it starts again from 0 (a counter reset).")
 @unwind_option(default=SERVE_CALL_GRAPH)
 @python_option()
+@python_internals_option()
 @click.option("--off-cpu", "off_cpu", is_flag=True,
               help="Also export optrace_offcpu_seconds_total: where threads wait off CPU.")
 @click.option("--off-cpu-every", "off_cpu_every", type=int, default=1, show_default=True, metavar="N",

@@ -7,8 +7,8 @@ import sys
 import click
 
 from optrace.errors import OptraceError
-from optrace.frontend.cliopts import (check_frequency, frequency_option, pid_option, python_option, say_program_loads,
-                                      unwind_option, verbose_option)
+from optrace.frontend.cliopts import (check_frequency, frequency_option, pid_option, python_internals_option,
+                                      python_option, say_program_loads, unwind_option, verbose_option)
 from optrace.frontend.report.rows import parse_sort_keys
 
 
@@ -22,14 +22,15 @@ from optrace.frontend.report.rows import parse_sort_keys
               help="Row keys: comm, pid, dso, symbol (symbol always included).")
 @unwind_option()
 @python_option()
+@python_internals_option()
 @click.option("-z", "--zero", is_flag=True, help="Show each interval alone instead of decayed totals.")
 @click.option("--children", is_flag=True, help="Start with the inclusive (children) column on.")
 @click.option("--stdio", is_flag=True, help="Print a plain table every interval (the default when not on a terminal).")
 @click.option("--rows", type=click.IntRange(1), default=50, show_default=True, help="Rows per plain table.")
 @click.option("-n", "--iterations", type=click.IntRange(1), help="Stop after this many refreshes.")
 @verbose_option()
-def command(pids, system_wide, frequency, interval, sort, call_graph, python, zero, children, stdio, rows, iterations,
-            verbose) -> None:
+def command(pids, system_wide, frequency, interval, sort, call_graph, python, python_internals, zero, children, stdio,
+            rows, iterations, verbose) -> None:
     """Show the hottest functions now, refreshed live, like perf top (q, Ctrl-C or SIGTERM to stop)."""
     from optrace.frontend.preflight import require_recording
     from optrace.frontend.stopsignals import StopSignals
@@ -43,7 +44,8 @@ def command(pids, system_wide, frequency, interval, sort, call_graph, python, ze
         keys = (*keys, "symbol")
     targets = list(pids)
     options = TopOptions(frequency_hz=frequency, pids=None if system_wide or not targets else targets,
-                         interval_s=interval, sort=keys, call_graph=call_graph, python=python, zero=zero, children=children, iterations=iterations)
+                         interval_s=interval, sort=keys, call_graph=call_graph, python=python,
+                         python_internals=python_internals, zero=zero, children=children, iterations=iterations)
     screen = not stdio and sys.stdin.isatty() and sys.stdout.isatty()
     require_recording()
     from optrace.frontend.top.screen import PlainUi, run, run_screen  # rich: imported before the attach

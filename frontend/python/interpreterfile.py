@@ -2,24 +2,19 @@
 eval function (``_PyEval_EvalFrameDefault``, and its ``.cold`` part when .symtab names it) are linked, the
 ``Py_Version`` it was built as (3.11+), and its PT_LOAD segments (for the load bias of a mapping).
 
-The file is another user's: it is opened as the process maps it (frontend/symbols/access.py's
-``open_mapped_file``: /proc/PID/map_files or the path inside the process's root, no symlink followed, a
-regular disk file, bounded reads) and read with the project's bounded ELF reader. Only a few names are
-looked up, so the symbol tables are searched for those names' string offsets rather than decoded whole.
-Results are cached by the file's (device, inode, size, mtime).
+The file is another user's: it is opened as the process maps it (frontend/symbols/filefacts.py:
+/proc/PID/map_files or the path inside the process's root, no symlink followed, a regular disk file, bounded
+reads) and read with the project's bounded ELF reader. Only a few names are looked up, so the symbol tables
+are searched for those names' string offsets rather than decoded whole. Results are cached by the file's
+(device, inode, size, mtime).
 """
 from __future__ import annotations
 
-import os
-import struct
-import threading
 from dataclasses import dataclass
 
-from optrace.fileaccess import BoundedFile, RefusedFile, printable, reader_for
-from optrace.frontend.symbols.access import ELF_POLICY, open_mapped_file
-from optrace.frontend.symbols.buildid import FileIdentity
-from optrace.frontend.symbols.elffile import EM_X86_64, ElfFile
-from optrace.frontend.symbols.lru import LruCache
+from optrace.fileaccess import BoundedFile
+from optrace.frontend.symbols.elffile import ElfFile
+from optrace.frontend.symbols.filefacts import FileFacts, FileKey
 from optrace.frontend.python.gilfunction import take_gil_range
 from optrace.frontend.python.symbolnames import find_symbols
 from optrace.frontend.unwind.unwindfile import UnwindFile, file_without_rows
@@ -31,7 +26,6 @@ EVAL_COLD = "_PyEval_EvalFrameDefault.cold"  # GCC's split-off cold part (local:
 VERSION = "Py_Version"
 WANTED = (RUNTIME, EVAL, EVAL_COLD, VERSION)
 RUNTIME_SECTION = ".PyRuntime"  # 3.13+: _PyRuntime in its own section, found even without the symbol
-MAX_CACHED_FILES = 256
 
 
 @dataclass(frozen=True)
@@ -48,45 +42,19 @@ class InterpreterFile:
         return self.segments.bias(entry)
 
 
-_cache: LruCache[FileIdentity, InterpreterFile | str] = LruCache(MAX_CACHED_FILES)
-_cache_lock = threading.Lock()  # the session looks at processes from its unwind worker, doctor from its own
-
-
 def interpreter_file(pid: int, entry: MapEntry) -> InterpreterFile | str:
     """The facts of the file ``pid`` maps at ``entry`` (cached), or why it cannot be read."""
-    shown = printable(entry.file_path)
-    try:
-        fd = open_mapped_file(pid, entry, ELF_POLICY)
-    except (RefusedFile, OSError) as err:
-        return f"cannot open {shown}: {printable(err)[:200]}"
-    if fd is None:
-        return "process or mapping gone"
-    with reader_for(fd, ELF_POLICY, entry.file_path) as reader:
-        info = os.fstat(reader.fd)
-        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
-        with _cache_lock:
-            found = _cache.get(key)
-        if found is None:
-            found = _read_file(reader, shown)
-            with _cache_lock:
-                _cache.put(key, found)
-        return found
+    return _files.facts(pid, entry)
 
 
-def _read_file(reader: BoundedFile, shown: str) -> InterpreterFile | str:
-    try:
-        elf = ElfFile(reader)
-        if elf.elfclass != 64 or not elf.little_endian or elf.machine != EM_X86_64:
-            return f"{shown} is not an x86_64 ELF file"
-        symbols = find_symbols(elf, ".dynsym", WANTED)
-        if EVAL_COLD not in symbols or RUNTIME not in symbols:
-            symbols = {**find_symbols(elf, ".symtab", WANTED), **symbols}
-        segments = file_without_rows(reader)
-        return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(symbols),
-                               py_version=_py_version(elf, segments, symbols), segments=segments,
-                               gil=_file_range(segments, take_gil_range(elf)))
-    except (OSError, ValueError, struct.error) as err:  # ElfFormatError and BudgetExceeded included
-        return f"cannot read {shown}: {printable(err)[:200]}"
+def _read_file(elf: ElfFile, reader: BoundedFile, _shown: str, _identity: FileKey) -> InterpreterFile | str:
+    symbols = find_symbols(elf, ".dynsym", WANTED)
+    if EVAL_COLD not in symbols or RUNTIME not in symbols:
+        symbols = {**find_symbols(elf, ".symtab", WANTED), **symbols}
+    segments = file_without_rows(reader)
+    return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(symbols),
+                           py_version=_py_version(elf, segments, symbols), segments=segments,
+                           gil=_file_range(segments, take_gil_range(elf)))
 
 
 def _runtime(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> int | None:
@@ -120,3 +88,6 @@ def _py_version(elf: ElfFile, segments: UnwindFile, symbols: dict[str, tuple[int
         return None
     data = elf.read_at(vaddr - segment.vaddr + segment.offset, 8)
     return int.from_bytes(data, "little") if len(data) == 8 else None
+
+
+_files: FileFacts[InterpreterFile] = FileFacts(_read_file)

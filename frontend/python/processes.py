@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_code
 from optrace.frontend.python.gilfunction import TAKE_GIL
@@ -42,6 +43,15 @@ MAX_CODES_PER_PROCESS = 65536  # code objects named per process (a process makin
 MAX_TABLE_BYTES_PER_PROCESS = 1 << 20
 
 
+class InterpreterSymbols(Protocol):
+    """What the symbolizer learns of an interpreter file (frontend/symbols/symbolizer.py): functions its symbols
+    may not name (take_gil, for GIL waits), and which file it is (its frames are the interpreter's own)."""
+
+    def add_names(self, build_id: bytes, start: int, end: int, name: str) -> None: ...
+
+    def add_interpreter(self, build_id: bytes | None, file_key: tuple[str, int]) -> None: ...
+
+
 @dataclass(frozen=True)
 class PythonOutcome:
     """What became of a process that maps an interpreter: ``process`` when the walker expands it, else why not
@@ -58,12 +68,9 @@ class PythonProcesses:
     """``load``: hands a process to the walker (bpf/pythonmaps.py PythonMaps.load_process). Thread-safe: the
     session's unwind worker looks at processes while the drain loop names frames."""
 
-    def __init__(self, load: Callable[[PythonProcess, int], None],
-                 add_names: Callable[[bytes, int, int, str], None] = lambda *_: None) -> None:
-        """``add_names`` (build-id, start, end, name): a function of an interpreter file its symbols may not
-        name (take_gil, for GIL waits), for the symbolizer."""
+    def __init__(self, load: Callable[[PythonProcess, int], None], symbols: InterpreterSymbols | None = None) -> None:
         self._load = load
-        self._add_names = add_names
+        self._symbols = symbols
         self._lock = threading.Lock()
         self._outcomes: dict[int, PythonOutcome] = {}
         self._codes: dict[int, dict[int, CodeInfo | None]] = {}
@@ -82,19 +89,23 @@ class PythonProcesses:
             tries = before.tries + 1 if before is not None and before.reason == found else 1
             outcome = PythonOutcome(None, found, now, tries)
         else:
+            self._tell_symbols(pid, found, maps)  # before the walker: its Python frames' callees are marked
             fields = stat_fields(pid)
             self._load(found, start_ticks(fields) if fields else pid)
-            self._name_gil_function(pid, found, maps)
             outcome = PythonOutcome(found, looked=now, owner=source_owner(pid))
         with self._lock:
             self._outcomes[pid] = outcome
         return outcome
 
-    def _name_gil_function(self, pid: int, process: PythonProcess, maps: list[MapEntry]) -> None:
+    def _tell_symbols(self, pid: int, process: PythonProcess, maps: list[MapEntry]) -> None:
         entry = next((m for m in maps if m.file_path == process.path), None)
-        facts = interpreter_file(pid, entry) if entry is not None else None
-        if isinstance(facts, InterpreterFile) and facts.gil and facts.segments.build_id:
-            self._add_names(facts.segments.build_id, *facts.gil, TAKE_GIL)
+        if self._symbols is None or entry is None:
+            return
+        facts = interpreter_file(pid, entry)
+        build_id = facts.segments.build_id if isinstance(facts, InterpreterFile) else None
+        self._symbols.add_interpreter(build_id, entry.file_key)
+        if isinstance(facts, InterpreterFile) and facts.gil and build_id:
+            self._symbols.add_names(build_id, *facts.gil, TAKE_GIL)
 
     def to_retry(self, now: float) -> list[int]:
         """Processes refused for a reason that passes (an interpreter not initialized yet), due a new look

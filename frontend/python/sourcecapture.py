@@ -2,8 +2,9 @@
 samples each line had, from the record alone (the file may change, or belong to another machine).
 
 A sample counts for the line of its innermost Python frame (the C code that line called included). Bounded
-like machine code (codecapture.CodeBudget): the most sampled functions, each with a minimum share, at most
-MAX_LINES lines of each.
+like machine code (codecapture.CodeBudget): the most sampled functions, each with a minimum share, then the
+functions most often in the stacks (whose time is in their callees: annotate counts their lines from the
+record's stacks), at most MAX_LINES lines of each.
 
 A code object's file name and first line are the process's to choose (``code.replace(co_filename=...)``), so
 a source file is read only if the process's user could open it: opened with that user's credentials
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from optrace.credentials import Credentials, process_credentials, run_as
@@ -26,7 +27,8 @@ from optrace.fileaccess import FilePolicy, RefusedFile, open_reader
 from optrace.jitmaps.procinfo import read_identity
 from optrace.model import Frame, PythonSource, Sample
 
-MAX_FUNCTIONS = 100
+MAX_FUNCTIONS = 100  # by their own samples (the innermost Python frame's)
+MAX_CALLERS = 200  # more, by the samples whose stacks hold them (a function whose time is in its callees)
 MIN_SHARE = 0.005
 MAX_LINES = 2000  # of one function, from its first line
 MAX_SOURCE_BYTES = 4 << 20
@@ -35,6 +37,7 @@ SOURCE_POLICY = FilePolicy(max_size=MAX_SOURCE_BYTES, read_seconds=2.0)
 DEFINITIONS = ("def ", "async def ", "class ")
 # files wanted, by pid -> the lines of those that could be read, by (pid, file)
 SourceReader = Callable[[Mapping[int, Sequence[str]]], "dict[tuple[int, str], list[str]]"]
+FunctionKey = tuple[str, str, int, int]  # (qualified name, file, first line, pid)
 
 
 @dataclass(frozen=True)
@@ -56,31 +59,55 @@ def source_owner(pid: int) -> SourceOwner | None:
 
 
 def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: SourceReader) -> list[PythonSource]:
-    """The hottest Python functions (by samples whose innermost Python frame is theirs), with their lines."""
-    hits: dict[tuple[str, str, int, int], Counter[int]] = {}
-    for sample in samples:
-        frame = next((frames[i] for i in sample.frames if frames[i].python and frames[i].resolved), None)
-        if frame is not None:
-            key = (frame.symbol, frame.dso, frame.address, sample.pid)
-            hits.setdefault(key, Counter())[frame.line] += sample.count
+    """The hottest Python functions, with their lines: the MAX_FUNCTIONS with the most own samples (whose
+    innermost Python frame is theirs; ``hits`` counts those per line), then the MAX_CALLERS with the most
+    samples in their stacks (annotate shows a function's lines by the samples under each, from the record's
+    stacks), each with at least MIN_SHARE of the samples."""
+    own, anywhere = _function_samples(frames, samples)
     least = MIN_SHARE * sum(sample.count for sample in samples)
-    hottest = [(key, lines) for key, lines in sorted(hits.items(), key=lambda item: -sum(item[1].values()))
-               [:MAX_FUNCTIONS] if sum(lines.values()) >= least]
+    chosen = _hottest({key: sum(lines.values()) for key, lines in own.items()}, MAX_FUNCTIONS, least)
+    chosen += _hottest(anywhere, MAX_CALLERS, least, set(chosen))
     wanted: dict[int, list[str]] = {}
-    for (_, file, _, pid), _ in hottest:
+    for _, file, _, pid in chosen:
         if file not in wanted.setdefault(pid, []):
             wanted[pid].append(file)
     texts = read(wanted)
     kept = []
-    for (symbol, file, first, pid), lines in hottest:
+    for key in chosen:
+        symbol, file, first, pid = key
         text = texts.get((pid, file))
         if text is None or not 0 < first <= len(text):
             continue
+        lines = own.get(key, Counter())
         last = min(function_end(text, first), first + MAX_LINES - 1)
         kept.append(PythonSource(symbol, file, first, text[first - 1:last],
                                  {line: n for line, n in lines.items() if first <= line <= last}, pid,
-                                 truncated=max(lines) > last))
+                                 truncated=max(lines, default=0) > last))
     return kept
+
+
+def _function_samples(frames: Sequence[Frame], samples: Sequence[Sample],
+                      ) -> tuple[dict[FunctionKey, Counter[int]], Counter[FunctionKey]]:
+    """Per function: its own samples by line, and the samples whose stacks hold it (once per sample)."""
+    functions = [(frame.symbol, frame.dso, frame.address) if frame.python and frame.resolved else None
+                 for frame in frames]
+    own: dict[FunctionKey, Counter[int]] = {}
+    anywhere: Counter[FunctionKey] = Counter()
+    for sample in samples:
+        held = [i for i in sample.frames if functions[i] is not None]
+        if not held:
+            continue
+        own.setdefault((*functions[held[0]], sample.pid), Counter())[frames[held[0]].line] += sample.count
+        for function in {functions[i] for i in held}:
+            anywhere[(*function, sample.pid)] += sample.count
+    return own, anywhere
+
+
+def _hottest(totals: Mapping[FunctionKey, int], limit: int, least: float,
+             taken: Collection[FunctionKey] = ()) -> list[FunctionKey]:
+    """Up to ``limit`` keys not in ``taken`` with at least ``least`` samples, most first."""
+    ranked = sorted((key for key in totals if key not in taken and totals[key] >= least), key=lambda key: -totals[key])
+    return ranked[:limit]
 
 
 def function_end(text: Sequence[str], first: int) -> int:

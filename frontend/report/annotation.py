@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import capstone
@@ -132,25 +132,48 @@ def listing(record: Record, functions: list[FunctionCode], sources: Iterable[Pyt
 
 
 def find(functions: list[FunctionCode], symbol: str, skipped: dict[str, str] | None = None,
-         other_names: Iterable[str] = ()) -> list[FunctionCode]:
+         other_names: Iterable[str] = (), seen: Mapping[int, int] | None = None) -> list[FunctionCode]:
     """The entries of ``symbol`` holding the most samples (one function: same object and start); an
-    unknown symbol is one line naming the closest ones (``other_names`` too: the Python functions kept),
-    a skipped one a line saying why."""
+    unknown symbol is one line naming the closest ones (``other_names`` too: the Python functions kept), a
+    skipped one a line saying why. ``seen``: the processes whose stacks hold ``symbol`` (pid -> samples, see
+    :func:`seen_in`): the closest names are theirs (``other_names`` then has only theirs too)."""
     matching = [f for f in functions if f.symbol == symbol]
     if not matching and skipped and symbol in skipped:
         raise OptraceError(f"{escape_controls(symbol)[:120]} cannot be annotated: the record is corrupt "
                            f"({skipped[symbol]})")
     if not matching:
-        names = sorted({f.symbol for f in functions} | set(other_names))
-        close = difflib.get_close_matches(symbol, names, n=3, cutoff=0.5)
-        close += [name for name in names if symbol in name and name not in close][:3 - len(close)]
-        hint = f"; did you mean {', '.join(escape_controls(n)[:120] for n in close)}?" if close else \
-            ("; optrace annotate without a symbol lists them" if names else "; the record kept no function's code")
-        raise OptraceError(f"no annotatable function {escape_controls(symbol)[:120]!s} in the record{hint}")
+        raise OptraceError(_not_found(symbol, {f.symbol for f in functions if not seen or f.pid in seen}
+                                      | set(other_names), seen or {}))
     groups: dict[tuple, list[FunctionCode]] = {}
     for function in matching:
         groups.setdefault((function.dso, function.build_id, function.start, function.code), []).append(function)
     return max(groups.values(), key=lambda group: sum(sum(f.hits.values()) for f in group))
+
+
+def seen_in(record: Record, symbol: str) -> dict[int, int]:
+    """The processes whose samples' stacks hold a frame named ``symbol``, with those samples."""
+    named = {i for i, frame in enumerate(record.frames) if frame.symbol == symbol}
+    seen: dict[int, int] = {}
+    for sample in record.samples if named else ():
+        if not named.isdisjoint(sample.frames):
+            seen[sample.pid] = seen.get(sample.pid, 0) + sample.count
+    return seen
+
+
+def _not_found(symbol: str, names: Iterable[str], seen: Mapping[int, int]) -> str:
+    names = sorted(names)
+    close = difflib.get_close_matches(symbol, names, n=3, cutoff=0.5)
+    close += [name for name in names if symbol in name and name not in close][:3 - len(close)]
+    shown = escape_controls(symbol)[:120]
+    if seen:
+        processes = ", ".join(f"pid {pid}" for pid in sorted(seen)[:3]) + (" ..." if len(seen) > 3 else "")
+        where = (f"; it is in {sum(seen.values())} samples' stacks ({processes}), but record kept neither its code"
+                 f" nor its source (only the hottest functions')")
+        hint = f"; did you mean {', '.join(escape_controls(n)[:120] for n in close)} (same process)?" if close else ""
+        return f"no annotatable function {shown} in the record{where}{hint}"
+    hint = f"; did you mean {', '.join(escape_controls(n)[:120] for n in close)}?" if close else \
+        ("; optrace annotate without a symbol lists them" if names else "; the record kept no function's code")
+    return f"no annotatable function {shown} in the record{hint}"
 
 
 def annotate(entries: list[FunctionCode], syntax: str = "att", source_lines: bool = False) -> Annotation:

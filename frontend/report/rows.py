@@ -44,6 +44,8 @@ class Profile:
     source: str
     event: str = "cpu"
     parts: dict[str, int] = field(default_factory=dict)  # wall: nanoseconds "on-cpu" and "off-cpu"
+    # the samples (counts) whose interpreter frames were folded into their Python function (pythonview.py)
+    python_folded: int = 0
 
     @property
     def unit(self) -> str:

@@ -14,6 +14,7 @@ A config file holds the same settings as the flags, under these keys::
     tls_key = "/etc/optrace/key.pem"
     call_graph = "dwarf"             # --call-graph: dwarf (CFI unwinding in BPF) or fp
     python = true                    # --python on|off: Python functions in place of the interpreter's frames
+    python_internals = false         # --python-internals: the interpreter's own frames, not folded into Python's
     otlp_endpoint = "http://collector:4317"  # --otlp-endpoint: OTLP push, and the otlp_* keys of
                                      # frontend/serve/otlpconfig.py (each also from OTEL_* variables)
 
@@ -59,6 +60,7 @@ SETTING_TYPES: dict[str, type] = {
     "off_cpu_every": int,
     "call_graph": str,
     "python": bool,
+    "python_internals": bool,
     **OTLP_SETTING_TYPES,
 }
 
@@ -151,6 +153,7 @@ def build_options(settings: dict[str, Any], reloading: bool = False,
     if options.call_graph not in CALL_GRAPHS:
         raise OptraceError(f"bad call_graph {options.call_graph!r}: expected {' or '.join(CALL_GRAPHS)}")
     options.python = settings.get("python", options.python)
+    options.python_internals = settings.get("python_internals", options.python_internals)
     options.web = web_settings(settings.get("web_config"), settings.get("tls_cert"), settings.get("tls_key"))
     if options.web.tls is not None:
         tls_context(options.web.tls)  # unusable files fail here, not after the BPF compile

@@ -6,11 +6,11 @@ here, whatever way the loop ends (stop request, exception). A source whose drain
 drain's rows of that source (counted in ``optrace_read_errors_total{kind="drain"}``), never the
 daemon. A reload (SIGHUP) re-reads the settings between two drains: the web config (TLS, users,
 headers) and the series idle time apply at once; settings that shape the BPF side or the guard (listen,
-frequency, uprobes, pids, comms, max_series, off-CPU, call_graph, python, the OTLP push's) need a restart,
-and a change to them is warned about and left as it was. A reload that fails keeps the running settings and
-is an error line: a settings file that is empty, invalid or writable by another user (settingsfile.py) is
-refused. With OTLP push on, each drain's whole stacks also go to the exporter (frontend/serve/otlpexport.py),
-which sends on a thread of its own: a drain never waits for the network.
+frequency, uprobes, pids, comms, max_series, off-CPU, call_graph, python, python_internals, the OTLP push's)
+need a restart, and a change to them is warned about and left as it was. A reload that fails keeps the running
+settings and is an error line: a settings file that is empty, invalid or writable by another user
+(settingsfile.py) is refused. With OTLP push on, each drain's whole stacks also go to the exporter
+(frontend/serve/otlpexport.py), which sends on a thread of its own: a drain never waits for the network.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, ExporterTotals
 
 RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "off_cpu", "off_cpu_every",
-                "call_graph", "python", "otlp")
+                "call_graph", "python", "python_internals", "otlp")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 DRAIN_FAILED = 'counted in optrace_read_errors_total{kind="drain"}'
 OTLP_FAILED = 'this drain\'s stacks are not in the OTLP profile; counted in optrace_read_errors_total{kind="otlp"}'

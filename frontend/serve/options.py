@@ -33,4 +33,5 @@ class ServeOptions:
     off_cpu_every: int = 1  # N: one wait in N recorded, counted N times (OffCpuOptions.every)
     call_graph: str = SERVE_CALL_GRAPH  # how user stacks are walked (SessionOptions.call_graph)
     python: bool = True  # Python frames (SessionOptions.python)
+    python_internals: bool = False  # the interpreter's frames as they are, not folded (report/pythonview.py)
     otlp: OtlpOptions | None = None  # OTLP push (frontend/serve/otlpexport.py); None: off

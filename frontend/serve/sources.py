@@ -18,19 +18,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from optrace.frontend.report.pythonview import python_view
 from optrace.frontend.serve.options import SERVE_CALL_GRAPH, ServeOptions
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, add_leaf_rows, add_off_cpu_rows
 from optrace.frontend.session import SERVE, OffCpuOptions, ProfilingSession, SessionOptions
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.frontend.uprobes.reach import slowed_processes
-from optrace.model import UNKNOWN
+from optrace.model import UNKNOWN, Frame, Sample
 
 
 def build_sources(options: ServeOptions) -> list[Source]:
     off_cpu = OffCpuOptions(every=options.off_cpu_every) if options.off_cpu else None
     profile = ProfileSource(options.frequency_hz, options.pids, options.comms, off_cpu, options.call_graph,
-                            options.python)
+                            options.python, options.python_internals)
     sources: list[Source] = [profile]
     if options.uprobes:
         targets = profile.target_pids if options.pids else None
@@ -44,10 +45,11 @@ class ProfileSource:
     for months), turned into per-drain rows."""
 
     def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: OffCpuOptions | None = None,
-                 call_graph: str = SERVE_CALL_GRAPH, python: bool = True) -> None:
+                 call_graph: str = SERVE_CALL_GRAPH, python: bool = True, python_internals: bool = False) -> None:
         self.session = ProfilingSession(SessionOptions(
             SERVE, frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
             off_cpu=off_cpu, call_graph=call_graph, python=python))
+        self.python_internals = python_internals  # else the Python view (frontend/report/pythonview.py)
         self._refused_seen = 0
         self.event: str | None = None
 
@@ -71,13 +73,13 @@ class ProfileSource:
         # naming fails once): leaf_only keeps a one-frame user stack as it is.
         outermost = outermost_only(drain.samples)
         frames, rows = self.session.symbolize(drain.samples + outermost, stacks=delta.want_stacks)
-        named = (frames, rows[:len(drain.samples)])
+        named = self._viewed(frames, rows[:len(drain.samples)])
         add_leaf_rows(delta, *named)
         delta.stack_quality.update(outermost_quality(drain.samples, outermost, frames, rows[len(drain.samples):]))
         if drain.off_cpu:
-            add_off_cpu_rows(delta, *self.session.symbolize(self.session.off_cpu_leaves(drain.off_cpu)))
+            add_off_cpu_rows(delta, *self._viewed(*self.session.symbolize(self.session.off_cpu_leaves(drain.off_cpu))))
             if delta.want_off_cpu_stacks:
-                delta.off_cpu_stacks = self.session.symbolize(drain.off_cpu, stacks=True)
+                delta.off_cpu_stacks = self._viewed(*self.session.symbolize(drain.off_cpu, stacks=True))
         if delta.want_stacks:
             delta.stacks = named
         delta.symbolize_seconds += time.perf_counter() - started
@@ -86,6 +88,10 @@ class ProfileSource:
         self.session.read_errors.clear()
         delta.warnings.extend(self.session.take_warnings())
         delta.caches.update(self.session.cache_sizes())
+
+    def _viewed(self, frames: list[Frame], samples: list[Sample]) -> tuple[list[Frame], list[Sample]]:
+        """Named samples as every output of serve shows them: series, /debug/pprof/profile, OTLP."""
+        return frames, samples if self.python_internals else python_view(frames, samples)
 
     def _new_refusals(self) -> int:
         total = sum(n for key, n in self.session.jit.stats.items() if key.startswith("refused_"))

@@ -57,6 +57,7 @@ class CacheLimits:
     missing: int = 4096  # build-ids found nowhere
     warnings: int = 4096  # warnings already given (one given again after eviction is harmless)
     indexed_files: int = MAX_INDEXED_FILES  # files (and build-ids) known to the machine index
+    interpreters: int = 1024  # CPython interpreter files (and their build-ids), told again by each new process
 
 
 class Symbolizer:
@@ -81,6 +82,7 @@ class Symbolizer:
         self._jit_lookup = jit_lookup
         self.python_lookup = python_lookup  # set once the session knows its Python processes
         self._names_elsewhere: dict[bytes, list[tuple[int, int, str]]] = {}  # see add_names
+        self._interpreters: LruCache[bytes | tuple[str, int], None] = LruCache(limits.interpreters)  # add_interpreter
         # Dsos by build-id (bytes) or, for files without a known build-id, by (dev, inode)
         self._dsos: LruCache[bytes | tuple[str, int], Dso] = LruCache(limits.dsos, trim_on_put=False)
         self._missing: LruCache[bytes, int] = LruCache(limits.missing)  # build-id -> index generation when not found
@@ -99,6 +101,14 @@ class Symbolizer:
         ranges = self._names_elsewhere.setdefault(build_id, [])
         if (start, end, name) not in ranges:
             ranges.append((start, end, name))
+
+    def add_interpreter(self, build_id: bytes | None, file_key: tuple[str, int]) -> None:
+        """The object with this build-id, or the mapped file (device, inode), is a CPython interpreter: its
+        frames are marked ``Frame.interpreter`` (frontend/python/processes.py tells, before the walker sees the
+        process). A frame named before is marked when next named (the frame cache checks the mark)."""
+        self._interpreters.put(file_key, None)
+        if build_id:
+            self._interpreters.put(build_id, None)
 
     def use_kernel_symbols(self, kallsyms: Kallsyms) -> None:
         """Kernel symbols loaded elsewhere (in a thread, while BPF compiles), unless loaded already."""
@@ -248,20 +258,23 @@ class Symbolizer:
             return self._python_frame(raw.pid, frame.offset)
         own = self.machine.mapping_of(raw.pid, frame.build_id)
         key = (own.file_key if own is not None else frame.build_id, frame.offset)
+        interpreter = key[0] in self._interpreters
         cached = self._frames.get(key)
-        if cached is not None:
+        if cached is not None and cached.interpreter == interpreter:
             return cached
         dso = self._dso_for_mapping(own) if own is not None else self._dso_for_build_id(frame.build_id)
         if dso is None:
-            return Frame(UNKNOWN, UNKNOWN, address=frame.offset, resolved=False, build_id=frame.build_id.hex())
-        named = self._object_frame(dso, frame.offset)
+            return Frame(UNKNOWN, UNKNOWN, address=frame.offset, resolved=False, build_id=frame.build_id.hex(),
+                         interpreter=interpreter)
+        named = self._object_frame(dso, frame.offset, interpreter)
         self._frames.put(key, named)
         return named
 
     def _address_frame(self, pid: int, address: int, time: float) -> Frame:
         entry = self.machine.mapping_at(pid, address)
         if entry is not None and entry.is_file:
-            return self._object_frame(self._dso_for_mapping(entry), entry.file_offset(address))
+            return self._object_frame(self._dso_for_mapping(entry), entry.file_offset(address),
+                                      entry.file_key in self._interpreters)
         if entry is not None and entry.path == VDSO:
             vdso = self._own_vdso()
             offset = entry.file_offset(address)
@@ -286,13 +299,13 @@ class Symbolizer:
         return contain(lambda: lookup(pid, address, time),
                        lambda err: self._warn(f"JIT symbol lookup failed for pid {pid}: {err}"))
 
-    def _object_frame(self, dso: Dso, offset: int) -> Frame:
+    def _object_frame(self, dso: Dso, offset: int, interpreter: bool = False) -> Frame:
         name = self._name_elsewhere(dso.build_id, offset) or dso.symbol_at(offset)
         build_id = dso.build_id.hex() if dso.build_id else None
         if name is None:
             return Frame(f"{dso.basename}+0x{offset:x}", dso.name, address=offset, resolved=False,
-                         build_id=build_id)
-        return Frame(name, dso.name, address=offset, build_id=build_id)
+                         build_id=build_id, interpreter=interpreter)
+        return Frame(name, dso.name, address=offset, build_id=build_id, interpreter=interpreter)
 
     def _name_elsewhere(self, build_id: bytes | None, offset: int) -> str | None:
         ranges = self._names_elsewhere.get(build_id) if build_id else None

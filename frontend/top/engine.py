@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.frontend.report.toprows import Header, LiveTotals, TopSnapshot, ViewState, deep_stack_share
-from optrace.frontend.session import TOP, ProfilingSession, SessionOptions, leaf_only
+from optrace.frontend.report.pythonview import leaf_only, python_view
+from optrace.frontend.session import TOP, ProfilingSession, SessionOptions
 
 
 @dataclass
@@ -25,6 +26,7 @@ class TopOptions:
     sort: tuple[str, ...] = ("dso", "symbol")
     call_graph: str = DEFAULT_CALL_GRAPH  # how user stacks are walked (record's --call-graph)
     python: bool = True  # Python frames (SessionOptions.python)
+    python_internals: bool = False  # the interpreter's frames as they are, not folded (report/pythonview.py)
     zero: bool = False
     children: bool = False
     iterations: int | None = None  # stop after this many refreshes (None: until q, Ctrl-C or SIGTERM)
@@ -64,6 +66,8 @@ class TopEngine:
         view = self.options.view
         raw = drained.samples if view.children else [leaf_only(sample) for sample in drained.samples]
         frames, samples = self.session.symbolize(raw)
+        if not self.options.python_internals:
+            samples = python_view(frames, samples)
         now = time.monotonic()
         elapsed, self._last = max(now - self._last, 1e-3), now
         count = sum(sample.count for sample in samples)

@@ -17,7 +17,7 @@ from optrace.frontend.python.interpreter import CHECK_FAILED, NOT_STARTED, find_
 from optrace.frontend.python.interpreterfile import EVAL, find_symbols
 from optrace.frontend.python.memory import ProcessMemory
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile
-from optrace.frontend.symbols.lru import LruCache
+from optrace.frontend.symbols.filefacts import FileFacts
 from optrace.procfs import MapEntry, read_maps
 from optrace.pythonlayout import PythonProcess
 from pythons import REFUSED, SUPPORTED, build_fake_python, child, require
@@ -76,7 +76,7 @@ def test_debian_python_is_found_quickly(monkeypatch):
     """The cost for each new process: the first (the file read) and the next ones (file facts cached)."""
     with child([str(require("3.11-debian")), "-c", SLEEPER], lines=1) as (proc, _):
         maps = executable_maps(proc.pid)
-        monkeypatch.setattr(interpreterfile, "_cache", LruCache(8))
+        monkeypatch.setattr(interpreterfile, "_files", FileFacts(interpreterfile._read_file))
         started = time.perf_counter()
         assert isinstance(find_interpreter(proc.pid, maps), PythonProcess)
         first = time.perf_counter() - started

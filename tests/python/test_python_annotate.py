@@ -16,7 +16,8 @@ import pytest
 
 from optrace.credentials import Credentials, run_as
 from optrace.frontend.python import sourcecapture
-from optrace.frontend.python.sourcecapture import SourceOwner, function_end, read_sources, source_owner
+from optrace.frontend.python.sourcecapture import (SourceOwner, capture_sources, function_end, read_sources,
+                                                   source_owner)
 from optrace.model import Frame, PythonSource, Record, RecordMeta, Sample
 from optrace.procfs import comm
 from optrace.recordfile import write_record
@@ -162,3 +163,64 @@ def test_a_hostile_records_python_source_is_skipped_with_a_warning(tmp_path) -> 
     proc = run_optrace("annotate", "-i", str(out))
     assert proc.returncode == 0 and "skipped: sample lines outside its source" in proc.stderr
     assert_one_line_error(run_optrace("annotate", "-i", str(out), "f"), "cannot be annotated")
+
+
+def python_frame(symbol: str, first: int, line: int, file: str = "/app/views.py") -> Frame:
+    return Frame(symbol, file, address=first, python=True, line=line)
+
+
+VIEWS = ["def render_page(rows):", "    return rows", "", "", "def html_view(request):", "    page = render_page(1)",
+         "    page += render_page(2)", "    return page", "", "", "def html_view_impl():", "    pass"]
+
+
+def views_record() -> Record:
+    """pid 1's html_view has no time of its own: its two lines call render_page (3:1 by samples), once recursively
+    (a sample holding html_view on both lines counts once for it, once for each line); pid 2 is another program
+    with a function named like it."""
+    frames = [python_frame("render_page", 1, 2), python_frame("html_view", 5, 6), python_frame("html_view", 5, 7),
+              python_frame("html_views", 1, 2, "/other/app.py"), python_frame("html_view_impl", 11, 12)]
+    samples = [Sample(1, "python3", (0, 1), 60), Sample(1, "python3", (0, 2), 20), Sample(1, "python3", (0, 2, 1), 10),
+               Sample(1, "python3", (4,), 10), Sample(2, "other", (3,), 100)]
+    sources = [PythonSource("render_page", "/app/views.py", 1, VIEWS[:2], {2: 90}, 1),
+               PythonSource("html_view", "/app/views.py", 5, VIEWS[4:8], {}, 1),
+               PythonSource("html_view_impl", "/app/views.py", 11, VIEWS[10:], {12: 10}, 1),
+               PythonSource("html_views", "/other/app.py", 1, ["def html_views():", "    pass"], {2: 100}, 2)]
+    return Record(RecordMeta("0", "h", "k", 0.0, 1.0, 99, "cpu-clock"), frames, samples, functions=[],
+                  python_sources=sources)
+
+
+def test_a_callers_lines_count_the_samples_under_them(tmp_path) -> None:
+    out = tmp_path / "views.data"
+    write_record(views_record(), out)
+    doc = json.loads(run_optrace("annotate", "-i", str(out), "html_view", "-f", "json", check=True).stdout)
+    assert doc["function"]["samples"] == 90 and doc["function"]["self_samples"] == 0
+    shares = {row["line"]: (row["samples"], row["self_samples"]) for row in doc["lines"]}
+    assert shares == {5: (0, 0), 6: (70, 0), 7: (30, 0), 8: (0, 0)}
+    text = run_optrace("annotate", "-i", str(out), "html_view", check=True).stdout
+    assert "   77.78          :        6      page = render_page(1)" in text, text
+    leaf = json.loads(run_optrace("annotate", "-i", str(out), "render_page", "-f", "json", check=True).stdout)
+    assert [(row["samples"], row["self_samples"]) for row in leaf["lines"]] == [(0, 0), (90, 90)]
+
+
+def test_suggestions_come_from_the_process_that_holds_the_symbol(tmp_path) -> None:
+    """In a record of the whole machine, `annotate render` names what render's own process kept."""
+    record = views_record()
+    record.python_sources = [s for s in record.python_sources if s.symbol != "html_view"]
+    out = tmp_path / "views.data"
+    write_record(record, out)
+    proc = run_optrace("annotate", "-i", str(out), "html_view")
+    assert_one_line_error(proc, "no annotatable function html_view in the record; it is in 90 samples' stacks "
+                                "(pid 1), but record kept neither its code nor its source",
+                          "did you mean html_view_impl (same process)?")
+    assert "html_views" not in proc.stderr
+    assert_one_line_error(run_optrace("annotate", "-i", str(out), "html_viewz"), "did you mean html_views")
+
+
+def test_record_keeps_the_source_of_functions_whose_time_is_in_their_callees() -> None:
+    record = views_record()
+    kept = capture_sources(record.frames, record.samples,
+                           lambda wanted: {(pid, "/app/views.py"): VIEWS for pid, files in wanted.items()
+                                           if "/app/views.py" in files})
+    assert [(s.symbol, s.first_line, s.hits) for s in kept] == [
+        ("render_page", 1, {2: 90}), ("html_view_impl", 11, {12: 10}), ("html_view", 5, {})]
+    assert kept[-1].text == VIEWS[4:8]

@@ -51,3 +51,32 @@ def test_a_format_2_record_reads_with_python_fields_defaulted(tmp_path: Path) ->
     record = read_record(path)
     assert record.frames == [Frame("f", "/bin/x")] and not record.frames[0].python and record.frames[0].line == 0
     assert record.meta.python == {} and record.python_sources == []
+
+
+BEFORE_VIEWS = "4e1d5cd"  # the last commit before Frame.interpreter (issue 41's Python view)
+
+
+def test_frame_interpreter_needs_no_new_format(tmp_path: Path) -> None:
+    """Frame.interpreter is a column with a default: the optrace before it reads a record that has it (and shows
+    the stacks as recorded), and a record it wrote reads here with no frame marked (shown as recorded)."""
+    old = tmp_path / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", BEFORE_VIEWS, "optrace"], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    record = python_record()
+    record.frames.append(Frame("PyObject_Free", "/usr/bin/python3.11", address=0x100, interpreter=True))
+    record.samples.append(Sample(1, "python3", (2, 0, 1), 7))
+    new = tmp_path / "new.data"
+    write_record(record, new)
+    reader = ("import sys; from optrace.recordfile import read_record; r = read_record(sys.argv[1]); "
+              "print(r.frames[2].symbol, r.samples[1].frames)")
+    proc = subprocess.run([sys.executable, "-c", reader, str(new)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(old)}, cwd=old, check=True)
+    assert proc.stdout.split() == ["PyObject_Free", "(2,", "0,", "1)"]
+    written = tmp_path / "before.data"
+    writer = ("import sys; from optrace.model import *; from optrace.recordfile import write_record; "
+              "write_record(Record(RecordMeta('0.1.0', 'h', 'k', 0.0, 1.0, 99, 'cpu-clock'), "
+              "[Frame('PyObject_Free', '/usr/bin/python3.11')], [Sample(1, 'x', (0,), 3)]), sys.argv[1])")
+    subprocess.run([sys.executable, "-c", writer, str(written)], check=True, env={"PYTHONPATH": str(old)}, cwd=old)
+    assert [frame.interpreter for frame in read_record(written).frames] == [False]

@@ -220,3 +220,27 @@ def test_unreadable_binary_is_a_warning_not_an_exception(program: Path, elf) -> 
         assert any("prog.missing" in line and "No such file" in line for line in report["warnings"])
     finally:
         shutil.rmtree(shared)
+
+
+def test_an_interpreters_frames_are_marked_once_told() -> None:
+    """Frame.interpreter: the file frontend/python found a process's interpreter in (here this test's own
+    python3.11) marks its frames, by the process's mapped file and by build-id (a process gone), also a frame
+    named before it was told (the frame cache holds it)."""
+    from optrace.frontend.symbols.buildid import read_build_id
+
+    executable = Path(os.path.realpath(sys.executable))
+    entry = next(e for e in maps_of("self") if e.path == str(executable) and e.executable)
+    with open(executable, "rb") as f:
+        build_id = read_build_id(f)
+    frame = UserFrame(build_id, entry.offset + 0x40)
+    libc = next(e for e in maps_of("self") if "libc.so" in e.path and e.executable)
+    with open(libc.path, "rb") as f:
+        other = UserFrame(read_build_id(f), libc.offset + 0x40)
+    symbolizer = Symbolizer()
+    symbolizer.snapshot_process(os.getpid())
+    assert [f.interpreter for f in frame_of(symbolizer, os.getpid(), (frame, other))] == [False, False]
+    symbolizer.add_interpreter(build_id, entry.file_key)
+    assert [f.interpreter for f in frame_of(symbolizer, os.getpid(), (frame, other))] == [True, False]
+    gone = Symbolizer()  # a process that exited: named by build-id
+    gone.add_interpreter(build_id, ("0:0", 0))
+    assert [f.interpreter for f in frame_of(gone, 999_999_999, (frame, other))] == [True, False]
