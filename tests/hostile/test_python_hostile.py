@@ -10,7 +10,9 @@ that change all the time (every sample a stack never seen before). Issue 40 adde
 whose line table is 1 MiB of valid entries, the top frames changing code object and naming instructions near
 the end of it at every sample (decoding the table at each lookup held record's end for more than 15
 minutes), and a second thread rewriting the frames' links, code objects and instructions with garbage,
-loops and other frames while the walker reads them (memory changing under the walk).
+loops and other frames while the walker reads them (memory changing under the walk); and fakes of 3.13,
+whose layout comes from their own _Py_DebugOffsets, one of them aliasing a frame's previous to its code
+object.
 
 Each shape alone (``record -p``): the recording ends in bounded time, the BPF programs' run time per
 sample (kernel.bpf_stats_enabled) stays under MAX_BPF_NS_PER_SAMPLE (the design bounds it: 33 tail calls,
@@ -46,7 +48,7 @@ from support import bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, run_opt
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))  # for groundtruth, pythons
 from benchlib import read_exe  # noqa: E402 - tests/support.py puts bench/ on the path
 from groundtruth import DESIGNED, PYGROUND, design_between, has_pyground_frame, inclusive, parse_folded  # noqa: E402
-from pythons import build_fake_python, require  # noqa: E402
+from pythons import POSITIONS_313, build_fake_python, require, synthesized  # noqa: E402
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -132,8 +134,44 @@ def assert_quiet(run: Measured, meta: dict, about: tuple[str, ...] = ()) -> None
 # -- each shape alone ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", SHAPES)
 def test_each_fake_alone_is_walked_within_bounds(fake_python, hostile_user, tmp_path, shape):
+    record_alone(fake_python, hostile_user, tmp_path, shape, SHAPES[shape])
+
+
+# Issue 40: fakes of 3.13, whose layout is the process's own _Py_DebugOffsets (the start of _PyRuntime):
+# (offsets, shape) -> what their samples are counted under
+OFFSETS = {
+    "honest": POSITIONS_313,  # the v3.13.0 header's: the fake is walked as any 3.13 (what proves the others)
+    "frame's previous is its code object": {**POSITIONS_313, 232: 0},  # interpreter_frame.previous = executable
+}
+SHAPES_313 = {("honest", "deep"): "depth_limit", ("honest", "threads"): "no_thread",
+              ("frame's previous is its code object", "alias"): "loop"}
+
+
+@pytest.fixture(scope="module")
+def fakes_313(bpf_ready, hostile_user: HostileUser) -> dict[str, Path]:
+    """fakepython.c built as python3.13 with each of OFFSETS, the user's files."""
+    built = {}
+    for number, (name, positions) in enumerate(OFFSETS.items()):
+        folder = hostile_user.home / f"pyfake313-{number}"
+        folder.mkdir()
+        built[name] = build_fake_python(folder, "python3.13", 0x030D00F0, synthesized(positions, 0x030D00F0, 584))
+        for path in (folder, built[name]):
+            os.chown(path, hostile_user.uid, hostile_user.gid)
+    return built
+
+
+@pytest.mark.parametrize("offsets, shape", SHAPES_313)
+def test_a_fake_313_is_walked_within_bounds(fakes_313, hostile_user, tmp_path, offsets, shape):
+    """Debug offsets that pass every check yet alias two fields (a frame's previous read from where its code
+    object is): the walk ends as it does for the 3.11 fakes' loops."""
+    record_alone(fakes_313[offsets], hostile_user, tmp_path, shape, SHAPES_313[offsets, shape])
+
+
+def record_alone(fake: Path, user: HostileUser, tmp_path: Path, shape: str, expected: str | None) -> None:
+    """``record -p`` of the fake alone: bounded in time, memory and BPF time per sample, its samples counted
+    under ``expected`` (None: any), its names cut short, quiet."""
     out = tmp_path / "fake.data"
-    proc = spawn_fake(hostile_user, fake_python, shape)
+    proc = spawn_fake(user, fake, shape)
     try:
         with bpf_stats_enabled():
             running = Running(["record", "-F", "999", "-p", str(proc.pid), "-o", str(out)], tmp_path)
@@ -151,13 +189,16 @@ def test_each_fake_alone_is_walked_within_bounds(fake_python, hostile_user, tmp_
     run.assert_sane(max_wall_s=WINDOW_S + 120)
     assert run.returncode == 0 and run.stop_s < 10, run.describe()
     per_sample = bpf_ns_per_sample(before, after)
-    print(f"\nFIGURES {shape}: BPF {per_sample / 1000:.1f} us per sample" if per_sample else "")
+    print(f"\nFIGURES {fake.name} {shape}: BPF {per_sample / 1000:.1f} us per sample" if per_sample else "")
     assert per_sample is not None and per_sample <= MAX_BPF_NS_PER_SAMPLE, (per_sample, before, after)
     meta = report_json(out)["meta"]
     outcomes = meta["python"]
-    expected = SHAPES[shape]
-    assert samples_counted(outcomes) > 0, outcomes
-    assert expected is None or outcome_count(outcomes, expected) >= 0.8 * samples_counted(outcomes), outcomes
+    # A fake never leaves its eval function: its samples without an interpreter frame ("native_only") are
+    # those before the walker had it (record -p samples from the start; under load the walker's tables come
+    # seconds later: 20-27 % of the samples at load 30), not an outcome of its shape
+    walked = samples_counted(outcomes) - outcomes.get("native_only", 0)
+    assert walked > 0, outcomes
+    assert expected is None or outcome_count(outcomes, expected) >= 0.8 * walked, outcomes
     rows = report_json(out, "--children", "--sort", "dso,symbol")["rows"]
     longest = max(rows, key=lambda row: len(row["symbol"]) + len(row["dso"]))
     assert len(longest["symbol"]) <= MAX_NAME_CHARS and len(longest["dso"]) <= MAX_NAME_CHARS, longest

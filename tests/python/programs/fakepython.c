@@ -1,6 +1,8 @@
 /* A process that fakes a CPython 3.11 (built as "python3.11" with -rdynamic so _PyRuntime, Py_Version and
  * _PyEval_EvalFrameDefault are in .dynsym), for the hostile-input tests of frontend/python/ and of the BPF
- * walker (bpf/python.c). The layout's offsets come as -D flags from the test (optrace's 3.11 table).
+ * walker (bpf/python.c). The layout's offsets come as -D flags from the test (optrace's 3.11 table), or a
+ * 3.13+ one: then RUNTIME_PREFIX is the _Py_DebugOffsets the test made (the start of _PyRuntime) and
+ * CFRAME_CURRENT_FRAME is -1 (the thread state points at its frame).
  * Modes (argv[1]):
  *   garbage   _PyRuntime full of 0x41 bytes: interpreters.head points nowhere
  *   zero      _PyRuntime all zeros: an interpreter not started yet
@@ -18,6 +20,8 @@
  *   tables    the deep chain, each frame with a code object of its own (CODES of them) whose line table is one
  *             bytes object of 1 MiB of valid one-instruction entries, its instructions near the end of it;
  *             with "spin", the top 256 frames are given other code objects and instructions all the time
+ *   alias     the deep chain, and the code object's first word points at the code object (with debug offsets
+ *             whose frame "previous" is the frame's code object: a frame that is its own previous)
  *   rewrite   the deep chain, while a second thread rewrites the frames' previous, code and instruction
  *             pointers with garbage, loops and other frames all the time (memory changing under the walk)
  * With "spin" as argv[2] the main thread burns CPU inside _PyEval_EvalFrameDefault (a sampling profiler's
@@ -32,8 +36,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#ifndef RUNTIME_PREFIX
+#define RUNTIME_PREFIX 0
+#endif
 const unsigned long Py_Version = PY_VERSION_HEX;
-unsigned char _PyRuntime[1 << 16];
+unsigned char _PyRuntime[1 << 16] = {RUNTIME_PREFIX};
 #define FRAMES 10000
 #define FRAME_SIZE 256
 #define NAMES 9
@@ -73,14 +80,15 @@ static void fake_thread(unsigned char *state, uint64_t thread_id, uint64_t nativ
     put(state + TSTATE_INTERP, back_pointer_ok ? addr(interp) : addr(arena + 64));
     put(state + TSTATE_THREAD_ID, thread_id);
     put(state + TSTATE_NATIVE_THREAD_ID, native_id);
-    put(state + TSTATE_FRAME, addr(cframe));
+    put(state + TSTATE_FRAME, CFRAME_CURRENT_FRAME < 0 ? addr(frame0) : addr(cframe));
 }
 
 static void fake_interpreter(int frames, int loop, int back_pointer_ok) {
     put(_PyRuntime + INTERPRETERS_HEAD, addr(interp));
     put(interp + INTERP_THREADS_HEAD, addr(tstate));
     fake_thread(tstate, (uint64_t)pthread_self(), (uint64_t)gettid(), back_pointer_ok);
-    put(cframe + CFRAME_CURRENT_FRAME, addr(frame0));
+    if (CFRAME_CURRENT_FRAME >= 0)
+        put(cframe + CFRAME_CURRENT_FRAME, addr(frame0));
     for (int i = 0; i < frames; i++) {
         unsigned char *frame = frame0 + i * FRAME_SIZE;
         unsigned char *previous = i + 1 < frames ? frame + FRAME_SIZE : (loop ? frame0 : NULL);
@@ -186,6 +194,10 @@ int main(int argc, char **argv) {
         fake_interpreter(FRAMES, 0, 1);
     else if (!strcmp(mode, "tables"))
         fake_tables();
+    else if (!strcmp(mode, "alias")) {
+        fake_interpreter(FRAMES, 0, 1);
+        put(code, addr(code));
+    }
     else if (!strcmp(mode, "rewrite")) {
         pthread_t thread;
         fake_interpreter(FRAMES, 0, 1);
