@@ -13,6 +13,7 @@ setup: system venv bytecode workloads cli-docs warm
 system:
 	@if [ "$$(id -u)" -ne 0 ]; then echo "make setup needs root (system packages, kernel headers, tracefs): run with sudo" >&2; exit 1; fi
 	@sh scripts/setup-system.sh
+	@sh scripts/setup-sid-root.sh
 
 $(PY):
 	$(PYTHON_SYS) -m venv --system-site-packages $(VENV)

@@ -147,21 +147,21 @@ def measure_deep(rounds: int, workdir: Path) -> dict:
 
 # (b) slowdown of a fixed-work job --------------------------------------------------------------------------
 
-def job(tool: Tool | None, hz: int, workdir: Path) -> dict:
-    """One run of the fixed-work job (Debian's python3.11, 10 frames deep), profiled by ``tool`` from when
-    its samples are walked as they will be (optrace: its tables and interpreter in the walkers; py-spy: one
-    second after its launch, once it reads the process) or not profiled."""
-    with Target([PYTHON, str(PYFIXED), "--depth", str(JOB_DEPTH), "--rounds", str(JOB_ROUNDS)]) as target:
+def job(tool: Tool | None, hz: int, workdir: Path, python: list[str] | None = None, settle_s: float = 1.0) -> dict:
+    """One run of the fixed-work job (``python``: Debian's python3.11 by default; 10 frames deep), profiled by
+    ``tool`` from when its samples are walked as they will be (optrace: its tables and interpreter in the
+    walkers; the others: ``settle_s`` after their launch, once they read the process) or not profiled."""
+    with Target([*(python or [PYTHON]), str(PYFIXED), "--depth", str(JOB_DEPTH), "--rounds", str(JOB_ROUNDS)]) as target:
         if tool is None:
             result = json.loads(target.release())
             target.close()
             return result
         out = workdir / f"job-{hz}.out"
         with Recording(tool, tool.record_pid(target.pid, hz, out), out) as recording:
-            if tool is PY_SPY_TOOL:
-                time.sleep(1.0)
-            else:
+            if tool is TOOLS["optrace"]:
                 wait_walked(recording.launched.pid, target.pid, True)
+            else:
+                time.sleep(settle_s)
             result = json.loads(target.release())
             run, samples = recording.stop()
         target.close()

@@ -44,6 +44,15 @@ class KernelOffsets:
     binprm_filename: int
     task_fsbase: int = 0  # task_struct.thread.fsbase (python.c); 0: unknown, Python threads are not found
     task_state: int = 0  # task_struct.__state (offcpu.c); 0: unknown, the headers' offset is used
+    # task_struct.se.sum_exec_runtime and .start_time (profile.c: the CPU time of a thread that ends between
+    # two ticks); 0: unknown, the headers' offsets are used
+    task_runtime: int = 0
+    task_start_time: int = 0
+
+    def values(self) -> tuple[int, ...]:
+        """In enum kernel_offset's order (kernel_offsets.h)."""
+        return (self.task_tgid, self.binprm_filename, self.task_fsbase, self.task_state, self.task_runtime,
+                self.task_start_time)
 
 
 @functools.cache
@@ -63,12 +72,16 @@ def kernel_offsets(path: str = VMLINUX) -> KernelOffsets | None:
         thread = types.member_offset("task_struct", "thread")
         fsbase = types.member_offset("thread_struct", "fsbase")
         state = types.member_offset("task_struct", "__state")
+        entity = types.member_offset("task_struct", "se")
+        runtime = types.member_offset("sched_entity", "sum_exec_runtime")
+        start_time = types.member_offset("task_struct", "start_time")
     except (BtfError, struct.error):
         return None
     if tgid is None or filename is None:
         return None
     return KernelOffsets(tgid, filename, thread + fsbase if thread is not None and fsbase is not None else 0,
-                         state or 0)
+                         state or 0, entity + runtime if entity is not None and runtime is not None else 0,
+                         start_time or 0)
 
 
 class BtfTypes:

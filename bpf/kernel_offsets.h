@@ -8,6 +8,8 @@ enum kernel_offset {
     BINPRM_FILENAME,  // struct linux_binprm, filename
     TASK_FSBASE,      // struct task_struct, thread.fsbase (x86_64: a thread's TLS base, pthread_self())
     TASK_STATE,       // struct task_struct, __state (offcpu.c: why a thread leaves its CPU)
+    TASK_RUNTIME,     // struct task_struct, se.sum_exec_runtime (profile.c: a thread's CPU time at its exit)
+    TASK_START_TIME,  // struct task_struct, start_time (profile.c: born since the sampler attached)
     NR_KERNEL_OFFSETS,
 };
 
@@ -24,6 +26,10 @@ static inline u32 kernel_offset(u32 index)
         return HEADER_OFFSET(struct task_struct, thread.fsbase);
     if (index == TASK_STATE)
         return HEADER_OFFSET(struct task_struct, __state);
+    if (index == TASK_RUNTIME)
+        return HEADER_OFFSET(struct task_struct, se.sum_exec_runtime);
+    if (index == TASK_START_TIME)
+        return HEADER_OFFSET(struct task_struct, start_time);
     return HEADER_OFFSET(struct linux_binprm, filename);
 }
 

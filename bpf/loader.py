@@ -159,8 +159,7 @@ def _compiled(text: bytes, cflags: Sequence[str], kernel_headers: bool) -> tuple
             os.close(fd)
         compiled, map_fds = start_compile(lambda: compile_program(text, _flags(cflags, True))).result()
     if offsets is not None:
-        compiled = replace(compiled, kernel_offsets=(offsets.task_tgid, offsets.binprm_filename, offsets.task_fsbase,
-                                                     offsets.task_state))
+        compiled = replace(compiled, kernel_offsets=offsets.values())
     release_free_memory()
     release_compiler_code()
     return compiled, map_fds
@@ -182,8 +181,7 @@ def own_types_apply() -> bool:
 
 
 def set_kernel_offsets(program, offsets: Sequence[int] | None) -> None:
-    """The programs' kernel field offsets (enum kernel_offset's order: task_tgid, binprm_filename, task_fsbase,
-    task_state)."""
+    """The programs' kernel field offsets (enum kernel_offset's order: btf.KernelOffsets.values)."""
     if offsets is None:
         return
     table = program[b"kernel_offsets"]

@@ -17,6 +17,13 @@
 // `active`), which the frontend flips and drains with the CPU counts. The key names stacks in the stack
 // store by hash; the frontend keeps the records of stacks that open waits name (bpf/offcpu.py).
 //
+// Wakers (-DWAKERS, record --wakers): the wait's time goes to wakeup_counts instead, under its key and the key of
+// the thread that woke it (its stacks at the wake-up, walked by wakers.c on sched_waking), as BCC's offwaketime
+// joins them, and whether it slept; a wait that was preempted, or whose waker was not seen, has a zero waker. The
+// waker is kept per woken task in `wakers` until that task runs again; it belongs to the wait only if it came
+// after the switch-out began (the wait's `since`): a wake-up may come while the switch-out's walk still runs
+// on the other CPU, and an older one was of a wait that was not recorded.
+//
 // WAIT_EVERY > 1: one wait in WAIT_EVERY (on average) is recorded and counted WAIT_EVERY times (its time,
 // and the lost counters it adds to), so the sums stay estimates of all the waits' time while only one
 // switch-out in WAIT_EVERY pays for stacks. Chosen at random: a counter would always pick the same one of
@@ -38,7 +45,17 @@
 
 struct wait_t {
     u64 ts;
+    u64 since;    // when the switch-out began (ts: when its stacks were taken)
+    u32 blocked;  // the thread slept (a wake-up ends the wait), else it was preempted
+    u32 pad;
     struct key_t key;
+};
+
+// What on_switch_out knew when it began, for the walk's end (open_wait): programs run to their end on a CPU.
+struct switch_out_t {
+    u64 since;
+    u32 blocked;
+    u32 pad;
 };
 
 // Indices into `wait_lost` (keep in sync with LOST_REASONS in offcpu.py).
@@ -48,19 +65,42 @@ enum wait_lost_reason {
     WAIT_COUNTS_MAP_FULL,
     WAIT_SHORT,
     WAIT_MISSED_SWITCH_INS,
+    WAKEUP_COUNTS_MAP_FULL,
     NR_WAIT_LOST,
 };
 
+#ifndef WAKERS
 BPF_HASH(wait_counts0, struct key_t, u64, WAIT_COUNTS_SIZE);
 BPF_HASH(wait_counts1, struct key_t, u64, WAIT_COUNTS_SIZE);
+#endif
 BPF_TABLE("lru_hash", u64, struct wait_t, wait_start, WAIT_START_SIZE);
 BPF_PERCPU_ARRAY(wait_lost, u64, NR_WAIT_LOST);
+BPF_PERCPU_ARRAY(switch_outs, struct switch_out_t, 1);
+
+#ifdef WAKERS
+struct waker_t {
+    u64 ts;  // when its stacks were taken
+    struct key_t key;
+};
+
+struct wakeup_key_t {
+    struct key_t blocked;
+    struct key_t waker;  // zero: none seen
+    u32 slept;           // the thread slept (else it was preempted: no waker)
+    u32 pad;
+};
+
+BPF_HASH(wakeup_counts0, struct wakeup_key_t, u64, WAIT_COUNTS_SIZE);
+BPF_HASH(wakeup_counts1, struct wakeup_key_t, u64, WAIT_COUNTS_SIZE);
+BPF_TABLE("lru_hash", u64, struct waker_t, wakers, WAIT_START_SIZE);  // woken task -> its last waker
+#endif
 
 // How many open waits (`wait_start` entries) hash to each slot. Every switch on the machine asks whether the
 // thread coming in has an open wait: a slot at 0 answers no with one array read instead of a hash lookup.
-// Counted up after an entry is added and down after one is deleted, so a slot is never below its entries
-// (the task that owns an entry is not switched in on another CPU while it is being switched out); an entry
-// the LRU evicts leaves its slot counted: that only costs a lookup.
+// Counted up when a switch-out begins to open an entry (so a wake-up during its walk finds the slot counted,
+// wakers.c) and down after one is deleted, so a slot is never below its entries (the task that owns an entry
+// is not switched in on another CPU while it is being switched out); an entry the LRU evicts, or one that
+// could not be added, leaves its slot counted: that only costs a lookup.
 #define OPEN_SLOTS 65536
 BPF_ARRAY(open_waits, u32, OPEN_SLOTS);
 
@@ -108,14 +148,61 @@ static inline int kept_state(u32 state)
 static inline void open_wait(u64 task, struct key_t *key)
 {
     struct wait_t entry = {.ts = bpf_ktime_get_ns()};
+    u32 zero = 0;
+    struct switch_out_t *begun = switch_outs.lookup(&zero);
+    entry.since = begun ? begun->since : entry.ts;
+    entry.blocked = begun ? begun->blocked : 1;
     entry.key = *key;
     if (!key->user)
         count_wait_lost(WAIT_USER_STACK_MISSING);
-    u32 *slot = open_slot(task);
-    if (wait_start.update(&task, &entry) == 0 && slot)
-        __sync_fetch_and_add(slot, 1);
+    wait_start.update(&task, &entry);
 }
 
+#ifdef WAKERS
+// A waker's stacks are taken (wakers.c): kept for the woken task until it runs again.
+static inline void note_waker(u64 wakee, struct key_t *key)
+{
+    struct waker_t waker = {.ts = bpf_ktime_get_ns()};
+    waker.key = *key;
+    wakers.update(&wakee, &waker);
+}
+
+// The wait's time under its key and its waker's (a zero key when it was preempted, or no waker came after
+// it began); the task's waker is forgotten. Written out per map: BCC accepts map calls only literally.
+static inline void add_wakeup_time(struct wait_t *entry, u64 task, u32 set, u64 delta)
+{
+    struct wakeup_key_t key = {};
+    key.blocked = entry->key;
+    key.slept = entry->blocked;
+    struct waker_t *waker = wakers.lookup(&task);
+    if (waker) {
+        if (entry->blocked && waker->ts >= entry->since)
+            key.waker = waker->key;
+        wakers.delete(&task);
+    }
+    u64 zero = 0;
+    u64 *value;
+    if (set == 1) {
+        value = wakeup_counts1.lookup(&key);
+        if (!value) {
+            wakeup_counts1.insert(&key, &zero);
+            value = wakeup_counts1.lookup(&key);
+        }
+    } else {
+        value = wakeup_counts0.lookup(&key);
+        if (!value) {
+            wakeup_counts0.insert(&key, &zero);
+            value = wakeup_counts0.lookup(&key);
+        }
+    }
+    if (value)
+        __sync_fetch_and_add(value, delta);
+    else
+        count_wait_lost(WAKEUP_COUNTS_MAP_FULL);
+}
+#endif
+
+#ifndef WAKERS
 // Written out per map: BCC accepts map calls only literally.
 static inline void add_wait_time(struct key_t *key, u32 set, u64 delta)
 {
@@ -139,6 +226,7 @@ static inline void add_wait_time(struct key_t *key, u32 set, u64 delta)
     else
         count_wait_lost(WAIT_COUNTS_MAP_FULL);
 }
+#endif
 
 // args: bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state
 // Attached by offcpu.py (a RAW_TRACEPOINT_PROBE would be attached at load, before the targets are set).
@@ -151,15 +239,22 @@ int on_switch_in(struct bpf_raw_tracepoint_args *ctx)
     if (!entry)
         return 0;
     u64 delta = bpf_ktime_get_ns() - entry->ts;
-    struct key_t key = entry->key;
+    struct wait_t wait = *entry;
     if (delta < MIN_BLOCK_NS) {
+#ifdef WAKERS
+        wakers.delete(&task);
+#endif
         forget_wait(task);
         count_wait_lost(WAIT_SHORT);
         return 0;
     }
     u32 zero = 0;
     u32 *set = active.lookup(&zero);
-    add_wait_time(&key, set ? *set : 0, delta * WAIT_EVERY);
+#ifdef WAKERS
+    add_wakeup_time(&wait, task, set ? *set : 0, delta * WAIT_EVERY);
+#else
+    add_wait_time(&wait.key, set ? *set : 0, delta * WAIT_EVERY);
+#endif
     // Only now: a drain that finds no entry for this wait finds its count (see offcpu.py's drain).
     forget_wait(task);
     return 0;
@@ -198,6 +293,14 @@ int on_switch_out(struct bpf_perf_event_data *ctx)
     if (bpf_get_prandom_u32() >= WAIT_THRESHOLD)
         return 0;
 #endif
+    struct switch_out_t *begun = switch_outs.lookup(&zero);
+    if (begun) {
+        begun->since = bpf_ktime_get_ns();
+        begun->blocked = state != 0;
+    }
+    u32 *slot = open_slot(task);  // a wait is being opened (every way on ends in open_wait)
+    if (slot)
+        __sync_fetch_and_add(slot, 1);
     u32 *active_set = active.lookup(&zero);
     u32 set = active_set ? *active_set : 0;
     struct key_t key = {.pid = tgid, .tid = (u32)id};
@@ -213,7 +316,7 @@ int on_switch_out(struct bpf_perf_event_data *ctx)
 #ifdef CFI_UNWIND
     // Processes with unwind tables: opened there (no return); those without get a copy of their stack.
     if (unwind_user_stack(ctx, &key, set, kernel_missing, task))
-        copy_sample_stack(ctx, &key);
+        copy_sample_stack(ctx, &key, set, kernel_missing, task);
 #endif
     take_user_stack(ctx, &key, &user_missing, &files_only);
     open_wait(task, &key);

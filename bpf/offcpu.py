@@ -3,8 +3,10 @@ build flags, its attachments (the sched_switch raw tracepoint and the software c
 time sums a drain takes, and the stacks open waits still name.
 
 Waits are walked by the CPU sampler's own programs (the CFI walker, Python frames) and named by the same
-decoder: bpf/profiler.py drains them with the CPU counts, from the same flip of the active set. This module
-and its siblings are the only ones that load BPF programs (bpf/loader.py).
+decoder: bpf/profiler.py drains them with the CPU counts, from the same flip of the active set. With wakers
+(wakers.c), each wait's time comes joined to the stacks of the thread that woke it, walked by copies of the
+same programs loaded as raw tracepoint programs (:meth:`OffCpuWaits.load_walker`). This module and its
+siblings are the only ones that load BPF programs (bpf/loader.py).
 """
 from __future__ import annotations
 
@@ -15,17 +17,21 @@ from optrace.bpf.abi import PerfSWConfig, PerfType, ProgType
 from optrace.bpf.loader import counter_increments, load_function
 from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.perfevents import TaskEvents
+from optrace.bpf.unwindmaps import PROG_UNWIND_STEP, PYTHON_PROGRAMS
 from optrace.errors import OptraceError
 from optrace.kernel import OFF_CPU_HOOK
 
 TRACEPOINT = "sched_switch"
+WAKING = "sched_waking"  # fired by try_to_wake_up in the waker's context (wakers.c)
 ATTACHMENT = OFF_CPU_HOOK  # what doctor and the record's header say is used
 LOST_REASONS = ("user_stack_missing", "kernel_stack_missing", "counts_map_full", "short_waits",
-                "missed_switch_ins")  # enum wait_lost_reason
+                "missed_switch_ins", "wakeup_counts_map_full")  # enum wait_lost_reason
 # --state names -> the KEEP_* bits of offcpu.c
 STATES = {"running": 0x1, "sleeping": 0x2, "disk": 0x4}
 ALL_STATES = 0xF
 SWITCH_OUTS_PERIOD = 1  # the context-switch event's program runs at every switch
+# The walker's maps its copies for wakers use instead (wakers.c): a program array serves one program type
+WAKER_MAPS = {b"unwind_progs": b"waker_progs", b"unwind_states": b"waker_states"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class WaitOptions:
     every: int = 1
     counts_size: int = 40960
     start_size: int = 32768
+    wakers: bool = False
 
     def cflags(self) -> list[str]:
         mask = sum(STATES[state] for state in self.states) if self.states else ALL_STATES
@@ -49,6 +56,8 @@ class WaitOptions:
             flags.append(f"-DWAIT_THRESHOLD={(1 << 32) // self.every}U")
         if not self.kernel_stacks:
             flags.append("-DUSER_STACKS_ONLY")
+        if self.wakers:
+            flags.append("-DWAKERS")
         return flags
 
 
@@ -58,7 +67,9 @@ class OffCpuWaits:
 
     def __init__(self, bpf) -> None:
         self._bpf = bpf
-        self._counts = [MapTaker(bpf[f"wait_counts{index}".encode()]) for index in (0, 1)]
+        self.wakers = b"wakers" in bpf
+        counts = "wakeup_counts" if self.wakers else "wait_counts"
+        self._counts = [MapTaker(bpf[f"{counts}{index}".encode()]) for index in (0, 1)]
         self._lost_seen = [0] * len(LOST_REASONS)
         self._tasks: TaskEvents | None = None
 
@@ -68,6 +79,8 @@ class OffCpuWaits:
         except Exception as exc:
             raise OptraceError(f"cannot attach to the {ATTACHMENT}: {exc} (optrace doctor tells what is missing)"
                                ) from exc
+        if self.wakers:
+            self._bpf.attach_raw_tracepoint(tp=WAKING.encode(), fn_name=b"on_waking")
         switch_out = load_function(self._bpf, b"on_switch_out", ProgType.PERF_EVENT)
         software, switches = PerfType.SOFTWARE, PerfSWConfig.CONTEXT_SWITCHES
         if whole_machine:
@@ -77,6 +90,22 @@ class OffCpuWaits:
         self._tasks = TaskEvents(switch_out.fd, software, switches, SWITCH_OUTS_PERIOD, period=True)
         for pid in pids:
             self.add_process(pid)
+
+    def load_walker(self, python: bool) -> None:
+        """With wakers and the CFI walker: the walker's programs (and python.c's with ``python``) loaded again
+        as raw tracepoint programs for wakers.c, with their own program array and state; until then a
+        waker's stack is its frame-pointer one. Off the start-up path, as UnwindMaps.load_step."""
+        if not self.wakers or b"waker_progs" not in self._bpf:
+            return
+        programs = [(PROG_UNWIND_STEP, b"unwind_step")] + (list(PYTHON_PROGRAMS) if python else [])
+        try:
+            loaded = [(index, self._bpf.load_func_copy(b"waker_" + name, name, ProgType.RAW_TRACEPOINT, WAKER_MAPS).fd)
+                      for index, name in programs]
+        except Exception as exc:
+            raise OptraceError(f"the kernel did not load the waker walker: {exc}") from exc
+        progs = self._bpf[b"waker_progs"]
+        for index, fd in loaded:
+            progs[progs.Key(index)] = progs.Leaf(fd)
 
     def add_process(self, pid: int) -> None:
         if self._tasks is not None:
@@ -90,12 +119,15 @@ class OffCpuWaits:
         for entry in self._bpf[b"wait_start"].values():
             hashes.update((entry.key.user, entry.key.kernel))
             copies.add(entry.key.copy)
+        if self.wakers:  # each woken task's waker until it runs
+            hashes.update(stack for waker in self._bpf[b"wakers"].values() for stack in (waker.key.user, waker.key.kernel))
         hashes.discard(0)
         copies.discard(0)
         return hashes, copies
 
     def take(self, set_index: int) -> tuple[bytes, bytes]:
-        """The set's (keys, values) as bytes (profile.c's COUNT_KEY; u64 nanoseconds), the map emptied."""
+        """The set's (keys, values) as bytes (profile.c's COUNT_KEY, or with wakers two of them: the wait's
+        and its waker's; u64 nanoseconds), the map emptied."""
         keys, values, _ = self._counts[set_index].take()
         return keys, values
 

@@ -38,6 +38,8 @@ enum lost_reason {
     KERNEL_STACK_MISSING,
     COUNTS_MAP_FULL,
     IDLE,
+    ENDED_BETWEEN_TICKS,  // per-task events: samples owed to threads that ended between two ticks, not taken
+    CARRIED,  // not lost: samples taken for such threads at their process's next tick (see sample_due)
     NR_LOST,
 };
 
@@ -53,11 +55,16 @@ BPF_PERCPU_ARRAY(lost, u64, NR_LOST);
 BPF_HASH(targets, u32, u8, TARGETS_SIZE);
 BPF_PERF_OUTPUT(proc_events);
 
-static inline void count_lost(u32 reason)
+static inline void count_lost_n(u32 reason, u64 n)
 {
     u64 *slot = lost.lookup(&reason);
     if (slot)
-        (*slot)++;
+        *slot += n;
+}
+
+static inline void count_lost(u32 reason)
+{
+    count_lost_n(reason, 1);
 }
 
 static inline int is_target(u32 tgid)
@@ -68,6 +75,128 @@ static inline int is_target(u32 tgid)
     return 1;
 #endif
 }
+
+#ifdef FILTER_PIDS
+// Which ticks are samples, with events bound to the targets' threads. Each thread's event starts its period
+// at zero, so with a tick per sampling period a thread that lives less than one period was never sampled
+// (a thread-per-request server's threads never reached 10 ms: 0-5 % of its samples). The events tick at a
+// fraction of the period instead (profiler.py: TICK_NS), each tick adds its period to its process's time,
+// and the tick that crosses a multiple of the sampling period is a sample: a process's samples follow its
+// CPU time, not its threads' lifetimes. Its time starts at a random phase, so a process that runs less than
+// a period is sampled in proportion too. The CPU time of a thread between its last tick and its end is
+// added at its exit (the kernel's own count, exact there); a period it completes is owed, and the
+// process's next tick takes it (CARRIED).
+enum sampling_setting {
+    SAMPLE_NS = 0,  // the sampling period (1e9 / F); 0: every tick is a sample (an event counted in cycles)
+    ATTACHED_NS,    // bpf_ktime_get_ns() when the last events were opened: threads born later are counted whole
+    NR_SAMPLING_SETTINGS,
+};
+#define MAX_OWED 64  // samples owed to a process at most; more are lost (ENDED_BETWEEN_TICKS)
+
+struct process_time {
+    u64 ns;    // CPU time counted, from a random phase in [0, SAMPLE_NS)
+    u64 owed;  // periods completed by threads that ended between ticks, for the next ticks to take
+};
+
+BPF_ARRAY(sampling, u64, NR_SAMPLING_SETTINGS);  // set by the frontend before the attach
+BPF_TABLE("lru_hash", u32, struct process_time, process_times, PROCS_SIZE);
+BPF_TABLE("lru_hash", u32, u64, thread_times, TARGETS_SIZE);  // tid -> the CPU time its ticks counted
+
+static inline u64 sampling_setting(u32 index)
+{
+    u64 *value = sampling.lookup(&index);
+    return value ? *value : 0;
+}
+
+static inline struct process_time *process_time(u32 tgid, u64 period)
+{
+    struct process_time *time = process_times.lookup(&tgid);
+    if (time)
+        return time;
+    struct process_time fresh = {.ns = bpf_get_prandom_u32() % period};
+    process_times.insert(&tgid, &fresh);  // another CPU's insert first is kept
+    return process_times.lookup(&tgid);
+}
+
+// Adds `ns` to the process's time; how many multiples of the period it crossed.
+static inline u64 add_time(struct process_time *time, u64 ns, u64 period)
+{
+    u64 before = __sync_fetch_and_add(&time->ns, ns);
+    return (before + ns) / period - before / period;
+}
+
+static inline void owe(struct process_time *time, u64 samples)
+{
+    if (time->owed + samples > MAX_OWED) {
+        count_lost_n(ENDED_BETWEEN_TICKS, samples);
+        return;
+    }
+    __sync_fetch_and_add(&time->owed, samples);
+}
+
+static inline int sample_due(struct bpf_perf_event_data *ctx, u32 tid, u32 tgid)
+{
+    u64 period = sampling_setting(SAMPLE_NS);
+    if (!period)
+        return 1;
+    u64 ns = ctx->sample_period;  // (an inherited event's count cannot be read here: bpf_perf_prog_read_value)
+    u64 *counted = thread_times.lookup(&tid);
+    u64 sum = counted ? *counted + ns : ns;
+    thread_times.update(&tid, &sum);
+    struct process_time *time = process_time(tgid, period);
+    if (!time)
+        return 1;
+    u64 crossed = add_time(time, ns, period);
+    if (crossed > 1)
+        owe(time, crossed - 1);
+    if (crossed)
+        return 1;
+    if (time->owed == 0)
+        return 0;
+    u64 owed = __sync_fetch_and_add(&time->owed, -1);
+    if (owed == 0 || owed > MAX_OWED) {  // another CPU took the last one
+        __sync_fetch_and_add(&time->owed, 1);
+        return 0;
+    }
+    count_lost(CARRIED);
+    return 1;
+}
+
+// A target's thread ends: its CPU time since its last tick goes to its process (born before the events
+// were opened, its time is not all the recording's: left out, less than a tick). When the process ends,
+// what it is still owed is lost.
+static inline u64 time_since_last_tick(u32 tid)
+{
+    u64 *last = thread_times.lookup(&tid);
+    u64 counted = last ? *last : 0;
+    thread_times.delete(&tid);
+    void *task = (void *)bpf_get_current_task();
+    u64 started = 0, runtime = 0;
+    bpf_probe_read_kernel(&started, sizeof(started), task + kernel_offset(TASK_START_TIME));
+    if (started < sampling_setting(ATTACHED_NS))
+        return 0;
+    bpf_probe_read_kernel(&runtime, sizeof(runtime), task + kernel_offset(TASK_RUNTIME));
+    return runtime > counted ? runtime - counted : 0;
+}
+
+static inline void thread_ended(u32 tid, u32 tgid)
+{
+    u64 period = sampling_setting(SAMPLE_NS);
+    if (!period)  // every tick a sample: no time is kept
+        return;
+    u64 ns = time_since_last_tick(tid);
+    struct process_time *time = process_time(tgid, period);
+    if (!time)
+        return;
+    u64 crossed = add_time(time, ns, period);
+    if (tid != tgid) {
+        owe(time, crossed);
+        return;
+    }
+    count_lost_n(ENDED_BETWEEN_TICKS, crossed + time->owed);  // the process ends: nothing can take them
+    process_times.delete(&tgid);
+}
+#endif
 
 // `raw`: the key's user stack holds raw IPs (rawcounts), else counts. Written out per map: BCC accepts
 // map calls only literally, and a map cannot be picked at run time.
@@ -116,7 +245,8 @@ static inline void new_epoch(u32 tgid)
 static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set,
                                     int kernel_missing, u64 wait_task);  // unwind.c
 static inline void forget_unwind_table(u32 pid);  // unwind.c
-static inline u32 copy_sample_stack(struct bpf_perf_event_data *ctx, struct key_t *key);  // stackcopy.c
+static inline u32 copy_sample_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing,
+                                    u64 wait_task);  // stackcopy.c
 #endif
 
 // The process's epoch, set now if it has none.
@@ -190,6 +320,10 @@ int on_sample(struct bpf_perf_event_data *ctx)
     u32 *stopped = active.lookup(&one);
     if (stopped && *stopped)
         return 0;
+#ifdef FILTER_PIDS
+    if (!sample_due(ctx, (u32)id, tgid))
+        return 0;
+#endif
     int in_kernel = (ctx->regs.cs & 3) == 0;
     u32 *active_set = active.lookup(&zero);
     u32 set = active_set ? *active_set : 0;
@@ -202,7 +336,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
 #ifdef CFI_UNWIND
     // Processes with unwind tables are counted there (no return); those without get a copy of their stack.
     if (unwind_user_stack(ctx, &key, set, kernel_missing, 0))
-        copy_sample_stack(ctx, &key);
+        copy_sample_stack(ctx, &key, set, kernel_missing, 0);
 #endif
     take_user_stack(ctx, &key, &user_missing, &files_only);
     count_stack_loss(user_missing, kernel_missing);
@@ -240,6 +374,11 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
     u64 id = bpf_get_current_pid_tgid();
     u32 tgid = id >> 32;
+#ifdef FILTER_PIDS
+    if (!is_target(tgid))
+        return 0;
+    thread_ended((u32)id, tgid);
+#endif
     if ((u32)id != tgid || !is_target(tgid))
         return 0;
     epochs.delete(&tgid);

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import dataclasses
 import math
 import os
 import struct
@@ -43,13 +44,23 @@ UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see
 STACK_COPIES = Path(__file__).with_name("stackcopy.c")  # after it: stacks copied where it cannot walk (stackcopies.py)
 PYTHON_WALK = Path(__file__).with_name("python_walk.h")  # before unwind.c: its Python state
 PYTHON_WALKER = Path(__file__).with_name("python.c")  # after it, with python (see pythonmaps.py)
+COPY_PYTHON = Path(__file__).with_name("copypython.c")  # after python.c: a copied sample's Python frames
 OFF_CPU = Path(__file__).with_name("offcpu.c")  # after profile.c, with waits (see offcpu.py)
+WAKERS = Path(__file__).with_name("wakers.c")  # last, with waits' wakers (see offcpu.py)
 LOST_REASONS = (  # enum lost_reason in profile.c
     "user_stack_missing",
     "kernel_stack_missing",
     "counts_map_full",
     "idle",
+    "ended_between_ticks",
+    "carried",  # not lost: taken at the next tick of the process of a thread that ended between ticks
 )
+# With events bound to the targets' threads, they tick every TICK_NS of a thread's CPU time at most (a
+# sample is taken each 1e9 / F ns of its process's, profile.c's sample_due): a thread's first millisecond
+# can be sampled. Each tick is a timer interrupt of the thread's CPU (~20 us in this VM: 1 ms ticks cost a
+# busy target ~2 %, 0.25 ms ticks ~8 %, bench/README.md).
+TICK_NS = 1_000_000
+SAMPLE_NS, ATTACHED_NS = 0, 1  # enum sampling_setting
 NO_USER_STACK: tuple[tuple[UserFrame, ...], str, str] = ((), "", "")
 BUILD_ID_VALID = 1
 BUILD_ID_IP = 2
@@ -59,6 +70,11 @@ BUILD_ID_ENTRY = struct.Struct("<i20sQ")  # struct bpf_stack_build_id
 USER_KINDS = {STACK_RAW: "raw", STACK_BUILD_ID: "build_id", STACK_CFI: "cfi"}
 # struct key_t in profile.c: pid, tid, user and kernel stack hashes, epoch, user stack kind, copy id, comm
 COUNT_KEY = struct.Struct("=IIQQQII16s")
+# struct wakeup_key_t in offcpu.c: the wait's key, its waker's (zero: none seen), whether the thread slept
+WAKEUP_KEY = struct.Struct("=" + "IIQQQII16s" * 2 + "II")
+KEY_FIELDS = 8
+NO_WAKER = (0, 0, 0, 0, 0, 0, 0, bytes(16))
+UNSEEN_WAKER = RawSample(0, "", (), (), 0)  # RawSample.waker of a wait that slept, whose waker was not seen
 KEY_WORDS = COUNT_KEY.size // 4  # a key's u32 words: pid is word 0, the user stack's kind word 8
 COMM_OFFSET = COUNT_KEY.size - 16
 _KEY_BYTES = struct.Struct(f"{COUNT_KEY.size}s")
@@ -203,6 +219,7 @@ class Profiler:
         self.store: StackStore | None = None
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
         self.event = ""
+        self.tick_ns = 0  # once attached to the targets' threads: the events' period (ns; 0: per CPU or cycles)
         self._bpf = None
         self._set = 0
         self._lost_seen = [0] * len(LOST_REASONS)
@@ -258,13 +275,16 @@ class Profiler:
 
     def _sources(self) -> list[Path]:
         sources = [STACK_STORE, PROGRAM, FORKS] + ([OFF_CPU] if self._wait_options is not None else [])
-        if not self.cfi_unwind:
-            return sources
-        return sources + [PYTHON_WALK, UNWINDER, STACK_COPIES] + ([PYTHON_WALKER] if self.python_frames else [])
+        if self.cfi_unwind:
+            sources += [PYTHON_WALK, UNWINDER, STACK_COPIES] + ([PYTHON_WALKER, COPY_PYTHON] if self.python_frames else [])
+        return sources + ([WAKERS] if self._wait_options is not None and self._wait_options.wakers else [])
 
     def load_walker(self) -> None:
-        """The CFI walker's programs (and python.c's with ``python``), off the start-up path (unwindmaps.py)."""
+        """The CFI walker's programs (and python.c's with ``python``), off the start-up path (unwindmaps.py),
+        and their copies for wakers' stacks (offcpu.py)."""
         self.unwind.load_step(python=self.python_frames)
+        if self.waits is not None:
+            self.waits.load_walker(python=self.python_frames)
 
     def attach(self) -> None:
         """Start sampling: on every CPU for the whole machine, else on the targets' threads (and what they
@@ -274,12 +294,29 @@ class Profiler:
         else:
             name, ev_type, ev_config = self._task_event()
             prog_fd = load_function(self._bpf, b"on_sample", ProgType.PERF_EVENT).fd
-            self._tasks = TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
+            self._tasks = self._task_events(prog_fd, ev_type, ev_config)
             self.event = name
+            self._mark_attached()
             for pid in self._pids:
                 self._tasks.add_process(pid)
         if self.waits is not None:
             self.waits.attach(self._initial_pids is None, self._pids)
+
+    def _task_events(self, prog_fd: int, ev_type: int, ev_config: int) -> TaskEvents:
+        """cpu-clock events ticking every TICK_NS of a thread's CPU time at most, a sample each 1e9 / F ns of
+        its process's (profile.c's sample_due); cycles (counted in cycles, not time) at F, every tick a sample."""
+        if ev_type != PerfType.SOFTWARE:
+            return TaskEvents(prog_fd, ev_type, ev_config, self.frequency_hz, inherit=self._follow)
+        sample_ns = 1_000_000_000 // self.frequency_hz
+        self.tick_ns = min(sample_ns, TICK_NS)
+        settings = self._bpf[b"sampling"]
+        settings[settings.Key(SAMPLE_NS)] = settings.Leaf(sample_ns)
+        return TaskEvents(prog_fd, ev_type, ev_config, self.tick_ns, inherit=self._follow, period=True)
+
+    def _mark_attached(self) -> None:
+        """Threads born from now on have events from their start: their whole CPU time is the recording's."""
+        settings = self._bpf[b"sampling"]
+        settings[settings.Key(ATTACHED_NS)] = settings.Leaf(time.monotonic_ns())  # bpf_ktime_get_ns()'s clock
 
     def _task_event(self) -> tuple[str, int, int]:
         for name, ev_type, ev_config in self._event_choices():
@@ -315,6 +352,7 @@ class Profiler:
         targets[targets.Key(pid)] = targets.Leaf(1)
         self._pids.append(pid)
         if self._tasks is not None:
+            self._mark_attached()
             self._tasks.add_process(pid)
             if self.waits is not None:
                 self.waits.add_process(pid)
@@ -376,11 +414,20 @@ class Profiler:
         return samples
 
     def _drained_waits(self, decoder: "_Decoder", old: int, now: float) -> tuple[list[RawSample], dict[str, int]]:
-        """The off-CPU sums of the set no longer written (count: nanoseconds), and the waits' lost counters."""
+        """The off-CPU sums of the set no longer written (count: nanoseconds), each with its waker
+        (RawSample.waker) with wakers, and the waits' lost counters."""
         retried, self._waiting_waits = self._waiting_waits, []
-        samples = [decoder.sample(key, ns, now, missing_ok=True, tally=False) for key, ns in retried]
+        samples = [wait_sample(decoder, key, ns, now, missing_ok=True) for key, ns in retried]
         keys, values = self.waits.take(old)
-        samples += self._decoded(decoder, keys, values, now, self._waiting_waits, tally=False)
+        if not self.waits.wakers:
+            samples += self._decoded(decoder, keys, values, now, self._waiting_waits, tally=False)
+            return samples, self.waits.lost()
+        for key, ns in zip(WAKEUP_KEY.iter_unpack(keys), array.array("Q", values)):
+            sample = wait_sample(decoder, key, ns, now)
+            if sample is None:
+                self._waiting_waits.append((key, ns))
+            else:
+                samples.append(sample)
         return samples, self.waits.lost()
 
     def decode_folded(self, counts: Mapping[bytes, int],
@@ -539,6 +586,20 @@ class FrameDecoder:
                 break
             out.append(frame)
         return tuple(out)
+
+
+def wait_sample(decoder: "_Decoder", key: tuple, ns: int, now: float, missing_ok: bool = False) -> RawSample | None:
+    """A wait's sample: of a COUNT_KEY, or of a WAKEUP_KEY with its waker (RawSample.waker: None for a wait
+    that was preempted, UNSEEN_WAKER for one that slept and whose waker was not seen). None when a stack it
+    names is not read yet (unless ``missing_ok``)."""
+    blocked = decoder.sample(key[:KEY_FIELDS], ns, now, missing_ok, tally=False)
+    if blocked is None or len(key) == KEY_FIELDS or not key[-2]:
+        return blocked
+    waker_key = key[KEY_FIELDS:2 * KEY_FIELDS]
+    if waker_key == NO_WAKER:
+        return dataclasses.replace(blocked, waker=UNSEEN_WAKER)
+    waker = decoder.sample(waker_key, 0, 0.0, missing_ok, tally=False)
+    return None if waker is None else dataclasses.replace(blocked, waker=waker)
 
 
 def _build_id_frame(entry: bytes) -> UserFrame | None:

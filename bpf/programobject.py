@@ -14,7 +14,7 @@ import ctypes as ct
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -112,12 +112,27 @@ class ProgramObject:
         self.funcs[func_name] = loaded
         return loaded
 
-    def _load(self, func_name: bytes, prog_type: int, attach_type: int) -> Function:
+    def load_func_copy(self, alias: bytes, func_name: bytes, prog_type: int, maps: Mapping[bytes, bytes]) -> Function:
+        """The function loaded once more, as ``prog_type`` (kept as ``alias``), its references to each map
+        named in ``maps`` set to the map named for it instead: a program of another type needs program
+        arrays of its own (the kernel ties a program array to the type of the programs that use it), and
+        state of its own."""
+        if alias not in self.funcs:
+            fds = list(self._map_fds)
+            for old, new in maps.items():
+                found, replacement = self.compiled.table_index(old), self.compiled.table_index(new)
+                if found is None or replacement is None:
+                    raise Exception(f"Unknown table {old!r} or {new!r}")
+                fds[found] = self._map_fds[replacement]
+            self.funcs[alias] = self._load(func_name, prog_type, -1, fds)
+        return self.funcs[alias]
+
+    def _load(self, func_name: bytes, prog_type: int, attach_type: int, map_fds: list[int] | None = None) -> Function:
         function = self.compiled.function(func_name)
         if function is None:
             raise Exception(f"Unknown program {func_name!r}")
         try:
-            fd = bpfsyscall.load_program(prog_type, func_name, relocated(function, self._map_fds),
+            fd = bpfsyscall.load_program(prog_type, func_name, relocated(function, map_fds or self._map_fds),
                                          self.compiled.license, self.compiled.kern_version,
                                          attach_type if attach_type >= 0 else 0)
         except OSError as exc:

@@ -20,7 +20,6 @@
 // loop has a fixed bound, a chain that loops or runs too deep ends the stack's Python part with a status
 // (python_walk.status), and offsets from the map are masked to the windows read.
 
-#define PY_FRAMES_PER_PROG 16      // Python frames python_step puts per program
 #define PY_MAX_THREADS 256       // thread states searched per program
 #define PY_THREAD_PROGS 4        // programs a search may take: a thread beyond 1,024 states has no Python frames
 #define PY_MISS_NS 100000000ULL  // a thread not found is not searched for again for 100 ms
@@ -109,6 +108,15 @@ static inline int python_thread_ready(struct unwind_state *st, struct py_proc *p
     return 1;
 }
 
+// The rest of the thread's chain is put (rest mode): the sample ends with every Python frame and the native
+// frames walked before the rest began.
+static inline void python_rest_end(struct unwind_state *st)
+{
+    st->stack.status = UNWIND_DEPTH;
+    if (!st->py.status)
+        st->py.status = PY_NATIVE_CUT;
+}
+
 // python_step could not be reached (out of tail calls): the eval frame stays as it is and the stack ends here.
 static inline void python_give_up(void *ctx, struct unwind_state *st)
 {
@@ -144,19 +152,24 @@ int python_step(void *ctx)
     if (!proc || !s) {
         python_fail(&st->py, PY_NO_THREAD);
     } else if (st->py.state == PY_PENDING && !python_thread_ready(st, proc)) {
-        unwind_progs.call(ctx, PROG_PYTHON_THREAD);
+        walk_call(ctx, st, PROG_PYTHON_THREAD);
         python_fail(&st->py, PY_NO_THREAD);  // out of tail calls
     }
     int done = st->py.state != PY_READY;
     for (int i = 0; i < PY_FRAMES_PER_PROG && !done; i++)
         done = python_frame(st, proc, s);
     if (!done) {
-        unwind_progs.call(ctx, PROG_PYTHON_STEP);
+        walk_call(ctx, st, PROG_PYTHON_STEP);
         python_out_of_calls(st, PY_DEPTH);  // this call's Python frames are cut short
+    }
+    if (st->py.rest) {
+        python_rest_end(st);
+        unwind_finish(ctx, st);
+        return 0;
     }
     python_call_done(st);
     if (!st->py.native_done) {
-        unwind_progs.call(ctx, PROG_UNWIND_STEP);
+        python_rest_or_step(ctx, st);
         python_out_of_calls(st, PY_OK);
     }
     unwind_finish(ctx, st);
@@ -176,7 +189,7 @@ int python_thread(void *ctx)
     u64 base = thread_fs_base();
     if (!proc || !base) {
         python_fail(&st->py, PY_NO_THREAD);
-        unwind_progs.call(ctx, PROG_PYTHON_STEP);
+        walk_call(ctx, st, PROG_PYTHON_STEP);
         python_give_up(ctx, st);
         return 0;
     }
@@ -200,7 +213,7 @@ int python_thread(void *ctx)
     } else if (tstate && st->py.scans + 1 < PY_THREAD_PROGS) {
         st->py.scan = tstate;  // the list goes on: searched on by the next program
         st->py.scans++;
-        unwind_progs.call(ctx, PROG_PYTHON_THREAD);
+        walk_call(ctx, st, PROG_PYTHON_THREAD);
         python_fail(&st->py, PY_NO_THREAD);  // out of tail calls (not cached: the thread may be there)
     } else {
         found.tstate = 0;
@@ -208,7 +221,7 @@ int python_thread(void *ctx)
         py_threads.update(&key, &found);
         python_fail(&st->py, PY_NO_THREAD);
     }
-    unwind_progs.call(ctx, PROG_PYTHON_STEP);
+    walk_call(ctx, st, PROG_PYTHON_STEP);
     python_give_up(ctx, st);
     return 0;
 }
@@ -277,7 +290,7 @@ int python_capture(void *ctx)
     }
     st->py.scanned = first + PY_SCAN_FRAMES;
     if (st->py.scanned < len && *found < PY_CAPTURES_PER_SAMPLE)
-        unwind_progs.call(ctx, PROG_PYTHON_CAPTURE);  // the next frames; out of tail calls: capture these
+        walk_call(ctx, st, PROG_PYTHON_CAPTURE);  // the next frames; out of tail calls: capture these
 #pragma clang loop unroll(disable)
     for (int i = 0; i < PY_CAPTURES_PER_SAMPLE; i++) {
         struct py_seen_key key = {.pid = pid, .code = st->py.capture[i]};

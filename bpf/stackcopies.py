@@ -13,7 +13,7 @@ import threading
 
 from optrace.model import StackCopy
 
-HEAD = struct.Struct("<IIIIQQQQQII")  # struct copy_head
+HEAD = struct.Struct("<IIIIQQQQQII4Q")  # struct copy_head
 COPY_CONTINUES = 1  # copy_head.flags (unwind.c)
 COPY_RETURN_ADDRESS = 2
 MAX_BYTES = 28672  # COPY_MAX_BYTES: the bytes of stack a copy holds at most (a per-CPU map value is at most
@@ -61,9 +61,10 @@ def parse_copy(raw: bytes) -> tuple[int, StackCopy] | None:
     """(id, copy) of a ring record, None when it is not one stackcopy.c writes."""
     if len(raw) < HEAD.size:
         return None
-    copy_id, pid, _tid, size, epoch, exec_epoch, ip, sp, bp, flags, _ = HEAD.unpack_from(raw)
+    copy_id, pid, _tid, size, epoch, exec_epoch, ip, sp, bp, flags, _, *evals = HEAD.unpack_from(raw)
     if not copy_id or size > MAX_BYTES or HEAD.size + size > len(raw):
         return None
     stack = raw[HEAD.size:HEAD.size + size]
+    ranges = tuple((start, end) for start, end in zip(evals[0::2], evals[1::2]) if start < end)
     return copy_id, StackCopy(ip, sp, bp, stack, bool(flags & COPY_RETURN_ADDRESS), bool(flags & COPY_CONTINUES),
-                              pid, epoch, exec_epoch)
+                              pid, epoch, exec_epoch, ranges)

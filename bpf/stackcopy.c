@@ -10,6 +10,11 @@
 // own, decoded at every drain. A full ring costs the copy, not the sample: it takes the kernel's
 // frame-pointer stack as before (counted, `copies_full`).
 //
+// A Python process's copy keeps its Python frames, which live in the process's heap, not on its stack: the
+// copy's head has the interpreter's eval function (py_procs), and copy_sample_stack goes on in copy_python
+// (copypython.c), which stores the thread's Python frames as the sample's user stack; user space puts each
+// eval call's frames in place of its eval frame when it walks the copy (frontend/unwind/copies.py).
+//
 // The first copy of a process's epoch wakes user space (whose loop polls the ring's fd), which loads the
 // process's tables at once: its copies stop, and the ones taken are walked with the mappings it read.
 // The others do not wake anyone: the ring is read at every drain and every poll.
@@ -35,6 +40,7 @@ struct copy_head {
     u64 bp;
     u32 flags;  // COPY_* (unwind.c)
     u32 pad;
+    u64 eval[4];  // a Python process's eval function: [start, end) twice (py_procs), else zeros
 };
 
 struct copy_buffer {
@@ -90,6 +96,16 @@ static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32
     buf->head.bp = bp;
     buf->head.flags = flags;
     buf->head.pad = 0;
+    __builtin_memset(buf->head.eval, 0, sizeof(buf->head.eval));
+#ifdef PYTHON_UNWIND
+    struct py_proc *py = py_procs.lookup(&pid);
+    if (py) {
+        buf->head.eval[0] = py->eval_start0;
+        buf->head.eval[1] = py->eval_end0;
+        buf->head.eval[2] = py->eval_start1;
+        buf->head.eval[3] = py->eval_end1;
+    }
+#endif
     u32 id = __sync_fetch_and_add(last_id, 1) + 1;  // a u64: BPF's fetch-and-add returns 64-bit values only
     if (!id)  // wrapped: 0 means none
         id = __sync_fetch_and_add(last_id, 1) + 1;
@@ -113,11 +129,24 @@ static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32
 }
 
 // A sample of a process without an unwind table: its user registers and stack copied (on_sample, and
-// on_switch_out for off-CPU waits); 0 when there is no copy.
-static inline u32 copy_sample_stack(struct bpf_perf_event_data *ctx, struct key_t *key)
+// on_switch_out for off-CPU waits); 0 when there is no copy. A Python process's sample goes on in
+// copy_python (copypython.c), which takes its Python frames and counts it or opens its wait (``set``,
+// ``kernel_missing``, ``wait_task``: the caller's): no return then.
+static inline u32 copy_sample_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing,
+                                    u64 wait_task)
 {
     u64 ip, sp, bp;
     if (!user_registers(ctx, &ip, &sp, &bp))
         return 0;
-    return copy_user_stack(key, ip, sp, bp, 0);
+    u32 id = copy_user_stack(key, ip, sp, bp, 0);
+#ifdef PYTHON_UNWIND
+    u32 zero = 0, pid = key->pid;
+    struct unwind_state *st = (struct unwind_state *)unwind_states.lookup(&zero);
+    if (id && st && py_procs.lookup(&pid)) {
+        unwind_begin(st, key, set, kernel_missing, wait_task);
+        st->py.emitted = 0;
+        unwind_progs.call(ctx, PROG_COPY_PYTHON);  // the program is not loaded yet: the kernel's leaf
+    }
+#endif
+    return id;
 }

@@ -23,7 +23,7 @@
 // 999 Hz: 5.0 -> 4.8 us, measured when 8 was the default).
 
 #ifndef UNWIND_MAX_FRAMES
-#define UNWIND_MAX_FRAMES 256  // a power of two, frames of either kind (native, Python)
+#define UNWIND_MAX_FRAMES 512  // a power of two, frames of either kind (native, Python)
 #endif
 #define UNWIND_FRAMES_PER_PROG 4
 #define UNWIND_MAX_MAPPINGS 256  // executable file mappings per process, a power of two
@@ -54,7 +54,7 @@ enum unwind_status {
     UNWIND_NO_CFI,         // frame pointers could not go on where there is no CFI
     UNWIND_EXPRESSION,     // a rule that needs a DWARF expression
     UNWIND_READ_FAULT,     // the stack could not be read, or did not grow towards its base
-    UNWIND_DEPTH,          // UNWIND_MAX_FRAMES frames taken
+    UNWIND_DEPTH,          // UNWIND_STACK_CAP frames taken, or the sample's tail calls
     UNWIND_COPIED,         // a PC in a file mapped since the table was read: a copy of the stack goes on
 };
 
@@ -63,7 +63,8 @@ enum unwind_status {
 #define PROG_PYTHON_STEP 1    // python.c: the Python frames of one eval call
 #define PROG_PYTHON_THREAD 2  // python.c: the sampled thread's PyThreadState
 #define PROG_PYTHON_CAPTURE 3 // python.c: code objects of a new stack, captured for naming
-#define UNWIND_PROGS 4
+#define PROG_COPY_PYTHON 4    // copypython.c: the Python frames of a copied sample's thread
+#define UNWIND_PROGS 5
 
 // Indices into unwind_counters (keep in sync with UNWIND_COUNTERS in unwindmaps.py)
 enum unwind_counter {
@@ -129,6 +130,7 @@ struct unwind_state {
     u32 forgotten;       // see forget()
     u32 walked;          // native frames walked (a return address is looked up at pc - 1)
     u64 wait_task;       // off-CPU (offcpu.c): the task whose wait the stack opens; 0: a CPU sample
+    u64 wakee;           // a waker's stack (wakers.c): the task it woke, whose wait it joins; 0: none
     u32 stale;           // the process's mappings changed since its table was read (see unwind_frame)
     u32 fresh;           // the stack store had not held this stack yet (unwind_done)
     struct python_walk py;  // python.c's part of the walk (python_walk.h)
@@ -143,6 +145,15 @@ BPF_PERCPU_ARRAY(unwind_states, struct unwind_state_bytes, 1);
 BPF_PERCPU_ARRAY(unwind_counters, u64, UNWIND_NR_COUNTERS);
 BPF_PROG_ARRAY(unwind_progs, UNWIND_PROGS);
 
+#define UNWIND_STACK_CAP STORE_MAX_WORDS  // frames a stack holds: a stored record's most (508)
+
+// Tail-calls the walk's program `prog`: returns only when the call could not be made (out of tail calls).
+static inline void walk_call(void *ctx, struct unwind_state *st, u32 prog)
+{
+    st->py.tail_calls++;
+    unwind_progs.call(ctx, prog);
+}
+
 static inline void unwind_count(u32 counter)
 {
     u64 *slot = unwind_counters.lookup(&counter);
@@ -150,15 +161,9 @@ static inline void unwind_count(u32 counter)
         (*slot)++;
 }
 
-// The user registers: the sample's when it hit user mode, else those the task saved on kernel entry.
-static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *sp, u64 *bp)
+// The user registers the task saved on kernel entry (0 for a kernel thread, or none saved).
+static inline int task_user_registers(u64 *ip, u64 *sp, u64 *bp)
 {
-    if ((ctx->regs.cs & 3) == 3) {
-        *ip = ctx->regs.ip;
-        *sp = ctx->regs.sp;
-        *bp = ctx->regs.bp;
-        return 1;
-    }
     struct task_struct *task = bpf_get_current_task_btf();
     struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
     u64 cs = 0;
@@ -171,12 +176,51 @@ static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *
     return *ip != 0;
 }
 
+// The user registers: the sample's when it hit user mode, else those the task saved on kernel entry.
+static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *sp, u64 *bp)
+{
+    if ((ctx->regs.cs & 3) == 3) {
+        *ip = ctx->regs.ip;
+        *sp = ctx->regs.sp;
+        *bp = ctx->regs.bp;
+        return 1;
+    }
+    return task_user_registers(ip, sp, bp);
+}
+
 static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32 flags);  // stackcopy.c
 
 // The process exec'd: its mappings are all new (profile.c's exec tracepoint).
 static inline void forget_unwind_table(u32 pid)
 {
     unwind_procs.delete(&pid);
+}
+
+// A walk's state from its start: the sample's key, count set and wait, no frame yet.
+static inline void unwind_begin(struct unwind_state *st, struct key_t *key, u32 set, int kernel_missing, u64 wait_task)
+{
+    u32 zero = 0, pid = key->pid;
+    u64 *generation = unwind_generation.lookup(&zero);
+    st->key = *key;
+    st->set = set;
+    st->raw_frames = 0;
+    st->kernel_missing = kernel_missing;
+    st->stack.len = 0;
+    st->stack.status = UNWIND_DEPTH;
+    st->walked = 0;
+    st->fresh = 0;
+    st->wait_task = wait_task;
+    st->wakee = 0;
+    python_walk_start(&st->py, pid);
+    st->hash = (FNV_BASIS ^ STACK_CFI ^ (generation ? *generation : 0) << 8) * FNV_PRIME;
+}
+
+// A walk's state from the first frame on (its registers are set), with the process's table.
+static inline void unwind_start(struct unwind_state *st, struct unwind_proc *proc, struct key_t *key, u32 set,
+                                int kernel_missing, u64 wait_task)
+{
+    unwind_begin(st, key, set, kernel_missing, wait_task);
+    st->stale = proc->epoch != current_epoch(key->pid);
 }
 
 // Called by on_sample; returns only when the sample is not unwound here (the process has no mapping
@@ -201,19 +245,7 @@ static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_
         unwind_count(UNWIND_NO_USER_REGS);
         return 0;
     }
-    st->stale = proc->epoch != current_epoch(pid);
-    u64 *generation = unwind_generation.lookup(&zero);
-    st->key = *key;
-    st->set = set;
-    st->raw_frames = 0;
-    st->kernel_missing = kernel_missing;
-    st->stack.len = 0;
-    st->stack.status = UNWIND_DEPTH;
-    st->walked = 0;
-    st->fresh = 0;
-    st->wait_task = wait_task;
-    python_walk_start(&st->py, pid);
-    st->hash = (FNV_BASIS ^ STACK_CFI ^ (generation ? *generation : 0) << 8) * FNV_PRIME;
+    unwind_start(st, proc, key, set, kernel_missing, wait_task);
     unwind_progs.call(ctx, PROG_UNWIND_STEP);
     return 1;  // the walker is not loaded yet
 }
@@ -280,7 +312,7 @@ static inline int push_frame(struct unwind_state *st, u64 frame)
     // Hides n's range from clang: knowing it (< UNWIND_MAX_FRAMES, one more per inlined frame), the optimizer
     // spent 0.6 s of the 1.5 s compile on this file here (0.15 s without); the verifier still sees the check.
     asm volatile("" : "+r"(n));
-    if (n >= UNWIND_MAX_FRAMES) {
+    if (n >= UNWIND_STACK_CAP) {
         st->stack.status = UNWIND_DEPTH;
         return 1;
     }
@@ -342,7 +374,7 @@ static inline void python_inline(struct unwind_state *st)
 // frames that call ran in its place (python.c), once the caller's registers are found.
 static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc)
 {
-    if (st->stack.len >= UNWIND_MAX_FRAMES) {
+    if (st->stack.len >= UNWIND_STACK_CAP) {
         st->stack.status = UNWIND_DEPTH;
         return 1;
     }
@@ -426,14 +458,10 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
     return 0;
 }
 
-// The walk is over: store the stack (once per store epoch) and count the sample under it; when the store
-// is full, the sample keeps no user stack.
-static inline void unwind_done(void *ctx, struct unwind_state *st)
+// The walked stack stored (once per store epoch) as the sample's user stack; when the store is full, the
+// sample keeps none.
+static inline void unwind_store(struct unwind_state *st)
 {
-    st->key.copy = 0;
-    if (st->stack.status == UNWIND_COPIED &&
-        !copy_user_stack(&st->key, st->ip, st->sp, st->bp, COPY_CONTINUES | (st->walked ? COPY_RETURN_ADDRESS : 0)))
-        st->stack.status = UNWIND_NO_CFI;  // no room for the copy: the walk ends here
     u32 status = st->stack.status | st->py.status << 8;
     u64 hash = (st->hash ^ st->stack.len) * FNV_PRIME;
     hash = (hash ^ status) * FNV_PRIME;
@@ -445,6 +473,28 @@ static inline void unwind_done(void *ctx, struct unwind_state *st)
     st->key.epoch = 0;
     if (!st->key.user)
         unwind_count(UNWIND_STACKS_FULL);
+}
+
+// The walk is over: store the stack (once per store epoch) and count the sample under it; when the store
+// is full, the sample keeps no user stack.
+static inline void unwind_done(void *ctx, struct unwind_state *st)
+{
+    st->key.copy = 0;
+    // A waker's stack is not copied (its wakeup is joined at once, wakers.c): it ends where the copy would go on.
+    if (st->stack.status == UNWIND_COPIED && (st->wakee ||
+        !copy_user_stack(&st->key, st->ip, st->sp, st->bp, COPY_CONTINUES | (st->walked ? COPY_RETURN_ADDRESS : 0))))
+        st->stack.status = UNWIND_NO_CFI;  // no room for the copy: the walk ends here
+#ifdef PYTHON_UNWIND
+    else if (st->stack.status == UNWIND_COPIED && (st->py.state == PY_PENDING || st->py.state == PY_READY))
+        unwind_progs.call(ctx, PROG_COPY_PYTHON);  // the rest of its Python frames, then stored and counted there
+#endif
+    unwind_store(st);
+#ifdef WAKERS
+    if (st->wakee) {
+        note_waker(st->wakee, &st->key);
+        return;
+    }
+#endif
 #ifdef OFF_CPU
     if (st->wait_task) {
         open_wait(st->wait_task, &st->key);
@@ -463,8 +513,20 @@ static inline void unwind_finish(void *ctx, struct unwind_state *st)
     if (st->fresh && st->py.frames) {
         st->py.scanned = 0;
         st->py.emitted = 0;
-        unwind_progs.call(ctx, PROG_PYTHON_CAPTURE);
+        walk_call(ctx, st, PROG_PYTHON_CAPTURE);
     }
+}
+
+// The native walk goes on (unwind_step), or, when the tail calls left are for the rest of the thread's Python
+// frames, python_step puts those and ends the sample (python_rest_due). Returns when out of tail calls.
+static inline void python_rest_or_step(void *ctx, struct unwind_state *st)
+{
+    if (python_rest_due(&st->py, st->stack.len, UNWIND_STACK_CAP)) {
+        st->py.rest = 1;
+        walk_call(ctx, st, PROG_PYTHON_STEP);
+        st->py.rest = 0;
+    }
+    walk_call(ctx, st, PROG_UNWIND_STEP);
 }
 
 int unwind_step(void *ctx)
@@ -484,10 +546,10 @@ int unwind_step(void *ctx)
         done = unwind_frame(st, proc);
     if (st->py.mode) {  // an eval call's Python frames come next, then the walk goes on (or ends)
         st->py.native_done = done;
-        unwind_progs.call(ctx, PROG_PYTHON_STEP);
+        walk_call(ctx, st, PROG_PYTHON_STEP);
         keep_eval_frame(st);  // no Python step: the eval frame stays as it is
     } else if (!done) {
-        unwind_progs.call(ctx, PROG_UNWIND_STEP);
+        python_rest_or_step(ctx, st);
     }
     if (!done)
         st->stack.status = UNWIND_DEPTH;  // out of tail calls

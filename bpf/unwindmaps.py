@@ -32,6 +32,11 @@ kernel's build-id stacks give, valid after the process exited. The walker's stac
 generations may name other files. A retired generation's ids still decode for RETIRED_READS more drains
 (stacks sampled just before the reset are read then), and are not handed out again before; then they are
 dropped, so what is kept is at most a few generations' files. Other frames come back as raw IPs.
+
+A file refused rows because the array (or the generation's file list) is full is marked MAPPING_COPY too:
+its code has CFI, so the walker copies the stack there and the copy is walked in user space with the rows
+the session holds, rather than by frame pointers, which give false frames through code built without them
+(``stats["rows_full"]``, ``stats["files_full"]``).
 """
 from __future__ import annotations
 
@@ -74,6 +79,8 @@ UNWIND_STATUSES = ("outermost", "chain_end", "no_cfi", "expression", "read_fault
 UNWIND_COUNTERS = ("stacks_full", "no_user_registers", "copies", "copies_full")  # enum unwind_counter
 PROG_UNWIND_STEP = 0  # indices into unwind_progs (unwind.c)
 PYTHON_PROGRAMS = ((1, b"python_step"), (2, b"python_thread"), (3, b"python_capture"))
+PROG_COPY_PYTHON = 4  # copypython.c: a copied sample's Python frames
+CHAIN_MAPS = {b"unwind_progs": b"chain_progs"}  # python_thread's copy for copy_python (copypython.c)
 _MAPPING = struct.Struct("<QQQQIIII")
 
 
@@ -134,6 +141,7 @@ class _LoadedFile:
     row_count: int
     build_id: bytes | None
     lazy: bool = False  # its rows are not loaded until a sample shows they are used (MAPPING_COPY)
+    refused: bool = False  # it has rows, but the array had no room for them: walked from copies (MAPPING_COPY)
 
 
 class UnwindMaps:
@@ -169,9 +177,20 @@ class UnwindMaps:
         kernel's verification took 0.11 s here before forget() in unwind.c, 0.015 s now): until it is in
         place the tail call fails and samples take frame-pointer stacks (unwind.c). Safe to call twice."""
         programs = [(PROG_UNWIND_STEP, b"unwind_step")] + (list(PYTHON_PROGRAMS) if python else [])
-        loaded = [(index, load_function(self._bpf, name, ProgType.PERF_EVENT).fd) for index, name in programs]
-        progs = self._bpf[b"unwind_progs"]
-        for index, fd in loaded:
+        if python and b"chain_progs" in self._bpf:  # first (copies come until the walker is in place): copypython.c's
+            copy_python = load_function(self._bpf, b"copy_python", ProgType.PERF_EVENT).fd  # copy_python, and
+            thread = self._bpf.load_func_copy(b"chain_python_thread", b"python_thread", ProgType.PERF_EVENT,
+                                              CHAIN_MAPS).fd  # python_thread's copy that comes back to it
+            self._put(b"chain_progs", [(PYTHON_PROGRAMS[0][0], copy_python), (PYTHON_PROGRAMS[1][0], thread)])
+            capture = PYTHON_PROGRAMS[2]
+            self._put(b"unwind_progs", [(capture[0], load_function(self._bpf, capture[1], ProgType.PERF_EVENT).fd),
+                                        (PROG_COPY_PYTHON, copy_python)])
+        self._put(b"unwind_progs", [(index, load_function(self._bpf, name, ProgType.PERF_EVENT).fd)
+                                    for index, name in programs])
+
+    def _put(self, table: bytes, programs: list[tuple[int, int]]) -> None:
+        progs = self._bpf[table]
+        for index, fd in programs:
             progs[progs.Key(index)] = progs.Leaf(fd)
 
     def load_process(self, pid: int, epoch: int, mappings: Sequence[ProcessMapping]) -> None:
@@ -328,7 +347,8 @@ class UnwindMaps:
         offset_adj = (mapping.file_offset - mapping.start) & ((1 << 64) - 1)
         return _MAPPING.pack(mapping.start, mapping.end, mapping.bias & ((1 << 64) - 1), offset_adj,
                              loaded.row_start, loaded.row_count,
-                             loaded.file_id if loaded.build_id is not None else 0, MAPPING_COPY if loaded.lazy else 0)
+                             loaded.file_id if loaded.build_id is not None else 0,
+                             MAPPING_COPY if loaded.lazy or loaded.refused else 0)
 
     def _file(self, mapping: ProcessMapping) -> _LoadedFile:
         loaded = self._files.get(mapping.file_key)
@@ -337,9 +357,9 @@ class UnwindMaps:
                 self._fill(loaded, mapping.rows)
                 self.stats["files_loaded_when_used"] += 1
             return loaded
-        if len(self._files) >= MAX_GENERATION_FILES:  # walked by frame pointers, its frames raw IPs
+        if len(self._files) >= MAX_GENERATION_FILES:  # walked from copies (its frames raw IPs otherwise)
             self.stats["files_full"] += 1
-            return _LoadedFile(0, 0, 0, None)
+            return _LoadedFile(0, 0, 0, None, refused=bool(mapping.rows))
         if mapping.rows is None:  # dropped by a caller that found it loaded before a new generation
             self.stats["rows_missing"] += 1
             return _LoadedFile(0, 0, 0, None)
@@ -359,6 +379,7 @@ class UnwindMaps:
         count = len(rows) // ROW_SIZE
         if self._next_row + count > self._capacity:
             self.stats["rows_full"] += 1
+            loaded.refused = count > 0
             return
         if count:
             self._write_rows(self._next_row, rows[:count * ROW_SIZE])

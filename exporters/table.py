@@ -12,6 +12,7 @@ from typing import TextIO
 from optrace.escape import escape_controls
 from optrace.exporters.budget import MAX_ALIGN, Names, OutputBudget
 from optrace.frontend.report.gilwaits import gil_samples
+from optrace.frontend.report.wakers import SEPARATOR, joined_total
 from optrace.frontend.report.events import amount, human_time, nothing_line
 from optrace.frontend.report.pythonview import PYTHON_INTERNALS
 from optrace.frontend.report.rows import (Profile, ReportOptions, Row, RowKey, RowTable, build_table, percent,
@@ -86,6 +87,9 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
     ]
     if meta.idle_samples:
         lines.append(f"# Idle samples (pid 0, not in the profile): {meta.idle_samples}")
+    if meta.carried_samples:
+        lines.append(f"# Taken at their process's next tick for threads that ended between two ticks: "
+                     f"{meta.carried_samples} ({percent(meta.carried_samples, meta.total_samples):.1f}%)")
     if meta.launcher_samples:
         lines.append(f"# optrace's launcher before exec (optrace-exec, not in the profile): {meta.launcher_samples}")
     if not meta.stacks:
@@ -124,10 +128,17 @@ def _time_lines(profile: Profile) -> list[str]:
              f" states: {states}; percentages are of all the event's time"]
     if off_cpu.every > 1:
         lines.append(f"# One wait in {off_cpu.every} recorded (at random), counted {off_cpu.every} times: times are estimates")
+    if off_cpu.stack_quality:
+        lines.append(f"# {quality_line(off_cpu.stack_quality, 'Off-CPU stacks', human_time)}")
     if profile.parts:
         total = sum(profile.parts.values())
         lines.append("# " + ", ".join(f"{part} {human_time(ns)} ({percent(ns, total):.2f}%)"
                                       for part, ns in profile.parts.items()))
+    if SEPARATOR in profile.record.frames:
+        slept = joined_total(profile.record)
+        lines.append(f"# Wakers: the waits that slept ({human_time(slept)} of {human_time(off_cpu.total_ns)} off CPU; the"
+                     " others waited for a CPU), each joined to the stack of the thread that woke it: the blocked"
+                     " stack, --, the waker's from the wake-up to its root, then its command")
     gil = sum(s.count for s in gil_samples(profile.record))
     if gil:
         total = sum(s.count for s in profile.record.samples)
@@ -162,14 +173,15 @@ def python_line(outcomes: dict[str, int], interpreters: dict[str, int]) -> str:
                                    for v, n in sorted(versions.items()))
 
 
-def quality_line(quality: dict[str, int]) -> str:
-    """``Stacks: N of M complete (P%); stopped: reason n, ...`` (RecordMeta.stack_quality)."""
+def quality_line(quality: dict[str, int], label: str = "Stacks", shown: Callable[[int], str] = str) -> str:
+    """``Stacks: N of M complete (P%); stopped: reason n, ...`` (RecordMeta.stack_quality; off-CPU time's
+    with ``shown`` a time's words)."""
     total = sum(quality.values())
     complete = quality.get(STACK_COMPLETE, 0)
-    text = f"Stacks: {complete} of {total} complete ({100.0 * complete / total if total else 0.0:.1f}%)"
+    text = f"{label}: {shown(complete)} of {shown(total)} complete ({100.0 * complete / total if total else 0.0:.1f}%)"
     stopped = sorted(((n, reason) for reason, n in quality.items() if reason != STACK_COMPLETE and n), reverse=True)
     if stopped:
-        text += "; stopped: " + ", ".join(f"{reason} {n}" for n, reason in stopped)
+        text += "; stopped: " + ", ".join(f"{reason} {shown(n)}" for n, reason in stopped)
     return text
 
 

@@ -27,6 +27,13 @@ def _pid_values(ctx: click.Context, param: click.Parameter, values: tuple[str, .
     return tuple(parse_pids(values))
 
 
+def subprocesses_option() -> Callable[[Any], Any]:
+    """py-spy's --subprocesses: with -p, the processes' descendants too (those forked later are followed anyway)."""
+    return click.option("--subprocesses", is_flag=True,
+                        help="With -p: the processes' descendants running now too, e.g. a pre-fork server's "
+                             "workers (those started later are always followed).")
+
+
 def pid_option(*names: str, help: str, dest: str = "pids") -> Callable[[Any], Any]:
     """A repeatable pid option that also takes comma lists; the command gets a tuple of ints."""
     return click.option(*names, dest, multiple=True, metavar="PID[,PID...]", callback=_pid_values, help=help)

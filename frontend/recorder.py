@@ -25,9 +25,10 @@ from optrace.frontend.session import (
     DEFAULT_JIT_MAX_FILE_SIZE, RECORD, OffCpuOptions, ProfilingSession, SessionOptions,
 )
 from optrace.frontend.stopsignals import StopSignals
-from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild
+from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild, add_subprocesses, with_subprocesses
 from optrace.frontend.unwind.quality import stack_quality
-from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample
+from optrace.frontend.report.wakers import merged_samples, wakeup_rows
+from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample, Wakeup
 from optrace.procfs import is_alive
 
 POLL_SECONDS = 0.05  # how often a loop that polls on a timer wakes (see Recorder._timer_polls)
@@ -59,6 +60,7 @@ class RecordOptions:
     wall: bool = False  # off-CPU time and CPU samples, to be shown together as time
     call_graph: str = DEFAULT_CALL_GRAPH  # or "fp" (see SessionOptions.call_graph)
     python: bool = True  # Python frames (SessionOptions.python)
+    subprocesses: bool = False  # with pids: their descendants too (target.with_subprocesses)
 
 
 FOLD_BATCH_KEYS = 1 << 18  # folded keys kept as the drains gave them before they are summed (16 MiB of bytes)
@@ -80,7 +82,7 @@ class SampleStore:
 
     def add(self, sample: RawSample, timed: bool) -> None:
         key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0, sample.tid,
-               sample.stop, sample.python)
+               sample.stop, sample.python, sample.waker)
         self._counts[key] += sample.count
 
     def add_folded(self, folded: FoldedCounts) -> None:
@@ -110,8 +112,8 @@ class SampleStore:
         for sample in decode(self._folded, self._records):
             self.add(sample, timed=False)
         self._folded, self._records = {}, []
-        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop, python=python)
-                for (pid, comm, user, kernel, t, tid, stop, python), n in self._counts.items()]
+        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop, python=python, waker=waker)
+                for (pid, comm, user, kernel, t, tid, stop, python, waker), n in self._counts.items()]
 
 
 class Recorder:
@@ -133,7 +135,8 @@ class Recorder:
         self._loads_before = len(program_loads())  # this process's loads before the recording's
         opts = options
         self.session = ProfilingSession(SessionOptions(
-            RECORD, frequency_hz=opts.frequency_hz, pids=None if opts.system_wide else list(opts.pids),
+            RECORD, frequency_hz=opts.frequency_hz,
+            pids=None if opts.system_wide else with_subprocesses(list(opts.pids), opts.subprocesses),
             stacks=opts.stacks, stack_storage_size=opts.stack_storage_size, jit_max_file_size=opts.jit_max_file_size,
             jitdumps=opts.jitdumps, off_cpu=opts.off_cpu,
             call_graph=opts.call_graph if opts.stacks else "fp",  # leaves only: nothing to unwind for
@@ -189,6 +192,11 @@ class Recorder:
         return pid in self._targets
 
     def _start_targets(self) -> None:
+        if self.options.subprocesses:
+            add_subprocesses(self.session.target_pids, self.session.add_pid)
+        # The command waits for its program's unwind tables and the walker (issue 42: 0.3-0.5 s of its exec
+        # time at load 15): released at once, a CPython command's first second had no Python frames (its
+        # interpreter is found with its table), 15 % of a 2.5 s run's samples under load (bench/README.md (e)).
         if self.options.command:
             program = shutil.which(self.options.command[0])
             if program:
@@ -281,10 +289,13 @@ class Recorder:
         frames, samples = self.session.symbolize(raw)
         quality = stack_quality(raw, frames, samples) if self.options.stacks else {}
         python = self.session.python.outcomes() if self.session.python is not None else {}
-        frames, off_cpu = merged_frames(frames, *self.session.symbolize(self.off_cpu_store.samples()))
+        off_cpu_raw = self.off_cpu_store.samples()
+        frames, off_cpu = merged_frames(frames, *self.session.symbolize(off_cpu_raw))
+        frames, wakeups = self._wakeups(frames, off_cpu_raw, off_cpu)
         session = self.session
         lost = dict(self.lost)
         idle = lost.pop("idle", 0)
+        carried = lost.pop("carried", 0)
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
         from optrace.frontend.codecapture import capture_session  # not imported on the way to the first sample
@@ -309,21 +320,32 @@ class Recorder:
             lost=lost,
             idle_samples=idle if self.options.system_wide else 0,
             launcher_samples=self.launcher_samples,
+            carried_samples=carried,
             stacks=self.options.stacks,
             call_graph=self.options.call_graph if self.options.stacks else "fp",
             stack_quality=quality,
             user_stacks={kind: n for kind, n in session.profiler.stats.items() if kind in ("raw", "build_id", "cfi", "copied")},
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
-            off_cpu=self._off_cpu_meta(off_cpu),
+            off_cpu=self._off_cpu_meta(off_cpu, stack_quality(off_cpu_raw, frames, off_cpu) if self.options.stacks else {}),
             python=sample_outcomes(raw, frames, samples, python),
             interpreters=interpreters(python),
             bpf_programs={load.name: load.how for load in self.program_loads},
         )
-        return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=off_cpu,
-                      functions=functions, python_sources=sources)
+        return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=merged_samples(off_cpu),
+                      wakeups=wakeups, functions=functions, python_sources=sources)
 
-    def _off_cpu_meta(self, off_cpu: list[Sample]) -> OffCpuMeta | None:
+    def _wakeups(self, frames: list[Frame], raw: list[RawSample], off_cpu: list[Sample]
+                 ) -> tuple[list[Frame], list[Wakeup]]:
+        """The waits that slept (``raw[i]`` is ``off_cpu[i]`` before it was named), with their wakers named."""
+        wakers = [s.waker for s in raw if s.waker is not None]
+        if not wakers:
+            return frames, []
+        frames, named = merged_frames(frames, *self.session.symbolize(wakers))
+        rows = iter(named)
+        return frames, wakeup_rows(off_cpu, [next(rows) if s.waker is not None else None for s in raw])
+
+    def _off_cpu_meta(self, off_cpu: list[Sample], quality: dict[str, int]) -> OffCpuMeta | None:
         opts = self.options.off_cpu
         if opts is None:
             return None
@@ -331,7 +353,8 @@ class Recorder:
 
         return OffCpuMeta(source=ATTACHMENT, min_block_us=opts.min_block_us, states=sorted(opts.states),
                           total_ns=sum(s.count for s in off_cpu), short_waits=self.short_waits,
-                          kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every)
+                          kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every,
+                          wakers=opts.wakers, stack_quality=quality)
 
 
 def read_source_of(outcomes: dict, wanted: Mapping[int, Sequence[str]]) -> dict[tuple[int, str], list[str]]:

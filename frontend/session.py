@@ -32,7 +32,7 @@ from optrace.bpf.profiler import DrainResult, FoldedCounts
 from optrace.containment import contain, count_failure
 from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
-from optrace.frontend.report.pythonview import leaf_depth, leaf_only
+from optrace.frontend.report.pythonview import leaf_only
 from optrace.frontend.startpriority import start_done
 from optrace.frontend.unwind.scheduler import UnwindScheduler
 from optrace.heap import release_free_memory
@@ -163,7 +163,7 @@ def wait_options(options: OffCpuOptions | None) -> WaitOptions | None:
     if options is None:
         return None
     return WaitOptions(min_block_us=options.min_block_us, states=options.states,
-                       kernel_stacks=options.kernel_stacks, every=options.every)
+                       kernel_stacks=options.kernel_stacks, every=options.every, wakers=options.wakers)
 
 
 def check_off_cpu_every(every: int) -> None:
@@ -178,6 +178,7 @@ class OffCpuOptions:
     states: frozenset[str] = frozenset()  # of optrace.bpf.offcpu.STATES; empty: every wait
     kernel_stacks: bool = True  # False: user stacks only (the kernel stack is most of the cost)
     every: int = 1  # N: one wait in N (at random) recorded, counted N times
+    wakers: bool = False  # each wait with the stacks of the thread that woke it (RawSample.waker)
 
 
 @dataclass
@@ -316,10 +317,13 @@ class ProfilingSession:
             from optrace.frontend.unwind.copywalks import CopyWalks
 
             self.copies = CopyWalks(self.profiler, self.unwinder, self._contain)
+            if opts.mode.programs_at_exec:  # a program gone before its exec event is read is named from these
+                self.unwinder.on_capture = self.symbolizer.captured
         self.unwinder.start()
         for pid in opts.pids or ():
             self.add_pid(pid)
             self.learn(pid)  # before the first sample: raw IPs from the start
+            self.unwinder.python_soon(pid)  # its samples copied until its tables come keep their Python frames
             if opts.mode.symbols_before_attach:
                 self._contain("symbols", self.symbolizer.load_symbols, pid)
         if cpu_before is not None:
@@ -440,22 +444,14 @@ class ProfilingSession:
     # -- off-CPU time ----------------------------------------------------------------------------------
     def _drain_off_cpu(self, drain: Drain, result: DrainResult, off_cpu: list[RawSample]) -> None:
         """The off-CPU sums since the last drain (walked as CPU samples are: raw IPs translated from the
-        mappings of their epoch, stack copies walked); processes that waited get their unwind tables as
-        sampled ones do."""
+        mappings of their epoch, stack copies walked); processes that waited, and their wakers (whose stacks
+        are CFI or build-id frames: nothing to translate), get their unwind tables as sampled ones do."""
         lost = dict(result.off_cpu_lost)
         drain.off_cpu_short_waits = lost.pop("short_waits", 0)
         drain.lost.update({f"off_cpu_{reason}": n for reason, n in lost.items()})
-        drain.off_cpu = off_cpu
-        drain.off_cpu_maybe_jit = self._learn_processes(drain.off_cpu, result.time)
-        self.unwinder.unwind_processes(drain.off_cpu)
-
-    @staticmethod
-    def off_cpu_leaves(samples: list[RawSample]) -> list[RawSample]:
-        """Each wait with only the frame it is named after: the innermost user frame (the call that
-        blocked, as the program sees it; in a Python stack, up to the Python frame, see leaf_depth), or for a
-        kernel thread the caller of schedule() (its kernel stack starts at schedule(), bpf/offcpu.c)."""
-        return [dataclasses.replace(s, user=s.user[:leaf_depth(s.user)], kernel=()) if s.user else
-                dataclasses.replace(s, kernel=s.kernel[1:2] or s.kernel[-1:]) for s in samples]
+        drain.off_cpu, seen = off_cpu, off_cpu + [s.waker for s in off_cpu if s.waker is not None]
+        drain.off_cpu_maybe_jit = self._learn_processes(seen, result.time)[:len(off_cpu)]
+        self.unwinder.unwind_processes(seen)
 
     def finish(self, time: float) -> None:
         """The recording is over: JIT files are read a last time."""
@@ -561,9 +557,9 @@ class ProfilingSession:
             if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
                 self.unwinder.unwind_later(pid, path)
                 self.learn(pid)
+            self._contain("process_maps", self.symbolizer.snapshot_process, pid)  # first: it says where pid is
             if path:
-                self._contain("executable", self.symbolizer.add_executable, path)
-            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+                self._contain("executable", self.symbolizer.add_executable, path, pid)
 
     def _learn_processes(self, samples: list[RawSample], time: float, folded_pids: Iterable[int] = (),
                          ) -> list[bool]:
@@ -574,8 +570,8 @@ class ProfilingSession:
         executables, snapshot = self.tracker.sampled(samples, tables)
         for pid in snapshot.union(self.unwinder.take_reloaded()):  # (those poll() did not take yet)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
-        for path in executables.values():  # for processes gone before their maps could be read
-            self._contain("executable", self.symbolizer.add_executable, path)
+        for pid, path in executables.items():  # for processes gone before their maps could be read
+            self._contain("executable", self.symbolizer.add_executable, path, pid)
         maybe_jit = [self.maybe_jit(s) for s in samples]
         for pid in {s.pid for s, jit in zip(samples, maybe_jit) if jit}:
             self._jit_pids.add(pid)

@@ -5,9 +5,10 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from optrace.errors import OptraceError
+from optrace.procfs import descendants
 
 
 def parse_pids(values: tuple[str, ...] | list[str]) -> list[int]:
@@ -26,6 +27,28 @@ def check_pids(pids: list[int] | tuple[int, ...]) -> None:
     for pid in pids:
         if pid <= 0 or not os.path.exists(f"/proc/{pid}"):
             raise OptraceError(f"no such process: {pid}")
+
+
+LISTINGS = 8  # descendants listed again after the attach until none is new (as perfevents.py's threads)
+
+
+def with_subprocesses(pids: list[int], subprocesses: bool) -> list[int]:
+    """--subprocesses (py-spy's): the pids and the processes descending from them now, parents first; given
+    to the session, so their mappings are read and their tables built before the sampler attaches."""
+    return pids + sorted(descendants(pids)) if subprocesses else pids
+
+
+def add_subprocesses(targets: Callable[[], set[int]], add_pid: Callable[[int], None]) -> None:
+    """After the attach, with --subprocesses: the targets' descendants that are not targets yet (forked
+    after :func:`with_subprocesses` listed them, before their parent's events were opened: they inherited
+    none) become targets, listed again until none is new. Those forked later inherit the events."""
+    for _ in range(LISTINGS):
+        known = targets()
+        new = descendants(known) - known
+        if not new:
+            return
+        for pid in sorted(new):
+            add_pid(pid)
 
 
 def shell_status(status: int) -> int:

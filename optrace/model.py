@@ -76,6 +76,9 @@ class RawSample:
     # continues it (a CFI walk that stopped with ``stop`` "copied"), to be walked once the process's unwind
     # tables are known (frontend/session.py); 0: none
     copy: int = 0
+    # Off-CPU time with wakers (record --wakers): the thread that woke this wait, its stacks at the wake-up
+    # (count 0); None: the wait was preempted, or its waker was not seen
+    waker: "RawSample | None" = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,9 @@ class StackCopy:
     pid: int = 0
     epoch: int = 0  # the process's mappings epoch when it was taken (bpf/profile.c)
     exec_epoch: int = 0  # the process's epoch at its last exec (0: none seen)
+    # A Python process's eval function ([start, end) ranges): its frames there take the Python frames the
+    # sample's user stack holds (bpf/copypython.c); empty for other processes
+    eval_ranges: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,23 @@ class Sample:
 
 
 @dataclass
+class Wakeup:
+    """Off-CPU time (``count``, nanoseconds) of a blocked stack (``frames``, as :class:`Sample`'s) joined to the
+    stack of the thread that woke it at the wake-up (``waker_frames``, leaf first, kernel frames then user),
+    as BCC's offwaketime joins them (record --off-cpu --wakers). ``waker_comm`` empty: no waker was seen."""
+
+    pid: Pid
+    comm: str
+    frames: tuple[int, ...]
+    count: int
+    tid: Pid = 0
+    waker_pid: Pid = 0
+    waker_tid: Pid = 0
+    waker_comm: str = ""
+    waker_frames: tuple[int, ...] = ()
+
+
+@dataclass
 class CallCount:
     """Exact uprobe call counts (``optrace count`` / ``record --uprobe``)."""
 
@@ -155,6 +178,9 @@ class OffCpuMeta:
     # True (record --wall): the CPU samples were taken of the same threads, to be shown as time with it
     wall: bool = False
     every: int = 1  # N: one wait in N recorded (at random), counted N times: times are estimates
+    wakers: bool = False  # record --wakers: Record.wakeups joins the waits that slept to their wakers
+    # Off-CPU nanoseconds with a user stack by outcome, as RecordMeta.stack_quality counts samples
+    stack_quality: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -177,6 +203,10 @@ class RecordMeta:
     # any optrace's): optrace's own overhead, left out of the profile and counted here (perf shows its
     # "perf-exec" as a command).
     launcher_samples: int = 0
+    # Of total_samples: those taken for threads that ended between two ticks of their events, at their
+    # process's next tick (events bound to the targets' threads tick every millisecond or so, a sample each
+    # 1/F of a process's CPU time: bpf/profile.c's sample_due), so their stacks are another thread's
+    carried_samples: int = 0
     stacks: bool = True  # False with --no-stacks: each sample keeps only its leaf frame
     # "dwarf": user stacks unwound in BPF from the files' CFI where they have it, else frame pointers;
     # "fp": frame pointers only (records from before the choice existed are "fp")
@@ -263,6 +293,7 @@ class Record:
     samples: list[Sample] = field(default_factory=list)
     calls: list[CallCount] = field(default_factory=list)
     off_cpu: list[Sample] = field(default_factory=list)  # count: nanoseconds off CPU (record --off-cpu)
+    wakeups: list[Wakeup] = field(default_factory=list)  # the waits that slept, with their wakers (--wakers)
     # None: recorded before optrace kept code (annotate then says to record again); else the hottest
     # functions' code, bounded (frontend/codecapture.py)
     functions: list[FunctionCode] | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from optrace.kernel import read_kernel_file
@@ -161,6 +161,24 @@ def process_cpu_ticks() -> dict[int, int]:
         if fields and len(fields) > 12:
             ticks[int(name)] = cpu_ticks(fields)
     return ticks
+
+
+def descendants(pids: Iterable[int]) -> set[int]:
+    """The processes descending from ``pids`` now (children, their children...; not ``pids`` themselves),
+    from each process's parent in /proc/PID/stat."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        fields = stat_fields(int(name)) if name.isdigit() else None
+        if fields and len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found: set[int] = set()
+    waiting = list(pids)
+    while waiting:
+        for child in children.get(waiting.pop(), ()):
+            if child not in found:
+                found.add(child)
+                waiting.append(child)
+    return found - set(pids)
 
 
 def is_alive(pid: int) -> bool:

@@ -25,7 +25,7 @@ CODE_WINDOW = 256  # bytes of a code object captured: its name, file and line-ta
 # How the frames of one native eval call are delimited (PythonLayout.entry_kind)
 ENTRY_PER_CALL = 0  # 3.8-3.10: each native eval call runs exactly one Python frame (f_back links them)
 ENTRY_FLAG = 1  # 3.11: the first frame of an eval call has a non-zero byte at frame_entry (is_entry)
-ENTRY_SHIM = 2  # 3.12+: each eval call pushes a shim frame whose byte at frame_entry (owner) is entry_value
+ENTRY_SHIM = 2  # 3.12+: each eval call pushes a frame whose byte at frame_entry (owner) is entry_value or more
 
 # What the frame's instruction field holds (PythonLayout.instr_kind)
 INSTR_LASTI_BYTES = 0  # 3.8, 3.9: int f_lasti, a byte offset of the last instruction (-1 before the first)
@@ -56,7 +56,7 @@ class PythonLayout:
     frame_instr: int  # f_lasti, prev_instr, instr_ptr
     frame_entry: int  # the byte entry_kind looks at (is_entry, owner); -1 with ENTRY_PER_CALL
     entry_kind: int  # ENTRY_*
-    entry_value: int  # ENTRY_SHIM: the owner value of the shim (FRAME_OWNED_BY_CSTACK)
+    entry_value: int  # ENTRY_SHIM: the lowest owner of an eval call's first frame (debugshapes.MinorConstants)
     instr_kind: int  # INSTR_*
     code_adaptive: int  # INSTR_POINTER: offset of co_code_adaptive in the code object, else 0
     code_tag_mask: int  # low bits of the frame's code pointer that are tags (3.14's _PyStackRef), else 0

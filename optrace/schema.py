@@ -524,11 +524,13 @@ def _expect(data: Any, kind: type) -> None:
 
 def _check_frame_indices(record: Record) -> None:
     count = len(record.frames)
-    for name in (".samples", ".off_cpu"):
-        samples = record.samples if name == ".samples" else record.off_cpu
-        stacks = map(operator.attrgetter("frames"), samples)
+    for name, field in ((".samples", "frames"), (".off_cpu", "frames"), (".wakeups", "frames"),
+                        (".wakeups", "waker_frames")):
+        samples = getattr(record, name[1:])
+        stacks = map(operator.attrgetter(field), samples)
         if max(itertools.chain.from_iterable(stacks), default=-1) < count:  # the decoder checked for >= 0
             continue
         for i, sample in enumerate(samples):  # find the first bad one, to name it
-            if sample.frames and max(sample.frames) >= count:  # the decoder checked them for >= 0
-                raise SchemaError("frame index out of range", (name, f"[{i}]"))
+            frames = getattr(sample, field)
+            if frames and max(frames) >= count:  # the decoder checked them for >= 0
+                raise SchemaError("frame index out of range", (name, f"[{i}]") + ((f".{field}",) if field != "frames" else ()))

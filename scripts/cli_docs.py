@@ -30,6 +30,8 @@ EXAMPLES: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
         ("sudo optrace record -F 499 -o demo.data -- workloads/build/demo 2",
          "Profile a command at 499 Hz into demo.data."),
         ("sudo optrace record -p 1234 -d 30", "Profile a running process (and the children it starts) for 30 s."),
+        ("sudo optrace record -p 1234 --subprocesses -d 10",
+         "A pre-fork server's master and the workers it has now (gunicorn, uWSGI) for 10 s."),
         ("sudo optrace record -a -d 10 --call-graph fp", "The whole machine for 10 s, walking frame pointers only."),
         ("sudo optrace record --off-cpu -- ./server", "CPU samples and where threads waited off CPU."),
         ("sudo optrace record -e cpu-clock --call-graph dwarf,16384 -g -- ./app",
@@ -58,6 +60,7 @@ EXAMPLES: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {
     ("optrace", "top"): (
         ("sudo optrace top", "The hottest functions of the whole machine, refreshed every second (q quits)."),
         ("sudo optrace top --stdio -p 1234 -d 3 -n 2", "Two plain tables of one process, three seconds apart."),
+        ("sudo optrace top -p 1234 --subprocesses", "A process and its descendants, the ones it has now included."),
     ),
     ("optrace", "doctor"): (
         ("optrace doctor", "Every check with ok, warn or FAIL, and the fix of each failure."),

@@ -4,7 +4,7 @@
 # Idempotent: every step checks before it acts, so a second run takes about a second.
 set -eu
 
-PACKAGES="python3-bpfcc bpfcc-tools bpftrace python3-venv bpftool linux-perf prometheus gcc g++ make binutils elfutils xz-utils openssl time util-linux chromium golang-go tmux"
+PACKAGES="python3-bpfcc bpfcc-tools bpftrace python3-venv bpftool linux-perf prometheus gcc g++ make binutils elfutils xz-utils openssl time util-linux chromium golang-go tmux sqlite3"
 KREL="$(uname -r)"
 
 need_install=""

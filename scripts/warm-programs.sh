@@ -11,6 +11,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 "$OPTRACE" record -o "$tmp/r" -- true 2>/dev/null                             # record -p, -- CMD, top -p
 "$OPTRACE" record --off-cpu -o "$tmp/r" -- true 2>/dev/null                   # --off-cpu
+"$OPTRACE" record --off-cpu --wakers -o "$tmp/r" -- true 2>/dev/null          # --off-cpu --wakers
 "$OPTRACE" record -a -d 0.1 -o "$tmp/r" 2>/dev/null                           # record -a, top
 "$OPTRACE" count -d 0.1 c:getpid >/dev/null 2>&1                              # count, --uprobe
 "$OPTRACE" serve --listen 127.0.0.1:0 2>"$tmp/serve.log" &                    # serve (build-id stacks)

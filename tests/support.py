@@ -177,3 +177,9 @@ def leaf_samples(record, comm: str) -> Counter[str]:
         if sample.comm == comm:
             leaves[record.frames[sample.frames[0]].symbol if sample.frames else "[unknown]"] += sample.count
     return leaves
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, its ended threads' included (utime + stime of /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -24,3 +24,13 @@ def test_every_command_takes_a_pid_list(argv, pids):
 def test_a_bad_pid_is_one_message(argv):
     option = "--pid" if argv[0] == "report" else "-p"
     assert_one_line_error(run_optrace(*argv, option, "1,abc"), "not a process id: 'abc'")
+
+
+@pytest.mark.parametrize("argv", [["record", "-o", "/dev/null", "-a", "--subprocesses"], ["top", "-n", "1", "--subprocesses"],
+                                  ["serve", "--listen", "127.0.0.1:0", "--subprocesses"],
+                                  ["record", "-o", "/dev/null", "--subprocesses", "--", "true"]],
+                         ids=["record -a", "top", "serve", "record -- CMD"])
+def test_subprocesses_goes_with_pids(argv):
+    """--subprocesses names the descendants of -p's processes: alone (the whole machine, a command, whose
+    children are always followed) it is one line, before any BPF loads."""
+    assert_one_line_error(run_optrace(*argv), "--subprocesses goes with -p PID")

@@ -1,14 +1,17 @@
 /* Ground truth for off-CPU and wall-clock time: threads that sleep, block on a pipe read, wait on a
- * mutex and burn CPU, each blocking in a function of its own name. Every thread measures its own
+ * mutex, wait for the disk in fsync and burn CPU, each blocking in a function of its own name. Every thread measures its own
  * blocked time (around the blocking calls), CPU time and lifetime, and the program prints them as one
  * JSON line on stderr at exit, for tests to compare with optrace's figures.
  *
  * Designed (scale 1.0): sleeper 10 x 50 ms; pipe_reader waits for 10 messages that pipe_writer sends
  * after sleeping 100 ms each; mutex_waiter waits for the lock lock_holder keeps while it burns 1.2 s of
- * CPU; burner burns 0.8 s of CPU; main waits in join_workers. Burning is by CPU time (burn.h), so on a
+ * CPU; syncer writes 64 KiB and waits for it in fsync 16 times (x scale; a file in $TMPDIR or /var/tmp,
+ * unlinked at once: fsync waits for the disk, in state D, where a tmpfs would not); burner burns 0.8 s of
+ * CPU; main waits in join_workers. Burning is by CPU time (burn.h), so on a
  * busy machine the burners take longer in wall time but the CPU share stays as designed. Each thread is
  * named after its role (its comm); the main thread keeps the program's name. */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +113,36 @@ __attribute__((noinline)) double mutex_waiter(void)
     return blocked;
 }
 
+__attribute__((noinline)) void sync_file(int fd)
+{
+    if (fsync(fd) != 0)
+        exit(2);
+}
+
+__attribute__((noinline)) double syncer(void)
+{
+    static char block[65536];
+    const char *folder = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/optrace-offcpu-XXXXXX", folder);
+    int fd = mkstemp(path);
+    if (fd < 0)
+        exit(2);
+    unlink(path);
+    double blocked = 0;
+    int rounds = (int)(16 * scale) + 1;
+    for (int i = 0; i < rounds; i++) {
+        block[0] = (char)i;
+        if (write(fd, block, sizeof(block)) != (ssize_t)sizeof(block))
+            exit(2);
+        double t0 = wall_now();
+        sync_file(fd);
+        blocked += wall_now() - t0;
+    }
+    close(fd);
+    return blocked;
+}
+
 __attribute__((noinline)) double burner(void)
 {
     burn_cpu(0.8 * scale);
@@ -133,12 +166,13 @@ ROLE_THREAD(pipe_reader)
 ROLE_THREAD(pipe_writer)
 ROLE_THREAD(lock_holder)
 ROLE_THREAD(mutex_waiter)
+ROLE_THREAD(syncer)
 ROLE_THREAD(burner)
 
 static struct role roles[] = {
     {"sleeper", sleeper_thread},         {"pipe_reader", pipe_reader_thread},
     {"pipe_writer", pipe_writer_thread}, {"lock_holder", lock_holder_thread},
-    {"mutex_waiter", mutex_waiter_thread}, {"burner", burner_thread},
+    {"mutex_waiter", mutex_waiter_thread}, {"syncer", syncer_thread},  {"burner", burner_thread},
 };
 #define NROLES (sizeof(roles) / sizeof(roles[0]))
 

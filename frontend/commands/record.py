@@ -8,7 +8,7 @@ import click
 from optrace.errors import OptraceError
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.frontend.cliopts import (check_frequency, frequency_option, pid_option, python_option, say_program_loads,
-                                      unwind_option, verbose_option)
+                                      subprocesses_option, unwind_option, verbose_option)
 from optrace.frontend.session import DEFAULT_JIT_MAX_FILE_SIZE, OffCpuOptions, check_off_cpu_every
 from optrace.frontend.target import check_command, check_pids, describe_exit, shell_status
 from optrace.escape import escape_controls
@@ -29,6 +29,7 @@ SAMPLED_EVENTS = ("cpu-clock",)
 @unwind_option()
 @python_option()
 @pid_option("-p", "--pid", help="Profile running processes (repeat, or comma list).")
+@subprocesses_option()
 @click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="Profile the whole machine.")
 @click.option("-d", "--duration", type=float, help="Stop after this many seconds.")
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Also count calls of SPEC (see optrace count).")
@@ -48,18 +49,20 @@ SAMPLED_EVENTS = ("cpu-clock",)
               help="With --off-cpu: user stacks only, like perf's --off-cpu (the kernel stack is most of the cost).")
 @click.option("--off-cpu-every", "every", type=int, default=1, show_default=True, metavar="N",
               help="With --off-cpu: record one wait in N (at random) and count it N times; N times fewer stacks taken.")
+@click.option("--wakers", is_flag=True,
+              help="With --off-cpu: join each wait that slept to the stacks of the thread that woke it (report --wakers).")
 @verbose_option()
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def command(ctx: click.Context, output, frequency, event, stacks, call_graph, python, pids, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
-            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every, verbose,
+def command(ctx: click.Context, output, frequency, event, stacks, call_graph, python, pids, subprocesses, system_wide, duration, uprobes, jitdumps, jit_max_file_size,
+            stack_storage_size, off_cpu, wall, min_block, states, user_stacks_only, every, wakers, verbose,
             command) -> None:
     """Record a CPU profile: optrace record [OPTIONS] -- CMD ARGS...
 
     With a command, exits with the command's status (128+N when signal N ended it), like perf; when the
     recording ends first (-d) and stops the command, exits 0."""
     check_event(event)
-    wanted = OffCpuOptions(min_block, frozenset(states), kernel_stacks=not user_stacks_only, every=every)
+    wanted = OffCpuOptions(min_block, frozenset(states), kernel_stacks=not user_stacks_only, every=every, wakers=wakers)
     off_cpu_options = off_cpu_settings(off_cpu or wall, wanted, stacks)
     options = RecordOptions(
         frequency_hz=frequency,
@@ -67,6 +70,7 @@ def command(ctx: click.Context, output, frequency, event, stacks, call_graph, py
         call_graph=call_graph,
         python=python,
         pids=list(pids),
+        subprocesses=subprocesses,
         system_wide=system_wide,
         duration_s=duration,
         command=list(command) or None,
@@ -108,7 +112,8 @@ def off_cpu_settings(enabled: bool, wanted: OffCpuOptions, stacks: bool) -> OffC
     so without stacks every wait would be one row (`--off-cpu --no-stacks` is an error)."""
     if not enabled:
         if wanted != OffCpuOptions():
-            raise OptraceError("--min-block, --state, --off-cpu-user-stacks and --off-cpu-every need --off-cpu or --wall")
+            raise OptraceError("--min-block, --state, --off-cpu-user-stacks, --off-cpu-every and --wakers need --off-cpu"
+                               " or --wall")
         return None
     if not stacks:
         raise OptraceError("--off-cpu needs stacks (its leaf is always the scheduler): drop --no-stacks")
@@ -125,6 +130,8 @@ def validate(options: RecordOptions) -> None:
         raise OptraceError("duration must be a positive number of seconds")
     check_frequency(options.frequency_hz)
     check_pids(options.pids)
+    if options.subprocesses and not options.pids:
+        raise OptraceError("--subprocesses goes with -p PID (a command's children are always followed)")
     if options.command:
         check_command(options.command)
 

@@ -12,6 +12,7 @@ from optrace.frontend.report.events import EVENTS, event_record, main_event
 from optrace.frontend.report.gilwaits import gil_waits_only
 from optrace.frontend.report.pythonview import python_view_record
 from optrace.frontend.report.rows import Profile
+from optrace.frontend.report.wakers import with_wakers
 from optrace.outputfile import output_stream
 from optrace.recordfile import read_record
 
@@ -37,10 +38,14 @@ from optrace.recordfile import read_record
 @click.option("--gil", is_flag=True,
               help="Only the stacks waiting for Python's GIL (through the interpreter's take_gil): with "
                    "--event off-cpu or wall, which Python code waited for it, and how long.")
+@click.option("--wakers", is_flag=True,
+              help="With --event off-cpu or wall (a record made with --wakers): each wait that slept joined to the "
+                   "stack of the thread that woke it, as BCC's offwaketime (blocked stack, --, waker's stack, its command).")
 @python_internals_option()
 @click.option("-o", "--output", default="-", help="Write here instead of stdout.")
 def command(source: str, sort: str, event: str | None, fmt: str, pids: tuple[int, ...], tids: tuple[int, ...], comms: str,
-            dsos: str, percent_limit: str, children: bool, call_graph: str | None, gil: bool, python_internals: bool,
+            dsos: str, percent_limit: str, children: bool, call_graph: str | None, gil: bool, wakers: bool,
+            python_internals: bool,
             output: str) -> None:
     """Show a recorded profile per symbol, like perf report."""
     options = report_options(sort, pids, comms, dsos, percent_limit, children, call_graph, tids)
@@ -48,6 +53,8 @@ def command(source: str, sort: str, event: str | None, fmt: str, pids: tuple[int
     record = settle(read_record(source))
     event = event or main_event(record.meta)
     record, parts = event_record(record, event)
+    if wakers:
+        record = with_wakers(record, event)
     record, folded = (record, 0) if python_internals else python_view_record(record)
     if gil:
         record = gil_waits_only(record)

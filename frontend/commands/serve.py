@@ -11,7 +11,8 @@ from click.core import ParameterSource
 
 from optrace.frontend.serve.options import DEFAULT_MAX_SERIES, DEFAULT_PORT, SERVE_CALL_GRAPH
 from optrace.frontend.serve.totals import DEFAULT_SERIES_IDLE_S
-from optrace.frontend.cliopts import frequency_option, pid_option, python_internals_option, python_option, unwind_option
+from optrace.frontend.cliopts import (frequency_option, pid_option, python_internals_option, python_option,
+                                      subprocesses_option, unwind_option)
 from optrace.frontend.serve.config import SETTING_TYPES, build_options, load_config_file
 from optrace.frontend.serve.otlpconfig import DEFAULT_INTERVAL_S, DEFAULT_QUEUE_BYTES, PROTOCOLS
 from optrace.heap import large_blocks_mapped, one_arena
@@ -70,6 +71,7 @@ def otlp_flags(command: Callable[..., None]) -> Callable[..., None]:
 @frequency_option()
 @click.option("--uprobe", "uprobes", multiple=True, metavar="SPEC", help="Count calls of SPEC (see optrace count).")
 @pid_option("-p", "--pid", help="Profile only these processes and their children (repeat, or comma list).")
+@subprocesses_option()
 @click.option("--comm", "comms", multiple=True, metavar="NAME", help="Keep only samples and calls of this command name.")
 @click.option("--max-series", type=int, default=DEFAULT_MAX_SERIES, show_default=True,
               help="Series per metric; the rest is counted in [other] series.")

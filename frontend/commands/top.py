@@ -8,12 +8,13 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.frontend.cliopts import (check_frequency, frequency_option, pid_option, python_internals_option,
-                                      python_option, say_program_loads, unwind_option, verbose_option)
+                                      python_option, say_program_loads, subprocesses_option, unwind_option, verbose_option)
 from optrace.frontend.report.rows import parse_sort_keys
 
 
 @click.command("top")
 @pid_option("-p", "--pid", help="Only these processes and their children (repeat, or comma list).")
+@subprocesses_option()
 @click.option("-a", "--all-cpus", "system_wide", is_flag=True, help="The whole machine (the default without -p).")
 @frequency_option()
 @click.option("-d", "--delay", "interval", type=float, default=1.0, show_default=True, metavar="SECONDS",
@@ -29,8 +30,8 @@ from optrace.frontend.report.rows import parse_sort_keys
 @click.option("--rows", type=click.IntRange(1), default=50, show_default=True, help="Rows per plain table.")
 @click.option("-n", "--iterations", type=click.IntRange(1), help="Stop after this many refreshes.")
 @verbose_option()
-def command(pids, system_wide, frequency, interval, sort, call_graph, python, python_internals, zero, children, stdio,
-            rows, iterations, verbose) -> None:
+def command(pids, subprocesses, system_wide, frequency, interval, sort, call_graph, python, python_internals, zero,
+            children, stdio, rows, iterations, verbose) -> None:
     """Show the hottest functions now, refreshed live, like perf top (q, Ctrl-C or SIGTERM to stop)."""
     from optrace.frontend.preflight import require_recording
     from optrace.frontend.stopsignals import StopSignals
@@ -43,8 +44,10 @@ def command(pids, system_wide, frequency, interval, sort, call_graph, python, py
     if "symbol" not in keys:
         keys = (*keys, "symbol")
     targets = list(pids)
+    if subprocesses and (system_wide or not targets):
+        raise OptraceError("--subprocesses goes with -p PID")
     options = TopOptions(frequency_hz=frequency, pids=None if system_wide or not targets else targets,
-                         interval_s=interval, sort=keys, call_graph=call_graph, python=python,
+                         subprocesses=subprocesses, interval_s=interval, sort=keys, call_graph=call_graph, python=python,
                          python_internals=python_internals, zero=zero, children=children, iterations=iterations)
     screen = not stdio and sys.stdin.isatty() and sys.stdout.isatty()
     require_recording()

@@ -1,6 +1,7 @@
 """What a CPython executable or libpython tells of itself, read once per file: where ``_PyRuntime`` and the
-eval function (``_PyEval_EvalFrameDefault``, and its ``.cold`` part when .symtab names it) are linked, the
-``Py_Version`` it was built as (3.11+), and its PT_LOAD segments (for the load bias of a mapping).
+eval function (``_PyEval_EvalFrameDefault``, and its ``.cold`` part: named in .symtab, else found from its
+jumps, evalcold.py) are linked, the ``Py_Version`` it was built as (3.11+), and its PT_LOAD segments (for
+the load bias of a mapping).
 
 The file is another user's: it is opened as the process maps it (frontend/symbols/filefacts.py:
 /proc/PID/map_files or the path inside the process's root, no symlink followed, a regular disk file, bounded
@@ -13,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from optrace.fileaccess import BoundedFile
+from optrace.frontend.python.evalcold import cold_part
+from optrace.frontend.python.functionbounds import FunctionBounds
 from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.symbols.filefacts import FileFacts, FileKey
 from optrace.frontend.python.gilfunction import take_gil_range
@@ -52,9 +55,10 @@ def _read_file(elf: ElfFile, reader: BoundedFile, _shown: str, _identity: FileKe
     if EVAL_COLD not in symbols or RUNTIME not in symbols:
         symbols = {**find_symbols(elf, ".symtab", WANTED), **symbols}
     segments = file_without_rows(reader)
-    return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(symbols),
+    bounds = FunctionBounds(elf)
+    return InterpreterFile(runtime=_runtime(elf, symbols), eval_ranges=_eval_ranges(elf, symbols, bounds),
                            py_version=_py_version(elf, segments, symbols), segments=segments,
-                           gil=_file_range(segments, take_gil_range(elf)))
+                           gil=_file_range(segments, take_gil_range(elf, bounds)))
 
 
 def _runtime(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> int | None:
@@ -64,9 +68,15 @@ def _runtime(elf: ElfFile, symbols: dict[str, tuple[int, int]]) -> int | None:
     return section.addr if section is not None and section.addr else None
 
 
-def _eval_ranges(symbols: dict[str, tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    return tuple((start, start + size) for name in (EVAL, EVAL_COLD) if name in symbols
-                 for start, size in (symbols[name],) if size > 0)
+def _eval_ranges(elf: ElfFile, symbols: dict[str, tuple[int, int]],
+                 bounds: FunctionBounds) -> tuple[tuple[int, int], ...]:
+    """The eval function and its split-off part: named in .symtab, else found from its jumps (evalcold.py)."""
+    ranges = tuple((start, start + size) for name in (EVAL, EVAL_COLD) if name in symbols
+                   for start, size in (symbols[name],) if size > 0)
+    if len(ranges) != 1 or EVAL_COLD in symbols:
+        return ranges
+    cold = cold_part(elf, *symbols[EVAL], bounds)
+    return ranges if cold is None else (*ranges, cold)
 
 
 def _file_range(segments: UnwindFile, vaddrs: tuple[int, int] | None) -> tuple[int, int] | None:

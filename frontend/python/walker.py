@@ -107,7 +107,7 @@ def walk_frames(process: PythonProcess, tstate: int, memory: ProcessMemory, name
         if window is None:
             return ThreadStack(tstate, tuple(frames), "unreadable frame")
         frame = _U64.unpack_from(window, layout.frame_previous)[0]
-        if layout.entry_kind == ENTRY_SHIM and window[layout.frame_entry] == layout.entry_value:
+        if layout.entry_kind == ENTRY_SHIM and window[layout.frame_entry] >= layout.entry_value:
             if frames:  # the shim of an eval call: the frame before it was the call's first
                 frames[-1] = replace(frames[-1], entry=True)
             continue

@@ -50,6 +50,7 @@ SETTING_TYPES: dict[str, type] = {
     "frequency": int,
     "uprobes": list,
     "pids": list,
+    "subprocesses": bool,
     "comms": list,
     "max_series": int,
     "series_idle_expiry": int,
@@ -134,6 +135,9 @@ def build_options(settings: dict[str, Any], reloading: bool = False,
     options.pids = parse_pids(tuple(str(p) for p in settings.get("pids", [])))
     if not reloading:
         check_pids(options.pids)
+    options.subprocesses = settings.get("subprocesses", False)
+    if options.subprocesses and not options.pids:
+        raise OptraceError("--subprocesses goes with -p PID (pids in the config file)")
     options.uprobes = [str(s) for s in settings.get("uprobes", [])]
     for spec in options.uprobes:
         parse_spec(spec)

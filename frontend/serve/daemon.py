@@ -32,8 +32,8 @@ from optrace.frontend.serve.profilewindows import ProfileWindows
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, ExporterTotals
 
-RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "comms", "max_series", "off_cpu", "off_cpu_every",
-                "call_graph", "python", "python_internals", "otlp")
+RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "subprocesses", "comms", "max_series", "off_cpu",
+                "off_cpu_every", "call_graph", "python", "python_internals", "otlp")
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 DRAIN_FAILED = 'counted in optrace_read_errors_total{kind="drain"}'
 OTLP_FAILED = 'this drain\'s stacks are not in the OTLP profile; counted in optrace_read_errors_total{kind="otlp"}'
@@ -80,11 +80,12 @@ class ServeDaemon:
                 source.start()
             events = [s.event for s in self.sources if s.event]
             page = MetricsPage(self.totals, ExporterInfo(self.options.frequency_hz, events[0] if events else "none"))
+            page.add_collector(server.collector())
             if self.otlp is not None:
                 stack.callback(self.otlp.close)  # before the sources: its last interval is sent first
                 self.otlp.start()
                 page.add_collector(self.otlp.collector())
-            server.start(page.render, self.windows.collect)
+            server.start(page.render, self.windows, page.current)
             self.address = server.address
             on_ready(server.url)
             self._loop(stop)

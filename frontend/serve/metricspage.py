@@ -129,6 +129,9 @@ def self_metric_families(snap: TotalsSnapshot, info: ExporterInfo) -> Iterator[M
                      "reason", snap.lost)
     yield CounterMetricFamily("optrace_idle_samples", "Samples of the idle task (pid 0), not in "
                               "optrace_cpu_seconds_total.", value=snap.idle_samples)
+    yield CounterMetricFamily("optrace_carried_samples", "Samples of the process filter's threads that ended "
+                              "between two ticks, taken at their process's next tick (in optrace_cpu_seconds_total, "
+                              "with another thread's stack).", value=snap.carried_samples)
     yield counted_by("optrace_process_events", "Processes exec'd and exited, as the profiler saw them (the "
                      "symbolizer works for those that get sampled).", "event",
                      {event: snap.process_events.get(event, 0) for event in ("exec", "exit")})
@@ -200,6 +203,12 @@ class MetricsPage:
         """More self-metrics on the page (OTLP push's: frontend/serve/otlpexport.py), read at each render."""
         with self._lock:
             self._collectors.append(collector)
+
+    def current(self) -> bytes | None:
+        """The page of the last drain if it was rendered already, else None (never waits: the server's
+        event loop asks, and answers at once when it can)."""
+        page = self._page
+        return page[1] if page is not None and page[0] == self._totals.generation else None
 
     def render(self) -> bytes:
         with self._lock:

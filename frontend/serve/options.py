@@ -24,6 +24,7 @@ class ServeOptions:
     frequency_hz: int = DEFAULT_FREQUENCY_HZ
     uprobes: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    subprocesses: bool = False  # with pids: their descendants too (target.with_subprocesses)
     comms: list[str] = field(default_factory=list)
     max_series: int = DEFAULT_MAX_SERIES
     series_idle_s: float = DEFAULT_SERIES_IDLE_S  # 0: series never expire

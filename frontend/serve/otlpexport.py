@@ -14,7 +14,9 @@ between half and one and a half of it (the OpenTelemetry Collector's exporter ba
 its cap is 30 s), or after the delay the server asked for (RetryInfo, Retry-After). A request still
 failing 5 minutes after it was made (the Collector's max elapsed time) is dropped, and so is one the
 server refused for good; the queue drops the oldest when a new one would pass its bound. Each outcome is
-a self-metric on /metrics (``optrace_otlp_*``). At exit the last interval is sent, for at most 5 s.
+a self-metric on /metrics (``optrace_otlp_*``). A try ends with ``--otlp-timeout`` however the receiver
+answers (otlptransport.py: a trickling one included), as a retryable failure. When requests have waited
+FAILING_WARN_S with none sent (a minute), a warning says so, once until a request is sent again. At exit the last interval is sent, for at most 5 s.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ RETRY_JITTER = 0.5  # each delay is drawn in [1 - this, 1 + this] times the back
 MAX_RETRY_ELAPSED_S = 300.0  # a request is dropped this long after it was made
 MAX_REQUEST_BYTES = 64 << 20  # the spec's recommended client limit: a larger request is not sent
 FLUSH_S = 5.0  # at exit: how long the last requests may take
+FAILING_WARN_S = 60.0  # the oldest waiting request has waited this long: a warning
 INTERVAL_MAX_STACKS = 100_000  # per event, as a /debug/pprof/profile window
 INTERVAL_MAX_FRAMES = 200_000
 # outcome of a request, once done with: the label values of optrace_otlp_requests_total
@@ -110,6 +113,10 @@ class OtlpExporter:
         self._interval = _Interval(wall(), clock())
         self._sending: QueuedRequest | None = None
         self._failing = False
+        self._last_failure = ""  # the last failed try's reason and message, for the warning
+        self._sent_at = clock()  # the last request sent
+        self._waiting_since: float | None = None  # requests have been waiting since (the drain loop's view)
+        self._warned_failing = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warnings: list[str] = []
@@ -132,6 +139,24 @@ class OtlpExporter:
         now = self._clock()
         if now - interval.started >= self.options.interval_s:
             self._finish(now)
+        self._watch_failures(now)
+
+    def _watch_failures(self, now: float) -> None:
+        """A warning, once until a request is sent again, when requests have been waiting FAILING_WARN_S with
+        none sent: whatever the tries (failed, or one that never ends under --otlp-timeout 0)."""
+        if not len(self.queue):
+            self._waiting_since = None
+            return
+        if self._waiting_since is None:
+            self._waiting_since = now
+        stalled = now - max(self._waiting_since, self._sent_at)
+        if self._warned_failing or stalled < FAILING_WARN_S:
+            return
+        self._warned_failing = True
+        with self.stats.lock:
+            retries = sum(self.stats.retries.values())
+        self._warn(f"OTLP export to {self.options.endpoint}: nothing sent for {stalled:.0f} s ({len(self.queue)} "
+                   f"requests waiting, {retries} tries retried; last: {self._last_failure or 'a try still running'})")
 
     def _finish(self, now: float) -> None:
         interval, self._interval = self._interval, _Interval(self._wall(), now)
@@ -194,7 +219,8 @@ class OtlpExporter:
     def _outcome(self, request: QueuedRequest, result: SendResult) -> float:
         """Count what the try gave; the time to wait before the next try of the same request (0: none)."""
         if result.ok:
-            self._failing = False
+            self._failing = self._warned_failing = False
+            self._sent_at = self._clock()
             self._done(request, "sent")
             with self.stats.lock:
                 self.stats.rejected_profiles += result.rejected
@@ -202,6 +228,7 @@ class OtlpExporter:
                 self._warn(f"OTLP export to {self.options.endpoint}: the backend kept all but {result.rejected} "
                            f"profiles: {result.message or '(no reason given)'}")
             return 0.0
+        self._last_failure = f"{result.reason}{': ' + result.message if result.message else ''}"
         if result.retryable and not request.dropped:
             self._failing = True
             request.attempts += 1

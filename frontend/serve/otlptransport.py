@@ -13,13 +13,20 @@ The answer is classified as the OTLP specification says (docs/specification.md o
 Both keep their connection between requests. Responses are read up to the spec's 4 MiB. The gRPC
 channel's own reconnect backoff is capped at the sender's retry cap, so a backend that comes back is
 found within one retry.
+
+The timeout bounds the whole request, connecting and reading the answer included: gRPC's is the call's
+deadline (DEADLINE_EXCEEDED, retryable); http.client's bounds each socket operation only (a receiver that
+sent a byte every 2 s held the sender forever, issue 40), so the HTTP transport shuts its socket down once
+the timeout has passed (:class:`_Deadline`), a retryable failure ("deadline").
 """
 from __future__ import annotations
 
 import email.utils
 import gzip
 import http.client
+import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -157,15 +164,19 @@ class HttpTransport:
 
     def send(self, body: bytes, timeout: float | None) -> SendResult:
         payload = gzip.compress(body, compresslevel=6, mtime=0) if self._gzip else body
+        connection = self._connect(timeout)
+        deadline = _Deadline(connection, timeout)
         try:
-            connection = self._connect(timeout)
-            connection.request("POST", self._path, body=payload, headers=self._headers)
-            response = connection.getresponse()
-            data = response.read(MAX_RESPONSE_BYTES + 1)
+            with deadline:
+                connection.request("POST", self._path, body=payload, headers=self._headers)
+                response = connection.getresponse()
+                data = response.read(MAX_RESPONSE_BYTES + 1)
         except (OSError, http.client.HTTPException) as exc:
             self.close()  # a new connection for the next try
+            if deadline.expired:
+                return SendResult(False, True, None, "deadline", f"no whole answer within {timeout:g} s")
             return SendResult(False, True, None, "connection", shown(str(exc) or type(exc).__name__))
-        if len(data) > MAX_RESPONSE_BYTES or response.getheader("Connection", "").lower() == "close":
+        if deadline.expired or len(data) > MAX_RESPONSE_BYTES or response.getheader("Connection", "").lower() == "close":
             self.close()
         return self._answer(response.status, data, response.getheader("Retry-After"))
 
@@ -197,6 +208,38 @@ class HttpTransport:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+class _Deadline:
+    """Shuts ``connection``'s socket down once ``seconds`` have passed (None: never), however far its request
+    got, until the block ends: whatever it was waiting for fails at once. A socket that is not there yet
+    (being connected: bounded by the connection's own timeout) is shut down as soon as it is."""
+
+    def __init__(self, connection: http.client.HTTPConnection, seconds: float | None) -> None:
+        self.connection, self.seconds = connection, seconds
+        self.expired = False
+        self._done = threading.Event()
+
+    def __enter__(self) -> _Deadline:
+        if self.seconds is not None:
+            threading.Thread(target=self._watch, name="otlp-deadline", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        if self._done.wait(self.seconds):
+            return
+        self.expired = True
+        while not self._done.is_set():
+            sock = self.connection.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._done.wait(0.1)
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

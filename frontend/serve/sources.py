@@ -15,23 +15,33 @@ frame: none when the unwinder itself ended at a thread's first frame.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
-from optrace.frontend.report.pythonview import python_view
+from optrace.frontend.report.pythonview import leaf_depth, python_view
 from optrace.frontend.serve.options import SERVE_CALL_GRAPH, ServeOptions
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, add_leaf_rows, add_off_cpu_rows
 from optrace.frontend.session import SERVE, OffCpuOptions, ProfilingSession, SessionOptions
+from optrace.frontend.target import add_subprocesses, with_subprocesses
 from optrace.frontend.unwind.quality import outermost_only, outermost_quality
 from optrace.frontend.uprobes.reach import slowed_processes
-from optrace.model import UNKNOWN, Frame, Sample
+from optrace.model import UNKNOWN, Frame, RawSample, Sample
+
+
+def off_cpu_leaves(samples: list[RawSample]) -> list[RawSample]:
+    """Each wait with only the frame it is named after: the innermost user frame (the call that blocked, as
+    the program sees it; in a Python stack, up to the Python frame, see leaf_depth), or for a kernel thread
+    the caller of schedule() (its kernel stack starts at schedule(), bpf/offcpu.c)."""
+    return [dataclasses.replace(s, user=s.user[:leaf_depth(s.user)], kernel=()) if s.user else
+            dataclasses.replace(s, kernel=s.kernel[1:2] or s.kernel[-1:]) for s in samples]
 
 
 def build_sources(options: ServeOptions) -> list[Source]:
     off_cpu = OffCpuOptions(every=options.off_cpu_every) if options.off_cpu else None
     profile = ProfileSource(options.frequency_hz, options.pids, options.comms, off_cpu, options.call_graph,
-                            options.python, options.python_internals)
+                            options.python, options.python_internals, options.subprocesses)
     sources: list[Source] = [profile]
     if options.uprobes:
         targets = profile.target_pids if options.pids else None
@@ -45,16 +55,20 @@ class ProfileSource:
     for months), turned into per-drain rows."""
 
     def __init__(self, frequency_hz: int, pids: list[int], comms: list[str], off_cpu: OffCpuOptions | None = None,
-                 call_graph: str = SERVE_CALL_GRAPH, python: bool = True, python_internals: bool = False) -> None:
+                 call_graph: str = SERVE_CALL_GRAPH, python: bool = True, python_internals: bool = False,
+                 subprocesses: bool = False) -> None:
         self.session = ProfilingSession(SessionOptions(
-            SERVE, frequency_hz=frequency_hz, pids=pids or None, comms=frozenset(comms), stacks=False,
-            off_cpu=off_cpu, call_graph=call_graph, python=python))
+            SERVE, frequency_hz=frequency_hz, pids=with_subprocesses(pids, subprocesses) or None, comms=frozenset(comms),
+            stacks=False, off_cpu=off_cpu, call_graph=call_graph, python=python))
         self.python_internals = python_internals  # else the Python view (frontend/report/pythonview.py)
+        self._subprocesses = subprocesses
         self._refused_seen = 0
         self.event: str | None = None
 
     def start(self) -> None:
         self.session.start()
+        if self._subprocesses:
+            add_subprocesses(self.session.target_pids, self.session.add_pid)
         self.event = self.session.event
 
     def target_pids(self) -> set[int]:
@@ -65,6 +79,7 @@ class ProfileSource:
         drain = self.session.drain()
         lost = dict(drain.lost)
         delta.idle_samples += lost.pop("idle", 0)
+        delta.carried_samples += lost.pop("carried", 0)
         delta.lost.update(lost)
         delta.execs += drain.execs
         delta.exits += len(drain.exits)
@@ -77,7 +92,7 @@ class ProfileSource:
         add_leaf_rows(delta, *named)
         delta.stack_quality.update(outermost_quality(drain.samples, outermost, frames, rows[len(drain.samples):]))
         if drain.off_cpu:
-            add_off_cpu_rows(delta, *self._viewed(*self.session.symbolize(self.session.off_cpu_leaves(drain.off_cpu))))
+            add_off_cpu_rows(delta, *self._viewed(*self.session.symbolize(off_cpu_leaves(drain.off_cpu))))
             if delta.want_off_cpu_stacks:
                 delta.off_cpu_stacks = self._viewed(*self.session.symbolize(drain.off_cpu, stacks=True))
         if delta.want_stacks:

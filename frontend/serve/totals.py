@@ -36,6 +36,7 @@ class Delta:
     off_cpu_ns: Counter[Labels] = field(default_factory=Counter)  # (comm, dso, symbol) -> nanoseconds off CPU
     lost: Counter[str] = field(default_factory=Counter)  # reason -> lost samples or stacks
     idle_samples: int = 0  # samples of the idle task (pid 0), left out of the profile
+    carried_samples: int = 0  # of cpu_samples: taken for threads that ended between ticks (RecordMeta's)
     execs: int = 0  # processes exec'd (what drives the symbolizer's work on a busy machine)
     exits: int = 0
     unresolved_frames: int = 0  # samples whose leaf frame has no symbol
@@ -109,6 +110,7 @@ class TotalsSnapshot:
     caches: dict[str, int]  # symbol cache -> its size after the last drain
     lost: dict[str, int]
     idle_samples: int
+    carried_samples: int
     process_events: dict[str, int]  # "exec" / "exit" -> count
     unresolved_frames: int
     stack_quality: dict[str, int]  # outcome -> samples with a user stack
@@ -132,6 +134,7 @@ class ExporterTotals:
         self._next_expiry = clock() + self._expiry_period()
         self.lost: Counter[str] = Counter()
         self.idle_samples = 0
+        self.carried_samples = 0
         self.process_events: Counter[str] = Counter()
         self.unresolved_frames = 0
         self.stack_quality: Counter[str] = Counter()
@@ -163,6 +166,7 @@ class ExporterTotals:
                 self.off_cpu_ns.add(labels, nanoseconds, now)
             self.lost.update(delta.lost)
             self.idle_samples += delta.idle_samples
+            self.carried_samples += delta.carried_samples
             self.process_events.update(exec=delta.execs, exit=delta.exits)
             self.unresolved_frames += delta.unresolved_frames
             self.stack_quality.update(delta.stack_quality)
@@ -198,6 +202,7 @@ class ExporterTotals:
                 caches=dict(self.caches),
                 lost=dict(self.lost),
                 idle_samples=self.idle_samples,
+                carried_samples=self.carried_samples,
                 process_events=dict(self.process_events),
                 unresolved_frames=self.unresolved_frames,
                 stack_quality=dict(self.stack_quality),
@@ -226,7 +231,7 @@ def leaf_labels(comm: str, frame: Frame | None) -> tuple[str, str, str]:
 
 
 def add_off_cpu_rows(delta: Delta, frames: list[Frame], samples: Iterable[Sample]) -> None:
-    """Off-CPU nanoseconds by the frame each wait is named after (see ProfilingSession.off_cpu_leaves)."""
+    """Off-CPU nanoseconds by the frame each wait is named after (see sources.py's off_cpu_leaves)."""
     for sample in samples:
         delta.off_cpu_ns[leaf_labels(sample.comm, frames[sample.frames[0]] if sample.frames else None)] += sample.count
 

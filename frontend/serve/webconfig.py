@@ -257,8 +257,9 @@ class BasicAuth:
         self._checks = 0  # running or waiting for the bcrypt lock
         self._outcomes: dict[bool, OrderedDict[bytes, None]] = {True: OrderedDict(), False: OrderedDict()}
 
-    def allows(self, authorization: str | None) -> bool:
-        """Raises AuthBusy when the check would have to wait behind too many others."""
+    def allows(self, authorization: str | None, wait: bool = True) -> bool | None:
+        """Raises AuthBusy when the check would have to wait behind too many others; without ``wait``,
+        None when the outcome is not known without a bcrypt check."""
         if not self.users:
             return True
         credentials = _basic_credentials(authorization)
@@ -270,6 +271,8 @@ class BasicAuth:
         key = hashlib.sha256(b"\0".join((user.encode("utf-8", "surrogateescape"), hashed, password))).digest()
         matches = self._cached(key)
         if matches is None:
+            if not wait:
+                return None
             matches = self._check(password, hashed)
             self._remember(key, matches)
         return known and matches

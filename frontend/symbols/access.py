@@ -9,6 +9,9 @@ Every binary, library and debug file goes through :mod:`optrace.fileaccess`:
 - a path as the process mapped it (``/proc/PID/maps`` prints it canonical) is opened without following
   any symlink; a file only reachable through another mount namespace is kept open as a descriptor,
   read later through a duplicate (never through the ``/proc/self/fd/N`` magic link);
+- a path a process in another mount namespace or root exec'd (a container's, :func:`in_other_namespace`)
+  is that process's: its files are read through it, from its mappings, never by that path here, where it
+  may name nothing or another file;
 - only paths built from the system's own configuration (ld.so.cache, the default library folders, the
   standard-folder scan, the debug roots) and execve'd paths follow symlinks (see :class:`FileRef`).
 
@@ -82,6 +85,20 @@ def open_mapped_file(pid: int, entry: MapEntry, policy: FilePolicy = ELF_POLICY)
         if refused.reason != "unreadable":  # map_files needs CAP_SYS_ADMIN: else try the root
             raise
     return _open_in_root(pid, entry, policy)
+
+
+def in_other_namespace(pid: int) -> bool | None:
+    """Whether the process sees another file tree than optrace (another mount namespace, or another root:
+    a container, ``unshare --mount --root``); None when it is gone. Two stats, no open."""
+    try:
+        return _file_tree(str(pid)) != _file_tree("self")
+    except OSError:  # gone (ENOENT, ESRCH)
+        return None
+
+
+def _file_tree(pid: str) -> tuple[int, int, int]:
+    mounts, root = os.stat(f"/proc/{pid}/ns/mnt"), os.stat(f"/proc/{pid}/root")
+    return mounts.st_ino, root.st_dev, root.st_ino
 
 
 def _open_in_root(pid: int, entry: MapEntry, policy: FilePolicy) -> int | None:

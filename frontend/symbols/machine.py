@@ -3,13 +3,16 @@ each process's executable mappings over time (perf's ``thread`` -> ``maps``)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from optrace.credentials import Credentials, process_credentials
 from optrace.fileaccess import RefusedFile, open_file
-from optrace.frontend.symbols.access import ELF_POLICY, FileProblems, FileRef, open_mapped_file, open_ref
+from optrace.frontend.symbols.access import (ELF_POLICY, FileProblems, FileRef, in_other_namespace, open_mapped_file,
+                                             open_ref)
 from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
 from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
@@ -26,6 +29,7 @@ MAX_OLDER_MAPPINGS = 4096  # per pid; a JIT that maps and unmaps code keeps addi
 # Most recently used files kept in the indexes (the library-dir scan alone adds a few thousand)
 MAX_INDEXED_FILES = 32768
 MAX_EXECUTABLES = 4096  # exec'd paths whose libraries were indexed
+MAX_CAPTURED = 64  # processes whose captured mappings wait for :meth:`Machine.adopt_captured` (files held open)
 
 
 @dataclass
@@ -36,6 +40,7 @@ class ProcessMaps:
     current: Mappings = field(default_factory=Mappings)
     older: list[MapEntry] = field(default_factory=list)
     by_build_id: dict[bytes, MapEntry] = field(default_factory=dict)  # its own files, current ones last
+    elsewhere: bool = False  # in another mount namespace or root (access.in_other_namespace) when snapshotted
     credentials: Credentials | None = None  # its user's at this snapshot: what it may read (codecapture)
 
     def find(self, address: int) -> MapEntry | None:
@@ -75,6 +80,9 @@ class Machine:
         self._scanned = False
         self._scan: Iterator[None] | None = None  # the standard dirs' scan, once started
         self._linker = Linker(self._problems)
+        # (pid, mappings, their files' descriptors, elsewhere) captured on other threads (:meth:`captured`)
+        self._captured: deque[tuple[int, Sequence[MapEntry], list[int | None], bool]] = deque()
+        self._captured_lock = threading.Lock()
 
     def trim(self) -> None:
         if len(self.files) <= self.files.max_entries and len(self.by_build_id) <= self.by_build_id.max_entries:
@@ -92,31 +100,70 @@ class Machine:
         for fd in self._kept_fds:
             os.close(fd)
         self._kept_fds.clear()
+        with self._captured_lock:
+            waiting, self._captured = list(self._captured), deque()
+        for _, _, fds, _ in waiting:
+            _close_all(fds)
+
+    def captured(self, pid: int, entries: Sequence[MapEntry], fds: list[int | None]) -> None:
+        """A process's executable mappings captured with their files open (``fds[i]`` of ``entries[i]``, None
+        where it could not be opened), on any thread: the unwinder's capture at the process's first copied
+        sample (frontend/unwind/captures.py), which comes at once, while the exec event may be read after a
+        short-lived process is gone. Named from as from a snapshot (:meth:`adopt_captured`) unless the process
+        was snapshotted. Takes the descriptors; at most MAX_CAPTURED wait (the others are closed)."""
+        elsewhere = bool(in_other_namespace(pid))
+        with self._captured_lock:
+            if len(self._captured) < MAX_CAPTURED:
+                self._captured.append((pid, entries, fds, elsewhere))
+                return
+        _close_all(fds)
+
+    def adopt_captured(self) -> None:
+        """The captures waiting (:meth:`captured`), each a snapshot of its process (the descriptors of files
+        indexed already, or reachable here by their path, are closed; the others kept, as a snapshot's)."""
+        while True:
+            with self._captured_lock:
+                if not self._captured:
+                    return
+                pid, entries, fds, elsewhere = self._captured.popleft()
+            opened = dict(zip(entries, fds))
+            text = "\n".join(map(repr, entries))  # one capture's identity (a read of the maps has its text)
+            self._snapshot(pid, text, Mappings(e for e in entries if e.executable), elsewhere,
+                           lambda entry: self._index_open_file(entry, opened.pop(entry)) if opened.get(entry) else None)
+            _close_all(opened.values())
 
     def snapshot_process(self, pid: int) -> None:
+        self.adopt_captured()
         maps = read_maps(pid, lambda err: self._warn(f"cannot read /proc/{pid}/maps: {err.strerror}; frames "
                                                      "without build-id in it stay unresolved"))
-        if maps is None:
-            return
+        if maps is not None:
+            self._snapshot(pid, maps.text, Mappings.of(maps), bool(in_other_namespace(pid)),
+                           lambda entry: self._index_mapped_file(pid, entry))
+
+    def _snapshot(self, pid: int, text: str, entries: Mappings, elsewhere: bool,
+                  index: Callable[[MapEntry], None]) -> bool:
+        """The process's mappings now ``entries`` (read as ``text``), the files not indexed yet by ``index``;
+        False when they are the ones known."""
         known = self.processes.get(pid)
-        if known is not None and known.text == maps.text:
-            return
-        entries = Mappings.of(maps)
+        if known is not None and known.text == text:
+            return False
         older = []
         if known is not None:
             keep = set(entries) | set(known.older)
             older = (known.older + [e for e in known.current if e not in keep])[-MAX_OLDER_MAPPINGS:]
-        self.processes[pid] = ProcessMaps(maps.text, entries, older, credentials=process_credentials(pid))
+        self.processes[pid] = ProcessMaps(text, entries, older, elsewhere=elsewhere,
+                                          credentials=process_credentials(pid))
         self._stats["maps_snapshots"] = self._stats.get("maps_snapshots", 0) + 1
         for entry in entries:
             if not entry.is_file:
                 continue
             known_file = self.files.get(entry.file_key)
             if known_file is None:
-                self._index_mapped_file(pid, entry)
+                index(entry)
             elif known_file[1] is not None:
                 self.by_build_id.touch(known_file[1])
         self._own_build_ids(self.processes[pid])
+        return True
 
     def _own_build_ids(self, maps: ProcessMaps) -> None:
         for entry in (*maps.older, *maps.current):
@@ -140,10 +187,17 @@ class Machine:
         maps = self.processes.get(pid)
         return maps.find(address) if maps is not None else None
 
-    def add_executable(self, path: str) -> None:
+    def add_executable(self, path: str, pid: int | None = None) -> None:
         """Index an exec'd file and the libraries it names. ``path`` is as passed to execve: its
-        symlinks are followed (see :class:`FileRef`), those of its RPATH dirs are not (see linker)."""
+        symlinks are followed (see :class:`FileRef`), those of its RPATH dirs are not (see linker). A path
+        that ``pid`` exec'd in another mount namespace or root is not looked for here (a container's binary:
+        "cannot read" would be false): its files are read through the process, from its maps snapshot
+        (:meth:`snapshot_process`, while it runs), also after it exits."""
         path = os.path.abspath(path)
+        self.adopt_captured()
+        if pid is not None and (pid in self.processes and self.processes[pid].elsewhere or in_other_namespace(pid)):
+            self._stats["executables_elsewhere"] = self._stats.get("executables_elsewhere", 0) + 1
+            return
         try:
             info = os.stat(path)  # no open: a FIFO or a device costs nothing here
         except OSError as err:
@@ -223,9 +277,16 @@ class Machine:
     def _index_mapped_file(self, pid: int, entry: MapEntry) -> None:
         """Read the build-id of a mapped file through /proc/PID/map_files (works across mount
         namespaces and for deleted files) and remember how to open it after the process is gone."""
+        self._index_entry(entry, lambda: self._read_mapped_file(pid, entry))
+
+    def _index_open_file(self, entry: MapEntry, fd: int) -> None:
+        """:meth:`_index_mapped_file` of a file opened already (takes ``fd``)."""
+        self._index_entry(entry, lambda: self._read_open_file(entry, fd))
+
+    def _index_entry(self, entry: MapEntry, read: Callable[[], tuple[FileRef, bytes | None] | tuple[()]]) -> None:
         name = entry.file_path
         consequence = f"its frames show as {os.path.basename(name)}+0xOFFSET"
-        found = self._problems.contained(name, consequence, lambda: self._read_mapped_file(pid, entry))
+        found = self._problems.contained(name, consequence, read)
         if found is None:  # unreadable (warned): nothing to open later either
             found = (FileRef(name, None, from_maps=True), None)
         elif not found:
@@ -236,8 +297,10 @@ class Machine:
 
     def _read_mapped_file(self, pid: int, entry: MapEntry) -> tuple[FileRef, bytes | None] | tuple[()]:
         fd = open_mapped_file(pid, entry, ELF_POLICY)
-        if fd is None:
-            return ()
+        return () if fd is None else self._read_open_file(entry, fd)
+
+    def _read_open_file(self, entry: MapEntry, fd: int) -> tuple[FileRef, bytes | None]:
+        """(how to open it later, its build-id) of a mapped file open as ``fd`` (taken)."""
         try:
             build_id = self.build_ids.of_open_file(fd, entry.file_path)
             same_here = self._same_file_here(entry.file_path, fd)
@@ -273,3 +336,9 @@ class Machine:
         finally:
             os.close(here)
         return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _close_all(fds: Iterable[int | None]) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)

@@ -118,8 +118,12 @@ class Symbolizer:
     def snapshot_process(self, pid: int) -> None:
         self.machine.snapshot_process(pid)
 
-    def add_executable(self, path: str) -> None:
-        self.machine.add_executable(path)
+    def add_executable(self, path: str, pid: int | None = None) -> None:
+        self.machine.add_executable(path, pid)
+
+    def captured(self, pid: int, entries: Sequence[MapEntry], fds: list[int | None]) -> None:
+        """A process's mappings captured with their files open, from any thread (Machine.captured)."""
+        self.machine.captured(pid, entries, fds)
 
     def forget_process(self, pid: int) -> None:
         """Drop what is kept about an exited process (a long-running exporter sees thousands)."""
@@ -133,6 +137,7 @@ class Symbolizer:
         """Each distinct frame is named once per call: a kernel address, a (pid, user frame), or for a raw
         address a (pid, address, time) (JIT code is named as of its sample's time). A recording at 10k
         samples a second of distinct stacks names 100k stacks of 10 frames from a few hundred frames."""
+        self.machine.adopt_captured()
         index: dict[Frame, int] = {}
         resolved: list[bool] = []
         kernel_ids: dict[int, int] = {}

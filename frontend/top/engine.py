@@ -16,6 +16,7 @@ from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.frontend.report.toprows import Header, LiveTotals, TopSnapshot, ViewState, deep_stack_share
 from optrace.frontend.report.pythonview import leaf_only, python_view
 from optrace.frontend.session import TOP, ProfilingSession, SessionOptions
+from optrace.frontend.target import add_subprocesses, with_subprocesses
 
 
 @dataclass
@@ -27,6 +28,7 @@ class TopOptions:
     call_graph: str = DEFAULT_CALL_GRAPH  # how user stacks are walked (record's --call-graph)
     python: bool = True  # Python frames (SessionOptions.python)
     python_internals: bool = False  # the interpreter's frames as they are, not folded (report/pythonview.py)
+    subprocesses: bool = False  # with pids: their descendants too (target.with_subprocesses)
     zero: bool = False
     children: bool = False
     iterations: int | None = None  # stop after this many refreshes (None: until q, Ctrl-C or SIGTERM)
@@ -44,13 +46,15 @@ class TopEngine:
         self.header = Header(cpus=os.cpu_count() or 0, frequency_hz=options.frequency_hz,
                              interval_s=options.interval_s, zero=options.zero)
         self.session = ProfilingSession(SessionOptions(
-            TOP, frequency_hz=options.frequency_hz, pids=options.pids, stacks=True, call_graph=options.call_graph,
-            python=options.python))
+            TOP, frequency_hz=options.frequency_hz, stacks=True, call_graph=options.call_graph, python=options.python,
+            pids=None if options.pids is None else with_subprocesses(options.pids, options.subprocesses)))
         self.refreshes = 0
         self._last = 0.0
 
     def start(self) -> None:
         self.session.start()
+        if self.options.subprocesses:
+            add_subprocesses(self.session.target_pids, self.session.add_pid)
         self.header.event = self.session.event
         self._last = time.monotonic()
 
@@ -72,7 +76,7 @@ class TopEngine:
         elapsed, self._last = max(now - self._last, 1e-3), now
         count = sum(sample.count for sample in samples)
         self.refreshes += 1
-        self.header.lost += sum(n for reason, n in drained.lost.items() if reason != "idle")
+        self.header.lost += sum(n for reason, n in drained.lost.items() if reason not in ("idle", "carried"))
         self.header.warnings += len(self.session.take_warnings())
         if view.paused:
             return

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
-from optrace.frontend.unwind.stackcopy import MAX_FRAMES, unwind_copy
+from optrace.frontend.unwind.stackcopy import MAX_FRAMES, chain_of, unwind_copy, with_python_frames, without_call_ends
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -240,15 +240,18 @@ class StackCopies:
         if tables is None:
             return None
         self._copies.take(sample.copy)
-        prefix = sample.user if copy.continues else ()
+        walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
+        prefix = walked if copy.continues else ()
         rules = tables.rules
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
         self.stats["walked"] += 1
         self.stats["walk_" + walk.status] += 1
         mappings = [tables.mapping_at(pc) for pc in walk.pcs]
         self._files_used.update(m.file_key for m in mappings if m is not None)
-        frames = prefix + tuple(map(frame_in, mappings, walk.pcs))
-        return dataclasses.replace(sample, user=frames, stop=walk.status, epoch=0, copy=0)
+        frames = tuple(map(frame_in, mappings, walk.pcs))
+        if chain and copy.eval_ranges:
+            frames = with_python_frames(walk.pcs, frames, chain, copy.eval_ranges)
+        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:
         self.stats["gave_up"] += 1
@@ -256,7 +259,7 @@ class StackCopies:
             known = self._tables.get(sample.pid)
         self.stats["gave_up_" + ("tables_of_other_epochs" if known else "no_tables")] += 1
         self._copies.take(sample.copy)
-        return dataclasses.replace(sample, stop=NO_TABLE, copy=0)
+        return dataclasses.replace(sample, user=without_call_ends(sample.user), stop=NO_TABLE, copy=0)
 
     def _tables_for(self, copy: StackCopy) -> ProcessTables | None:
         with self._lock:

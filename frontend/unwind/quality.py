@@ -3,8 +3,10 @@
 A stack is complete when its outermost frame is a thread's root (``_start`` or
 ``__libc_start_call_main`` for a main thread, ``clone3``/``start_thread`` for the others), or when the
 CFI unwinder reached a frame whose return address the CFI declares undefined (the ABI's mark of a
-thread's first frame). Otherwise the reason is the unwinder's (see bpf/unwindmaps.py UNWIND_STATUSES),
-or ``fp_walk`` for a stack the kernel walked by frame pointers.
+thread's first frame), and none of its user frames is ``[unknown]`` (an address in no mapping: a walk gone
+astray, e.g. a thread preempted just after clone3, whose next instructions have no CFI: its stack read
+``clone3`` then a run of ``[unknown]``; ``unknown_frame``). Otherwise the reason is the unwinder's (see
+bpf/unwindmaps.py UNWIND_STATUSES), or ``fp_walk`` for a stack the kernel walked by frame pointers.
 
 :func:`stack_quality` looks at stacks a recording named whole; :func:`outermost_quality` gives the same
 counts naming one frame per stack at most (serve names only leaves).
@@ -15,26 +17,31 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
-from optrace.model import STACK_COMPLETE, Frame, RawSample, Sample
+from optrace.model import STACK_COMPLETE, UNKNOWN, Frame, RawSample, Sample
 
 THREAD_ROOTS = frozenset({"_start", "__libc_start_call_main", "__libc_start_main", "__libc_start_main_impl",
                           "clone3", "__clone3", "clone", "__clone", "start_thread"})
 FP_WALK = "fp_walk"
 OUTERMOST = "outermost"  # the unwinder's status for a walk that reached a thread's first frame (unwind.c)
+UNKNOWN_FRAME = "unknown_frame"  # a root reached, through a frame in no mapping
 
 
 def stack_quality(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample]) -> dict[str, int]:
-    """Samples with a user stack, by outcome; ``rows`` are ``raw`` symbolized, in the same order."""
+    """Samples with a user stack, by outcome (their counts: samples, or off-CPU nanoseconds); ``rows`` are
+    ``raw`` symbolized, in the same order."""
+    lost = [not frame.kernel and frame.symbol == UNKNOWN for frame in frames]
     outcomes: Counter[str] = Counter()
     for sample, row in zip(raw, rows, strict=True):
         if not sample.user:
             continue
         outermost = frames[row.frames[-1]] if row.frames else None
-        if sample.stop == OUTERMOST or (outermost is not None and not outermost.kernel
-                                          and outermost.symbol in THREAD_ROOTS):
-            outcomes[STACK_COMPLETE] += sample.count
-        else:
+        if not (sample.stop == OUTERMOST or (outermost is not None and not outermost.kernel
+                                             and outermost.symbol in THREAD_ROOTS)):
             outcomes[sample.stop or FP_WALK] += sample.count
+        elif any(lost[i] for i in row.frames):
+            outcomes[UNKNOWN_FRAME] += sample.count
+        else:
+            outcomes[STACK_COMPLETE] += sample.count
     return dict(outcomes)
 
 

@@ -6,6 +6,11 @@ The walk is unwind.c's, frame by frame: the row for the PC (a return address is 
 CFA from rsp or rbp, the return address at CFA - 8 and the caller's rbp where the row says, read from the
 copy. It stops where unwind.c stops (no CFI, an expression, the outermost frame), and also where the copy
 ends: a stack deeper than the copy is cut there, and says so.
+
+A Python process's copy comes with its thread's Python frames that the walk to the copy did not put, taken
+when the copy was (the chain is in the heap: bpf/copypython.c), after the sample's user stack: :func:`chain_of`
+tells them apart, :func:`with_python_frames` puts each eval call's frames in place of its frame in the eval
+function, as the BPF walker does.
 """
 from __future__ import annotations
 
@@ -15,9 +20,11 @@ from dataclasses import dataclass
 
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, RBP_AT_CFA, RBP_SAME,
                                          Rule)
-from optrace.model import StackCopy
+from optrace.model import PYTHON_FRAME, StackCopy, UserFrame
 
 MAX_FRAMES = 256  # as the BPF walker (UNWIND_MAX_FRAMES)
+CHAIN_CALL_END = 1 << 61  # in a copied sample's Python frame word: its eval call's last frame (copypython.c)
+CHAIN_WORD = 1 << 60  # a Python frame word read with the copy, not walked with the sample's stack
 _U64 = struct.Struct("<Q")
 
 # Why a copy's walk ended (the names of bpf/unwindmaps.py's UNWIND_STATUSES, and "copy_end")
@@ -102,3 +109,37 @@ def _word(copy: StackCopy, address: int) -> int | str:
     if at + 8 > len(copy.stack):
         return COPY_END
     return _U64.unpack_from(copy.stack, at)[0]
+
+
+def with_python_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], chain: tuple[UserFrame, ...],
+                       eval_ranges: tuple[tuple[int, int], ...]) -> tuple[UserFrame, ...]:
+    """``frames`` (of the walked ``pcs``) with each frame in the eval function (``eval_ranges``) replaced by
+    the Python frames its call ran: the next ones of ``chain`` (the thread's Python frames when the copy was
+    taken, leaf first, each call's last marked CHAIN_CALL_END), as unwind.c puts them (an eval frame with
+    none left stays as it is). At most MAX_FRAMES frames."""
+    words = [frame.offset for frame in chain]
+    out: list[UserFrame] = []
+    taken = 0
+    for pc, frame in zip(pcs, frames):
+        if taken < len(words) and any(start <= pc < end for start, end in eval_ranges):
+            while taken < len(words):
+                word = words[taken]
+                taken += 1
+                out.append(UserFrame(PYTHON_FRAME, word & ~(CHAIN_CALL_END | CHAIN_WORD)))
+                if word & CHAIN_CALL_END:
+                    break
+        else:
+            out.append(frame)
+    return tuple(out[:MAX_FRAMES])
+
+
+def chain_of(frames: tuple[UserFrame, ...]) -> tuple[tuple[UserFrame, ...], tuple[UserFrame, ...]]:
+    """(the frames the walk to the copy put, the chain read with the copy) of a copied sample's user stack."""
+    chained = [f.build_id == PYTHON_FRAME and bool(f.offset & CHAIN_WORD) for f in frames]
+    return (tuple(f for f, c in zip(frames, chained) if not c), tuple(f for f, c in zip(frames, chained) if c))
+
+
+def without_call_ends(frames: tuple[UserFrame, ...]) -> tuple[UserFrame, ...]:
+    """A copied sample's user stack as it is named when its copy is not walked (its Python frames' marks off)."""
+    return tuple(UserFrame(PYTHON_FRAME, f.offset & ~(CHAIN_CALL_END | CHAIN_WORD)) if f.build_id == PYTHON_FRAME
+                 else f for f in frames)

@@ -83,3 +83,6 @@ def test_the_running_kernels_offsets_agree_with_bpftool():
     assert found is not None, "this kernel has BTF (NOTES): the offsets must be found"
     assert found.task_tgid == bpftool_offset("task_struct", "tgid")
     assert found.binprm_filename == bpftool_offset("linux_binprm", "filename")
+    assert found.task_start_time == bpftool_offset("task_struct", "start_time")
+    assert found.task_runtime == (bpftool_offset("task_struct", "se")
+                                  + bpftool_offset("sched_entity", "sum_exec_runtime"))

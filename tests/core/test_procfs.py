@@ -52,3 +52,27 @@ def test_a_process_reads_as_itself() -> None:
     assert executable(me) == os.path.realpath(sys.executable)
     assert command_line(me) == sys.orig_argv
     assert executable(2) is None and command_line(2) is None  # kthreadd: a kernel thread has neither
+
+
+def test_descendants_are_children_and_their_children_not_the_processes_themselves() -> None:
+    """A shell with a child shell that has a sleep: both are descendants of the first (procfs.descendants,
+    --subprocesses); an unrelated process is not."""
+    import subprocess
+    import time
+
+    from optrace.procfs import descendants
+
+    tree = subprocess.Popen(["sh", "-c", "sh -c 'sleep 30 & wait' & wait"])
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        found: set[int] = set()
+        while len(found) < 2 and time.monotonic() < deadline:
+            found = descendants([tree.pid])
+            time.sleep(0.02)
+        assert len(found) == 2 and tree.pid not in found and other.pid not in found, found
+        assert descendants([other.pid]) == set()
+    finally:
+        for proc in (tree, other):
+            proc.kill()
+            proc.wait()

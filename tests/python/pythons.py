@@ -1,4 +1,10 @@
-"""The CPython interpreters of this machine the Python-frame tests run against, and children started with them."""
+"""The CPython interpreters of this machine the Python-frame tests run against, and children started with them.
+
+Besides pyenv's and Debian's (bookworm), Debian sid's python3.14 and python3.15 ("3.14-sid", "3.15-sid"): they
+need sid's glibc, so they run from the sid root `make setup` makes, in their own mount namespace and root as a
+container runs them (bench/sidroot.py), with the repository and /tmp bound in at the same paths (a test's files
+are where the test put them, and their frames name them so).
+"""
 from __future__ import annotations
 
 import os
@@ -10,19 +16,40 @@ from pathlib import Path
 
 import pytest
 
+from sidroot import SID_ROOT, in_container, sid_python
+
 PYENV_VERSIONS = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
 PROGRAMS = Path(__file__).parent / "programs"
-SUPPORTED = ["3.8", "3.9", "3.10", "3.11", "3.11-debian", "3.12", "3.13"]
+SID = ["3.14-sid", "3.15-sid"]
+SUPPORTED = ["3.8", "3.9", "3.10", "3.11", "3.11-debian", "3.12", "3.13", *SID]
 REFUSED = ["3.6", "3.7"]
 DEBIAN_311 = Path("/usr/bin/python3.11")
+REPO = Path(__file__).resolve().parents[2]
+BINDS = [REPO, Path("/tmp")]  # bound into sid's container at their own paths
 
 
 def interpreter(name: str) -> Path | None:
-    """The executable of "3.X" (pyenv's newest 3.X.Y) or "3.11-debian"; None when not installed."""
+    """The executable of "3.X" (pyenv's newest 3.X.Y), "3.11-debian" or "3.1X-sid" (the file in the sid root);
+    None when not installed."""
     if name == "3.11-debian":
         return DEBIAN_311 if DEBIAN_311.exists() else None
+    if name in SID:
+        exe = sid_python(minor_name(name))
+        return exe if exe.exists() else None
     found = sorted(PYENV_VERSIONS.glob(f"{name}.*/bin/python{name}"), key=lambda p: p.parts[-3])
     return found[-1] if found else None
+
+
+def minor_name(name: str) -> str:
+    """"3.14" of "3.14-sid"."""
+    return name.split("-")[0]
+
+
+def command(name: str) -> list[str]:
+    """The argv that runs interpreter ``name`` (skips the test when it is not installed): its executable, or
+    for sid's, a container around it (the same pid: unshare and chroot exec into it)."""
+    exe = require(name)
+    return [str(exe)] if name not in SID else in_container([f"/usr/bin/{exe.name}"], BINDS)
 
 
 def include_dir(name: str) -> Path | None:
@@ -30,9 +57,11 @@ def include_dir(name: str) -> Path | None:
     exe = interpreter(name)
     if exe is None:
         return None
-    minor = name.split("-")[0]
+    minor = minor_name(name)
     if name.endswith("debian"):
         folder = Path(f"/usr/include/python{minor}")
+    elif name in SID:
+        folder = SID_ROOT / "usr" / "include" / f"python{minor}"
     else:
         folder = exe.parent.parent / "include" / f"python{minor}"
     return folder if (folder / "internal").is_dir() else None

@@ -17,7 +17,7 @@ from optrace.frontend.python.layouts import table_layout
 from optrace.frontend.python.memory import ProcessMemory
 from optrace.procfs import read_maps
 from optrace.pythonlayout import CAPTURE_HEADER, CAPTURE_PARTS, CAPTURE_SIZE, CODE_WINDOW, PythonLayout
-from pythons import PROGRAMS, SUPPORTED, child, require
+from pythons import PROGRAMS, SUPPORTED, child, command
 
 
 def capture_of(pid: int, address: int, layout: PythonLayout) -> bytes:
@@ -44,8 +44,7 @@ def cut(text: str, layout: PythonLayout, part_size: int) -> str:
 
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_code_objects_of_a_live_interpreter(name):
-    exe = require(name)
-    with child([str(exe), str(PROGRAMS / "names.py")], lines=1) as (proc, (line,)):
+    with child([*command(name), str(PROGRAMS / "names.py")], lines=1) as (proc, (line,)):
         process = find_interpreter(proc.pid, [entry for entry in read_maps(proc.pid).entries if entry.executable])
         assert not isinstance(process, str), process
         sizes = dict(CAPTURE_PARTS)

@@ -1,5 +1,7 @@
-"""_Py_DebugOffsets (3.13+): the real 3.13.0 interpreter's, read from a live process; 3.14's, synthesized at
-the byte positions of the v3.14.0 header (760 bytes); corrupted ones refused with a reason."""
+"""_Py_DebugOffsets (3.13+): the real interpreters' (pyenv's 3.13.0, Debian sid's 3.14 and 3.15), read from
+live processes and compared with offsetof()s of their own headers; the shapes and constants kept in
+debugshapes.py generated again from those headers; tables synthesized at the byte positions of the v3.14.0
+header (760 bytes); newer minors read with the known shapes; corrupted tables refused with a reason."""
 from __future__ import annotations
 
 import struct
@@ -9,13 +11,17 @@ from hypothesis import given, settings, strategies as st
 
 from optrace.frontend.python import debugoffsets
 from optrace.frontend.python.debugoffsets import READ_SIZE, parse_debug_offsets
+from optrace.frontend.python.debugshapes import CONSTANTS, SHAPES
 from optrace.frontend.python.interpreter import python_mappings
 from optrace.frontend.python.interpreterfile import interpreter_file
 from optrace.frontend.python.memory import ProcessMemory
 from optrace.procfs import read_maps
 from optrace.pythonlayout import ENTRY_SHIM, INSTR_POINTER, LINES_LOCATIONS, MAX_OFFSET
-from pythons import POSITIONS_313, child, require, synthesized
-from test_layouts import measured
+from pythons import POSITIONS_313, child, command, include_dir, minor_name, synthesized
+from test_layouts import generator, measured
+
+SELF_DESCRIBED = ["3.13", "3.14-sid", "3.15-sid"]
+
 
 def live_runtime_bytes(pid: int) -> bytes:
     maps = [entry for entry in read_maps(pid).entries if entry.executable]
@@ -26,26 +32,45 @@ def live_runtime_bytes(pid: int) -> bytes:
     raise AssertionError("no _PyRuntime mapped")
 
 
-def test_live_313_matches_its_headers():
-    exe = require("3.13")
-    headers = measured("3.13")
-    with child([str(exe), "-c", "print('up', flush=True); import time; time.sleep(60)"], lines=1) as (proc, _):
+def minor_of(name: str) -> int:
+    return int(minor_name(name).split(".")[1])
+
+
+@pytest.mark.parametrize("name", SELF_DESCRIBED)
+def test_live_table_matches_its_headers(name):
+    headers = measured(name)
+    constants = generator().debug_constants(include_dir(name))
+    with child([*command(name), "-c", "import sys, time; print(sys.version.split()[0], flush=True); time.sleep(60)"],
+               lines=1) as (proc, (said,)):
         data = live_runtime_bytes(proc.pid)
-    parsed = parse_debug_offsets(data, (3, 13))
+    parsed = parse_debug_offsets(data, (3, minor_of(name)))
     assert not isinstance(parsed, str), parsed
-    assert parsed.version == (3, 13, 0)
+    assert ".".join(map(str, parsed.version)) == said
     layout = parsed.layout
-    assert layout.interp_threads_head == 7344  # past 4096: why the walker's offsets are u16s
+    assert layout.interp_threads_head > 4096  # why the walker's offsets are u16s
     for field in ("interpreters_head", "interp_threads_head", "tstate_next", "tstate_thread_id", "tstate_frame",
-                  "frame_previous", "frame_code", "frame_instr", "frame_entry", "entry_value", "code_adaptive",
+                  "frame_previous", "frame_code", "frame_instr", "frame_entry", "code_adaptive",
                   "code_name", "code_qualname", "code_filename", "code_linetable", "code_firstlineno",
                   "unicode_length", "unicode_state", "unicode_ascii_data", "unicode_compact_data", "bytes_size",
                   "bytes_data"):
         assert getattr(layout, field) == headers[field], field
     assert parsed.threads.tstate_interp == headers["tstate_interp"]
     assert parsed.threads.tstate_native_thread_id == headers["tstate_native_thread_id"]
+    assert (layout.entry_value, layout.code_tag_mask) == (constants["entry_owner"], constants["code_tag_mask"])
     assert (layout.entry_kind, layout.instr_kind, layout.linetable_kind) == (ENTRY_SHIM, INSTR_POINTER, LINES_LOCATIONS)
-    assert layout.cframe_current_frame == -1 and layout.code_tag_mask == 0
+    assert layout.cframe_current_frame == -1
+
+
+@pytest.mark.parametrize("name", SELF_DESCRIBED)
+def test_shapes_and_constants_are_the_headers(name):
+    """debugshapes.py is what scripts/python_layouts.py reads from the headers (each member's position
+    checked by offsetof() there)."""
+    folder = include_dir(name)
+    if folder is None:
+        pytest.skip(f"no headers of python {name}")
+    minor = minor_of(name)
+    assert generator().debug_shape(folder) == SHAPES[minor]
+    assert generator().debug_constants(folder) == CONSTANTS[minor].__dict__
 
 
 # -- synthesized tables: byte positions of the v3.14.0 and v3.13.0 headers, written out by hand ----------------
@@ -72,7 +97,7 @@ def test_314_synthesized():
     assert (layout.bytes_size, layout.bytes_data) == (16, 32)
     assert (layout.unicode_state, layout.unicode_length, layout.unicode_ascii_data,
             layout.unicode_compact_data) == (32, 16, 40, 56)
-    assert layout.entry_value == 4 and layout.code_tag_mask == 3  # FRAME_OWNED_BY_CSTACK, _PyStackRef tags
+    assert layout.entry_value == 3 and layout.code_tag_mask == 3  # FRAME_OWNED_BY_INTERPRETER, _PyStackRef tags
     assert (parsed.threads.tstate_interp, parsed.threads.tstate_native_thread_id) == (16, 168)
 
 
@@ -83,18 +108,30 @@ def test_313_synthesized():
     assert (parsed.layout.interp_threads_head, parsed.layout.frame_entry, parsed.layout.entry_value) == (3000, 70, 3)
 
 
-def test_newer_minor_with_the_314_shape_is_read_with_314_constants():
-    parsed = parse_debug_offsets(synthesized(POSITIONS_314, 0x030F00A1, 760), (3, 15))
+def test_newer_minor_with_a_known_shape_is_read_with_it():
+    """A 3.16 whose table kept 3.14's shape: 3.15's (longer) finds it truncated, 3.14's passes; the constants
+    are the newest minor's."""
+    parsed = parse_debug_offsets(synthesized(POSITIONS_314, 0x031000A1, 760), (3, 16))
     assert not isinstance(parsed, str), parsed
-    assert parsed.layout.version == (3, 15) and parsed.layout.entry_value == 4
+    assert parsed.layout.version == (3, 16) and parsed.layout.entry_value == CONSTANTS[max(CONSTANTS)].entry_owner
+    assert (parsed.layout.tstate_thread_id, parsed.layout.frame_entry) == (160, 74)
 
 
 def test_newer_minor_whose_table_grew_in_the_middle_is_refused():
-    """3.15's thread_state grew by 7 members (and more groups followed): read with 3.14's shape, the later
-    groups are shifted and the fixed facts (PyObject's size) fail."""
+    """3.15's thread_state grew by 7 members (and more groups followed): a 3.16 that grew so again shifts
+    the later groups under every known shape, and the fixed facts (PyObject's size) fail."""
     shifted = {at + 56 if at >= 248 else at: value for at, value in POSITIONS_314.items()}
-    reason = parse_debug_offsets(synthesized(shifted, 0x030F00A1, 888), (3, 15))
+    reason = parse_debug_offsets(synthesized(shifted, 0x031000A1, 1200), (3, 16))
     assert isinstance(reason, str) and "refused" in reason
+
+
+def test_315_read_with_314_shape_would_be_refused(monkeypatch):
+    """Why 3.15 was refused before its shape was known: its table read with 3.14's shape puts PyObject's
+    group on other members."""
+    shifted = {at + 56 if at >= 248 else at: value for at, value in POSITIONS_314.items()}
+    monkeypatch.delitem(SHAPES, 15)
+    reason = parse_debug_offsets(synthesized(shifted, 0x030F02F0, 1200), (3, 15))
+    assert reason == "debug offsets of 3.15 refused: PyObject is not 16 bytes with ob_type at 8"
 
 
 @pytest.mark.parametrize("change, expected", [

@@ -14,13 +14,13 @@ from optrace.frontend.python.codeobject import CodeInfo
 from optrace.frontend.python.linetable import line_of
 from optrace.frontend.python.processes import MAX_TABLE_BYTES_PER_PROCESS, PythonProcesses
 from optrace.pythonlayout import LINES_310, LINES_LNOTAB, LINES_LOCATIONS, python_frame_word
-from pythons import PROGRAMS, SUPPORTED, require
+from pythons import PROGRAMS, SUPPORTED, command
 
 KINDS = {"3.8": LINES_LNOTAB, "3.9": LINES_LNOTAB, "3.10": LINES_310}
 
 
 def interpreter_lines(name: str) -> list[dict]:
-    out = subprocess.run([str(require(name)), str(PROGRAMS / "lines.py")], capture_output=True, text=True,
+    out = subprocess.run([*command(name), str(PROGRAMS / "lines.py")], capture_output=True, text=True,
                          check=True, timeout=60).stdout
     return [json.loads(line) for line in out.splitlines()]
 

@@ -1,4 +1,5 @@
-"""Python frames in recorded stacks (bpf/python.c), on every CPython of this machine, started without a flag:
+"""Python frames in recorded stacks (bpf/python.c), on every CPython of this machine (sid's in a container
+root), started without a flag:
 each interpreter frame replaced by the Python frames it ran, native frames in between kept, every thread
 and child process, names with file and line read after the process is gone (a recording of a command names
 its samples once the command has exited: only the walker's captures are left then)."""
@@ -10,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from pythons import PROGRAMS, REFUSED, SUPPORTED, require
+from pythons import PROGRAMS, REFUSED, SID, SUPPORTED, command, require
 from support import run_optrace
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 MIXED = PROGRAMS / "mixed.py"
+STRIPPED = ["3.11-debian", *SID]
 
 
 def hot_line(marker: str) -> int:
@@ -53,8 +55,7 @@ def test_python_frames_replace_the_interpreters_with_native_frames_between(tmp_p
     between the two Python frames; the worker thread has its own stack; >= 90 % of the samples of the
     process have Python frames (those before its interpreter is found, at start, do not: test_python_shares
     holds a running process to 98 %); lines are the ones the program marks as hot."""
-    python = require(version)
-    data = record(tmp_path, "--", str(python), str(MIXED), "2.5")
+    data = record(tmp_path, "--", *command(version), str(MIXED), "2.5")
     stacks = folded(data)
     rank = re.escape(f"rank ({MIXED}:{hot_line('rank')})")
     chains = [frames for frames, _ in stacks if position(frames, rank) >= 0]
@@ -63,7 +64,7 @@ def test_python_frames_replace_the_interpreters_with_native_frames_between(tmp_p
     sort_at, rank_at = position(frames, r"sort_phase \("), position(frames, rank)
     between = frames[sort_at + 1:rank_at]
     assert 0 <= sort_at < rank_at and between and not any(" (" in frame for frame in between), frames
-    if version != "3.11-debian":  # stripped: its static functions are python3.11+0x... until named by FDE
+    if version not in STRIPPED:  # its static functions are python3.X+0x... (named by FDE)
         assert any(re.match(r"(builtin_sorted|list_sort\w*)$", frame) for frame in between), between
     assert not any(frame.startswith("_PyEval_EvalFrameDefault") for frame in between)
     assert position(frames, r"main \(") < sort_at and position(frames, r"(_start|__libc_start\w+)$") >= 0

@@ -1,5 +1,6 @@
 """record --off-cpu / --wall end to end on workloads/offcpu.c, whose threads sleep, block on a pipe, wait on
-a mutex and burn CPU, and print their own blocked, CPU and wall times (real BPF, needs root).
+a mutex, wait for the disk in fsync and burn CPU, and print their own blocked, CPU and wall times (real BPF,
+needs root).
 
 The machine is shared, so the designed shares are computed from the workload's own timings of this run
 (a thread's off-CPU time is its lifetime minus its CPU time): a burner preempted by other work waits in
@@ -22,7 +23,8 @@ from optrace.bpf.profiler import Profiler
 from support import OPTRACE, assert_no_programs_of, assert_one_line_error, run_optrace
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
-ROLES = ("sleeper", "pipe_reader", "pipe_writer", "mutex_waiter")  # the blocking functions
+ROLES = ("sleeper", "pipe_reader", "pipe_writer", "mutex_waiter", "syncer")  # the blocking functions
+WAITS_IN = {"syncer": "sync_file"}  # a role whose own clock times only the calls of this function
 NS = 1e9
 
 
@@ -81,10 +83,11 @@ def test_blocking_functions_share_of_off_cpu_time(off_cpu_run):
     missed_points = 100 * missed_waits(doc) * 1.2 * 0.5 / designed_off_cpu(timings)
     for role in ROLES:
         designed = 100 * timings[role]["blocked"] / designed_off_cpu(timings)
-        assert by_symbol[role]["children_percent"] == pytest.approx(designed, abs=5 + missed_points), role
-        assert_seconds(by_symbol[role]["children"] / NS, timings[role]["blocked"], doc, 0.5, rel=0.05, abs_=0.02)
+        row = by_symbol[WAITS_IN.get(role, role)]
+        assert row["children_percent"] == pytest.approx(designed, abs=5 + missed_points), role
+        assert_seconds(row["children"] / NS, timings[role]["blocked"], doc, 0.5, rel=0.05, abs_=0.02)
     threads = {row["comm"]: row for row in report(data, "--event", "off-cpu", "--sort", "comm,tid")["rows"]}
-    for role in ("sleeper", "pipe_reader", "pipe_writer", "mutex_waiter", "lock_holder", "burner"):
+    for role in ("sleeper", "pipe_reader", "pipe_writer", "mutex_waiter", "lock_holder", "syncer", "burner"):
         own = timings[role]["lifetime"] - timings[role]["cpu"]
         assert_seconds(threads[role]["nanoseconds"] / NS, own, doc, 0.5, rel=0.05, abs_=0.03)
         assert threads[role]["tid"] > 0
@@ -104,6 +107,18 @@ def test_state_filter_keeps_only_that_state(tmp_path, workloads):
     assert threads.get("sleeper", 0) < 0.02
     burner_waits = timings["burner"]["lifetime"] - timings["burner"]["cpu"]
     assert_seconds(threads.get("burner", 0), burner_waits, doc, 0.3, rel=0.1, abs_=0.03)
+
+
+def test_disk_state_keeps_the_fsync_waits(tmp_path, workloads):
+    """--state disk: the syncer's waits in fsync (state D, for the disk) are kept, under its own sync_file and
+    the kernel's fsync; the sleeping roles' waits are not."""
+    data, timings = record(tmp_path, "--off-cpu", "--state", "disk", "--", str(workloads / "offcpu"), "0.3")
+    doc = report(data, "--event", "off-cpu", "--children", "--sort", "comm,symbol")
+    rows = {(row["comm"], row["symbol"]): row["children"] / NS for row in doc["rows"]}
+    assert timings["syncer"]["blocked"] > 0.01, timings["syncer"]  # else the disk did not wait: proves nothing
+    assert_seconds(rows[("syncer", "sync_file")], timings["syncer"]["blocked"], doc, 0.3, rel=0.2, abs_=0.02)
+    assert rows.get(("syncer", "__x64_sys_fsync"), 0) >= 0.8 * rows[("syncer", "sync_file")]
+    assert not [key for key in rows if key[0] in ("mutex_waiter", "sleeper", "pipe_reader")], rows
 
 
 def test_min_block_drops_shorter_waits(tmp_path, workloads):

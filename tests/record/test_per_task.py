@@ -15,7 +15,7 @@ import pytest
 from optrace.bpf.profiler import Profiler
 from optrace.frontend.recorder import Recorder, RecordOptions
 from optrace.model import Record
-from support import bpf_prog_ids, leaf_samples, perf_event_fds
+from support import bpf_prog_ids, cpu_seconds, leaf_samples, perf_event_fds, running
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
@@ -109,3 +109,78 @@ def test_threads_and_children_started_after_attach_are_sampled(monkeypatch, work
     leaves = leaf_samples(record, "stacks")
     assert leaves["leaf_burn"] > 0.8 * sum(leaves.values()), leaves  # its main thread only waits
     assert {sample.comm for sample in record.samples} <= {"sh", "stacks"}
+
+
+BPF_ENABLE_STATS, BPF_OBJ_GET_INFO_BY_FD, SYS_BPF = 32, 15, 321
+
+
+def program_runs(prog_fd: int) -> int:
+    """How many times a BPF program ran (struct bpf_prog_info's run_cnt, counted while stats are on)."""
+    import ctypes
+
+    info = ctypes.create_string_buffer(232)
+    attr = ctypes.create_string_buffer(16)
+    ctypes.memmove(attr, (ctypes.c_uint32 * 2)(prog_fd, len(info)), 8)
+    ctypes.memmove(ctypes.addressof(attr) + 8, ctypes.byref(ctypes.c_uint64(ctypes.addressof(info))), 8)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_BPF, BPF_OBJ_GET_INFO_BY_FD, attr, len(attr)) != 0:
+        raise OSError(ctypes.get_errno(), "BPF_OBJ_GET_INFO_BY_FD")
+    return int.from_bytes(info.raw[200:208], "little")
+
+
+def sampler_runs(monkeypatch, target: subprocess.Popen, hz: int, seconds: float) -> tuple[int, float, Record]:
+    """Runs of the sampler program while `record -p` samples ``target`` (BPF run statistics on meanwhile:
+    BPF_ENABLE_STATS, for as long as its fd is open), and the target's CPU time meanwhile."""
+    import ctypes
+
+    from optrace.bpf.abi import ProgType
+    from optrace.bpf.loader import load_function
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    stats_fd = libc.syscall(SYS_BPF, BPF_ENABLE_STATS, ctypes.create_string_buffer(4), 4)
+    assert stats_fd >= 0, os.strerror(ctypes.get_errno())
+    runs: list[int] = []
+    cpu: list[float] = []
+    attach, stop = Profiler.attach, Profiler.stop_sampling
+
+    def attach_then_note(self: Profiler) -> None:
+        attach(self)
+        cpu.append(cpu_seconds(target.pid))
+
+    def count_then_stop(self: Profiler) -> None:
+        if not runs:
+            runs.append(program_runs(load_function(self._bpf, b"on_sample", ProgType.PERF_EVENT).fd))
+            cpu.append(cpu_seconds(target.pid))
+        stop(self)
+
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(Profiler, "attach", attach_then_note)
+            patched.setattr(Profiler, "stop_sampling", count_then_stop)
+            record = Recorder(RecordOptions(pids=[target.pid], frequency_hz=hz, duration_s=seconds)).run()
+    finally:
+        os.close(stats_fd)
+    return runs[0], cpu[1] - cpu[0], record
+
+
+def test_the_sampler_runs_only_while_its_target_runs(monkeypatch, workloads):
+    """What per-task events give (the bystander's side): the CPUs a target does not use get no timer
+    interrupt from the sampler. A sleeping target: the program ran a handful of times in 2 s at 999 Hz
+    (per-CPU events run it on every CPU 999 times a second). A busy target: about once per tick of its CPU
+    time (bpf/profiler.py's TICK_NS), however many CPUs the machine has, and a sample per 1/F of it."""
+    from optrace.bpf.profiler import TICK_NS
+
+    with running(["sleep", "60"]) as sleeper:
+        runs, _, _ = sampler_runs(monkeypatch, sleeper, 999, 2.0)
+    assert runs <= 10, f"the sampler ran {runs} times while its target slept"
+    busy = subprocess.Popen([str(workloads / "demo"), "60"])
+    try:
+        runs, used, record = sampler_runs(monkeypatch, busy, 99, 3.0)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert used >= 0.2, f"the target used {used:.2f} s of CPU: too little to tell (machine load)"
+    ticks = used * 1e9 / TICK_NS
+    assert runs <= 1.2 * ticks + 20, f"{runs} runs for {used:.2f} s of the target's CPU ({ticks:.0f} ticks)"
+    taken = sum(s.count for s in record.samples)
+    assert 0.8 * used * 99 <= taken <= 1.2 * used * 99 + 3, (taken, used)

@@ -131,6 +131,18 @@ def test_whole_machine_with_a_command_says_whole_machine(record: Record) -> None
     assert json.loads(render_report(record, ReportOptions(), "json", "f"))["meta"]["launcher_samples"] == 3
 
 
+def test_carried_samples_are_said_in_the_header(record: Record) -> None:
+    """Samples of threads that ended between two ticks, taken at their process's next tick (bpf/profile.c's
+    sample_due): counted in the profile, and the header says how many (none: no line)."""
+    assert "next tick" not in render_report(record, ReportOptions(), "table", "f")
+    record.meta.carried_samples = record.meta.total_samples // 10
+    lines = render_report(record, ReportOptions(), "table", "f").splitlines()
+    line = [text for text in lines if "next tick" in text]
+    assert line == [f"# Taken at their process's next tick for threads that ended between two ticks: "
+                    f"{record.meta.carried_samples} (10.0%)"], line
+    assert json.loads(render_report(record, ReportOptions(), "json", "f"))["meta"]["carried_samples"] > 0
+
+
 def test_launcher_samples_are_told_apart() -> None:
     from optrace.frontend.recorder import is_launcher
 

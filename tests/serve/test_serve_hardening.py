@@ -165,7 +165,7 @@ class PickySymbolizer:
         if pid == 666:
             raise Boom("maps of pid 666")
 
-    def add_executable(self, path: str) -> None:
+    def add_executable(self, path: str, pid: int | None = None) -> None:
         pass
 
     def forget_process(self, pid: int) -> None:
@@ -337,23 +337,53 @@ def test_trickling_clients_are_cut_at_the_head_deadline(daemon_url, monkeypatch)
             sock.close()
 
 
-def test_a_new_connection_pushes_out_the_one_waiting_longest():
+def test_a_new_connection_pushes_out_the_one_that_made_no_progress_longest():
     closed: list[str] = []
-    limits = ConnectionLimits(per_address=2, total=3)
+    limits = ConnectionLimits(per_address=2, total=3, request_bytes=1 << 20, answer_bytes=1 << 20)
 
     def conn(name: str) -> Connection:
         return Connection(name[0], lambda: closed.append(name))
 
     a1, a2, b1, a3, a4, c1, c2 = map(conn, ["a1", "a2", "b1", "a3", "a4", "c1", "c2"])
-    assert limits.admit(a1) and limits.admit(a2) and limits.admit(b1)
-    assert limits.admit(a3) and closed == ["a1"]  # a's second limit: a's longest waiting one goes
-    limits.answering(a2)
-    assert limits.admit(a4) and closed == ["a1", "a3"]  # a2 is being answered: it stays
-    assert limits.admit(c1) and closed == ["a1", "a3", "b1"]  # the total: the longest waiting of all
-    limits.answering(a4), limits.answering(c1)
-    assert not limits.admit(c2) and closed[-1] == "c2" and limits.refused == 1  # none waiting: refused
+    for new in (a1, a2, b1):
+        limits.admit(new)
+    limits.admit(a3)
+    assert closed == ["a1"]  # a's second limit: a's oldest goes
+    limits.progressed(a2)  # it sent its request
+    limits.admit(a4)
+    assert closed == ["a1", "a3"]  # a3 has not moved since its accept, a2 since its request
+    limits.admit(c1)
+    assert closed == ["a1", "a3", "b1"]  # the total: the oldest of all
+    limits.progressed(a4), limits.progressed(c1)
+    limits.building(c1)  # its answer is being built: the server's time, not the client's
+    limits.admit(c2)  # the others sent a request and sit still: the one that moved longest ago gives way
+    assert closed[-1] == "a2" and limits.cut == 4
+    limits.building(a4), limits.building(c2)
+    c3 = conn("c3")
+    limits.admit(c3)  # all out of the line: the one whose answer has been building longest goes
+    assert closed[-1] == "c1" and limits.held("c") == 2
+    limits.built(a4)
     limits.release(a1)  # a connection that gave way ends later: nothing changes
-    assert limits.held() == 3 and limits.held("a") == 2
+    assert limits.held() == 3 and limits.held("a") == 1 and limits.held("c") == 2
+
+
+def test_answers_being_written_hold_each_body_once_and_within_the_bound():
+    closed: list[str] = []
+    limits = ConnectionLimits(per_address=10, total=10, request_bytes=1 << 20, answer_bytes=250)
+    names = ["old", "page1", "page2", "profile"]
+    old, page1, page2, profile = conns = [Connection("a", lambda name=name: closed.append(name)) for name in names]
+    for each in conns:
+        limits.admit(each)
+    page, past_page = b"p" * 100, b"o" * 100
+    limits.writing(old, past_page)
+    limits.writing(page1, page), limits.writing(page2, page)
+    assert limits.answer_held == 200 and not closed  # 4,000 writers of one page would hold it once too
+    limits.writing(profile, b"x" * 100)  # 300 > 250: the writer of another body that moved longest ago goes
+    assert closed == ["old"] and limits.answer_held == 200
+    limits.written(page1), limits.written(page2)
+    assert limits.answer_held == 100
+    limits.release(profile)
+    assert limits.answer_held == 0 and limits.held() == 2
 
 
 def test_a_server_stopped_as_it_starts_stops_at_once():

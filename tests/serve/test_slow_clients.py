@@ -9,16 +9,14 @@ beside 600 slowloris clients; on it these tests fail with every scrape timing ou
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from optrace.frontend.serve.httpserver import MAX_PER_ADDRESS
+from serve.servekit import p99, script, stopped_by_a_line
 
 pytestmark = pytest.mark.slow
 SCRAPES = 40
@@ -26,26 +24,6 @@ SCRAPE_EVERY_S = 0.5  # 20 s in all: past HEAD_S, when the slowloris clients are
 SCRAPE_TIMEOUT_S = 3.0
 P99_TARGET_S = 1.0
 HERE = Path(__file__).parent
-
-
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[math.ceil(0.99 * len(ordered)) - 1]
-
-
-def script(name: str, *args: object, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE / name), *map(str, args)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, **kw)
-
-
-@contextmanager
-def stopped_by_a_line(process: subprocess.Popen, timeout: float) -> Iterator[subprocess.Popen]:
-    """``process`` until the block ends, then a line on its stdin, which stops it; its output is in
-    ``process.output`` then."""
-    try:
-        yield process
-    finally:
-        process.output, _ = process.communicate("stop\n", timeout=timeout)
 
 
 @pytest.mark.parametrize("count, mode, sources", [

@@ -153,6 +153,29 @@ def test_rows_full_starts_a_new_generation_once_a_minute(maps, clock):
     assert unwind._files["d"].row_start == 0 and bpf.rows(0, 1) == b"d" * ROW_SIZE
 
 
+def mapping_flags(table: bytes) -> list[int]:
+    """unwind_mapping.flags of each mapping of a packed unwind_proc (unwind.c)."""
+    count = struct.unpack_from("<I", table)[0]
+    return [struct.unpack_from("<QQQQIIII", table, 16 + 48 * i)[-1] for i in range(count)]
+
+
+def test_a_file_refused_rows_is_walked_from_copies(maps, monkeypatch):
+    """A file that has rows the array (or the generation's file list) has no room for is marked MAPPING_COPY,
+    as a file whose rows wait: the walker copies the stack there rather than follow frame pointers through
+    it (false frames through code built without them); a file without CFI stays a frame-pointer file."""
+    unwind, bpf = maps
+    unwind.load_process(1, 7, mappings_of(1))
+    unwind.load_process(2, 7, mappings_of(2))
+    unwind.load_process(3, 7, mappings_of(3) + [mapping("e", 0, 0x90000)])  # c: 40 + 30 + 50 > 100 rows
+    assert unwind.stats["rows_full"] == 1
+    assert mapping_flags(bytes(bpf[b"unwind_procs"][3])) == [unwindmaps.MAPPING_COPY, 0]
+    assert mapping_flags(bytes(bpf[b"unwind_procs"][1])) == [0]
+    monkeypatch.setattr(unwindmaps, "MAX_GENERATION_FILES", 4)
+    unwind.load_process(5, 7, [mapping("f", 1, 0x10000), mapping("g", 1, 0x20000)])  # a, b, c, e: 4 files
+    assert unwind.stats["files_full"] == 2
+    assert mapping_flags(bytes(bpf[b"unwind_procs"][5])) == [unwindmaps.MAPPING_COPY, unwindmaps.MAPPING_COPY]
+
+
 def test_a_retired_file_id_decodes_until_the_stacks_before_the_reset_are_read(maps):
     unwind, bpf = maps
     unwind.load_process(1, 7, mappings_of(1))
@@ -349,7 +372,7 @@ def test_folded_stacks_count_their_tables_build_ids(session, monkeypatch):
     for them, so a process showing a new file is snapshotted while it is alive."""
     snapshots = []
     session.unwinder.fold = True
-    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path: None)
+    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path, pid=None: None)
     session.unwinder.unwind(1)
     assert session.unwinder.table_build_ids(1) == {b"a".ljust(20, b"\0")}
     session._learn_processes([], 0.0, {1})
@@ -364,7 +387,7 @@ def test_polls_reload_a_young_table_whose_process_mapped_more_after_a_drain(sess
     the drain were [unknown])."""
     unwind, _ = maps
     snapshots = []
-    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path: None)
+    session.symbolizer = SimpleNamespace(snapshot_process=snapshots.append, add_executable=lambda path, pid=None: None)
     session.profiler.poll_events = lambda ready=None: ([], [])
     session.unwinder.unwind(1)
     session.unwinder.unwind_processes([])  # a drain

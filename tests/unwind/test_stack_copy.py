@@ -51,3 +51,23 @@ def test_a_zero_return_address_ends_the_chain_and_a_loop_is_bounded():
     looping = Rule(CFA_RSP, 8, RBP_SAME, 0)  # cfa = sp + 8, ra at sp: the same frame again and again
     walk = unwind_copy(StackCopy(0x1004, SP, 0, words(*([0x1004] * 400))), rules({range(0x1000, 0x2000): looping}))
     assert len(walk.pcs) == MAX_FRAMES
+
+
+def test_a_copied_python_stack_takes_each_eval_calls_frames():
+    """The thread's Python frames read with the copy (copypython.c: CHAIN_WORD, each call's last marked
+    CHAIN_CALL_END) replace the walk's eval frames, call by call; the frames the walk to the copy put stay in
+    front, a native frame stays native, an eval frame with no frames left stays as it is."""
+    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, chain_of, with_python_frames
+    from optrace.model import PYTHON_FRAME, UserFrame
+    from optrace.pythonlayout import python_frame_word
+
+    py = [python_frame_word(0x7000 + 8 * i, i) for i in range(4)]
+    walked = (UserFrame(b"x" * 20, 0x10), UserFrame(PYTHON_FRAME, py[0]))
+    chain = (UserFrame(PYTHON_FRAME, py[1] | CHAIN_WORD), UserFrame(PYTHON_FRAME, py[2] | CHAIN_WORD | CHAIN_CALL_END),
+             UserFrame(PYTHON_FRAME, py[3] | CHAIN_WORD | CHAIN_CALL_END))
+    assert chain_of(walked + chain) == (walked, chain)
+    pcs = (0x5000, 0x1234, 0x5010, 0x5020, 0x9000)  # eval, native, eval, eval (nothing left), native
+    frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)
+    merged = with_python_frames(pcs, frames, chain, ((0x5000, 0x6000),))
+    assert merged == (UserFrame(PYTHON_FRAME, py[1]), UserFrame(PYTHON_FRAME, py[2]), frames[1],
+                      UserFrame(PYTHON_FRAME, py[3]), frames[3], frames[4])

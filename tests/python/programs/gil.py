@@ -1,5 +1,6 @@
 """Threads that want the GIL: three ``spin`` threads run Python code and take turns with the GIL, a
-``sleeper`` sleeps 10 ms at a time (it waits for the GIL after each sleep too). Runs for SECONDS."""
+``sleeper`` sleeps 10 ms at a time (it waits for the GIL after each sleep too). Runs for SECONDS; with
+``--wait``, from a line read on stdin."""
 import sys
 import threading
 import time
@@ -27,4 +28,6 @@ def main(seconds):
 
 
 if __name__ == "__main__":
+    if "--wait" in sys.argv:
+        sys.stdin.readline()
     main(float(sys.argv[1]))
