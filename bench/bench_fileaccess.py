@@ -1,7 +1,7 @@
 """Benchmark of reading files for a process with its user's credentials (issue 40): what `record` pays at
 its end to keep the hot Python functions' source lines (at most 100 functions, so 100 files) now that each
 file is opened by a thread holding the process's credentials (optrace.credentials.run_as, one thread per
-process), next to the two other designs: deciding from the file's mode bits as root (before issue 40: wrong,
+set of credentials; a thread per process measured too), next to the two other designs: deciding from the file's mode bits as root (before issue 40: wrong,
 it misses the folders on the way) and a child process per process that takes the credentials and reads
 (the design the issue offered first; here a `python -I -S` child, which is what optrace would start).
 

@@ -80,8 +80,8 @@ def test_roots_outputs_are_readable_only_by_root(optrace, record_file: Path, out
 def python_record(path: Path) -> Path:
     """A record holding a Python function's source lines (what annotate lists)."""
     source = PythonSource("handler", "/srv/app/handler.py", 1, ["def handler():", "    API_KEY = 'x'"], {2: 10}, 1)
-    write_record(Record(RecordMeta("0", "h", "k", 0.0, 1.0, 99, "cpu-clock"),
-                        [Frame("handler", source.file, python=True, line=2, address=1)], [Sample(1, "python3", (0,), 10)],
+    frames = [Frame("handler", source.file, python=True, line=2, address=1)]
+    write_record(Record(RecordMeta("0", "h", "k", 0.0, 1.0, 99, "cpu-clock"), frames, [Sample(1, "python3", (0,), 10)],
                         functions=[], python_sources=[source]), path)
     return path
 
