@@ -13,8 +13,8 @@ folder on the way, under optrace.fileaccess's rule (no symlink, no mount crossed
 size and time). While the process lives, through its own root (its mount namespace) with its credentials of
 now; once it is gone, with those it had when it was first looked at, and only if its root and mount
 namespace were optrace's own. The files of all processes with the same credentials are read by one
-thread (bench/bench_fileaccess.py: 1 file of each of 100 processes of one user, 86 ms; 134 ms with a
-thread a process).
+thread (bench/bench_fileaccess.py, 1 file of each of 100 processes of one user: 86 ms at load 22, 169 ms
+at load 31; a thread a process 134 and 137 ms: within the noise, and fewer threads).
 """
 from __future__ import annotations
 
