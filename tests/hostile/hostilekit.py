@@ -223,10 +223,11 @@ class Running:
 
 def wait_walked(running: Running, pids: set[int], timeout: float = 120) -> None:
     """Until the recorder samples and its Python walker expands every one of ``pids``."""
-    deadline = time.monotonic() + timeout
-    while not (running.pid and perf_event_fds(running.pid) and pids <= python_walker_pids(running.pid)):
+    deadline, taken = time.monotonic() + timeout, set()
+    while not (running.pid and perf_event_fds(running.pid) and pids <= (taken := python_walker_pids(running.pid))):
         assert running.proc.poll() is None, running.stderr()[-2000:]
-        assert time.monotonic() < deadline, f"the walker never took {pids}: {running.stderr()[-2000:]}"
+        assert time.monotonic() < deadline, \
+            f"the walker never took {sorted(pids - taken)} of {sorted(pids)}: {running.stderr()[-2000:]}"
         time.sleep(0.1)
 
 
