@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
-from optrace.frontend.unwind.stackcopy import MAX_FRAMES, chain_of, unwind_copy, with_python_frames, without_call_ends
+from optrace.frontend.unwind.stackcopy import (MAX_FRAMES, NATIVES_CUT, ROOT_REACHED, chain_of, unwind_copy,
+                                               with_python_frames, without_call_ends)
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -249,9 +250,13 @@ class StackCopies:
         mappings = [tables.mapping_at(pc) for pc in walk.pcs]
         self._files_used.update(m.file_key for m in mappings if m is not None)
         frames = tuple(map(frame_in, mappings, walk.pcs))
+        python = sample.python
         if chain and copy.eval_ranges:
-            frames = with_python_frames(walk.pcs, frames, chain, copy.eval_ranges)
-        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, epoch=0, copy=0)
+            cut = walk.status not in ROOT_REACHED
+            frames, rest = with_python_frames(walk.pcs, frames, chain, copy.eval_ranges, cut)
+            python = python or (NATIVES_CUT if rest else "")
+        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, python=python,
+                                   epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:
         self.stats["gave_up"] += 1
