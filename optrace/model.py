@@ -95,6 +95,7 @@ class StackCopy:
     pid: int = 0
     epoch: int = 0  # the process's mappings epoch when it was taken (bpf/profile.c)
     exec_epoch: int = 0  # the process's epoch at its last exec (0: none seen)
+    shared: bool = False  # several samples name it (a thread's stack as it began to exit): kept once walked
     # A Python process's eval function ([start, end) ranges): its frames there take the Python frames the
     # sample's user stack holds (bpf/copypython.c); empty for other processes
     eval_ranges: tuple[tuple[int, int], ...] = ()

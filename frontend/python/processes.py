@@ -20,7 +20,7 @@ from typing import Protocol
 
 from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_code
 from optrace.frontend.python.gilfunction import TAKE_GIL
-from optrace.frontend.python.interpreter import find_interpreter, python_mappings
+from optrace.frontend.python.interpreter import INTERPRETER_NAME, find_interpreter, python_mappings
 from optrace.frontend.python.interpreterfile import InterpreterFile, interpreter_file
 from optrace.model import UNKNOWN, Frame
 from optrace.procfs import MapEntry, process_uid, start_ticks, stat_fields
@@ -69,6 +69,11 @@ class PythonProcesses:
         self._outcomes: dict[int, PythonOutcome] = {}
         self._codes: dict[int, dict[int, CodeInfo | None]] = {}
         self.stats: Counter[str] = Counter()  # captures decoded, undecodable, live reads, ...
+
+    @staticmethod
+    def may_run_python(names: Iterable[str]) -> bool:
+        """Whether a process mapping files of these names may run an interpreter (one is named like one)."""
+        return any(INTERPRETER_NAME.match(name) for name in names)
 
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> PythonOutcome | None:
         """Find the process's interpreter (None when it maps none). The walker has it from now on."""
