@@ -30,8 +30,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import OPTRACE, median, write_results  # noqa: E402
+from benchlib import OPTRACE, md_table, median, write_results  # noqa: E402
 
+BENCH_BUDGET_S = 2400  # 5 rounds x 2 loops x (optrace, perf): ~1.5 min a run at load 15-20
 NOBODY = 65534
 SECONDS = 8
 HZ = 999
@@ -155,13 +156,22 @@ def summary_line(run: dict) -> str:
 
 
 def report(runs: list[dict]) -> None:
+    """The markdown section (bench/run.py): per loop, tool and process name, the median share of complete
+    stacks and its range over the rounds, and the incomplete samples by shape, summed over the rounds."""
     table: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    shapes: dict[tuple[str, str, str], Counter] = defaultdict(Counter)
     for run in runs:
         for comm, counts in run["shapes"].items():
             if sum(counts.values()) >= 5:
                 table[(run["loop"], run["tool"], comm)].append(share(counts))
-    for (loop, tool, comm), values in sorted(table.items()):
-        print(f"{loop:6} {tool:14} {comm:9} median {median(values):5.1f} % min {min(values):5.1f} runs {values}")
+                shapes[(run["loop"], run["tool"], comm)].update(counts)
+    loads = [run["load"] for run in runs]
+    print(f"## Short-lived processes' stacks (issue 43 item 1): compile loops, optrace vs perf dwarf\n\n"
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, `bench/bench_compile.py`, load {min(loads)}-{max(loads)}\n")
+    rows = [(loop, tool, comm, f"{median(values):.1f}", f"{min(values):.1f}-{max(values):.1f}", len(values),
+             ", ".join(f"{k} {v}" for k, v in shapes[(loop, tool, comm)].most_common() if k != "complete"))
+            for (loop, tool, comm), values in sorted(table.items())]
+    print(md_table(["loop", "tool", "process", "complete % (median)", "range", "runs", "incomplete samples"], rows))
 
 
 def main() -> None:
@@ -173,7 +183,8 @@ def main() -> None:
     args = parser.parse_args()
     builds = dict(b.split("=", 1) for b in args.build) or {"optrace": str(OPTRACE)}
     tools: list[tuple[str, str | None]] = list(builds.items()) + ([] if args.no_perf else [("perf dwarf", None)])
-    runs = []
+    runs: list[dict] = []
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="optrace-compile-") as name:
         folder = Path(name)
         make_sources(folder)
@@ -181,8 +192,8 @@ def main() -> None:
             for loop in args.loops.split(","):
                 for tool, optrace in random.sample(tools, len(tools)):
                     runs.append(one_run(tool, optrace, loop, folder))
+                    write_results("compile", {"date": started, "builds": builds, "runs": runs})  # each run kept
     report(runs)
-    write_results("compile", {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs})
 
 
 if __name__ == "__main__":
