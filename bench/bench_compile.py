@@ -97,7 +97,7 @@ def optrace_shapes(optrace: str, data: Path) -> tuple[dict[str, Counter], dict]:
 
 
 def perf_shapes(data: Path) -> dict[str, Counter]:
-    script = subprocess.run(["perf", "script", "-i", str(data), "--comms", ",".join(COMMS), "-F", "comm,ip,sym,dso"],
+    script = subprocess.run(["perf", "script", "--no-inline", "-i", str(data), "--comms", ",".join(COMMS), "-F", "comm,ip,sym,dso"],
                             capture_output=True, text=True).stdout
     shapes: dict[str, Counter] = defaultdict(Counter)
     for block in script.split("\n\n"):
