@@ -361,12 +361,11 @@ class Recorder:
                           wakers=opts.wakers, stack_quality=quality)
 
 
-def read_source_of(outcomes: dict, pid: int, file: str) -> list[str] | None:
-    """A Python process's source file, read as its user could (outcomes: PythonProcesses.outcomes())."""
-    from optrace.frontend.python.sourcecapture import read_source
+def read_source_of(outcomes: dict, wanted: Mapping[int, Sequence[str]]) -> dict[tuple[int, str], list[str]]:
+    """Python processes' source files, read as their users could (outcomes: PythonProcesses.outcomes())."""
+    from optrace.frontend.python.sourcecapture import read_sources
 
-    outcome = outcomes.get(pid)
-    return read_source(pid, file, outcome.uid) if outcome is not None and outcome.uid is not None else None
+    return read_sources(wanted, {pid: outcome.owner for pid, outcome in outcomes.items() if outcome.owner is not None})
 
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:
