@@ -2,6 +2,11 @@
 ``_PyRuntime`` is garbage (refused, "layout check failed") spins beside another process of the same fake
 binary, one the walker can expand, and a real Python workload of root's; root's ``record -a`` must hand both
 of those to the BPF walker and count the refusal once, for the bad process alone.
+
+Found as "one refused process turns the walker off for its whole binary" (test_python_hostile's machine
+part); it was not the refusal: a process was looked at for CPython only when its unwind tables came, and on
+a busy machine record -a's table workers convert other processes' files for tens of seconds (the walkable
+fake alone beside the workload failed the same way).
 """
 from __future__ import annotations
 
@@ -23,8 +28,10 @@ from pythons import require  # noqa: E402
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
-WALKED_S = 40  # until the walker has the walkable fake and the workload (a few seconds on an idle machine)
-SHAPES = tuple(__import__("os").environ.get("SHAPES", "garbage,deep").split(","))
+# until the walker has the walkable fake and the workload: 5-11 s at load 2-20; before the Python look was
+# made when a process's tables are queued (frontend/unwind/scheduler.py), neither within 40 s at load 15-20
+WALKED_S = 30
+SHAPES = ("garbage", "deep")  # refused; walkable (fakepython.c's modes)
 
 
 def test_refused_process_costs_only_itself(fake_python, hostile_user: HostileUser, tmp_path):
@@ -46,8 +53,6 @@ def test_refused_process_costs_only_itself(fake_python, hostile_user: HostileUse
             if running.pid and perf_event_fds(running.pid):
                 walked = python_walker_pids(running.pid)
             time.sleep(0.2)
-        if not wanted <= walked:
-            subprocess.run(f"/work/wt-fixrefusal/.venv/bin/py-spy dump --pid {running.pid} > /var/tmp/fixrefusal/dump.txt 2>&1", shell=True)
     finally:
         run = running.finish(timeout=120, stop_signal=signal.SIGINT) if running else None
         kill_group(launcher)
@@ -55,7 +60,7 @@ def test_refused_process_costs_only_itself(fake_python, hostile_user: HostileUse
         workload.wait()
     roles = {pid: shape for shape, pid in fakes.items()} | {workload.pid: "workload"}
     assert wanted <= walked, f"the walker did not take {sorted(roles[pid] for pid in wanted - walked)}"
-    assert fakes.get("garbage") not in walked
+    assert fakes["garbage"] not in walked
     assert run is not None and run.returncode == 0, run.describe()
     interpreters = report_json(data)["meta"]["interpreters"]
     assert interpreters.get("refused: layout check failed") == 1, interpreters
