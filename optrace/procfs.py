@@ -202,6 +202,15 @@ def status_fields(pid: int) -> dict[str, str] | None:
     return dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
 
 
+def process_uid(pid: int) -> int | None:
+    """The process's real user id, None when it is gone."""
+    status = status_fields(pid)
+    try:
+        return int(status["Uid"].split()[0]) if status else None
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
 def comm(pid: int) -> str:
     """The process's command name, or "" when it is gone."""
     try:
