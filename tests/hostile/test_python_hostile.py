@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,8 +273,9 @@ def machine(fake_python, hostile_user, tmp_path_factory) -> Machine:
         workload.wait()
 
 
-def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30) -> dict[str, int]:
-    """shape -> pid of the fakes the launcher's shell started."""
+def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30,
+             shapes: Iterable[str] = MACHINE_SHAPES) -> dict[str, int]:
+    """shape -> pid of the fakes (of ``shapes``) the launcher's shell started."""
     deadline = time.monotonic() + timeout
     while True:
         found = {}
@@ -285,7 +287,7 @@ def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30) -> dic
                 continue
             if session == launcher.pid and argv[0] == bytes(fake) and read_exe(int(cmdline.parent.name)) == str(fake):
                 found[argv[1].decode()] = int(cmdline.parent.name)
-        if set(found) == set(MACHINE_SHAPES):
+        if set(found) == set(shapes):
             time.sleep(0.2)  # their fake interpreters made (microseconds after the exec)
             return found
         assert launcher.poll() is None and time.monotonic() < deadline, (found, launcher.stderr.read())
