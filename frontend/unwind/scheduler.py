@@ -266,7 +266,7 @@ class UnwindScheduler:
                 maps.load_process(pid, epoch, mappings)
         if self.on_tables is not None and exec_epoch is not None:
             self.on_tables(pid, epoch, exec_epoch, self._without_held_rows(mappings, loaded))
-        if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
+        if loaded is not None and self.unwinding.release(mappings, loaded) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         if not own and pid in self._unwound:
             self._reloaded.append(pid)
@@ -287,7 +287,7 @@ class UnwindScheduler:
             if self.on_tables is not None:
                 self.on_tables(pid, capture.epoch, capture.exec_epoch, self._without_held_rows(mappings, loaded))
             if loaded is not None:
-                self.unwinding.release(mappings)
+                self.unwinding.release(mappings, loaded)
             return
         self._load(pid, capture.epoch, capture.exec_epoch, mappings, loaded)
 

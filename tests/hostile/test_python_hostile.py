@@ -100,14 +100,18 @@ def samples_counted(outcomes: dict[str, int]) -> int:
 
 @pytest.fixture(scope="module")
 def fake_python(bpf_ready, hostile_user: HostileUser) -> Path:
-    """fakepython.c built as python3.11 in the user's folder, the user's file."""
+    return users_fake_python(hostile_user, "pyfake")
+
+
+def users_fake_python(user: HostileUser, folder_name: str) -> Path:
+    """fakepython.c built as python3.11 in a new folder of the user's (one per test module), the user's file."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    folder = hostile_user.home / "pyfake"
+    folder = user.home / folder_name
     folder.mkdir()
     built = build_fake_python(folder)
     for path in (folder, built):
-        os.chown(path, hostile_user.uid, hostile_user.gid)
+        os.chown(path, user.uid, user.gid)
     return built
 
 

@@ -10,8 +10,6 @@ fake alone beside the workload failed the same way).
 """
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,11 +20,11 @@ import pytest
 
 from hostilekit import HostileUser, Running, kill_group
 from support import perf_event_fds, python_walker_pids
-from test_python_hostile import fakes_of, report_json
+from test_python_hostile import fakes_of, report_json, users_fake_python
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))  # for groundtruth, pythons
 from groundtruth import PYGROUND  # noqa: E402
-from pythons import build_fake_python, require  # noqa: E402
+from pythons import require  # noqa: E402
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -38,16 +36,7 @@ SHAPES = ("garbage", "deep")  # refused; walkable (fakepython.c's modes)
 
 @pytest.fixture(scope="module")
 def fake_python(bpf_ready, hostile_user: HostileUser) -> Path:
-    """fakepython.c built as python3.11 in a folder of the user's (not test_python_hostile's: each module
-    builds its own), the user's file."""
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    folder = hostile_user.home / "pyfake-refusal"
-    folder.mkdir()
-    built = build_fake_python(folder)
-    for path in (folder, built):
-        os.chown(path, hostile_user.uid, hostile_user.gid)
-    return built
+    return users_fake_python(hostile_user, "pyfake-refusal")
 
 
 def test_refused_process_costs_only_itself(fake_python, hostile_user: HostileUser, tmp_path):
