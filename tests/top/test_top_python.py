@@ -20,7 +20,7 @@ FLASK_APP = REPO / "tests" / "python" / "programs" / "flaskapp.py"
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"  # Debian's python3.11 with the test dependencies (Flask)
 ROW = re.compile(r"^\s+(?P<percent>\d+\.\d\d)%\s+\d+\s+(?P<dso>\S+)\s+\[[.k]\] (?P<symbol>.+)$")
 ROWS = 12
-REFRESHES = 25  # at most: top is stopped AFTER_WALKED windows after it walks the server
+REFRESHES = 60  # at most: top is stopped AFTER_WALKED windows after it walks the server (25 s in all, before)
 AFTER_WALKED = 2  # the second window after it is wholly after the walkers had the server
 
 
@@ -40,7 +40,7 @@ def flask_server() -> Iterator[subprocess.Popen]:
 def last_rows(pid: int, *args: str) -> list[tuple[float, str, str]]:
     """The rows of the AFTER_WALKED-th one-second window (-z) once top's CFI walker has the server's unwind
     table and its Python walker the server: the windows before may come without them (a few seconds on a
-    loaded machine with a fresh cache). The windows after it are not waited for (25 s in all, before)."""
+    loaded machine with a fresh cache). The windows after it are not waited for."""
     top = subprocess.Popen([str(OPTRACE), "top", "-p", str(pid), "-F", "999", "-z", "--stdio", "-n", str(REFRESHES),
                             "-d", "1", "--rows", str(ROWS), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
