@@ -21,7 +21,9 @@ VENV_PYTHON = REPO / ".venv" / "bin" / "python"  # Debian's python3.11 with the 
 ROW = re.compile(r"^\s+(?P<percent>\d+\.\d\d)%\s+\d+\s+(?P<dso>\S+)\s+\[[.k]\] (?P<symbol>.+)$")
 ROWS = 12
 REFRESHES = 60  # at most: top is stopped AFTER_WALKED windows after it walks the server (25 s in all, before)
-AFTER_WALKED = 2  # the second window after it is wholly after the walkers had the server
+AFTER_WALKED = 3  # windows after the walkers have the server: the first ones may still hold stacks cut short
+STEADY = 99  # and then the first window whose header says this percent of its stacks have more than one frame
+DEEP = re.compile(r"stacks >1 frame: (\d+)%")
 
 
 @pytest.fixture
@@ -38,9 +40,10 @@ def flask_server() -> Iterator[subprocess.Popen]:
 
 
 def last_rows(pid: int, *args: str) -> list[tuple[float, str, str]]:
-    """The rows of the AFTER_WALKED-th one-second window (-z) once top's CFI walker has the server's unwind
-    table and its Python walker the server: the windows before may come without them (a few seconds on a
-    loaded machine with a fresh cache). The windows after it are not waited for."""
+    """The rows of a one-second window (-z) of top's once it is steady: AFTER_WALKED windows or more after its
+    CFI walker has the server's unwind table and its Python walker the server, the first whose stacks are
+    whole (STEADY); else its last window. The windows before may come without the tables and Python frames
+    (a few seconds on a loaded machine with a fresh cache). The windows after it are not waited for."""
     top = subprocess.Popen([str(OPTRACE), "top", "-p", str(pid), "-F", "999", "-z", "--stdio", "-n", str(REFRESHES),
                             "-d", "1", "--rows", str(ROWS), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
@@ -52,11 +55,12 @@ def last_rows(pid: int, *args: str) -> list[tuple[float, str, str]]:
         while pid not in bpf_map_keys(top.pid, "unwind_procs") or pid not in python_walker_pids(top.pid):
             assert top.poll() is None and time.monotonic() < deadline, f"top never walked the server: {top.stderr.read()}"
             time.sleep(0.25)
-        wanted = len(tables(lines)) + AFTER_WALKED
-        while len(tables(lines)) < wanted and top.poll() is None:
-            assert time.monotonic() < deadline, "top printed no window after it walked the server"
+        first = len(tables(lines)) + AFTER_WALKED - 1
+        while steady(tables(lines), first) is None and top.poll() is None:
+            assert time.monotonic() < deadline, "top printed no steady window after it walked the server"
             time.sleep(0.1)
-        top.send_signal(signal.SIGINT)
+        if top.poll() is None:
+            top.send_signal(signal.SIGINT)
         assert top.wait(timeout=60) == 0, top.stderr.read()
         reader.join(timeout=10)
     finally:
@@ -64,11 +68,16 @@ def last_rows(pid: int, *args: str) -> list[tuple[float, str, str]]:
             top.kill()
             top.wait()
     shown = tables(lines)
-    assert len(shown) >= wanted, shown
-    table = shown[wanted - 1]
+    chosen = steady(shown, first)
+    table = shown[-1 if chosen is None else chosen]
     rows = [(float(m["percent"]), m["dso"], m["symbol"]) for m in map(ROW.match, table.splitlines()) if m]
     assert len(rows) >= ROWS // 2, table
     return rows
+
+
+def steady(shown: list[str], first: int) -> int | None:
+    """The first of the windows from ``first`` on whose stacks are whole (STEADY), if any."""
+    return next((i for i in range(first, len(shown)) if (m := DEEP.search(shown[i])) and int(m[1]) >= STEADY), None)
 
 
 def read_lines(stream: IO[str], lines: list[str]) -> None:
