@@ -14,7 +14,7 @@
 //
 // Names: the first time a stored stack holds a code object of a process, python_capture copies the code
 // object's first bytes and the name, file and line-table objects it points to into a perf buffer
-// (py_captures), so user space names the frames even after the process is gone (frontend/python/).
+// (py_captures), so user space names the frames even after the process is gone (frontend/runtimes/cpython/).
 //
 // Everything read here is the process's memory, which its owner controls: every read is bounded, every
 // loop has a fixed bound, a chain that loops or runs too deep ends the stack's Python part with a status

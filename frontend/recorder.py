@@ -299,8 +299,8 @@ class Recorder:
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
         from optrace.frontend.codecapture import capture_session  # not imported on the way to the first sample
-        from optrace.frontend.python.outcomes import interpreters, sample_outcomes
-        from optrace.frontend.python.sourcecapture import capture_sources
+        from optrace.frontend.runtimes.cpython.outcomes import interpreters, sample_outcomes
+        from optrace.frontend.runtimes.cpython.sourcecapture import capture_sources
 
         functions = capture_session(session, frames, samples)  # before the warnings are taken: its own go in
         sources = capture_sources(frames, samples, partial(read_source_of, python)) if python else []
@@ -359,7 +359,7 @@ class Recorder:
 
 def read_source_of(outcomes: dict, pid: int, file: str) -> list[str] | None:
     """A Python process's source file, read as its user could (outcomes: PythonProcesses.outcomes())."""
-    from optrace.frontend.python.sourcecapture import read_source
+    from optrace.frontend.runtimes.cpython.sourcecapture import read_source
 
     outcome = outcomes.get(pid)
     return read_source(pid, file, outcome.uid) if outcome is not None and outcome.uid is not None else None

@@ -141,7 +141,7 @@ class SessionOptions:
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
     # True (with call_graph "dwarf"): the interpreter's eval frames of CPython processes are replaced by the
-    # Python frames they ran (bpf/python.c, frontend/python/)
+    # Python frames they ran (bpf/python.c, frontend/runtimes/cpython/)
     python: bool = True
 
     @property
@@ -293,7 +293,7 @@ class ProfilingSession:
                                  cfi_unwind=cfi, fold=opts.mode.fold, python=opts.python, waits=wait_options(opts.off_cpu))
         self.profiler.load()
         if self.profiler.python is not None:
-            from optrace.frontend.python.processes import PythonProcesses
+            from optrace.frontend.runtimes.cpython.processes import PythonProcesses
 
             self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer)
             self.symbolizer.python_lookup = self.python.frame

@@ -48,7 +48,7 @@ class UserFrame(NamedTuple):
 
 
 # UserFrame.build_id of a Python frame: its offset is the walker's frame word (optrace.pythonlayout), named
-# from the sample's process (frontend/python/). Not a real build-id's length, so no file's note can claim it.
+# from the sample's process (frontend/runtimes/cpython/). Not a real build-id's length, so no file's note can claim it.
 PYTHON_FRAME = b"<python frame>"
 
 
@@ -116,7 +116,7 @@ class Frame:
     python: bool = False
     line: Annotated[int, Bounds(0, (1 << 31) - 1)] = 0
     # Native code of a CPython interpreter itself (the executable or libpython its Python frames were found in,
-    # frontend/python/): views fold such frames below a Python frame into it (frontend/report/pythonview.py)
+    # frontend/runtimes/cpython/): views fold such frames below a Python frame into it (frontend/report/pythonview.py)
     interpreter: bool = False
 
 
@@ -225,7 +225,7 @@ class RecordMeta:
     # jitdumps: refused, corrupt, too many...), "jit_symbols_dropped" (entries over the symbol budget).
     file_problems: dict[str, int] = field(default_factory=dict)
     off_cpu: OffCpuMeta | None = None  # set when the record holds off-CPU time
-    # Samples of processes that run a CPython, by outcome (frontend/python/outcomes.py): "python" (Python
+    # Samples of processes that run a CPython, by outcome (frontend/runtimes/cpython/outcomes.py): "python" (Python
     # frames in the stack), "native_only" (no interpreter frame in it), why a walk gave no Python frame
     # (bpf/pythonmaps.py PYTHON_STATUSES), or "refused: <reason>" (the interpreter's layout is not known);
     # and "cut: <why>", the part of "python" whose Python frames were cut short
@@ -297,5 +297,5 @@ class Record:
     # None: recorded before optrace kept code (annotate then says to record again); else the hottest
     # functions' code, bounded (frontend/codecapture.py)
     functions: list[FunctionCode] | None = None
-    # The hottest Python functions' source lines (frontend/python/sourcecapture.py); empty in older records
+    # The hottest Python functions' source lines (frontend/runtimes/cpython/sourcecapture.py); empty in older records
     python_sources: list[PythonSource] = field(default_factory=list)

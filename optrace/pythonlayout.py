@@ -1,12 +1,12 @@
 """What the BPF Python walker (bpf/python.c) knows of one CPython process, and the bytes it captures of a
 code object the first time a stack shows it.
 
-frontend/python/ finds the interpreter of a process and fills a :class:`PythonProcess`; bpf/pythonmaps.py
+frontend/runtimes/cpython/ finds the interpreter of a process and fills a :class:`PythonProcess`; bpf/pythonmaps.py
 packs it into the walker's map. The walker replaces each native call of the interpreter's eval function
 (``_PyEval_EvalFrameDefault``) by the Python frames that call was running: a frame word per Python frame
 (:func:`python_frame_word`), the code object's address and the instruction (in code units). The first time
 a stored stack holds a code object of a process, the walker copies the object's header and the objects it
-names from (:data:`CAPTURE_PARTS`); frontend/python/ decodes them with the process's layout, so a process
+names from (:data:`CAPTURE_PARTS`); frontend/runtimes/cpython/ decodes them with the process's layout, so a process
 that has exited is still named.
 
 Every offset here is a byte offset below :data:`MAX_OFFSET`: for 3.13+ they come from the process's own
@@ -78,7 +78,7 @@ class PythonLayout:
 
 @dataclass(frozen=True)
 class PythonProcess:
-    """One process's interpreter, as frontend/python/ found it (the walker's map value, bpf/pythonmaps.py)."""
+    """One process's interpreter, as frontend/runtimes/cpython/ found it (the walker's map value, bpf/pythonmaps.py)."""
 
     pid: int
     version: str  # "3.11.2"

@@ -46,9 +46,8 @@ FRONTEND_LAYERS = (
     # pure models, file readers, leaf helpers
     {"report", "symbols", "target", "stopsignals", "preflight", "startpriority"},
     {"unwind", "uprobes", "loopwait", "cliopts"},
-    {"python"},  # CPython interpreters found from outside (reads ELF files, unwind tables, process memory)
-    # runtimes read from outside (HotSpot; CPython moves in with the runtime seam, docs/runtimes.md: until
-    # then it borrows python's bounded memory reader and ELF symbol lookup)
+    # runtimes read from outside (docs/runtimes.md): CPython, HotSpot, their interface and registry (they read
+    # ELF files, unwind tables, process memory)
     {"runtimes"},
     {"session"},
     {"codecapture"},

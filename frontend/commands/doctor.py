@@ -5,7 +5,7 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.frontend.preflight import CheckResult, run_checks, summary
-from optrace.frontend.python.survey import check_python
+from optrace.frontend.runtimes.cpython.survey import check_python
 
 
 def format_result(result: CheckResult) -> str:

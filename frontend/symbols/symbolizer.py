@@ -38,7 +38,7 @@ from optrace.procfs import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 
 JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]
-PythonLookup = Callable[[int, int], Frame]  # (pid, the walker's frame word) -> its frame (frontend/python/)
+PythonLookup = Callable[[int, int], Frame]  # (pid, the walker's frame word) -> its frame (frontend/runtimes/cpython/)
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class Symbolizer:
 
     def add_names(self, build_id: bytes, start: int, end: int, name: str) -> None:
         """Name [start, end) (file offsets) of the object with this build-id: a function found another way
-        (frontend/python/gilfunction.py finds take_gil in a stripped python), named so before the function
+        (frontend/runtimes/cpython/gilfunction.py finds take_gil in a stripped python), named so before the function
         boundaries of its FDEs would name it file+0xSTART."""
         ranges = self._names_elsewhere.setdefault(build_id, [])
         if (start, end, name) not in ranges:
@@ -99,7 +99,7 @@ class Symbolizer:
 
     def add_interpreter(self, build_id: bytes | None, file_key: tuple[str, int]) -> None:
         """The object with this build-id, or the mapped file (device, inode), is a CPython interpreter: its
-        frames are marked ``Frame.interpreter`` (frontend/python/processes.py tells, before the walker sees the
+        frames are marked ``Frame.interpreter`` (frontend/runtimes/cpython/processes.py tells, before the walker sees the
         process). A frame named before is marked when next named (the frame cache checks the mark)."""
         self._interpreters.put(file_key, None)
         if build_id:

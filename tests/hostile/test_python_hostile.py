@@ -61,7 +61,7 @@ SHAPES = {
 # (deep, churn) at load 28 on Dec 7 once it holds 508 (300-deep Python stacks need them): the worst case follows
 # the frames a stack may hold
 MAX_BPF_NS_PER_SAMPLE = 200_000
-MAX_NAME_CHARS = 1025  # a frame's name or file: frontend/python/codeobject.py keeps 1024 characters, then "…"
+MAX_NAME_CHARS = 1025  # a frame's name or file: frontend/runtimes/cpython/codeobject.py keeps 1024 characters, then "…"
 WINDOW_S = 4  # a shape alone
 MACHINE_S = 8  # all of them, beside the workload
 POINTS = 3.0

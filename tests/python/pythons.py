@@ -90,7 +90,7 @@ def child(argv: list[str], lines: int = 0) -> Iterator[tuple[subprocess.Popen, l
 
 def build_fake_python(folder: Path, name: str = "python3.11", version_hex: int = 0x030B02F0) -> Path:
     """programs/fakepython.c built as ``folder/name``, with the 3.11 table's offsets and Py_Version ``version_hex``."""
-    from optrace.frontend.python.layouts import table_layout, table_thread_offsets
+    from optrace.frontend.runtimes.cpython.layouts import table_layout, table_thread_offsets
 
     layout, threads = table_layout((3, 11)), table_thread_offsets((3, 11))
     defines = {"INTERPRETERS_HEAD": layout.interpreters_head, "INTERP_THREADS_HEAD": layout.interp_threads_head,

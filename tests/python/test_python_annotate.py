@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.python.sourcecapture import capture_sources, function_end, read_source
+from optrace.frontend.runtimes.cpython.sourcecapture import capture_sources, function_end, read_source
 from optrace.model import Frame, PythonSource, Record, RecordMeta, Sample
 from optrace.recordfile import write_record
 from pythons import PROGRAMS, require

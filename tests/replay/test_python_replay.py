@@ -1,6 +1,6 @@
 """The BPF Python walker (bpf/python.c over bpf/unwind.c) replayed on stored snapshots of CPython 3.8-3.13 and
 Debian's 3.11 (snapshots/, made by make_snapshot.py): the stack the kernel's rules give from the snapshot's
-registers and memory, named as frontend/python/ names it, is the stack stored with the snapshot. No timing,
+registers and memory, named as frontend/runtimes/cpython/ names it, is the stack stored with the snapshot. No timing,
 no BPF load, no live process: the walker's correctness on every interpreter at every run."""
 from __future__ import annotations
 

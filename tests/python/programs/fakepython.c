@@ -1,5 +1,5 @@
 /* A process that fakes a CPython 3.11 (built as "python3.11" with -rdynamic so _PyRuntime, Py_Version and
- * _PyEval_EvalFrameDefault are in .dynsym), for the hostile-input tests of frontend/python/ and of the BPF
+ * _PyEval_EvalFrameDefault are in .dynsym), for the hostile-input tests of frontend/runtimes/cpython/ and of the BPF
  * walker (bpf/python.c). The layout's offsets come as -D flags from the test (optrace's 3.11 table).
  * Modes (argv[1]):
  *   garbage   _PyRuntime full of 0x41 bytes: interpreters.head points nowhere

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from optrace.frontend.python.processes import PythonOutcome
+from optrace.frontend.runtimes.cpython.processes import PythonOutcome
 from optrace.model import Frame, RawSample, Sample
 
 WITH_FRAMES = "python"

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_code
-from optrace.frontend.python.gilfunction import TAKE_GIL
-from optrace.frontend.python.interpreter import find_interpreter, python_mappings
-from optrace.frontend.python.interpreterfile import InterpreterFile, interpreter_file
+from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, decode_capture, read_code
+from optrace.frontend.runtimes.cpython.gilfunction import TAKE_GIL
+from optrace.frontend.runtimes.cpython.interpreter import find_interpreter, python_mappings
+from optrace.frontend.runtimes.cpython.interpreterfile import InterpreterFile, interpreter_file
 from optrace.model import UNKNOWN, Frame
 from optrace.procfs import MapEntry, process_uid, start_ticks, stat_fields
 from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
