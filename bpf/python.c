@@ -281,7 +281,7 @@ int python_capture(void *ctx)
         if (at >= len || *found >= PY_CAPTURES_PER_SAMPLE)
             break;
         u64 word = st->stack.frames[at & (UNWIND_MAX_FRAMES - 1)];
-        if (word >> 62 != 1)
+        if ((word & RUNTIME_WORD_MASK) != PYTHON_FRAME)
             continue;
         struct py_seen_key key = {.pid = pid, .code = ((word >> PY_CODE_SHIFT) & PY_CODE_MASK) << 3};
         u32 *seen = py_seen.lookup(&key);

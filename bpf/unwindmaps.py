@@ -55,7 +55,7 @@ from optrace.bpf.loader import load_function
 from optrace.bpf.pidtables import forget_pid, has_pid
 from optrace.bpf.pythonmaps import python_status_name
 from optrace.bpf.stackstore import GRACE_SECONDS
-from optrace.model import PYTHON_FRAME, UserFrame
+from optrace.model import RUNTIME_FRAME, UserFrame
 from optrace.pythonlayout import is_python_frame
 
 ROW_SIZE = 16  # struct unwind_row
@@ -422,7 +422,7 @@ def _status(value: int) -> str:
 
 def _decoded(frame: int, tables: Sequence[dict[int, _LoadedFile]]) -> UserFrame:
     if is_python_frame(frame):
-        return UserFrame(PYTHON_FRAME, frame)
+        return UserFrame(RUNTIME_FRAME, frame)
     if not frame & FILE_FRAME:
         return UserFrame(None, frame)
     file_id = (frame & ~FILE_FRAME) >> FILE_OFFSET_BITS

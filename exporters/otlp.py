@@ -204,7 +204,7 @@ class _Builder:
             frame = self.record.frames[frame_index] if frame_index >= 0 else UNKNOWN_FRAME
             kind = frame_type(frame)
             named = frame.resolved or not frame.build_id
-            key = (self._mapping(frame), 0 if frame.python else clamp(frame.address, UINT64_MAX),
+            key = (self._mapping(frame), 0 if frame.runtime else clamp(frame.address, UINT64_MAX),
                    self.attribute((FRAME_TYPE_KEY, kind)) if kind else 0,
                    self._function(frame) if named else 0, frame.line if named else 0)
             index = self.locations[frame_index] = self.location_ids.get(key) or self._add_location(key)
@@ -224,8 +224,8 @@ class _Builder:
 
     def _function(self, frame: Frame) -> int:
         name = self.string(clean(frame.symbol))
-        filename = self.string(clean(frame.dso)) if frame.python else 0
-        start = frame.address if frame.python else 0
+        filename = self.string(clean(frame.dso)) if frame.runtime else 0
+        start = frame.address if frame.runtime else 0
         key = (name, filename, start)
         index = self.functions.get(key)
         if index is None:
@@ -237,7 +237,7 @@ class _Builder:
     def _mapping(self, frame: Frame) -> int:
         """The object a frame is in (none for Python frames, whose dso is their source file, and for
         unknown ones)."""
-        if frame.python or frame.dso == UNKNOWN:
+        if frame.runtime or frame.dso == UNKNOWN:
             return 0
         build_id = frame.build_id or self.build_ids.get(frame.dso, "")
         key = (frame.dso, build_id)
@@ -275,7 +275,7 @@ def frame_type(frame: Frame) -> str | None:
     """``profile.frame.type`` of a frame (semantic conventions' values), None where it is not known."""
     if frame.kernel or frame.dso == KERNEL_DSO:
         return "kernel"
-    if frame.python:
+    if frame.runtime:
         return "cpython"
     if frame.dso.startswith("[jit]") or frame.dso == UNKNOWN or frame.dso.startswith("[optrace"):
         return None

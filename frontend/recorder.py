@@ -333,7 +333,7 @@ class Recorder:
             bpf_programs={load.name: load.how for load in self.program_loads},
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=merged_samples(off_cpu),
-                      wakeups=wakeups, functions=functions, python_sources=sources)
+                      wakeups=wakeups, functions=functions, sources=sources)
 
     def _wakeups(self, frames: list[Frame], raw: list[RawSample], off_cpu: list[Sample]
                  ) -> tuple[list[Frame], list[Wakeup]]:

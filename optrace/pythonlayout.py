@@ -100,12 +100,14 @@ CAPTURE_PARTS: tuple[tuple[str, int], ...] = (
 )
 CAPTURE_SIZE = CAPTURE_HEADER.size + sum(size for _, size in CAPTURE_PARTS)
 
-# A Python frame in a stored stack (bpf/python.c): bit 62 set, bit 63 (a file frame's) clear; the code
-# object's address over 8 in bits 16-59, the instruction in code units (clamped) in bits 0-15.
-PYTHON_FRAME_BIT = 1 << 62
-PYTHON_CODE_SHIFT = 16
+# A Python frame in a stored stack (bpf/python.c): a runtime's frame word (bit 62 set, bit 63 clear, the
+# runtime's id in bits 56-59, docs/runtimes.md); the code object's address over 8 in bits 12-55, the
+# instruction in code units (clamped) in bits 0-11.
+PYTHON_RUNTIME_ID = 1
+PYTHON_FRAME_BIT = 1 << 62 | PYTHON_RUNTIME_ID << 56
+PYTHON_CODE_SHIFT = 12
 PYTHON_CODE_BITS = 44
-PYTHON_INSTR_MASK = 0xFFFF
+PYTHON_INSTR_MASK = 0xFFF
 
 
 def python_frame_word(code: int, instr: int) -> int:
@@ -120,4 +122,4 @@ def python_frame_parts(word: int) -> tuple[int, int]:
 
 
 def is_python_frame(word: int) -> bool:
-    return word >> 62 == 1
+    return word & (0xCF << 56) == PYTHON_FRAME_BIT

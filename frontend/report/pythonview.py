@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from optrace.frontend.report.gilwaits import GIL_FUNCTIONS
-from optrace.model import PYTHON_FRAME, Frame, RawSample, Record, Sample, UserFrame
+from optrace.model import RUNTIME_FRAME, Frame, RawSample, Record, Sample, UserFrame
 
 PYTHON_INTERNALS = "--python-internals"  # the option that shows the interpreter's frames (report, diff, top, serve)
 
@@ -30,7 +30,7 @@ def leaf_depth(user: Sequence[UserFrame]) -> int:
     """How many user frames (leaf first) a sample named for its leaf keeps: up to its innermost Python frame
     when it has one (the interpreter's frames below it fold into it), else 1."""
     for depth, frame in enumerate(user, 1):
-        if frame.build_id == PYTHON_FRAME:
+        if frame.build_id == RUNTIME_FRAME:
             return depth
     return 1
 
@@ -58,7 +58,7 @@ def python_view_record(record: Record) -> tuple[Record, int]:
 
 def _fold(frames: Sequence[Frame], samples: list[Sample]) -> tuple[list[Sample], int]:
     foldable = [frame.interpreter and frame.symbol not in GIL_FUNCTIONS for frame in frames]
-    python = [frame.python for frame in frames]
+    python = [frame.runtime for frame in frames]
     if not any(foldable) or not any(python):
         return samples, 0
     stacks: dict[tuple[int, ...], tuple[int, ...]] = {}

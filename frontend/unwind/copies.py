@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
-from optrace.frontend.unwind.stackcopy import MAX_FRAMES, chain_of, unwind_copy, with_python_frames, without_call_ends
+from optrace.frontend.unwind.stackcopy import MAX_FRAMES, chain_of, unwind_copy, with_runtime_frames, without_call_ends
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -234,7 +234,7 @@ class StackCopies:
         if tables is None:
             return None
         self._copies.take(sample.copy)
-        walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
+        walked, chain = chain_of(sample.user)  # (the thread's runtime frames read with the copy)
         prefix = walked if copy.continues else ()
         rules = tables.rules
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
@@ -243,8 +243,8 @@ class StackCopies:
         mappings = [tables.mapping_at(pc) for pc in walk.pcs]
         self._files_used.update(m.file_key for m in mappings if m is not None)
         frames = tuple(map(frame_in, mappings, walk.pcs))
-        if chain and copy.eval_ranges:
-            frames = with_python_frames(walk.pcs, frames, chain, copy.eval_ranges)
+        if chain and copy.runtime_ranges:
+            frames = with_runtime_frames(walk.pcs, frames, chain, copy.runtime_ranges)
         return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:

@@ -27,7 +27,7 @@ def sample_outcomes(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Seq
         outcome = outcomes.get(sample.pid)
         if outcome is None:
             continue
-        has_frames = any(frames[i].python for i in row.frames)
+        has_frames = any(frames[i].runtime for i in row.frames)
         if outcome.process is None:
             counted[REFUSED + outcome.reason] += sample.count
         elif has_frames:

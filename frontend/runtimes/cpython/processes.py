@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from optrace.frontend.runtimes.cpython import FRAME_KIND
 from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, decode_capture, read_code
 from optrace.frontend.runtimes.cpython.gilfunction import TAKE_GIL
 from optrace.frontend.runtimes.cpython.interpreter import find_interpreter, python_mappings
@@ -138,9 +139,9 @@ class PythonProcesses:
         address, instr = python_frame_parts(word)
         info = self._code(pid, address)
         if info is None:
-            return Frame(f"[python code 0x{address:x}]", PYTHON_DSO, address=address, resolved=False, python=True)
-        return Frame(info.qualname or info.name or UNKNOWN, info.filename or PYTHON_DSO, address=info.firstlineno,
-                     python=True, line=info.line(instr))
+            return Frame(f"[python code 0x{address:x}]", PYTHON_DSO, FRAME_KIND, address=address, resolved=False)
+        return Frame(info.qualname or info.name or UNKNOWN, info.filename or PYTHON_DSO, FRAME_KIND,
+                     address=info.firstlineno, line=info.line(instr))
 
     def forget(self, pid: int) -> None:
         with self._lock:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from optrace.fileaccess import FilePolicy, RefusedFile, open_reader
-from optrace.model import Frame, PythonSource, Sample
+from optrace.model import Frame, RuntimeSource, Sample
 from optrace.procfs import process_uid
 
 MAX_FUNCTIONS = 100  # by their own samples (the innermost Python frame's)
@@ -31,7 +31,7 @@ SourceReader = Callable[[int, str], "list[str] | None"]  # (pid, file) -> the fi
 FunctionKey = tuple[str, str, int, int]  # (qualified name, file, first line, pid)
 
 
-def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: SourceReader) -> list[PythonSource]:
+def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: SourceReader) -> list[RuntimeSource]:
     """The hottest Python functions, with their lines: the MAX_FUNCTIONS with the most own samples (whose
     innermost Python frame is theirs; ``hits`` counts those per line), then the MAX_CALLERS with the most
     samples in their stacks (annotate shows a function's lines by the samples under each, from the record's
@@ -51,7 +51,7 @@ def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: So
             continue
         lines = own.get(key, Counter())
         last = min(function_end(text, first), first + MAX_LINES - 1)
-        kept.append(PythonSource(symbol, file, first, text[first - 1:last],
+        kept.append(RuntimeSource(symbol, file, first, text[first - 1:last],
                                  {line: n for line, n in lines.items() if first <= line <= last}, pid,
                                  truncated=max(lines, default=0) > last))
     return kept
@@ -60,7 +60,7 @@ def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: So
 def _function_samples(frames: Sequence[Frame], samples: Sequence[Sample],
                       ) -> tuple[dict[FunctionKey, Counter[int]], Counter[FunctionKey]]:
     """Per function: its own samples by line, and the samples whose stacks hold it (once per sample)."""
-    functions = [(frame.symbol, frame.dso, frame.address) if frame.python and frame.resolved else None
+    functions = [(frame.symbol, frame.dso, frame.address) if frame.runtime and frame.resolved else None
                  for frame in frames]
     own: dict[FunctionKey, Counter[int]] = {}
     anywhere: Counter[FunctionKey] = Counter()
