@@ -141,7 +141,7 @@ class SessionOptions:
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
     # True (with call_graph "dwarf"): the interpreter's eval frames of CPython processes are replaced by the
-    # Python frames they ran (bpf/python.c, frontend/runtimes/cpython/)
+    # Python frames they ran (bpf/python.c, frontend/runtimes/)
     python: bool = True
 
     @property
@@ -268,7 +268,7 @@ class ProfilingSession:
         self._exited: list[int] = []  # exits since the last drain: their address spaces go at its end
         self._forgettable: list[int] = []  # exited before the last drain: forgotten at the next one
         self._drains = 0
-        self.python = None  # PythonProcesses with options.python and call_graph "dwarf"
+        self.runtimes = None  # RuntimeParts (frontend/runtimes/registry.py) when a runtime's walker is loaded
         # When processes get their unwind tables: one that does nothing until start (and with call graph "fp")
         self.unwinder = UnwindScheduler(None, None, None, self._contain)
         self.copies = None  # CopyWalks with call_graph "dwarf": samples whose stacks were copied
@@ -292,11 +292,11 @@ class ProfilingSession:
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.mode.raw_stacks,
                                  cfi_unwind=cfi, fold=opts.mode.fold, python=opts.python, waits=wait_options(opts.off_cpu))
         self.profiler.load()
-        if self.profiler.python is not None:
-            from optrace.frontend.runtimes.cpython.processes import PythonProcesses
+        from optrace.frontend.runtimes.registry import RuntimeParts, SessionContext
 
-            self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer)
-            self.symbolizer.python_lookup = self.python.frame
+        self.runtimes = RuntimeParts.start(SessionContext(self.profiler, self.symbolizer))
+        if self.runtimes is not None:
+            self.symbolizer.runtime_lookup = self.runtimes.frame
 
         unwinding = None  # ProcessUnwinding with call_graph "dwarf"
         if cfi:
@@ -311,7 +311,7 @@ class ProfilingSession:
                 self.warnings.append(f"stored unwind tables: {store.problem}; every file is converted again")
             unwinding = ProcessUnwinding(UnwindTableCache(opts.mode.unwind_cache_bytes or DEFAULT_MAX_BYTES,
                                                           builder=builder, store=store))
-        self.unwinder = UnwindScheduler(self.profiler, unwinding, self.python, self._contain,
+        self.unwinder = UnwindScheduler(self.profiler, unwinding, self.runtimes, self._contain,
                                         keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold)
         if cfi:
             from optrace.frontend.unwind.copywalks import CopyWalks
@@ -413,8 +413,8 @@ class ProfilingSession:
         """The samples since the last drain; ``final``: the last one, every sample waiting for its
         process's tables comes now (see frontend/unwind/copywalks.py)."""
         result = self.profiler.drain()
-        if self.python is not None:
-            self.python.add_captures(self.profiler.python.take_captures())
+        if self.runtimes is not None:
+            self.runtimes.drained()
         samples = self._translated_all(result.samples)
         off_cpu = self._translated_all(result.off_cpu)
         folded = result.folded
@@ -596,8 +596,8 @@ class ProfilingSession:
         self._note_exits(exits, now)
         for pid in self._exited:  # with those poll() saw: the unwinder's table goes at once
             self.unwinder.exited(pid)
-            if self.profiler.python is not None:
-                self.profiler.python.forget_process(pid)
+            if self.runtimes is not None:
+                self.runtimes.exited(pid)
         retired, self._exited = self._exited, []
         self.spaces.end_drain(retired)
         if not self.options.mode.forget_exited:
@@ -627,8 +627,8 @@ class ProfilingSession:
         self.unwinder.forget(pid)
         self.symbolizer.forget_process(pid)
         self.jit.forget_process(pid)
-        if self.python is not None:
-            self.python.forget(pid)
+        if self.runtimes is not None:
+            self.runtimes.forget(pid)
 
     def _contain(self, kind: str, call: Callable[..., T], *args: object) -> T | None:
         """``call(*args)``, or None when it raised: counted in ``read_errors[kind]`` and warned, so one

@@ -198,10 +198,16 @@ class OffCpuMeta:
     stack_quality: dict[str, int] = field(default_factory=dict)
 
 
+NAMED = "named"  # RuntimeCounts.samples: the samples with the runtime's frames
+
+
 @dataclass
 class RuntimeCounts:
     """What one runtime made of the samples of its processes (RecordMeta.runtimes), as stack_quality counts the
     stacks' outcomes: so a report says how much of a runtime's time it named in the runtime's terms, and why not."""
+
+    language: str = ""  # what its code is written in, as reports say it ("Python")
+    product: str = ""  # the runtime as its versions are named ("CPython": "CPython 3.11.2")
 
     # Samples by outcome: "named" (the runtime's frames in the stack), "native_only" (none of the runtime's
     # code in it), why a walk gave no frame of it (the walker's statuses), "refused: <reason>" (the process's

@@ -18,6 +18,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from optrace.runtimeword import is_runtime_word, runtime_word, word_runtime
+
 MAX_OFFSET = 0xFFFF  # any offset is below: a u16 in the walker's map, 0xFFFF meaning none (3.13's interpreter state is 7 KiB+)
 FRAME_WINDOW = 128  # bytes of a frame the walker reads at once: every frame field lies below this
 CODE_WINDOW = 256  # bytes of a code object captured: its name, file and line-table pointers lie below this
@@ -104,7 +106,7 @@ CAPTURE_SIZE = CAPTURE_HEADER.size + sum(size for _, size in CAPTURE_PARTS)
 # runtime's id in bits 56-59, docs/runtimes.md); the code object's address over 8 in bits 12-55, the
 # instruction in code units (clamped) in bits 0-11.
 PYTHON_RUNTIME_ID = 1
-PYTHON_FRAME_BIT = 1 << 62 | PYTHON_RUNTIME_ID << 56
+PYTHON_FRAME_BIT = runtime_word(PYTHON_RUNTIME_ID, 0)
 PYTHON_CODE_SHIFT = 12
 PYTHON_CODE_BITS = 44
 PYTHON_INSTR_MASK = 0xFFF
@@ -122,4 +124,4 @@ def python_frame_parts(word: int) -> tuple[int, int]:
 
 
 def is_python_frame(word: int) -> bool:
-    return word & (0xCF << 56) == PYTHON_FRAME_BIT
+    return is_runtime_word(word) and word_runtime(word) == PYTHON_RUNTIME_ID

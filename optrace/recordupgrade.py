@@ -36,7 +36,8 @@ def upgraded(document: Any, version: int) -> Any:
         if samples or processes:
             if type(samples) is dict and OLD_NAMED in samples:
                 samples["named"] = samples.pop(OLD_NAMED)
-            meta["runtimes"] = {OLD_RUNTIME: {"samples": samples or {}, "processes": processes or {}}}
+            meta["runtimes"] = {OLD_RUNTIME: {"language": "Python", "product": "CPython", "samples": samples or {},
+                                              "processes": processes or {}}}
     if "python_sources" in document:
         document["sources"] = document.pop("python_sources")
     return document

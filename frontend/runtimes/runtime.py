@@ -1,12 +1,13 @@
-"""The one interface every runtime implements (docs/runtimes.md), and the session's side of it.
+"""The one interface every runtime implements (docs/runtimes.md), and the word its frames take in a stored stack.
 
-A :class:`Runtime` is what the registry lists: its name, its frame kind, and how to start its part of a
-profiling session (:meth:`Runtime.start`) once the BPF program holds its walker. That part, a
-:class:`RuntimeSession`, is told about processes on the unwind worker (detect by mapped file names, attach:
-read the runtime's tables and hand the process to its BPF walker), names the frame words its walker stored,
-takes what its BPF side sent at each drain, forgets exited processes and counts every outcome. Everything
-about a runtime lives in its own folders (frontend/runtimes/<name>/, bpf/runtimes/<name>.*); the session,
-the scheduler, the symbolizer and the recorder see only this interface, through the registry.
+A :class:`Runtime` is what the registry lists: its name (also the kind of its frames, ``Frame.kind``), its id
+(in its frame words), how people name it, and how its part of a profiling session starts
+(:meth:`Runtime.start`). That part, a :class:`RuntimePart`, is told about processes on the unwind worker
+(:meth:`RuntimePart.look_at`: detect by mapped file names, attach: read the runtime's tables and hand the
+process's per-process data to its BPF walker, or keep why not), names the frame words its walker stored, takes
+what its BPF side sent at each drain, forgets exited processes and counts every outcome. Everything about a
+runtime lives in its own folders (frontend/runtimes/<name>/); the session, the scheduler, the symbolizer and
+the recorder see this interface only, through the registry (frontend/runtimes/registry.py).
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from typing import Protocol
 
 from optrace.model import Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
 from optrace.procfs import MapEntry
+from optrace.runtimeword import MAX_ID, is_runtime_word, runtime_word, word_runtime  # noqa: F401 (the seam's words)
 
-
-class RuntimeSymbols(Protocol):
+class Symbols(Protocol):
     """What a runtime tells the symbolizer (frontend/symbols/symbolizer.py) of its own files: functions their
     symbols may not name, and which files are the runtime's own (their frames fold into its frames)."""
 
@@ -29,65 +30,50 @@ class RuntimeSymbols(Protocol):
 
 @dataclass(frozen=True)
 class SessionContext:
-    """What a runtime's session part is started with: its BPF side's maps (bpf/runtimes/), the symbolizer
-    it tells about its files, and the session's containment (``contain(kind, call, *args)``)."""
+    """What a runtime's part is started with: the loaded program (bpf/profiler.py's Profiler, whose maps its BPF
+    side declared) and the symbolizer it tells about its files."""
 
-    maps: object
-    symbols: RuntimeSymbols
-    contain: Callable[..., object]
+    profiler: object
+    symbols: Symbols
 
 
-class RuntimeSession(Protocol):
-    """One runtime's part of a profiling session. Thread-safe where noted: the unwind worker looks at processes
-    while the drain loop names frames."""
+class RuntimePart(Protocol):
+    """One runtime's part of a profiling session. ``look_at`` and ``to_retry`` run on a worker thread while the
+    drain names frames: an implementation locks what both touch."""
 
-    def look_at(self, pid: int, maps: Sequence[MapEntry]) -> None:
-        """Detect (by mapped file names only) and attach: the BPF walker walks the process from now on, or the
-        reason it does not is kept as the process's outcome (on a worker thread)."""
+    def look_at(self, pid: int, maps: Iterable[MapEntry]) -> None:
+        """Detect (by mapped file names only) and attach: its BPF walker walks the process from now on (its
+        per-process data in the runtime's map), or the reason it does not is kept as the process's outcome."""
 
     def to_retry(self, now: float) -> list[int]:
-        """Processes refused for a reason that passes, due another look (on a worker thread)."""
+        """Processes refused for a reason that passes, due another look."""
 
     def frame(self, pid: int, word: int) -> Frame:
         """The frame a frame word of this runtime stands for, in this process's samples."""
 
-    def drained(self, samples: Sequence[RawSample]) -> None:
-        """A drain's samples: what the BPF side sent since the last drain is taken (captures to name frames
-        by once the process has exited)."""
+    def drained(self) -> None:
+        """A drain ran: what the BPF side sent since the last one is taken (what names frames later)."""
+
+    def exited(self, pid: int) -> None:
+        """The process exited: its BPF side's entries go (its samples may still be named)."""
 
     def forget(self, pid: int) -> None:
-        """Everything about the process goes (its BPF map entries included): it exited or exec'd."""
+        """Everything kept about the process goes."""
 
-    def counts(self, raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample]) -> RuntimeCounts:
+    def counts(self, raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample]) -> RuntimeCounts | None:
         """The samples of its processes by outcome, its processes by version or why refused (``rows`` are
-        ``raw`` symbolized, in order)."""
+        ``raw`` symbolized, in order); None when it met no process."""
 
     def sources(self, frames: Sequence[Frame], rows: Sequence[Sample]) -> list[RuntimeSource]:
         """The hottest functions of its frames with their source lines (`record` keeps them for annotate)."""
 
 
-@dataclass(frozen=True)
-class BpfPart:
-    """A runtime's part of the BPF program (bpf/profiler.py composes it): its C sources (appended after the
-    native walker's, in order), the macro that compiles them in, and its maps' class (made on the loaded
-    program: ``maps(bpf)``)."""
-
-    sources: tuple[str, ...]
-    define: str
-    maps: Callable[[object], object]
-
-
 class Runtime(Protocol):
-    name: str  # "cpython": also the kind of its frames (Frame.kind)
-    word_tag: int  # its frame words' runtime id (bits 56-61, docs/runtimes.md)
+    name: str  # "cpython": the kind of its frames (Frame.kind) and OpenTelemetry's profile.frame.type
+    runtime_id: int  # in its frame words (1..MAX_ID)
 
-    def bpf_part(self) -> BpfPart:
-        """What the BPF program compiles in for this runtime."""
-
-    def start(self, context: SessionContext) -> RuntimeSession:
-        """Its part of a session, once the loaded program holds its walker (``context.maps``)."""
+    def start(self, context: SessionContext) -> RuntimePart | None:
+        """Its part of a session; None when the loaded program holds no walker of it (turned off)."""
 
 
-def shown_maps(maps: Iterable[MapEntry]) -> list[MapEntry]:
-    """The mappings a runtime's detection looks at: executable file mappings (their names only)."""
-    return [entry for entry in maps if entry.executable and entry.is_file]
+FrameLookup = Callable[[int, int], Frame]

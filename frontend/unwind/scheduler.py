@@ -38,7 +38,7 @@ TablesHook = Callable[[int, int, int, list[ProcessMapping]], None]
 
 
 class PythonLooks(Protocol):
-    """What the scheduler asks of frontend/runtimes/cpython/processes.py's PythonProcesses (looked at on the worker)."""
+    """What the scheduler asks of the runtimes (frontend/runtimes/registry.py RuntimeParts, on the worker)."""
 
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> object: ...
 
@@ -72,7 +72,7 @@ class UnwindScheduler:
         self._reloaded: deque[int] = deque()
         self._unwind_worker: ThreadPoolExecutor | None = None
         # Python looks that do not wait behind tables being built: a command's interpreter is looked at again
-        # every 50 ms until it is initialized (frontend/runtimes/cpython/processes.py), which the unwind worker, busy
+        # every 50 ms until it is initialized (frontend/runtimes/), which the unwind worker, busy
         # building the command's tables, made 20-90 ms of its CPU late (its samples had no Python frames)
         self._python_worker: ThreadPoolExecutor | None = None
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
@@ -249,7 +249,7 @@ class UnwindScheduler:
             self._python_later(pid)
 
     def _look_at_python(self, pid: int) -> None:
-        """Whether the process runs a CPython the walker can expand (see frontend/runtimes/cpython/processes.py)."""
+        """Whether the process runs a CPython the walker can expand (frontend/runtimes/)."""
         maps = read_maps(pid)
         if maps is not None:
             self.python.look_at(pid, (entry for entry in maps.entries if entry.executable and entry.is_file))

@@ -53,7 +53,7 @@ SHAPES = {
     "deep": "depth_limit",
     "loop": "depth_limit",  # two frames pointing at each other: the stack's frame limit ends it
     "selfloop": "loop",
-    "names": "python",  # its frames are there, named [unknown]
+    "names": "named",  # its frames are there, named [unknown]
     "threads": "no_thread",
     "churn": "depth_limit",
 }
@@ -161,7 +161,7 @@ def test_each_fake_alone_is_walked_within_bounds(fake_python, hostile_user, tmp_
     print(f"\nFIGURES {shape}: BPF {per_sample / 1000:.1f} us per sample" if per_sample else "")
     assert per_sample is not None and per_sample <= MAX_BPF_NS_PER_SAMPLE, (per_sample, before, after)
     meta = report_json(out)["meta"]
-    outcomes = meta["python"]
+    outcomes = meta["runtimes"]["cpython"]["samples"]
     assert outcome_count(outcomes, SHAPES[shape]) >= 0.8 * samples_counted(outcomes), outcomes
     rows = report_json(out, "--children", "--sort", "dso,symbol")["rows"]
     longest = max(rows, key=lambda row: len(row["symbol"]) + len(row["dso"]))
@@ -283,9 +283,9 @@ def test_record_a_finishes_bounded(recorded):
 
 
 def test_record_a_counts_each_fake_under_its_outcome(recorded, machine):
-    outcomes = recorded.meta["python"]
+    outcomes = recorded.meta["runtimes"]["cpython"]["samples"]
     assert all(outcome_count(outcomes, outcome) > 0 for outcome in SHAPES.values()), outcomes
-    interpreters = recorded.meta["interpreters"]
+    interpreters = recorded.meta["runtimes"]["cpython"]["processes"]
     fakes = sum(count for name, count in interpreters.items() if name.endswith("/pyfake/python3.11"))
     assert fakes == len(machine.accepted()), interpreters
     assert interpreters.get("refused: layout check failed") == 1, interpreters
@@ -311,7 +311,7 @@ def test_record_a_workload_unharmed(recorded, machine):
     named = [(frames, count) for frames, count in stacks if has_pyground_frame(frames)]
     samples = sum(count for _, count in stacks)
     unnamed = sorted((count, ";".join(frames)[-300:]) for frames, count in stacks if not has_pyground_frame(frames))
-    assert sum(count for _, count in named) >= 0.95 * samples > 0, (samples, recorded.meta["python"], unnamed[-5:])
+    assert sum(count for _, count in named) >= 0.95 * samples > 0, (samples, recorded.meta["runtimes"]["cpython"]["samples"], unnamed[-5:])
     mine, _ = inclusive(named)
     off = {name: round(mine[name] - recorded.design[name], 1) for name in DESIGNED}
     assert all(abs(points) <= POINTS for points in off.values()), (off, mine, recorded.design)

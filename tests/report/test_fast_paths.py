@@ -23,7 +23,7 @@ def shared_frames_record(samples: int = 3000, seed: int = 7) -> Record:
     the same leaf in several processes and threads, and lost stacks."""
     rnd = random.Random(seed)
     frames = [Frame("strlen", LIBC, address=0x100), Frame("strlen", LIBC, address=0x104),
-              Frame("strlen", KERNEL_DSO, kernel=True, address=0xFFFFFFFF81000000),
+              Frame("strlen", KERNEL_DSO, kind="kernel", address=0xFFFFFFFF81000000),
               Frame("main", APP, address=0x10), Frame("main", APP, address=0x14),
               Frame("walk", APP, address=0x20), Frame("walk", APP, address=0x28),
               Frame("app+0x99", APP, address=0x99, resolved=False, build_id="ab" * 20),

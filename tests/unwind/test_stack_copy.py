@@ -57,17 +57,17 @@ def test_a_copied_python_stack_takes_each_eval_calls_frames():
     """The thread's Python frames read with the copy (copypython.c: CHAIN_WORD, each call's last marked
     CHAIN_CALL_END) replace the walk's eval frames, call by call; the frames the walk to the copy put stay in
     front, a native frame stays native, an eval frame with no frames left stays as it is."""
-    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, chain_of, with_python_frames
-    from optrace.model import PYTHON_FRAME, UserFrame
+    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, chain_of, with_runtime_frames
+    from optrace.model import RUNTIME_FRAME, UserFrame
     from optrace.pythonlayout import python_frame_word
 
     py = [python_frame_word(0x7000 + 8 * i, i) for i in range(4)]
-    walked = (UserFrame(b"x" * 20, 0x10), UserFrame(PYTHON_FRAME, py[0]))
-    chain = (UserFrame(PYTHON_FRAME, py[1] | CHAIN_WORD), UserFrame(PYTHON_FRAME, py[2] | CHAIN_WORD | CHAIN_CALL_END),
-             UserFrame(PYTHON_FRAME, py[3] | CHAIN_WORD | CHAIN_CALL_END))
+    walked = (UserFrame(b"x" * 20, 0x10), UserFrame(RUNTIME_FRAME, py[0]))
+    chain = (UserFrame(RUNTIME_FRAME, py[1] | CHAIN_WORD), UserFrame(RUNTIME_FRAME, py[2] | CHAIN_WORD | CHAIN_CALL_END),
+             UserFrame(RUNTIME_FRAME, py[3] | CHAIN_WORD | CHAIN_CALL_END))
     assert chain_of(walked + chain) == (walked, chain)
     pcs = (0x5000, 0x1234, 0x5010, 0x5020, 0x9000)  # eval, native, eval, eval (nothing left), native
     frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)
-    merged = with_python_frames(pcs, frames, chain, ((0x5000, 0x6000),))
-    assert merged == (UserFrame(PYTHON_FRAME, py[1]), UserFrame(PYTHON_FRAME, py[2]), frames[1],
-                      UserFrame(PYTHON_FRAME, py[3]), frames[3], frames[4])
+    merged = with_runtime_frames(pcs, frames, chain, ((0x5000, 0x6000),))
+    assert merged == (UserFrame(RUNTIME_FRAME, py[1]), UserFrame(RUNTIME_FRAME, py[2]), frames[1],
+                      UserFrame(RUNTIME_FRAME, py[3]), frames[3], frames[4])

@@ -15,6 +15,7 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+from optrace.frontend.runtimes.cpython import FRAME_KIND
 from optrace.fileaccess import FilePolicy, RefusedFile, open_reader
 from optrace.model import Frame, RuntimeSource, Sample
 from optrace.procfs import process_uid
@@ -60,7 +61,7 @@ def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: So
 def _function_samples(frames: Sequence[Frame], samples: Sequence[Sample],
                       ) -> tuple[dict[FunctionKey, Counter[int]], Counter[FunctionKey]]:
     """Per function: its own samples by line, and the samples whose stacks hold it (once per sample)."""
-    functions = [(frame.symbol, frame.dso, frame.address) if frame.runtime and frame.resolved else None
+    functions = [(frame.symbol, frame.dso, frame.address) if frame.kind == FRAME_KIND and frame.resolved else None
                  for frame in frames]
     own: dict[FunctionKey, Counter[int]] = {}
     anywhere: Counter[FunctionKey] = Counter()
