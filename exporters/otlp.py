@@ -19,9 +19,10 @@ pyproject.toml), filled as the OpenTelemetry eBPF profiler fills them:
 - every table in the request's one ``ProfilesDictionary``, entry 0 the zero value as the protocol asks,
   no entry twice: a frame is a ``Location`` (its ``Mapping``: the object's path, its GNU build-id as
   ``process.executable.build_id.gnu``; its address: the file offset of native code, the address of
-  kernel and JIT code) with ``profile.frame.type`` ``kernel``, ``native`` or ``cpython`` (JIT code from
-  perf maps and jitdumps has none: which runtime wrote it is not known) and a ``Line`` naming its
-  ``Function`` (Python frames: the function's file and first line, and the line it was running). A frame
+  kernel and JIT code) with ``profile.frame.type`` ``kernel``, ``native`` or a runtime's frame kind
+  (``cpython``: the registry's names are OpenTelemetry's; JIT code from perf maps and jitdumps has none:
+  which runtime wrote it is not known) and a ``Line`` naming its ``Function`` (a runtime's frames: the
+  function's file and first line, and the line it was running). A frame
   optrace could not name keeps no Line when it has a build-id, so a backend with the object's debug info
   can name it, as the OTel profiler leaves native frames; otherwise its Line is optrace's fallback name
   (``lib.so+0x1f2``, ``[unknown]``). A stack is a ``Stack`` of location indices, leaf first; a sample
@@ -235,7 +236,7 @@ class _Builder:
         return index
 
     def _mapping(self, frame: Frame) -> int:
-        """The object a frame is in (none for Python frames, whose dso is their source file, and for
+        """The object a frame is in (none for a runtime's frames, whose dso is their source file, and for
         unknown ones)."""
         if frame.runtime or frame.dso == UNKNOWN:
             return 0
@@ -276,7 +277,7 @@ def frame_type(frame: Frame) -> str | None:
     if frame.kernel or frame.dso == KERNEL_DSO:
         return "kernel"
     if frame.runtime:
-        return "cpython"
+        return frame.kind  # a runtime's name is OpenTelemetry's frame type for it (frontend/runtimes/registry.py)
     if frame.dso.startswith("[jit]") or frame.dso == UNKNOWN or frame.dso.startswith("[optrace"):
         return None
     return "native"

@@ -11,10 +11,16 @@ from collections.abc import Iterable, Sequence
 from optrace.frontend.runtimes.cpython.runtime import CPYTHON
 from optrace.frontend.runtimes.runtime import (MAX_ID, Runtime, RuntimePart, SessionContext, is_runtime_word,
                                                word_runtime)
+from optrace.frontend.preflight import CheckResult
 from optrace.model import UNKNOWN, Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
 from optrace.procfs import MapEntry
 
 RUNTIMES: tuple[Runtime, ...] = (CPYTHON,)
+
+
+def doctor_checks() -> list[CheckResult]:
+    """What `optrace doctor` says of each runtime (the processes running it now, whether they can be read)."""
+    return [result for result in (runtime.check() for runtime in RUNTIMES) if result is not None]
 
 
 def check_registry(runtimes: Sequence[Runtime]) -> None:
@@ -34,8 +40,10 @@ class RuntimeParts:
         self._by_id = {runtime.runtime_id: part for runtime, part in self.parts}
 
     @classmethod
-    def start(cls, context: SessionContext, runtimes: Sequence[Runtime] = RUNTIMES) -> RuntimeParts | None:
-        """The parts of ``runtimes`` that start; None when none does (no runtime's walker is loaded)."""
+    def start(cls, context: SessionContext, runtimes: Sequence[Runtime] | None = None) -> RuntimeParts | None:
+        """The parts of ``runtimes`` (:data:`RUNTIMES` when None, read at the call: tests register theirs) that
+        start; None when none does (no runtime's walker is loaded)."""
+        runtimes = RUNTIMES if runtimes is None else runtimes
         check_registry(runtimes)
         started = [(runtime, runtime.start(context)) for runtime in runtimes]
         parts = [(runtime, part) for runtime, part in started if part is not None]

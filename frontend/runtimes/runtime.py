@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from optrace.frontend.preflight import CheckResult
 from optrace.model import Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
 from optrace.procfs import MapEntry
 from optrace.runtimeword import MAX_ID, is_runtime_word, runtime_word, word_runtime  # noqa: F401 (the seam's words)
@@ -74,6 +75,9 @@ class Runtime(Protocol):
 
     def start(self, context: SessionContext) -> RuntimePart | None:
         """Its part of a session; None when the loaded program holds no walker of it (turned off)."""
+
+    def check(self) -> CheckResult | None:
+        """What `optrace doctor` says of it: the processes running it now and whether they can be read."""
 
 
 FrameLookup = Callable[[int, int], Frame]

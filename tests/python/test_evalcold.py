@@ -13,7 +13,7 @@ import pytest
 
 from optrace.frontend.runtimes.cpython.evalcold import cold_part
 from optrace.frontend.runtimes.cpython.interpreterfile import EVAL, EVAL_COLD, InterpreterFile, _read_file
-from optrace.frontend.runtimes.cpython.symbolnames import find_symbols
+from optrace.frontend.runtimes.symbolnames import find_symbols
 from optrace.fileaccess import reader_for
 from optrace.frontend.symbols.access import ELF_POLICY
 from optrace.frontend.symbols.elffile import ElfFile

@@ -16,7 +16,7 @@ from collections import Counter
 
 import capstone
 
-from optrace.frontend.runtimes.cpython.symbolnames import code_at, function_starts
+from optrace.frontend.runtimes.symbolnames import code_at, function_starts
 from optrace.frontend.runtimes.cpython.functionbounds import FunctionBounds
 from optrace.frontend.symbols.elffile import ElfFile
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import capstone
 
-from optrace.frontend.runtimes.cpython.symbolnames import code_at, find_symbols, function_starts, imported_functions
+from optrace.frontend.runtimes.symbolnames import code_at, find_symbols, function_starts, imported_functions
 from optrace.frontend.runtimes.cpython.functionbounds import FunctionBounds
 from optrace.frontend.symbols.elffile import ElfFile
 

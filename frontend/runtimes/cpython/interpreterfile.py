@@ -19,7 +19,7 @@ from optrace.frontend.runtimes.cpython.functionbounds import FunctionBounds
 from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.symbols.filefacts import FileFacts, FileKey
 from optrace.frontend.runtimes.cpython.gilfunction import take_gil_range
-from optrace.frontend.runtimes.cpython.symbolnames import find_symbols
+from optrace.frontend.runtimes.symbolnames import find_symbols
 from optrace.frontend.unwind.unwindfile import UnwindFile, file_without_rows
 from optrace.procfs import MapEntry
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from optrace.frontend.preflight import CheckResult
 from optrace.frontend.runtimes.cpython import FRAME_KIND
 from optrace.frontend.runtimes.cpython.outcomes import runtime_counts
 from optrace.frontend.runtimes.cpython.processes import PythonOutcome, PythonProcesses
@@ -67,6 +68,11 @@ class CPython:
         if maps is None:
             return None
         return CPythonPart(maps, PythonProcesses(maps.load_process, context.symbols))
+
+    def check(self) -> CheckResult:
+        from optrace.frontend.runtimes.cpython.survey import check_python  # reads every process: doctor only
+
+        return check_python()
 
 
 CPYTHON = CPython()
