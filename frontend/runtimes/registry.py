@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from optrace.frontend.runtimes.cpython.runtime import CPYTHON
-from optrace.frontend.runtimes.runtime import (MAX_ID, Runtime, RuntimePart, SessionContext, is_runtime_word,
-                                               word_runtime)
+from optrace.frontend.runtimes.runtime import Runtime, RuntimePart, SessionContext
 from optrace.frontend.preflight import CheckResult
 from optrace.model import UNKNOWN, Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
 from optrace.procfs import MapEntry
+from optrace.runtimeword import MAX_ID, is_runtime_word, word_runtime
 
 RUNTIMES: tuple[Runtime, ...] = (CPYTHON,)
 

@@ -11,14 +11,13 @@ the recorder see this interface only, through the registry (frontend/runtimes/re
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from optrace.frontend.preflight import CheckResult
 from optrace.model import Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
 from optrace.procfs import MapEntry
-from optrace.runtimeword import MAX_ID, is_runtime_word, runtime_word, word_runtime  # noqa: F401 (the seam's words)
 
 class Symbols(Protocol):
     """What a runtime tells the symbolizer (frontend/symbols/symbolizer.py) of its own files: functions their
@@ -79,5 +78,3 @@ class Runtime(Protocol):
     def check(self) -> CheckResult | None:
         """What `optrace doctor` says of it: the processes running it now and whether they can be read."""
 
-
-FrameLookup = Callable[[int, int], Frame]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optrace.frontend.runtimes.runtime import SessionContext
-from optrace.model import NAMED, UNKNOWN, Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
+from optrace.model import NAMED, Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
 from optrace.procfs import MapEntry
 from optrace.runtimeword import runtime_word
 
