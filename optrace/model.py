@@ -122,7 +122,7 @@ class Frame:
     line: Annotated[int, Bounds(0, (1 << 31) - 1)] = 0
     # Native code of a runtime itself (the executable or library whose memory its frames were found in, as the
     # runtime tells, frontend/runtimes/): views fold such frames below a runtime frame into it
-    # (frontend/report/runtimeview.py)
+    # (frontend/report/pythonview.py)
     interpreter: bool = False
 
     @property
