@@ -162,7 +162,8 @@ def runtime_line(counts: RuntimeCounts) -> str:
     outcomes, language = counts.samples, counts.language or "runtime"
     total = sum(n for outcome, n in outcomes.items() if not outcome.startswith("cut: "))
     named = outcomes.get(NAMED, 0)
-    text = f"{language}: {named} of {total} samples with {language} frames ({100.0 * named / total if total else 0.0:.1f}%)"
+    share = 100.0 * named / total if total else 0.0
+    text = f"{language}: {named} of {total} samples with {language} frames ({share:.1f}%)"
     others = sorted(((n, outcome) for outcome, n in outcomes.items() if outcome != NAMED and n), reverse=True)
     if others:
         text += "; " + ", ".join(f"{outcome} {n}" for n, outcome in others)

@@ -57,7 +57,9 @@ from optrace.outputfile import check_writable, write_atomically
 
 MAGIC = b"OPTRDATA"
 PERF_MAGIC = b"PERFILE2"
-FORMAT_VERSION = 4  # 4: frame kinds (Frame.kind, RecordMeta.runtimes, Record.sources: optrace.recordupgrade reads 1-3); 3: Python frames; 2: frames and samples as tables (optrace.schema.table_columns)
+# 4: frame kinds (Frame.kind, RecordMeta.runtimes, Record.sources; optrace.recordupgrade reads 1-3); 3: Python
+# frames; 2: frames and samples as tables (optrace.schema.table_columns)
+FORMAT_VERSION = 4
 HEADER = struct.Struct("<8sIIQQ")
 INFLATE_CHUNK = 1 << 20
 

@@ -91,7 +91,7 @@ def test_child_processes_of_a_command_have_python_frames(tmp_path) -> None:
     data = record(tmp_path, "--", str(python), str(MIXED), "2", "--child")
     child = re.escape(f"child_loop ({MIXED}:{hot_line('child_loop')})")
     assert any(position(frames, child) >= 0 for frames, _ in folded(data))
-    assert sum(meta(data)["interpreters"].values()) == 2
+    assert sum(meta(data)["runtimes"]["cpython"]["processes"].values()) == 2
 
 
 def test_python_off_keeps_the_interpreters_frames(tmp_path) -> None:
