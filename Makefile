@@ -60,7 +60,7 @@ demo: setup
 	$(OPTRACE) report -i /tmp/optrace-demo.data --percent-limit 1
 
 test: setup
-	$(PY) -m pytest tests
+	$(PY) -m pytest --durations=25 tests
 
 # The tests that need neither root nor BCC (no BPF program is loaded); runs as any user, needs only the venv.
 test-unit: venv workloads

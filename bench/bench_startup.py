@@ -404,9 +404,10 @@ METHOD = """### Method
   "after start") and {serve_settle_s:.0f} s later (the whole machine's leaves named by then: it grows with what the
   shared machine runs), its peak, and whether libLLVM/libclang are mapped; warm (programs stored) and cold
   (compiled in the run), {serve_rounds} runs each in random order.
-- (d) `bench/primitives.py {primitive_rounds}`: the sampler with the CFI walker as the program cache holds it, its
-  maps created and `on_sample` and `unwind_step` loaded (map fds put into their instructions), then all
-  closed, through each primitive in turn, interleaved; CPU is the process's (user + system: the kernel's
+- (d) `bench/primitives.py {primitive_rounds}`: record's sampler (the CFI and Python walkers: the Profiler's own
+  sources and options) as the program cache holds it, its maps created and `on_sample` and the walker's
+  programs loaded (map fds put into their instructions), then all closed, through each primitive in turn,
+  interleaved; CPU is the process's (user + system: the kernel's
   verification and allocation are most of it). "library load": `ctypes.CDLL` in a fresh python3.
 - The machine is a shared 2-CPU VM: other engineers' work runs beside these runs, in every condition.
 """

@@ -5,9 +5,11 @@ created and functions loaded through each of three primitives, interleaved; prin
   libbpf: Debian's libbpf.so.1 (bpf_map_create, bpf_prog_load)
   bpf(2): the syscall through ctypes (what optrace uses: bpf/bpfsyscall.py)
 
-Each round loads the sampler with the CFI walker (record's program) as its cache holds it: every map, then
-on_sample and unwind_step with the maps' fds put into their instructions; then closes everything. The
-library's own load (dlopen, in a fresh process) is measured apart. Usage: primitives.py ROUNDS
+Each round loads record's sampler (its default options: the CFI and Python walkers) as the program cache holds
+it: every map, then on_sample and the walker's programs (unwind_step, python.c's) with the maps' fds put into
+their instructions; then closes everything. The sources and options are the Profiler's own (bpf/profiler.py),
+the walker's programs unwindmaps.py's list. The library's own load (dlopen, in a fresh process) is measured
+apart. Usage: primitives.py ROUNDS
 """
 from __future__ import annotations
 
@@ -24,9 +26,12 @@ from optrace.bpf import bpfsyscall
 from optrace.bpf.abi import ProgType
 from optrace.bpf.compiled import relocated
 from optrace.bpf.loader import load_bcc, program_loads
-from optrace.bpf.profiler import PROGRAM, STACK_STORE, UNWINDER, Profiler
+from optrace.bpf.profiler import Profiler
+from optrace.bpf.unwindmaps import PYTHON_PROGRAMS
 
-FUNCTIONS = ((b"on_sample", ProgType.PERF_EVENT), (b"unwind_step", ProgType.PERF_EVENT))
+SAMPLER = Profiler(pids=[], cfi_unwind=True, python=True)  # record -p PID's, as session.py makes it
+FUNCTIONS = tuple((name, ProgType.PERF_EVENT) for name in (b"on_sample", b"unwind_step",
+                                                           *(name for _, name in PYTHON_PROGRAMS)))
 LIBRARIES = {"bcc": "libbcc_bpf.so.0", "libbpf": "libbpf.so.1", "bpf(2)": None, "libbcc.so (BCC with LLVM)": "libbcc.so.0"}
 
 
@@ -40,8 +45,8 @@ class MapCreateOpts(ct.Structure):
 
 
 def stored_sampler():
-    """record's sampler as the program cache holds it (loaded once through optrace, as tests do)."""
-    running = load_bcc([STACK_STORE, PROGRAM, UNWINDER], Profiler(999, pids=[], cfi_unwind=True)._cflags)
+    """record's sampler as the program cache holds it (loaded once through optrace, as Profiler.load does)."""
+    running = load_bcc(SAMPLER._sources(), SAMPLER._cflags)
     running.cleanup()
     if program_loads()[-1].compiled:
         raise SystemExit("the sampler was not stored: run it again")

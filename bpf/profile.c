@@ -81,11 +81,15 @@ static inline int is_target(u32 tgid)
 // at zero, so with a tick per sampling period a thread that lives less than one period was never sampled
 // (a thread-per-request server's threads never reached 10 ms: 0-5 % of its samples). The events tick at a
 // fraction of the period instead (profiler.py: TICK_NS), each tick adds its period to its process's time,
-// and the tick that crosses a multiple of the sampling period is a sample: a process's samples follow its
-// CPU time, not its threads' lifetimes. Its time starts at a random phase, so a process that runs less than
-// a period is sampled in proportion too. The CPU time of a thread between its last tick and its end is
-// added at its exit (the kernel's own count, exact there); a period it completes is owed, and the
-// process's next tick takes it (CARRIED).
+// and the tick that crosses the process's next threshold is a sample: a process's samples follow its CPU
+// time, not its threads' lifetimes. There is one threshold in each period of the process's time, at a
+// random place in it (threshold_of): a tick is a sample with a chance of its time over the period, whatever
+// the order of the threads' ticks. Thresholds at the multiples of the period gave every sample to one of two
+// threads ticking in turn when the period was an even number of ticks (-F 500: 99.7 % to one of two equal
+// threads); at -F 499, runs of ~250 samples to one thread, longer when the turns slip (a CI run under load:
+// 68 % / 32 %). The CPU time of a thread between its last tick and its end is added at its exit (the
+// kernel's own count, exact there); a threshold it crosses is owed, and the process's next tick takes it
+// (CARRIED).
 enum sampling_setting {
     SAMPLE_NS = 0,  // the sampling period (1e9 / F); 0: every tick is a sample (an event counted in cycles)
     ATTACHED_NS,    // bpf_ktime_get_ns() when the last events were opened: threads born later are counted whole
@@ -94,13 +98,19 @@ enum sampling_setting {
 #define MAX_OWED 64  // samples owed to a process at most; more are lost (ENDED_BETWEEN_TICKS)
 
 struct process_time {
-    u64 ns;    // CPU time counted, from a random phase in [0, SAMPLE_NS)
-    u64 owed;  // periods completed by threads that ended between ticks, for the next ticks to take
+    u64 ns;    // CPU time counted
+    u64 owed;  // thresholds crossed by threads that ended between ticks, for the next ticks to take
+    u64 seed;  // where each period's threshold lies (threshold_of)
 };
 
 BPF_ARRAY(sampling, u64, NR_SAMPLING_SETTINGS);  // set by the frontend before the attach
 BPF_TABLE("lru_hash", u32, struct process_time, process_times, PROCS_SIZE);
-BPF_TABLE("lru_hash", u32, u64, thread_times, TARGETS_SIZE);  // tid -> the CPU time its ticks counted
+struct thread_time {
+    u64 counted;  // the CPU time its ticks counted
+    u64 owed;     // thresholds its ticks crossed beyond one each, for its next ticks to take
+};
+
+BPF_TABLE("lru_hash", u32, struct thread_time, thread_times, TARGETS_SIZE);
 
 static inline u64 sampling_setting(u32 index)
 {
@@ -113,16 +123,31 @@ static inline struct process_time *process_time(u32 tgid, u64 period)
     struct process_time *time = process_times.lookup(&tgid);
     if (time)
         return time;
-    struct process_time fresh = {.ns = bpf_get_prandom_u32() % period};
+    struct process_time fresh = {.seed = ((u64)bpf_get_prandom_u32() << 32) | bpf_get_prandom_u32()};
     process_times.insert(&tgid, &fresh);  // another CPU's insert first is kept
     return process_times.lookup(&tgid);
 }
 
-// Adds `ns` to the process's time; how many multiples of the period it crossed.
+// The threshold in the process's period `k`: k * period plus a place in the period drawn from the process's
+// seed (splitmix64's mix), the same for every CPU that asks, so concurrent ticks need no lock.
+static inline u64 threshold_of(u64 seed, u64 k, u64 period)
+{
+    u64 z = seed + (k + 1) * 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return k * period + (z ^ (z >> 31)) % period;
+}
+
+// Adds `ns` to the process's time; how many thresholds the time it added, (before, before + ns], holds.
+// Every period strictly between the first and the last holds its threshold; the two ends are looked at.
 static inline u64 add_time(struct process_time *time, u64 ns, u64 period)
 {
-    u64 before = __sync_fetch_and_add(&time->ns, ns);
-    return (before + ns) / period - before / period;
+    u64 before = __sync_fetch_and_add(&time->ns, ns), after = before + ns;
+    u64 first = before / period, last = after / period;
+    u64 at_first = threshold_of(time->seed, first, period);
+    if (first == last)
+        return at_first > before && at_first <= after;
+    return (last - first - 1) + (at_first > before) + (threshold_of(time->seed, last, period) <= after);
 }
 
 static inline void owe(struct process_time *time, u64 samples)
@@ -134,23 +159,35 @@ static inline void owe(struct process_time *time, u64 samples)
     __sync_fetch_and_add(&time->owed, samples);
 }
 
+// A tick that crosses two thresholds (one near its period's end, the next near the following one's start) is
+// one sample now and one at the thread's next tick: its own stack a tick later, not another thread's.
 static inline int sample_due(struct bpf_perf_event_data *ctx, u32 tid, u32 tgid)
 {
     u64 period = sampling_setting(SAMPLE_NS);
     if (!period)
         return 1;
     u64 ns = ctx->sample_period;  // (an inherited event's count cannot be read here: bpf_perf_prog_read_value)
-    u64 *counted = thread_times.lookup(&tid);
-    u64 sum = counted ? *counted + ns : ns;
-    thread_times.update(&tid, &sum);
+    struct thread_time fresh = {}, *thread = thread_times.lookup(&tid);
+    if (!thread) {
+        thread_times.update(&tid, &fresh);
+        thread = thread_times.lookup(&tid);
+    }
+    if (thread)
+        thread->counted += ns;  // only this thread's ticks write it, one at a time
     struct process_time *time = process_time(tgid, period);
     if (!time)
         return 1;
     u64 crossed = add_time(time, ns, period);
-    if (crossed > 1)
-        owe(time, crossed - 1);
+    if (crossed > 1 && thread && thread->owed + crossed - 1 <= MAX_OWED)
+        thread->owed += crossed - 1;
+    else if (crossed > 1)
+        count_lost_n(ENDED_BETWEEN_TICKS, crossed - 1);
     if (crossed)
         return 1;
+    if (thread && thread->owed) {
+        thread->owed -= 1;
+        return 1;
+    }
     if (time->owed == 0)
         return 0;
     u64 owed = __sync_fetch_and_add(&time->owed, -1);
@@ -163,12 +200,13 @@ static inline int sample_due(struct bpf_perf_event_data *ctx, u32 tid, u32 tgid)
 }
 
 // A target's thread ends: its CPU time since its last tick goes to its process (born before the events
-// were opened, its time is not all the recording's: left out, less than a tick). When the process ends,
-// what it is still owed is lost.
-static inline u64 time_since_last_tick(u32 tid)
+// were opened, its time is not all the recording's: left out, less than a tick), and so do the samples its
+// ticks still owed it. When the process ends, what it is still owed is lost.
+static inline u64 time_since_last_tick(u32 tid, u64 *owed)
 {
-    u64 *last = thread_times.lookup(&tid);
-    u64 counted = last ? *last : 0;
+    struct thread_time *last = thread_times.lookup(&tid);
+    u64 counted = last ? last->counted : 0;
+    *owed = last ? last->owed : 0;
     thread_times.delete(&tid);
     void *task = (void *)bpf_get_current_task();
     u64 started = 0, runtime = 0;
@@ -184,11 +222,11 @@ static inline void thread_ended(u32 tid, u32 tgid)
     u64 period = sampling_setting(SAMPLE_NS);
     if (!period)  // every tick a sample: no time is kept
         return;
-    u64 ns = time_since_last_tick(tid);
+    u64 owed = 0, ns = time_since_last_tick(tid, &owed);
     struct process_time *time = process_time(tgid, period);
     if (!time)
         return;
-    u64 crossed = add_time(time, ns, period);
+    u64 crossed = add_time(time, ns, period) + owed;
     if (tid != tgid) {
         owe(time, crossed);
         return;

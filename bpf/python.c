@@ -164,13 +164,12 @@ int python_step(void *ctx)
     }
     if (st->py.rest) {
         python_rest_end(st);
-        unwind_finish(ctx, st);
-        return 0;
-    }
-    python_call_done(st);
-    if (!st->py.native_done) {
-        python_rest_or_step(ctx, st);
-        python_out_of_calls(st, PY_OK);
+    } else {
+        python_call_done(st);
+        if (!st->py.native_done) {
+            python_rest_or_step(ctx, st);
+            python_out_of_calls(st, PY_OK);
+        }
     }
     unwind_finish(ctx, st);
     return 0;

@@ -122,13 +122,19 @@ static inline u64 read_word(u64 address)
     return value;
 }
 
+// A field's bytes in the window, read as one load: clang takes a u8 array's element as unaligned and
+// splits the load into byte loads (27 instructions for a u64, verified for every frame of every path:
+// a fifth of python_step's 30k). A frame's fields are aligned when the frame is; when it is not (the
+// process's memory), an unaligned load of a map value is allowed on x86 and reads the same bytes.
+#define WINDOW_FIELD(type, s, index) (*(type *)__builtin_assume_aligned(&(s)->window[index], sizeof(type)))
+
 // The field at `offset` of the frame at `at` in the window.
 static inline u64 field_u64(struct py_scratch *s, u32 at, u32 offset)
 {
     offset &= PY_FRAME_WINDOW - 1;
     if (offset > PY_FRAME_WINDOW - 8)
         return 0;
-    return *(u64 *)&s->window[(at & (PY_WINDOW - 1)) + offset];
+    return WINDOW_FIELD(u64, s, (at & (PY_WINDOW - 1)) + offset);
 }
 
 static inline u8 field_u8(struct py_scratch *s, u32 at, u32 offset)
@@ -196,7 +202,7 @@ static inline u32 instruction(struct py_proc *proc, struct py_scratch *s, u32 at
     field &= PY_FRAME_WINDOW - 1;
     if (field > PY_FRAME_WINDOW - 4)
         return 0;
-    s32 lasti = *(s32 *)&s->window[(at & (PY_WINDOW - 1)) + field];
+    s32 lasti = WINDOW_FIELD(s32, s, (at & (PY_WINDOW - 1)) + field);
     if (lasti < 0)
         return 0;
     return proc->instr_kind == INSTR_LASTI_BYTES ? (u32)lasti / 2 : (u32)lasti;

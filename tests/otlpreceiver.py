@@ -51,6 +51,10 @@ class Inbox:
     refused_at: list[float] = field(default_factory=list)  # monotonic times of the requests refused
     failure: Failure | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # each request's profiles, decoded once (received only grows): a fleet's inbox holds whole-machine
+    # profiles of three agents every 2 s, and a test module asks for them again and again
+    _decoded: list[list[DecodedProfile]] = field(default_factory=list)
+    _decoding: threading.Lock = field(default_factory=threading.Lock)
 
     def keep(self, request: ExportProfilesServiceRequest, headers: dict[str, str], size: int) -> None:
         with self.lock:
@@ -69,8 +73,11 @@ class Inbox:
         in keys are written as "__", e.g. optrace__agent="a2")."""
         with self.lock:
             requests = [r.request for r in self.received]
+        with self._decoding:
+            self._decoded.extend(decode(request) for request in requests[len(self._decoded):])
+            decoded = self._decoded[:len(requests)]
         wanted = {key.replace("__", "."): value for key, value in resource.items()}
-        return [p for request in requests for p in decode(request)
+        return [p for profiles in decoded for p in profiles
                 if all(p.resource.get(key) == value for key, value in wanted.items())]
 
     def count(self) -> int:

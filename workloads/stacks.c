@@ -1,9 +1,10 @@
 /* Many distinct stacks, from threads that may start late.
  *
- *   stacks SECONDS [THREADS] [DELAY_S]
+ *   stacks SECONDS [THREADS] [DELAY_S] [cpu]
  *
  * After DELAY_S seconds (default 0; negative: once a line is read from stdin), starts THREADS threads
- * (default 1); each, for SECONDS seconds,
+ * (default 1); each, for SECONDS seconds (of wall time; with "cpu", of its own CPU time, so a busy machine
+ * does not shrink its work),
  * calls chains of DEPTH functions picked among s0..s7 by a random number, the leaf (leaf_burn) burning a
  * few microseconds: 8^6 = 262,144 distinct user stacks, so a profile at 10k samples/s meets a new stack
  * at most samples (the cost of stack maps, drains and symbolization at scale). Prints the threads' ids.
@@ -11,6 +12,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,10 +43,12 @@ __attribute__((noinline)) unsigned long leaf_burn(unsigned long path)
 STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)
 static const step_fn steps[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
 
+static clockid_t clock_id = CLOCK_MONOTONIC;
+
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock_id, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -67,6 +71,8 @@ int main(int argc, char **argv)
     seconds = argc > 1 ? atof(argv[1]) : 1;
     int threads = argc > 2 ? atoi(argv[2]) : 1;
     double delay = argc > 3 ? atof(argv[3]) : 0;
+    if (argc > 4 && strcmp(argv[4], "cpu") == 0)
+        clock_id = CLOCK_THREAD_CPUTIME_ID;
     if (threads < 1 || threads > 64)
         return 2;
     char line[16];

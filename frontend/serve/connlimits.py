@@ -10,7 +10,9 @@ connection does not fit, the first in line gives way, whatever its state (waitin
 blocked because its client does not read): first among the new one's address (at ``per_address``), then
 among all (at ``total``); only when none is in line does the one whose answer has been building longest.
 A scraper's connection progresses within milliseconds of its accept, so a flood, even from the scraper's
-own address, pushes out only connections that sit still. A new connection is always let in.
+own address, pushes out only connections that sit still. A new connection is always let in. A connection
+waiting for its client's turn to be refused (refusals.py: a flood of requests without valid credentials)
+goes to the front of the line: it gives way before any other.
 
 Request bytes read but not answered yet (a head being sent, requests pipelined behind it) stay within
 ``request_bytes`` in all: past it, the connections holding such bytes give way in the same order (a
@@ -84,6 +86,14 @@ class ConnectionLimits:
         for line in (self._reading, self._writing):
             if conn in line:
                 line.move_to_end(conn)
+
+    def demote(self, conn: Connection) -> None:
+        """``conn`` waits for its client's turn to be refused (refusals.py): it gives way first, before
+        any connection that made no progress, until it makes some."""
+        if conn not in self._all:
+            return
+        self._all.move_to_end(conn, last=False)
+        self._by_address[conn.address].move_to_end(conn, last=False)
 
     def building(self, conn: Connection) -> None:
         """``conn``'s answer is being built: out of the line until :meth:`built`."""

@@ -1,5 +1,5 @@
-"""serve's HTTP server on its own page: the connections it holds, the bytes they hold, and those it cut
-(connlimits.py), read at each render of the page (once per drain)."""
+"""serve's HTTP server on its own page: the connections it holds, the bytes they hold, those it cut
+(connlimits.py) and its refusals (refusals.py), read at each render of the page (once per drain)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -9,11 +9,13 @@ from prometheus_client.registry import Collector
 
 from optrace.frontend.serve.connlimits import ConnectionLimits
 from optrace.frontend.serve.metricspage import counted_by
+from optrace.frontend.serve.refusals import RefusalPace
 
 
 class ConnectionsCollector(Collector):
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ConnectionLimits, refusals: RefusalPace) -> None:
         self._limits = limits
+        self._refusals = refusals
 
     def collect(self) -> Iterator[Metric]:
         limits = self._limits
@@ -28,3 +30,7 @@ class ConnectionsCollector(Collector):
         yield counted_by("optrace_http_connections_cut", "Connections the HTTP server cut: gave way (to a new "
                          "connection, or to others' request or answer bytes), or too slow (past a deadline).",
                          "reason", {"gave_way": limits.cut, "too_slow": limits.timed_out})
+        refusals = self._refusals
+        yield counted_by("optrace_http_refusals", "4xx answers (a 401 without valid credentials, a 404, a 429), "
+                         "by whether they went at once or waited for their client's turn (past its burst).",
+                         "pace", {"at_once": refusals.at_once, "waited": refusals.waited})

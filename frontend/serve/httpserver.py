@@ -33,6 +33,10 @@ parses and frames; this module only moves bytes and keeps the limits:
   connection (the page of a drain is one object whoever is sent it), and the bodies being written stay
   within ANSWER_BYTES, each counted once (connlimits.py). glibc is asked to give freed memory back
   (optrace/heap.py) once a crowd of connections has gone;
+- **refusals**: a client's 4xx answers (a 401 without valid credentials above all) come REFUSAL_BURST at
+  once, then REFUSAL_RATE a second (refusals.py); past that a refusal waits for its client's turn, its
+  connection first in line to give way, nothing more read from it. A client with valid credentials is
+  never paced, whatever others from its address do;
 - **work**: an answer that needs no waiting (the page of this drain, rendered already; an error; a
   refused profile window) is given by the loop at once; at most WORKERS others are built at once (a page
   render, a bcrypt check, a profile's N seconds: those are bounded on their own, routes.py), the rest
@@ -69,6 +73,7 @@ from optrace.fileaccess import printable
 from optrace.frontend.serve.channel import PlainChannel, TlsChannel
 from optrace.frontend.serve.connlimits import Connection, ConnectionLimits
 from optrace.frontend.serve.connmetrics import ConnectionsCollector
+from optrace.frontend.serve.refusals import RefusalPace
 from optrace.frontend.serve.routes import (CurrentPage, Endpoint, PageSource, ProfileCollector, Request, Response,
                                            Routes, endpoint_for, text_response)
 from optrace.frontend.serve.webconfig import TlsFiles, WebConfig
@@ -89,6 +94,8 @@ MAX_HEADERS = 100
 REQUEST_BYTES = 8 << 20  # request bytes read and not answered yet, all connections together
 ANSWER_BYTES = 16 << 20  # answer bodies being written, each counted once
 WORKERS = 32
+REFUSAL_BURST = 20  # refusals (4xx) a client gets at once ...
+REFUSAL_RATE = 5.0  # ... and a second after that (refusals.py)
 ACCEPT_BATCH = 256  # connections accepted per pass of the loop
 SWEEP_S = 0.25  # how often deadlines are looked at (each is kept to within this)
 ACCEPT_PAUSE_S = 0.5  # out of descriptors: accepting again after this
@@ -217,6 +224,8 @@ class _Conversation:
             limits.building(self.conn)
             response = await self.server.answer(request)
             limits.built(self.conn)
+            if 400 <= response.status < 500:
+                await self._turn_to_refuse()
             head_only = request.method == "HEAD"
             parts = self._framed(response, head_only)
             limits.writing(self.conn, b"" if head_only else response.body)
@@ -230,6 +239,17 @@ class _Conversation:
             self.conn.answering = False
             started, first_byte_due = None, self.loop.time() + KEEPALIVE_S
             await asyncio.sleep(0)  # one request a turn: a client that pipelines without end shares the loop
+
+    async def _turn_to_refuse(self) -> None:
+        """A refusal past its client's burst waits for the client's turn (refusals.py), its connection
+        first in line to give way and dropped at serve's stop, as one waiting for a request is."""
+        waiter = self.server.refusals.turn(self.conn.address, self.loop.time())
+        if waiter is None:
+            return
+        self.server.limits.demote(self.conn)
+        self.conn.answering, self.conn.due = False, self.loop.time() + KEEPALIVE_S
+        await waiter
+        self.conn.answering, self.conn.due = True, math.inf
 
     def _writing(self, seconds: float) -> None:
         """An answer starts: all of it is due in ``seconds``, and its next bytes in WRITE_STALL_S."""
@@ -320,6 +340,7 @@ class MetricsServer:
         self.address = ListenAddress(address.host, self._sock.getsockname()[1])
         self._descriptors = connection_limit()
         self.limits = ConnectionLimits(MAX_PER_ADDRESS, self._table_size(), REQUEST_BYTES, ANSWER_BYTES)
+        self.refusals = RefusalPace(REFUSAL_RATE, REFUSAL_BURST, MAX_CONNECTIONS)
         self._warnings = _Warnings()
         self._routes: Routes | None = None
         self._workers = ThreadPoolExecutor(WORKERS, thread_name_prefix="optrace-http")
@@ -361,7 +382,7 @@ class MetricsServer:
 
     def collector(self) -> Collector:
         """Its connections and their bytes, for the page."""
-        return ConnectionsCollector(self.limits)
+        return ConnectionsCollector(self.limits, self.refusals)
 
     async def answer(self, request: Request) -> Response:
         """The routes' answer, given at once when it needs no waiting, else built on a worker; a bug there
@@ -450,8 +471,9 @@ class MetricsServer:
 
     def _sweep(self) -> None:
         """Cuts the connections past their deadline (a client too slow to send its request or to take
-        its answer)."""
+        its answer); lets go the refusals whose client's turn has come."""
         self.limits.cut_overdue(self._loop.time())
+        self.refusals.release(self._loop.time())
         self._loop.call_later(SWEEP_S, self._sweep)
 
     def _tidy(self) -> None:

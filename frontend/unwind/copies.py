@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
-from optrace.frontend.unwind.stackcopy import MAX_FRAMES, chain_of, unwind_copy, with_runtime_frames, without_call_ends
+from optrace.frontend.unwind.stackcopy import (MAX_FRAMES, NATIVES_CUT, ROOT_REACHED, chain_of, unwind_copy,
+                                               with_runtime_frames, without_call_ends)
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -234,7 +235,7 @@ class StackCopies:
         if tables is None:
             return None
         self._copies.take(sample.copy)
-        walked, chain = chain_of(sample.user)  # (the thread's runtime frames read with the copy)
+        walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
         prefix = walked if copy.continues else ()
         rules = tables.rules
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
@@ -243,9 +244,13 @@ class StackCopies:
         mappings = [tables.mapping_at(pc) for pc in walk.pcs]
         self._files_used.update(m.file_key for m in mappings if m is not None)
         frames = tuple(map(frame_in, mappings, walk.pcs))
+        runtime = sample.runtime
         if chain and copy.runtime_ranges:
-            frames = with_runtime_frames(walk.pcs, frames, chain, copy.runtime_ranges)
-        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, epoch=0, copy=0)
+            cut = walk.status not in ROOT_REACHED
+            frames, rest = with_runtime_frames(walk.pcs, frames, chain, copy.runtime_ranges, cut)
+            runtime = runtime or (NATIVES_CUT if rest else "")
+        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, runtime=runtime,
+                                   epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:
         self.stats["gave_up"] += 1

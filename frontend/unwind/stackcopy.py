@@ -22,7 +22,7 @@ from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RB
                                          Rule)
 from optrace.model import RUNTIME_FRAME, StackCopy, UserFrame
 
-MAX_FRAMES = 256  # as the BPF walker (UNWIND_MAX_FRAMES)
+MAX_FRAMES = 508  # as the BPF walker's stacks (unwind.c's UNWIND_STACK_CAP: stackstore.c's STORE_MAX_WORDS)
 CHAIN_CALL_END = 1 << 61  # in a copied sample's Python frame word: its eval call's last frame (copypython.c)
 CHAIN_WORD = 1 << 60  # a Python frame word read with the copy, not walked with the sample's stack
 _U64 = struct.Struct("<Q")
@@ -35,6 +35,8 @@ EXPRESSION = "expression"
 READ_FAULT = "read_fault"
 DEPTH = "depth_limit"
 COPY_END = "copy_end"  # the copied bytes ended before the stack did
+ROOT_REACHED = (OUTERMOST, CHAIN_END)  # the walks that end at the thread's root
+NATIVES_CUT = "natives_cut"  # a Python status (bpf/pythonmaps.py): Python frames put without the natives among them
 
 # pc -> (the rule for that address of its file, or None where the file has no row), None outside every
 # mapping with a table: the caller's view of the process's mappings and their tables
@@ -112,11 +114,15 @@ def _word(copy: StackCopy, address: int) -> int | str:
 
 
 def with_runtime_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], chain: tuple[UserFrame, ...],
-                       runtime_ranges: tuple[tuple[int, int], ...]) -> tuple[UserFrame, ...]:
-    """``frames`` (of the walked ``pcs``) with each frame in a range a runtime claims (``runtime_ranges``, as
-    CPython's eval function) replaced by the runtime frames its call ran: the next ones of ``chain`` (the
-    thread's runtime frames when the copy was taken, leaf first, each call's last marked CHAIN_CALL_END), as
-    unwind.c puts them (a claimed frame with none left stays as it is). At most MAX_FRAMES frames."""
+                       runtime_ranges: tuple[tuple[int, int], ...],
+                       walk_cut: bool = False) -> tuple[tuple[UserFrame, ...], bool]:
+    """``frames`` (of the walked ``pcs``) with each frame in the eval function (``runtime_ranges``) replaced by
+    the Python frames its call ran: the next ones of ``chain`` (the thread's Python frames when the copy was
+    taken, leaf first, each call's last marked CHAIN_CALL_END), as unwind.c puts them (an eval frame with
+    none left stays as it is). When the walk stopped short of the thread's root (``walk_cut``: the copy's
+    bytes ended, or its rules), the chain's frames left follow, without the native frames among them, as
+    unwind.c's rest mode puts them (up to 3.10 a Python call is 3-4 native frames: a copy's 16-odd KiB held
+    the first 47 of 300). At most MAX_FRAMES frames; and whether frames were put after the walk."""
     words = [frame.offset for frame in chain]
     out: list[UserFrame] = []
     taken = 0
@@ -130,16 +136,19 @@ def with_runtime_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], cha
                     break
         else:
             out.append(frame)
-    return tuple(out[:MAX_FRAMES])
+    rest = walk_cut and taken < len(words) and len(out) < MAX_FRAMES
+    if rest:
+        out.extend(UserFrame(RUNTIME_FRAME, word & ~(CHAIN_CALL_END | CHAIN_WORD)) for word in words[taken:])
+    return tuple(out[:MAX_FRAMES]), rest
 
 
 def chain_of(frames: tuple[UserFrame, ...]) -> tuple[tuple[UserFrame, ...], tuple[UserFrame, ...]]:
-    """(the frames the walk to the copy put, the runtime frames read with the copy) of a copied sample's user stack."""
+    """(the frames the walk to the copy put, the chain read with the copy) of a copied sample's user stack."""
     chained = [f.build_id == RUNTIME_FRAME and bool(f.offset & CHAIN_WORD) for f in frames]
     return (tuple(f for f, c in zip(frames, chained) if not c), tuple(f for f, c in zip(frames, chained) if c))
 
 
 def without_call_ends(frames: tuple[UserFrame, ...]) -> tuple[UserFrame, ...]:
-    """A copied sample's user stack as it is named when its copy is not walked (its runtime frames' marks off)."""
+    """A copied sample's user stack as it is named when its copy is not walked (its Python frames' marks off)."""
     return tuple(UserFrame(RUNTIME_FRAME, f.offset & ~(CHAIN_CALL_END | CHAIN_WORD)) if f.build_id == RUNTIME_FRAME
                  else f for f in frames)

@@ -35,14 +35,20 @@ time.sleep(120)
 }
 
 
-@pytest.fixture
-def harness(tmp_path, monkeypatch):
-    """bench/run.py pointed at a scratch tree holding the test's benchmark scripts."""
+def load_run(monkeypatch, name: str):
+    """bench/run.py as a module of its own (``name``)."""
     monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_run_under_test", BENCH / "run.py")
+    spec = importlib.util.spec_from_file_location(name, BENCH / "run.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def harness(tmp_path, monkeypatch):
+    """bench/run.py pointed at a scratch tree holding the test's benchmark scripts."""
+    module = load_run(monkeypatch, "bench_run_under_test")
     (tmp_path / "bench").mkdir()
     (tmp_path / "results").mkdir()
     for name, text in SCRIPTS.items():
@@ -128,3 +134,17 @@ def test_refuses_unknown_benchmark_names(harness, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["run.py", "--only", "nosuch"])
     assert harness.main() == 2
     assert "no such benchmark: nosuch" in capsys.readouterr().err
+
+
+def test_the_readme_holds_each_stored_outcome_as_stored(monkeypatch):
+    """bench/README.md's sections made by benchmarks are their stored outcomes' (bench/outcomes/, tracked) word
+    for word: a section edited in the README alone goes back to the outcome's text at the next --render (the
+    OTLP section's peak RSS sentence did)."""
+    run = load_run(monkeypatch, "bench_run_tracked")
+    readme = run.sections(run.README.read_text())
+    stored = [outcome for outcome in map(run.load_previous, run.discover()) if outcome is not None and outcome.ok]
+    assert stored
+    for outcome in stored:
+        for heading, text in run.sections(outcome.markdown).items():
+            assert readme.get(heading, "").rstrip() == text.rstrip(), (
+                f"bench/README.md's '{heading}' is not bench/outcomes/{outcome.area}.json's: edit both")

@@ -20,7 +20,7 @@ import pytest
 
 from optrace.bpf.offcpu import WaitOptions
 from optrace.bpf.profiler import Profiler
-from support import OPTRACE, assert_no_programs_of, assert_one_line_error, run_optrace
+from support import OPTRACE, assert_no_programs_of, assert_one_line_error, run_optrace, wait_perf_events
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 ROLES = ("sleeper", "pipe_reader", "pipe_writer", "mutex_waiter", "syncer")  # the blocking functions
@@ -241,7 +241,8 @@ def test_signal_mid_record_detaches(tmp_path, workloads):
     out = tmp_path / "sig.data"
     proc = subprocess.Popen([str(OPTRACE), "record", "--off-cpu", "-o", str(out), "--", str(workloads / "offcpu"),
                              "20"], stderr=subprocess.PIPE, text=True)
-    time.sleep(5)
+    wait_perf_events(proc.pid, 1, timeout=120)  # attached: mid-record (a fixed 5 s before, whatever the compile took)
+    time.sleep(1)  # a drain or so of waits recorded
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err

@@ -297,11 +297,15 @@ def test_pid_recording_ends_when_the_process_exits(tmp_path, workloads):
 
 
 def test_threads_are_recorded(tmp_path, workloads):
-    """Two threads, each burning in its own function (about half each): `--sort tid` tells them apart and
-    each function has exactly its thread's id (the main thread's tid is the pid)."""
+    """Two threads, each burning 1 s of its own CPU time (burn.h's deadline: equal by construction) in its own
+    function: `--sort tid` tells them apart, each function has exactly its thread's id (the main thread's tid
+    is the pid), and each thread has about half of the samples. Run as SCHED_FIFO, the two threads run side by
+    side on the two CPUs unpreempted, their 1 ms ticks in strict turn, and at -F 500 a period is two ticks:
+    samples at fixed points of the process's time took every tick of one thread (99.7 % / 0.3 %; a CI run
+    under load at -F 499 had 68 % / 32 %), profile.c's thresholds at random points in each period do not."""
     out = tmp_path / "rec.data"
-    proc = run_optrace("record", "-o", str(out), "-F", "499", "--", str(workloads / "threads"), "1.5",
-                       timeout=300)
+    proc = run_optrace("record", "-o", str(out), "-F", "500", "--", "chrt", "-f", "1", str(workloads / "threads"),
+                       "1", timeout=300)
     assert proc.returncode == 0, proc.stderr
     doc = report_json(out, "--sort", "pid,tid,symbol", "--comm", "threads")
     tids = {}
@@ -311,8 +315,9 @@ def test_threads_are_recorded(tmp_path, workloads):
     [(main_pid, main_tid)] = tids["main_work"]
     [(worker_pid, worker_tid)] = tids["worker_work"]
     assert main_pid == worker_pid == main_tid != worker_tid
+    assert doc["meta"]["total_samples"] > 800  # 2 s of CPU at 500 Hz: about 1000
     by_tid = {r["tid"]: r["percent"] for r in report_json(out, "--sort", "tid", "--comm", "threads")["rows"]}
-    assert by_tid[main_tid] == pytest.approx(by_tid[worker_tid], abs=12)
+    assert by_tid[main_tid] == pytest.approx(by_tid[worker_tid], abs=12)  # 1000 samples: 3.8 sigma
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="needs java")

@@ -18,9 +18,11 @@ def recorded(argv: list[str], **options) -> tuple[Record, Recorder]:
 
 
 def test_a_small_store_turns_over_and_keeps_every_stack():
-    """A store sized for 256 stacks, fed ~1,000 new stacks a second (workloads/stacks): it turns over at
+    """A store sized for 256 stacks, fed ~1,000 new stacks a CPU second (workloads/stacks, 3 s of its CPU
+    time: by wall time, a machine at load 30 gave it 0.07 s and the store never filled): it turns over at
     every drain, and no sample loses its stack; the leaf the workload burns in is ~every sample's."""
-    record, recorder = recorded([str(WORKLOADS / "stacks"), "3"], frequency_hz=999, stack_storage_size=256)
+    record, recorder = recorded([str(WORKLOADS / "stacks"), "3", "1", "0", "cpu"], frequency_hz=999,
+                                stack_storage_size=256)
     store = recorder.session.profiler.store
     assert store.stats["turnovers"] >= 2, store.stats
     assert not {reason: n for reason, n in record.meta.lost.items() if "stack" in reason}, record.meta.lost

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent / "python")]  # replay, snapshots, pythons
+HERE = Path(__file__).parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "python"), str(HERE.parents[1] / "bench")]  # replay, snapshots, pythons, sidroot
 
 
 @pytest.fixture(scope="session")

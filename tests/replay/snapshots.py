@@ -3,7 +3,8 @@ its memory the walk read, its executable mappings with the unwind rows the walk 
 runtime was found to be, and the stack the walk gave when the snapshot was made, named.
 
 A snapshot is ``NAME.json`` (everything but the memory) and ``NAME.pages.xz`` (the pages, 4 KiB each, in the
-order the JSON lists them), under snapshots/. tests/replay/make_snapshot.py makes the Python ones from live
+order the JSON lists them), under snapshots/. The process's threads (their kernel tids, from /proc, and which
+one was stopped) are kept too: the interpreter's thread list read from the pages must be them. tests/replay/make_snapshot.py makes the Python ones from live
 processes (javasnapshots.py holds the Java ones).
 
 What is stored is raw facts, not the layouts the code derives from them: a replay derives the interpreter's
@@ -22,12 +23,13 @@ from pathlib import Path
 from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, decode_capture, read_code
 from optrace.frontend.runtimes.cpython.interpreter import check_layout, layout_of
 from optrace.frontend.runtimes.cpython.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython.walker import thread_states
 from optrace.frontend.unwind.row import ROW
 from optrace.pythonlayout import PythonLayout, PythonProcess, is_python_frame, python_frame_parts
 
 SNAPSHOTS = Path(__file__).with_name("snapshots")
 PAGE = 4096
-FORMAT = 1
+FORMAT = 2  # 2: the process's threads (tid, tids)
 FILE_FRAME = 1 << 63
 FILE_OFFSET_BITS = 40
 
@@ -93,6 +95,8 @@ class Snapshot:
     expected: tuple[Frame, ...]  # leaf first
     status: str
     python_status: str
+    tid: int  # the stopped thread's kernel tid
+    tids: tuple[int, ...]  # the process's threads (/proc/PID/task) when it was stopped
 
     def regions(self) -> list[tuple[int, bytes]]:
         """The pages as memory regions (adjacent pages joined)."""
@@ -214,7 +218,7 @@ def save(snapshot: Snapshot, folder: Path = SNAPSHOTS) -> Path:
     meta = {
         "format": FORMAT, "about": snapshot.about, "registers": {k: hex(v) for k, v in snapshot.registers.items()},
         "python": snapshot.python, "status": snapshot.status, "python_status": snapshot.python_status,
-        "expected": [frame.to_json() for frame in snapshot.expected],
+        "expected": [frame.to_json() for frame in snapshot.expected], "tid": snapshot.tid, "tids": list(snapshot.tids),
         "mappings": [{"start": hex(m.start), "end": hex(m.end), "file_offset": hex(m.file_offset), "bias": hex(m.bias),
                       "file": m.file, "file_id": m.file_id, "rows": [list(row) for row in m.rows]}
                      for m in snapshot.mappings],
@@ -235,11 +239,33 @@ def load(name: str, folder: Path = SNAPSHOTS) -> Snapshot:
                      for m in meta["mappings"])
     return Snapshot(name, meta["about"], {k: int(v, 16) for k, v in meta["registers"].items()}, meta["python"],
                     mappings, pages, tuple(Frame.from_json(f) for f in meta["expected"]), meta["status"],
-                    meta["python_status"])
+                    meta["python_status"], meta["tid"], tuple(meta["tids"]))
 
 
 def names(prefix: str = "python-", folder: Path = SNAPSHOTS) -> list[str]:
     return sorted(path.name[:-len(".json")] for path in folder.glob(f"{prefix}*.json"))
+
+
+def thread_problem(process: PythonProcess, memory: ProcessMemory, tid: int, pthread_id: int,
+                   tids: Sequence[int]) -> str | None:
+    """None when the interpreter's thread states (frontend/runtimes/cpython/walker.py's list, read from ``memory``) are
+    the threads ``tids``: as many, each with its kernel tid where the version keeps one (3.11+), and the one of
+    ``tid`` with ``pthread_id`` (pthread_self, the fs base the BPF walker matches); else what differs."""
+    states = thread_states(process, memory)
+    if len(states) != len(tids):
+        return f"{len(states)} thread states, the process had {len(tids)} threads"
+    if process.layout.version < (3, 11):
+        return None if pthread_id in {state.thread_id for state in states} else f"no thread state of {pthread_id:#x}"
+    if sorted(state.native_thread_id or 0 for state in states) != sorted(tids):
+        return f"thread states of tids {[state.native_thread_id for state in states]}, the process's {list(tids)}"
+    mine = next(state for state in states if state.native_thread_id == tid)
+    return None if mine.thread_id == pthread_id else f"thread {tid}'s state says pthread {mine.thread_id:#x}"
+
+
+def snapshot_thread_problem(snapshot: Snapshot, layout: PythonLayout | None = None) -> str | None:
+    """thread_problem of the snapshot's interpreter (``layout``: as replay_snapshot's) read from its pages."""
+    return thread_problem(snapshot.python_process(layout), snapshot.memory(), snapshot.tid,
+                          snapshot.registers["fs_base"], snapshot.tids)
 
 
 @dataclass(frozen=True)

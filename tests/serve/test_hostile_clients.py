@@ -104,8 +104,9 @@ def test_a_folded_header_is_one_header(served: int):
 
 def test_pipelining_without_end_shares_the_loop(served: int):
     """Two connections that each pipeline requests without end and read every answer: each gets its share
-    of the answers (a ratio within one run), and a scrape on a third gets through at once."""
-    clients = [script("firehose.py", served, 8, "/nothing") for _ in range(2)]
+    of the answers (a ratio within one run), and a scrape on a third gets through at once. They ask for
+    the index page: 404s would be paced as refusals are (refusals.py)."""
+    clients = [script("firehose.py", served, 8, "/") for _ in range(2)]
     for client in clients:
         assert client.stdout.readline() == "ready\n"
     time.sleep(1)

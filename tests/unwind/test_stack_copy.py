@@ -49,7 +49,7 @@ def test_a_zero_return_address_ends_the_chain_and_a_loop_is_bounded():
     table = {range(0x1000, 0x2000): Rule(CFA_RSP, 16, RBP_SAME, 0)}
     assert unwind_copy(StackCopy(0x1004, SP, 0, words(0, 0)), rules(table)).status == CHAIN_END
     looping = Rule(CFA_RSP, 8, RBP_SAME, 0)  # cfa = sp + 8, ra at sp: the same frame again and again
-    walk = unwind_copy(StackCopy(0x1004, SP, 0, words(*([0x1004] * 400))), rules({range(0x1000, 0x2000): looping}))
+    walk = unwind_copy(StackCopy(0x1004, SP, 0, words(*([0x1004] * 600))), rules({range(0x1000, 0x2000): looping}))
     assert len(walk.pcs) == MAX_FRAMES
 
 
@@ -68,6 +68,51 @@ def test_a_copied_python_stack_takes_each_eval_calls_frames():
     assert chain_of(walked + chain) == (walked, chain)
     pcs = (0x5000, 0x1234, 0x5010, 0x5020, 0x9000)  # eval, native, eval, eval (nothing left), native
     frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)
-    merged = with_runtime_frames(pcs, frames, chain, ((0x5000, 0x6000),))
+    merged, rest = with_runtime_frames(pcs, frames, chain, ((0x5000, 0x6000),))
     assert merged == (UserFrame(RUNTIME_FRAME, py[1]), UserFrame(RUNTIME_FRAME, py[2]), frames[1],
-                      UserFrame(RUNTIME_FRAME, py[3]), frames[3], frames[4])
+                      UserFrame(RUNTIME_FRAME, py[3]), frames[3], frames[4]) and not rest
+
+
+def test_copies_hold_as_many_frames_as_the_bpf_walkers_stacks():
+    """A copied sample keeps as many frames as a walked one (a stored stack's most: stackstore.c's
+    STORE_MAX_WORDS): a 300-deep Python chain merged into a copy stays whole. At 256 (the walker's cap before
+    stacks held 508) 3.14's 300-deep copies lost their 50 outermost Python frames: 7 % of the samples of
+    tests/python/test_deep_stacks.py in CI, 10-21 % here at load 12 (the more load, the longer tables take and the
+    more samples are copies)."""
+    import re
+
+    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, with_runtime_frames
+    from optrace.model import RUNTIME_FRAME, UserFrame
+    from optrace.pythonlayout import python_frame_word
+    from support import REPO
+
+    store = (REPO / "bpf" / "stackstore.c").read_text()
+    assert MAX_FRAMES == int(re.search(r"#define STORE_MAX_WORDS (\d+)", store).group(1))
+    py = [python_frame_word(0x7000 + 8 * i, i) for i in range(304)]
+    chain = tuple(UserFrame(RUNTIME_FRAME, word | CHAIN_WORD) for word in py[:-1]) + (
+        UserFrame(RUNTIME_FRAME, py[-1] | CHAIN_WORD | CHAIN_CALL_END),)
+    pcs = (0x5000, 0x9000, 0x9100)  # the eval frame, its native callers to _start
+    frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)
+    merged, rest = with_runtime_frames(pcs, frames, chain, ((0x5000, 0x6000),))
+    assert merged == tuple(UserFrame(RUNTIME_FRAME, word) for word in py) + frames[1:] and not rest
+
+
+def test_a_copy_cut_short_keeps_the_rest_of_the_python_chain():
+    """Up to 3.10 each Python call is 3-4 native frames: a copy's bytes end after some 47 calls of a 300-deep
+    stack (a copy's walk: copy_end). The chain's frames left follow what the walk put, without the natives
+    among them (as unwind.c's rest mode: status natives_cut); a walk that reached the thread's root puts
+    none after it (its eval frames took them all, or they do not belong after the root)."""
+    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, with_runtime_frames
+    from optrace.model import RUNTIME_FRAME, UserFrame
+    from optrace.pythonlayout import python_frame_word
+
+    py = [python_frame_word(0x7000 + 8 * i, i) for i in range(300)]
+    chain = tuple(UserFrame(RUNTIME_FRAME, word | CHAIN_WORD | CHAIN_CALL_END) for word in py)  # a call each
+    pcs = (0x5000, 0x1234, 0x5010, 0x1234)  # two eval calls in the copied bytes, each under a native frame
+    frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)
+    ranges = ((0x5000, 0x6000),)
+    merged, rest = with_runtime_frames(pcs, frames, chain, ranges, walk_cut=True)
+    assert rest and merged == (UserFrame(RUNTIME_FRAME, py[0]), frames[1], UserFrame(RUNTIME_FRAME, py[1]), frames[3],
+                               *(UserFrame(RUNTIME_FRAME, word) for word in py[2:]))
+    merged, rest = with_runtime_frames(pcs, frames, chain, ranges, walk_cut=False)
+    assert not rest and len(merged) == 4

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from optrace.frontend.runtimes.hotspot.codecache import INTERPRETER, CodeBlob
 from optrace.frontend.runtimes.hotspot.process import HotSpotProcess, JavaFrame
 from optrace.frontend.runtimes.hotspot.threads import caller_java_frame, java_thread, last_java_frame
+from optrace.frontend.runtimes.hotspot.values import value
 from optrace.frontend.runtimes.hotspot.vmstructs import Memory
 
 MAX_FRAMES = 512
@@ -179,9 +180,15 @@ def _frameless(process: HotSpotProcess, blob: CodeBlob, pc: int) -> bool:
 
 
 def _bci(process: HotSpotProcess, method: int, bcp: int) -> int:
-    """The bytecode index of a bytecode pointer (-1: not inside the method's bytecodes)."""
-    const_method = process.memory.pointer(method + process.layout.field("method_const_method").offset)
-    if not const_method:
+    """The bytecode index of a bytecode pointer (-1: not inside the method's bytecodes). Bounded by the
+    method's own code size: r13 may point into another method's bytecodes while the frame at rbp is still
+    the caller's (returning from a callee, before the caller's bcp is restored; JDK 17 gave Phases.hashPhase,
+    48 bytes of code, bci 246: the next method's ``lreturn``)."""
+    layout = process.layout
+    const_method = process.memory.pointer(method + layout.field("method_const_method").offset)
+    header = process.memory.read_exact(const_method, layout.sizes["const_method"]) if const_method else None
+    code_size = value(header, layout.field("const_method_code_size"))
+    if header is None or code_size is None:
         return -1
-    first = const_method + process.layout.sizes["const_method"]
-    return bcp - first if 0 <= bcp - first < 0x10000 else -1
+    first = const_method + layout.sizes["const_method"]
+    return bcp - first if 0 <= bcp - first < code_size else -1
