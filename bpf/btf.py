@@ -27,6 +27,8 @@ HEADER = struct.Struct("<HBBIIIII")  # magic, version, flags, hdr_len, type_off,
 TYPE = struct.Struct("<III")  # name_off, info, size or type
 MEMBER = struct.Struct("<III")  # name_off, type, offset (in bits; with kind_flag, the low 24 bits)
 KIND_STRUCT, KIND_UNION = 4, 5
+REFERENCE_KINDS = (8, 9, 10, 11)  # typedef, volatile, const, restrict: a type name for another type
+MAX_TYPE_CHAIN = 16
 # Bytes after the type record, by kind: per record, or per vlen item.
 FIXED_TAIL = {1: 4, 3: 12, 14: 4, 17: 4}
 ITEM_TAIL = {4: 12, 5: 12, 6: 8, 13: 8, 15: 12, 19: 12}
@@ -56,8 +58,8 @@ class KernelOffsets:
 
 
 @functools.cache
-def kernel_offsets(path: str = VMLINUX) -> KernelOffsets | None:
-    """The running kernel's offsets; None when it has no BTF or the BTF lacks one of them."""
+def vmlinux_types(path: str = VMLINUX) -> BtfTypes | None:
+    """The running kernel's BTF types, None when it has none (or a malformed one)."""
     try:
         with open(path, "rb") as btf:
             data = btf.read(MAX_BTF + 1)
@@ -66,7 +68,18 @@ def kernel_offsets(path: str = VMLINUX) -> KernelOffsets | None:
     if len(data) > MAX_BTF:
         return None
     try:
-        types = BtfTypes(data)
+        return BtfTypes(data)
+    except (BtfError, struct.error):
+        return None
+
+
+@functools.cache
+def kernel_offsets(path: str = VMLINUX) -> KernelOffsets | None:
+    """The running kernel's offsets; None when it has no BTF or the BTF lacks one of them."""
+    types = vmlinux_types(path)
+    if types is None:
+        return None
+    try:
         tgid = types.member_offset("task_struct", "tgid")
         filename = types.member_offset("linux_binprm", "filename")
         thread = types.member_offset("task_struct", "thread")
@@ -95,6 +108,7 @@ class BtfTypes:
         self.strings = bytes(data[hdr_len + str_off:hdr_len + str_off + str_len])
         self._starts: list[int] = []  # where each type starts, as far as the walk has gone
         self._walked = 0  # where the next type starts
+        self._struct_ids: dict[str, int | None] = {}
 
     def name_offset(self, name: str) -> int | None:
         """Where ``name`` starts in the string section (names are stored once, NUL-terminated)."""
@@ -103,16 +117,55 @@ class BtfTypes:
 
     def member_offset(self, struct_name: str, member: str) -> int | None:
         """Byte offset of ``member`` in the struct named ``struct_name`` (anonymous members searched too)."""
-        struct_off, member_off = self.name_offset(struct_name), self.name_offset(member)
-        if struct_off is None or member_off is None:
+        type_id, member_off = self._struct_id(struct_name), self.name_offset(member)
+        if type_id is None or member_off is None:
             return None
+        bits = self._find(type_id, member_off, set())
+        return None if bits is None else bits // 8
+
+    def member_struct_name(self, struct_name: str, member: str) -> str | None:
+        """The name of the struct a member of ``struct_name`` is (through typedefs and qualifiers), None when
+        it is not a named struct."""
+        struct_id, member_off = self._struct_id(struct_name), self.name_offset(member)
+        if struct_id is None or member_off is None:
+            return None
+        start = self._start(struct_id)
+        _, info, _ = TYPE.unpack_from(self.types, start)
+        for i in range(info & 0xFFFF):
+            name_off, member_type, _ = MEMBER.unpack_from(self.types, start + TYPE.size + i * MEMBER.size)
+            if name_off == member_off:
+                return self._struct_name(member_type)
+        return None
+
+    def _struct_id(self, struct_name: str) -> int | None:
+        """The id of the (non-empty) struct named ``struct_name``, each looked up once."""
+        if struct_name not in self._struct_ids:
+            self._struct_ids[struct_name] = self._first_struct(struct_name)
+        return self._struct_ids[struct_name]
+
+    def _first_struct(self, struct_name: str) -> int | None:
+        struct_off = self.name_offset(struct_name)
         type_id = 1
-        while (start := self._start(type_id)) is not None:
+        while struct_off is not None and (start := self._start(type_id)) is not None:
             name_off, info, _ = TYPE.unpack_from(self.types, start)
             if name_off == struct_off and (info >> 24) & 0x1F == KIND_STRUCT and info & 0xFFFF:
-                bits = self._find(type_id, member_off, set())
-                return None if bits is None else bits // 8
+                return type_id
             type_id += 1
+        return None
+
+    def _struct_name(self, type_id: int) -> str | None:
+        for _ in range(MAX_TYPE_CHAIN):  # typedefs and qualifiers, a bounded chain (a corrupt blob may loop)
+            start = self._start(type_id)
+            if start is None:
+                return None
+            name_off, info, next_id = TYPE.unpack_from(self.types, start)
+            kind = (info >> 24) & 0x1F
+            if kind == KIND_STRUCT:
+                end = self.strings.find(b"\0", name_off)
+                return self.strings[name_off:end].decode() if name_off and end > name_off else None
+            if kind not in REFERENCE_KINDS:
+                return None
+            type_id = next_id
         return None
 
     def _find(self, type_id: int, member_off: int, seen: set[int]) -> int | None:

@@ -285,6 +285,11 @@ static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_
 static inline void forget_unwind_table(u32 pid);  // unwind.c
 static inline u32 copy_sample_stack(struct bpf_perf_event_data *ctx, struct key_t *key, u32 set, int kernel_missing,
                                     u64 wait_task);  // stackcopy.c
+static inline int was_sampled(u32 pid);  // images.c
+static inline void image_exec(u32 tgid, u64 bprm, u64 exec_epoch);  // images.c
+static inline void image_mmap(u32 tgid, u64 start, u64 len, u64 pgoff, u32 fd, u64 epoch);
+static inline void image_mprotect(u32 tgid);
+static inline void image_exit(u32 tgid, u32 tid, int sampled);
 #endif
 
 // The process's epoch, set now if it has none.
@@ -372,7 +377,8 @@ int on_sample(struct bpf_perf_event_data *ctx)
     if (in_kernel)
         key.kernel = store_walked_stack(ctx, 0, STACK_KERNEL, 127, &kernel_missing, &files_only);
 #ifdef CFI_UNWIND
-    // Processes with unwind tables are counted there (no return); those without get a copy of their stack.
+    // Processes with unwind tables are counted there (no return); those without get a copy of their stack (a
+    // thread that is exiting, whose stack can no longer be read, the copy taken as it began: images.c).
     if (unwind_user_stack(ctx, &key, set, kernel_missing, 0))
         copy_sample_stack(ctx, &key, set, kernel_missing, 0);
 #endif
@@ -398,6 +404,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
     forget_unwind_table(tgid);
     u64 epoch = current_epoch(tgid);
     exec_epochs.update(&tgid, &epoch);
+    image_exec(tgid, ctx->args[2], epoch);
 #endif
     struct proc_event_t ev = {.pid = tgid, .kind = 0};
     const char *filename = NULL;
@@ -419,6 +426,9 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 #endif
     if ((u32)id != tgid || !is_target(tgid))
         return 0;
+#ifdef CFI_UNWIND
+    image_exit(tgid, (u32)id, was_sampled(tgid));  // before its epoch goes: the copy of its stack carries it
+#endif
     epochs.delete(&tgid);
     known.delete(&tgid);
     struct proc_event_t ev = {.pid = tgid, .kind = 1};
@@ -434,7 +444,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 // tracepoint closed at the end waits for an RCU grace period under a kernel-wide lock (~46 ms here).
 #define PROT_EXEC_BIT 0x4
 
-static inline void exec_mapping_made(int is_mmap)
+static inline void exec_mapping_made(int is_mmap, u64 ret)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     if (!is_target(tgid))
@@ -444,19 +454,30 @@ static inline void exec_mapping_made(int is_mmap)
     bpf_probe_read_kernel(&prot, sizeof(prot), &PT_REGS_PARM3(regs));
     if (is_mmap)  // the fifth argument, -1 for an anonymous mapping
         bpf_probe_read_kernel(&fd, sizeof(fd), &PT_REGS_PARM5(regs));
-    if ((prot & PROT_EXEC_BIT) && (int)fd >= 0)
-        new_epoch(tgid);
+    if (!(prot & PROT_EXEC_BIT) || (int)fd < 0)
+        return;
+    new_epoch(tgid);
+#ifdef CFI_UNWIND
+    if (!is_mmap) {
+        image_mprotect(tgid);
+    } else if (ret < (u64)-4095) {  // the mapping is made: where, how long, from which file offset
+        u64 len = 0, pgoff = 0;
+        bpf_probe_read_kernel(&len, sizeof(len), &PT_REGS_PARM2(regs));
+        bpf_probe_read_kernel(&pgoff, sizeof(pgoff), &PT_REGS_PARM6(regs));
+        image_mmap(tgid, ret, len, pgoff, (u32)fd, current_epoch(tgid));
+    }
+#endif
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
 {
-    exec_mapping_made(1);
+    exec_mapping_made(1, args->ret);
     return 0;
 }
 
 TRACEPOINT_PROBE(syscalls, sys_exit_mprotect)
 {
-    exec_mapping_made(0);
+    exec_mapping_made(0, args->ret);
     return 0;
 }
 #endif

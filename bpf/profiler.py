@@ -30,6 +30,7 @@ from optrace.bpf.maptaker import MapTaker
 from optrace.bpf.offcpu import OffCpuWaits, WaitOptions
 from optrace.bpf.perfevents import TaskEvents
 from optrace.bpf.stackcopies import MAX_BYTES as COPY_MAX_BYTES, CopyRing, ring_pages
+from optrace.bpf.images import ProcessImages
 from optrace.bpf.stackstore import GRACE_SECONDS, STACK_BUILD_ID, STACK_CFI, STACK_RAW, StackStore, chunks_for, stored
 from optrace.bpf.unwindmaps import FileIds, decode_cfi
 from optrace.defaults import DEFAULT_FREQUENCY_HZ
@@ -42,6 +43,7 @@ PROGRAM = Path(__file__).with_name("profile.c")
 FORKS = Path(__file__).with_name("forks.c")  # after profile.c: a target's children are targets
 UNWINDER = Path(__file__).with_name("unwind.c")  # appended with cfi_unwind (see unwindmaps.py)
 STACK_COPIES = Path(__file__).with_name("stackcopy.c")  # after it: stacks copied where it cannot walk (stackcopies.py)
+IMAGES = Path(__file__).with_name("images.c")  # after them: processes' executable mappings (images.py)
 PYTHON_WALK = Path(__file__).with_name("python_walk.h")  # before unwind.c: its Python state
 PYTHON_WALKER = Path(__file__).with_name("python.c")  # after it, with python (see pythonmaps.py)
 COPY_PYTHON = Path(__file__).with_name("copypython.c")  # after python.c: a copied sample's Python frames
@@ -215,6 +217,7 @@ class Profiler:
         self._fold = fold
         self.unwind = None  # UnwindMaps once loaded, with cfi_unwind
         self.copies: CopyRing | None = None  # once loaded, with cfi_unwind
+        self.images: ProcessImages | None = None  # once loaded, with cfi_unwind
         self.python = None  # PythonMaps once loaded, with python
         self.store: StackStore | None = None
         self.stats: Counter[str] = Counter()  # samples by user-stack kind: "raw", "build_id", "cfi"
@@ -260,6 +263,7 @@ class Profiler:
 
             self.unwind = UnwindMaps(self._bpf, self._unwind_rows)
             self.copies = CopyRing(self._bpf)
+            self.images = ProcessImages(self._bpf)
         if self.python_frames:
             from optrace.bpf.pythonmaps import PythonMaps
 
@@ -276,13 +280,15 @@ class Profiler:
     def _sources(self) -> list[Path]:
         sources = [STACK_STORE, PROGRAM, FORKS] + ([OFF_CPU] if self._wait_options is not None else [])
         if self.cfi_unwind:
-            sources += [PYTHON_WALK, UNWINDER, STACK_COPIES] + ([PYTHON_WALKER, COPY_PYTHON] if self.python_frames else [])
+            sources += [PYTHON_WALK, UNWINDER, STACK_COPIES, IMAGES] + ([PYTHON_WALKER, COPY_PYTHON]
+                                                                        if self.python_frames else [])
         return sources + ([WAKERS] if self._wait_options is not None and self._wait_options.wakers else [])
 
     def load_walker(self) -> None:
         """The CFI walker's programs (and python.c's with ``python``), off the start-up path (unwindmaps.py),
         and their copies for wakers' stacks (offcpu.py)."""
         self.unwind.load_step(python=self.python_frames)
+        self.images.start()
         if self.waits is not None:
             self.waits.load_walker(python=self.python_frames)
 
@@ -472,6 +478,10 @@ class Profiler:
         epochs = self._bpf[b"epochs"]
         _insert_if_absent(epochs, pid, time.monotonic_ns())  # the clock of bpf_ktime_get_ns()
         return _lookup(epochs, pid)
+
+    def live_epoch(self, pid: int) -> int:
+        """The process's epoch, 0 when it has none (never sampled, or gone: its exit drops it); nothing is set."""
+        return _lookup(self._bpf[b"epochs"], pid)
 
     def exec_epoch(self, pid: int) -> int:
         """The process's epoch at its last exec the sampler saw (0: none), with cfi_unwind: a stack copy

@@ -16,6 +16,7 @@ from optrace.model import StackCopy
 HEAD = struct.Struct("<IIIIQQQQQII4Q")  # struct copy_head
 COPY_CONTINUES = 1  # copy_head.flags (unwind.c)
 COPY_RETURN_ADDRESS = 2
+COPY_SHARED = 4
 MAX_BYTES = 28672  # COPY_MAX_BYTES: the bytes of stack a copy holds at most (a per-CPU map value is at most
 # 32 KiB with the head; cc1 used 3-22 KB between sp and the stack's top, perf --call-graph dwarf copies 8 KiB)
 PAGE = 4096
@@ -67,4 +68,4 @@ def parse_copy(raw: bytes) -> tuple[int, StackCopy] | None:
     stack = raw[HEAD.size:HEAD.size + size]
     ranges = tuple((start, end) for start, end in zip(evals[0::2], evals[1::2]) if start < end)
     return copy_id, StackCopy(ip, sp, bp, stack, bool(flags & COPY_RETURN_ADDRESS), bool(flags & COPY_CONTINUES),
-                              pid, epoch, exec_epoch, ranges)
+                              pid, epoch, exec_epoch, bool(flags & COPY_SHARED), ranges)

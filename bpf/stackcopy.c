@@ -71,11 +71,15 @@ static inline u32 copy_stack_bytes(struct copy_buffer *buf, u64 sp)
     return done;
 }
 
-// Copies the stack at (ip, sp, bp) and names it in the key; 0 when no copy was kept (the ring is full, or
-// the stack cannot be read).
+static inline int copy_allowed(u32 pid);  // images.c: copies of one process are bounded per second
+
+// Copies the stack at (ip, sp, bp) and names it in the key; 0 when no copy was kept (the ring is full, the
+// process had its copies for this second, or the stack cannot be read).
 static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32 flags)
 {
     u32 zero = 0;
+    if (!copy_allowed(key->pid))
+        return 0;
     struct copy_buffer *buf = (struct copy_buffer *)copy_scratch.lookup(&zero);
     u64 *last_id = copy_ids.lookup(&zero);
     if (!buf || !last_id)

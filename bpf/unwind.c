@@ -79,6 +79,7 @@ enum unwind_counter {
 #define COPY_CONTINUES 1       // the copy goes on from the key's CFI stack (whose walk stopped at ip), else it
                                // replaces its user stack (the leaf the kernel took)
 #define COPY_RETURN_ADDRESS 2  // ip is a return address (looked up at ip - 1)
+#define COPY_SHARED 4          // several samples name the copy (a thread's stack at its exit, images.c)
 
 #define MAPPING_COPY 1  // unwind_mapping.flags: the file's rows are not loaded (yet): a copy of the stack goes on
 
@@ -133,6 +134,9 @@ struct unwind_state {
     u64 wakee;           // a waker's stack (wakers.c): the task it woke, whose wait it joins; 0: none
     u32 stale;           // the process's mappings changed since its table was read (see unwind_frame)
     u32 fresh;           // the stack store had not held this stack yet (unwind_done)
+    u32 image;           // walked from the process's image (images.c): it has no mapping table
+    u32 pad_image;
+    struct unwind_mapping image_map;  // the mapping image_mapping() found for the current frame
     struct python_walk py;  // python.c's part of the walk (python_walk.h)
 };
 
@@ -161,7 +165,7 @@ static inline void unwind_count(u32 counter)
         (*slot)++;
 }
 
-// The user registers the task saved on kernel entry (0 for a kernel thread, or none saved).
+// The user registers the current task saved on kernel entry (0 for a kernel thread, or none saved).
 static inline int task_user_registers(u64 *ip, u64 *sp, u64 *bp)
 {
     struct task_struct *task = bpf_get_current_task_btf();
@@ -189,6 +193,9 @@ static inline int user_registers(struct bpf_perf_event_data *ctx, u64 *ip, u64 *
 }
 
 static inline u32 copy_user_stack(struct key_t *key, u64 ip, u64 sp, u64 bp, u32 flags);  // stackcopy.c
+static inline int walkable_image(u32 pid);  // images.c
+static inline u32 exit_copy_of(u32 tid);  // images.c
+static inline struct unwind_mapping *image_mapping(struct unwind_state *st, u64 pc);  // images.c
 
 // The process exec'd: its mappings are all new (profile.c's exec tracepoint).
 static inline void forget_unwind_table(u32 pid)
@@ -211,16 +218,19 @@ static inline void unwind_begin(struct unwind_state *st, struct key_t *key, u32 
     st->fresh = 0;
     st->wait_task = wait_task;
     st->wakee = 0;
+    st->image = 0;
     python_walk_start(&st->py, pid);
     st->hash = (FNV_BASIS ^ STACK_CFI ^ (generation ? *generation : 0) << 8) * FNV_PRIME;
 }
 
-// A walk's state from the first frame on (its registers are set), with the process's table.
+// A walk's state from the first frame on (its registers are set), with the process's table (NULL: walked
+// from its image, images.c).
 static inline void unwind_start(struct unwind_state *st, struct unwind_proc *proc, struct key_t *key, u32 set,
                                 int kernel_missing, u64 wait_task)
 {
     unwind_begin(st, key, set, kernel_missing, wait_task);
-    st->stale = proc->epoch != current_epoch(key->pid);
+    st->stale = proc ? proc->epoch != current_epoch(key->pid) : 0;
+    st->image = !proc;
 }
 
 // Called by on_sample; returns only when the sample is not unwound here (the process has no mapping
@@ -234,8 +244,10 @@ static inline int unwind_user_stack(struct bpf_perf_event_data *ctx, struct key_
     // A table older than the process's last new executable mapping (dlopen) still holds for every file it
     // has: a PC in none of its mappings may be in a file mapped since, and the walk goes on from a copy of
     // the stack there (unwind_frame), until user space loads the table again. An exec drops the table
-    // (forget_unwind_table).
-    if (!proc)
+    // (forget_unwind_table). A process without a table is walked from its image (images.c) when the kernel
+    // holds a complete one: the files user space knows have rows by identity, and a PC in another is copied.
+    int image = !proc && walkable_image(pid);
+    if (!proc && !image)
         return 1;
     u32 zero = 0;
     struct unwind_state *st = (struct unwind_state *)unwind_states.lookup(&zero);
@@ -379,7 +391,7 @@ static inline int unwind_frame(struct unwind_state *st, struct unwind_proc *proc
         return 1;
     }
     u64 pc = st->ip;
-    struct unwind_mapping *m = find_mapping(st, proc, pc);
+    struct unwind_mapping *m = proc ? find_mapping(st, proc, pc) : image_mapping(st, pc);
     // A file whose rows are not loaded (unwindmaps.py loads a large file's once a copy shows they are used),
     // or maybe one mapped since the table was read (else anonymous code: frame pointers): a copy goes on.
     if (m ? m->flags & MAPPING_COPY : st->stale) {
@@ -488,6 +500,8 @@ static inline void unwind_done(void *ctx, struct unwind_state *st)
     else if (st->stack.status == UNWIND_COPIED && (st->py.state == PY_PENDING || st->py.state == PY_READY))
         unwind_progs.call(ctx, PROG_COPY_PYTHON);  // the rest of its Python frames, then stored and counted there
 #endif
+    if (st->stack.status == UNWIND_READ_FAULT)  // an exiting thread's stack is gone: the copy taken as it began
+        st->key.copy = exit_copy_of(st->key.tid);  // replaces the user stack (images.c)
     unwind_store(st);
 #ifdef WAKERS
     if (st->wakee) {
@@ -536,9 +550,9 @@ int unwind_step(void *ctx)
     if (!st)
         return 0;
     u32 pid = st->key.pid;
-    struct unwind_proc *proc = (struct unwind_proc *)unwind_procs.lookup(&pid);
+    struct unwind_proc *proc = st->image ? 0 : (struct unwind_proc *)unwind_procs.lookup(&pid);
     int done = 0;
-    if (!proc) {  // user space dropped the table meanwhile
+    if (!proc && !st->image) {  // user space dropped the table meanwhile
         st->stack.status = UNWIND_NO_CFI;
         done = 1;
     }

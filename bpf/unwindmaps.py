@@ -43,6 +43,7 @@ from __future__ import annotations
 import array
 import ctypes
 import mmap
+import os
 import struct
 import threading
 import time
@@ -54,6 +55,7 @@ from optrace.bpf.abi import ProgType
 from optrace.bpf.loader import load_function
 from optrace.bpf.pidtables import forget_pid, has_pid
 from optrace.bpf.pythonmaps import python_status_name
+from optrace.bpf.rowspace import RowSpace
 from optrace.bpf.stackstore import GRACE_SECONDS
 from optrace.model import RUNTIME_FRAME, UserFrame
 from optrace.runtimeword import is_runtime_word
@@ -72,6 +74,7 @@ STALE_SHARE = 0.75
 # a file with more rows gets them once a sample is in it (cc1: 479k, BCC's libz3: 386k). Not an interpreter
 # (CPython's: 45k-78k, libc 28k): a copy's walk in user space has no Python frames
 LAZY_ROWS = 131072
+MAX_FILE_SHARE = 0.5  # of the array: a larger file never gets rows (frame pointers), never waits for them
 MAPPING_COPY = 1  # unwind_mapping.flags (unwind.c)
 RETIRED_READS = 2  # drains a retired generation's file ids still decode for (see drain_ids)
 # enum unwind_status in unwind.c, by value
@@ -98,6 +101,9 @@ class ProcessMapping:
     file_key: Hashable  # identifies the file across processes (its rows are loaded once)
     rows: bytes | None
     build_id: bytes | None  # None: its frames stay raw IPs
+    # (vaddr, size, vaddr - file offset) of its file's executable segment, for a file_key that is a file's
+    # identity (st_dev, st_ino, st_size, st_mtime_ns): the walk of images (images.c) finds its rows by it
+    segment: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,13 +169,17 @@ class UnwindMaps:
         self._used: dict[Hashable, float] = {}  # file -> when a process that maps it was last sampled
         self._wanted: dict[Hashable, None] = {}  # large files samples were in: their rows are loaded (ordered set)
         self._retired: list[tuple[int, dict[int, _LoadedFile]]] = []  # (reads when retired, its ids)
-        self._next_row = 0
+        self._evicted: dict[int, _LoadedFile] = {}  # files evicted since the last drain, by id (decoded still)
+        self._dropped: set[int] = set()  # processes whose tables an eviction dropped (see take_dropped)
+        self._rows = RowSpace(rows_capacity)
         self._last_id = 0
         self._reads = 0
         self._generation_started = clock()
         self.generation = 0  # bumped when every process's table was dropped (see the module docstring)
         self.stats: Counter[str] = Counter()
         self._ids: FileIds | None = None  # the last drain's file ids
+        self._by_identity = FileEntries(bpf)  # the files' rows by identity, for walks of images (images.c)
+        self._segments: dict[Hashable, tuple[int, int, int]] = {}  # this generation's files' segments
 
     def load_step(self, python: bool = False) -> None:
         """Load the walking program (unwind_step) and put it where on_sample tail-calls it; with ``python``,
@@ -201,17 +211,30 @@ class UnwindMaps:
         if len(mappings) > MAX_MAPPINGS:
             self.stats["mappings_dropped"] += len(mappings) - MAX_MAPPINGS
         with self._lock:
-            if not self._fits(ordered) and self._may_start_over(ordered):
-                self._new_generation()
-            packed = b"".join(self._packed(m) for m in ordered)
-            now = self._clock()
+            packed = self._loaded(ordered)
             self._process_files[pid] = tuple(m.file_key for m in ordered)
-            self._used.update((m.file_key, now) for m in ordered)
         value = self._procs.Leaf()
         packed = struct.pack("<IIQ", len(ordered), 0, epoch) + packed
         ctypes.memmove(ctypes.addressof(value), packed, len(packed))
         self._procs[self._procs.Key(pid)] = value
         self.stats["processes_loaded"] += 1
+
+    def load_files(self, mappings: Sequence[ProcessMapping]) -> None:
+        """Load these mappings' files (rows and identities) with no process table: a process gone before its
+        table was loaded leaves its files to the walks of the images of those that run them next (images.c)."""
+        with self._lock:
+            self._loaded(sorted(mappings, key=lambda m: m.start)[:MAX_MAPPINGS])
+
+    def _loaded(self, ordered: Sequence[ProcessMapping]) -> bytes:
+        """The mappings' files loaded (making room first, see the module docstring), packed as a table's."""
+        if not self._fits(ordered):
+            self._evict_stale(ordered)
+        if not self._fits(ordered) and self._may_start_over(ordered):
+            self._new_generation()
+        packed = b"".join(self._packed(m) for m in ordered)
+        now = self._clock()
+        self._used.update((m.file_key, now) for m in ordered)
+        return packed
 
     def touch(self, pids: Iterable[int]) -> None:
         """These processes were sampled now: the files of their tables are in use."""
@@ -232,6 +255,55 @@ class UnwindMaps:
         rows = sum(f.row_count for key, f in self._files.items() if key in in_use)
         rows += sum(self._rows_needed(mappings).values())
         return rows <= STALE_SHARE * self._capacity
+
+    def _evict_stale(self, mappings: Sequence[ProcessMapping]) -> None:
+        """Give back the rows of files no process sampled in the last ACTIVE_SECONDS maps (the least recently
+        used first) until ``mappings``' new files fit, if they can: the tables of the processes that map an
+        evicted file are dropped (loaded again once sampled), its id still decodes for RETIRED_READS drains."""
+        recent = self._clock() - ACTIVE_SECONDS
+        keep = {m.file_key for m in mappings}
+        stale = sorted((self._used.get(key, 0.0), i, key) for i, (key, f) in enumerate(self._files.items())
+                       if f.row_count and key not in keep and self._used.get(key, 0.0) < recent
+                       and self._by_identity.walked_at(key) < recent)
+        free = [(f.row_start, f.row_count) for *_, key in stale for f in (self._files[key],)]
+        trial = RowSpace(self._capacity)
+        trial._free = list(self._rows._free)
+        needed = list(self._rows_needed(mappings).values())
+        evict = []
+        for (_, _, key), (start, count) in zip(stale, free):
+            if trial.fits(needed):
+                break
+            trial.release(start, count)
+            evict.append(key)
+        if not evict or not trial.fits(needed):
+            return
+        evicted = set(evict)
+        for pid, keys in list(self._process_files.items()):
+            if evicted.intersection(keys):
+                forget_pid(self._procs, pid)
+                del self._process_files[pid]
+                self._dropped.add(pid)
+        for key in evict:
+            self._by_identity.forget(key)
+        time.sleep(GRACE_SECONDS)  # walks in flight, which looked their table up before, end on the old rows
+        for key in evict:
+            self._segments.pop(key, None)
+            loaded = self._files.pop(key)
+            self._rows.release(loaded.row_start, loaded.row_count)
+            self._by_id.pop(loaded.file_id, None)
+            self._evicted[loaded.file_id] = loaded
+            self._used.pop(key, None)
+        self.stats["files_evicted"] += len(evict)
+
+    def set_interp(self, executable: Hashable, linker: Hashable) -> None:
+        """The dynamic linker (its identity) the executable with this identity names, for walks of images."""
+        self._by_identity.set_interp(executable, linker)
+
+    def take_dropped(self) -> set[int]:
+        """The processes whose tables an eviction dropped since the last call (loaded again once sampled)."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, set()
+        return dropped
 
     def want(self, file_keys: Iterable[Hashable]) -> set[int]:
         """Samples were in these files (copies walked in user space): a large one's rows are to be loaded.
@@ -279,6 +351,9 @@ class UnwindMaps:
         the reset came between that drain's flip and its read, by the one after)."""
         ids = self._file_ids()
         with self._lock:
+            if self._evicted:  # retired as a generation's files are: read again by the next drains
+                self._retired.append((self._reads, self._evicted))
+                self._evicted = {}
             self._reads += 1
             self._retired = [(at, ids) for at, ids in self._retired if self._reads - at < RETIRED_READS]
         return ids
@@ -286,7 +361,7 @@ class UnwindMaps:
     def _file_ids(self) -> FileIds:
         """The ids as of now, the previous drain's object when they are the same."""
         with self._lock:
-            current, retired = self._by_id, [ids for _, ids in self._retired]
+            current, retired = self._by_id, [ids for _, ids in self._retired] + ([self._evicted] if self._evicted else [])
             if self._ids is None or self._ids.key != (id(current), *map(id, retired)):
                 self._ids = FileIds(current, retired)
             return self._ids
@@ -299,7 +374,7 @@ class UnwindMaps:
     def sizes(self) -> dict[str, int]:
         """What the generation holds now: rows, files, and file ids kept for decoding (retired too)."""
         with self._lock:
-            return {"unwind_rows": self._next_row, "unwind_files": len(self._files),
+            return {"unwind_rows": self._rows.used, "unwind_files": len(self._files),
                     "unwind_file_ids": len(self._by_id) + sum(len(ids) for _, ids in self._retired)}
 
     def new_generation(self) -> None:
@@ -310,10 +385,13 @@ class UnwindMaps:
     def _new_generation(self) -> None:
         for key in list(self._procs.keys()):
             forget_pid(self._procs, key.value)
+        self._by_identity.clear()
+        self._segments = {}
         self._process_files, self._used = {}, {}
         time.sleep(GRACE_SECONDS)  # walks in flight, which looked their table up before, end on the old rows
         self._retired.append((self._reads, self._by_id))
-        self._by_id, self._files, self._next_row = {}, {}, 0
+        self._by_id, self._files = {}, {}
+        self._rows.reset()
         self._generation_started = self._clock()
         self.generation += 1
         salt = self._bpf[b"unwind_generation"]  # before any new table: walks from now on hash with it
@@ -323,9 +401,8 @@ class UnwindMaps:
     def _fits(self, mappings: Sequence[ProcessMapping]) -> bool:
         """Whether the files of ``mappings`` not loaded yet fit in this generation (a file larger than the
         whole array never gets rows, so it does not count)."""
-        rows = sum(self._rows_needed(mappings).values())
         new = {m.file_key for m in mappings if m.file_key not in self._files}
-        return self._next_row + rows <= self._capacity and len(self._files) + len(new) <= MAX_GENERATION_FILES
+        return self._rows.fits(self._rows_needed(mappings).values()) and len(self._files) + len(new) <= MAX_GENERATION_FILES
 
     def _rows_needed(self, mappings: Sequence[ProcessMapping]) -> dict[Hashable, int]:
         """The rows loading these mappings would write, by file: a new file's unless it waits until it is
@@ -336,11 +413,11 @@ class UnwindMaps:
             loaded = self._files.get(m.file_key)
             if loaded is None and not self._stays_lazy(m.file_key, count) or loaded is not None and loaded.lazy \
                     and m.file_key in self._wanted:
-                needed[m.file_key] = count if count <= self._capacity else 0
+                needed[m.file_key] = count if count <= self._capacity * MAX_FILE_SHARE else 0
         return needed
 
     def _stays_lazy(self, file_key: Hashable, rows: int) -> bool:
-        return rows > LAZY_ROWS and file_key not in self._wanted
+        return LAZY_ROWS < rows <= self._capacity * MAX_FILE_SHARE and file_key not in self._wanted
 
     def _packed(self, mapping: ProcessMapping) -> bytes:
         loaded = self._file(mapping)
@@ -354,7 +431,8 @@ class UnwindMaps:
         loaded = self._files.get(mapping.file_key)
         if loaded is not None:
             if loaded.lazy and mapping.file_key in self._wanted and mapping.rows is not None:
-                self._fill(loaded, mapping.rows)
+                if self._fill(loaded, mapping.rows) and mapping.file_key in self._segments:
+                    self._by_identity.put(mapping.file_key, loaded, self._segments[mapping.file_key])
                 self.stats["files_loaded_when_used"] += 1
             return loaded
         if len(self._files) >= MAX_GENERATION_FILES:  # walked from copies (its frames raw IPs otherwise)
@@ -367,25 +445,31 @@ class UnwindMaps:
         if self._stays_lazy(mapping.file_key, len(mapping.rows) // ROW_SIZE):
             loaded.lazy = True
             self.stats["files_waiting"] += 1
-        else:
-            self._fill(loaded, mapping.rows)
+        elif not self._fill(loaded, mapping.rows) and len(mapping.rows) // ROW_SIZE <= self._capacity * MAX_FILE_SHARE:
+            loaded.lazy = True  # no room now: its stacks are copied until there is (as a large file's)
+            self._wanted[mapping.file_key] = None
         self._files[mapping.file_key] = loaded
         self._by_id[loaded.file_id] = loaded
+        if mapping.segment is not None:
+            self._segments[mapping.file_key] = mapping.segment
+            self._by_identity.put(mapping.file_key, loaded, mapping.segment)
         return loaded
 
-    def _fill(self, loaded: _LoadedFile, rows: bytes) -> None:
-        """The file's rows written where this generation's end, if they fit (else it has none)."""
-        loaded.lazy = False
+    def _fill(self, loaded: _LoadedFile, rows: bytes) -> bool:
+        """The file's rows written where there is room; False when there is none (it stays or becomes a file
+        whose stacks are copied, MAPPING_COPY, and is asked for again at the next load that maps it)."""
         count = len(rows) // ROW_SIZE
-        if self._next_row + count > self._capacity:
-            self.stats["rows_full"] += 1
-            loaded.refused = count > 0
-            return
+        start = self._rows.allocate(count) if count else 0
+        if start is None:
+            self.stats["rows_full_waiting" if loaded.lazy else "rows_full"] += 1
+            loaded.refused = True
+            return False
+        loaded.lazy = loaded.refused = False
         if count:
-            self._write_rows(self._next_row, rows[:count * ROW_SIZE])
-            loaded.row_start, loaded.row_count = self._next_row, count
-            self._next_row += count
+            self._write_rows(start, rows[:count * ROW_SIZE])
+            loaded.row_start, loaded.row_count = start, count
             self.stats["rows_loaded"] += count
+        return True
 
     def _write_rows(self, start: int, rows: bytes) -> None:
         """Through a shared mapping of the pages that hold them, dropped after the copy."""
@@ -400,7 +484,8 @@ class UnwindMaps:
         skipped (they are far fewer than MAX_FILE_IDS, so this ends)."""
         while True:
             self._last_id = self._last_id % MAX_FILE_IDS + 1
-            if self._last_id not in self._by_id and not any(self._last_id in ids for _, ids in self._retired):
+            if self._last_id not in self._by_id and self._last_id not in self._evicted and not any(
+                    self._last_id in ids for _, ids in self._retired):
                 return self._last_id
 
 
@@ -430,3 +515,61 @@ def _decoded(frame: int, tables: Sequence[dict[int, _LoadedFile]]) -> UserFrame:
     if loaded is None or loaded.build_id is None:  # cannot happen while the ids are kept long enough
         return UserFrame(None, 0)
     return UserFrame(loaded.build_id, frame & ((1 << FILE_OFFSET_BITS) - 1))
+
+
+class FileEntries:
+    """images.c's tables of files by identity: each file of this generation with rows or waiting for them
+    (unwind_files), and each executable's dynamic linker (unwind_interps). An identity is the unwind cache's
+    key (st_dev, st_ino, st_size, st_mtime_ns); other file keys have no entry."""
+
+    def __init__(self, bpf) -> None:
+        try:
+            self._files, self._interps = bpf[b"unwind_files"], bpf[b"unwind_interps"]
+        except KeyError:  # a program without images.c (tests' stand-ins): nothing to keep
+            self._files = self._interps = None
+
+    def put(self, identity: Hashable, loaded: _LoadedFile, segment: tuple[int, int, int]) -> None:
+        key = self._key(identity)
+        if key is None:
+            return
+        vaddr, size, vaddr_adj = segment
+        value = self._files.Leaf(loaded.row_start, loaded.row_count,
+                                 loaded.file_id if loaded.build_id is not None else 0,
+                                 MAPPING_COPY if loaded.lazy else 0, vaddr_adj, vaddr, size, 0)
+        self._files[key] = value
+
+    def forget(self, identity: Hashable) -> None:
+        key = self._key(identity)
+        if key is not None:
+            try:
+                del self._files[key]
+            except KeyError:
+                pass
+
+    def walked_at(self, identity: Hashable) -> float:
+        """When a walk of an image last went through the file (monotonic seconds; 0.0: never, or no entry)."""
+        key = self._key(identity)
+        try:
+            return self._files[key].used / 1e9 if key is not None else 0.0
+        except KeyError:
+            return 0.0
+
+    def set_interp(self, executable: Hashable, linker: Hashable) -> None:
+        exe_key, linker_key = self._key(executable, self._interps.Key), self._key(linker, self._interps.Leaf)
+        if exe_key is not None and linker_key is not None:
+            self._interps[exe_key] = linker_key
+
+    def clear(self) -> None:
+        for table in (self._files, self._interps) if self._files is not None else ():
+            for key in list(table.keys()):
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
+
+    def _key(self, identity: Hashable, kind=None):
+        if self._files is None or not (isinstance(identity, tuple) and len(identity) == 4 and all(isinstance(v, int) for v in identity)):
+            return None
+        st_dev, ino, size, mtime_ns = identity
+        kernel_dev = os.major(st_dev) << 20 | os.minor(st_dev)
+        return (kind or self._files.Key)(ino, size, mtime_ns, kernel_dev, 0)

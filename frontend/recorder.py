@@ -27,6 +27,7 @@ from optrace.frontend.stopsignals import StopSignals
 from optrace.frontend.target import LAUNCHER_COMM, ExitWatch, GatedChild, add_subprocesses, with_subprocesses
 from optrace.frontend.unwind.quality import stack_quality
 from optrace.frontend.report.wakers import merged_samples, wakeup_rows
+from optrace.heap import gc_paused, settle
 from optrace.model import Frame, OffCpuMeta, RawSample, Record, RecordMeta, Sample, Wakeup
 from optrace.procfs import is_alive
 
@@ -147,6 +148,7 @@ class Recorder:
             with ExitStack() as stack:
                 stop = stack.enter_context(StopSignals())
                 self.session.start()
+                settle(None)  # what start made (modules, programs, tables) is left out of every collection
                 stack.callback(self.session.detach_in_background)
                 calls = self._start_call_counter(stack)
                 t0 = time.monotonic()
@@ -160,7 +162,8 @@ class Recorder:
                 self._time_up()
                 self._final_drain()
                 call_counts = calls.calls() if calls else []
-            return self._build_record(started, self._ended - t0, call_counts)
+            with gc_paused():  # millions of acyclic objects: collections were a sixth of a storm's recording
+                return settle(self._build_record(started, self._ended - t0, call_counts))
         finally:
             self.session.close()
 
@@ -266,7 +269,8 @@ class Recorder:
         self._targets = self.session.target_pids()
 
     def _drain(self, final: bool = False):
-        result = self.session.drain(final)
+        with gc_paused():
+            result = self.session.drain(final)
         self.lost.update(result.lost)
         for sample, timed in zip(result.samples, result.maybe_jit):
             if is_launcher(sample.comm):

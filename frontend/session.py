@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ from optrace.defaults import DEFAULT_CALL_GRAPH, DEFAULT_FREQUENCY_HZ
 from optrace.errors import OptraceError
 from optrace.frontend.report.pythonview import leaf_only
 from optrace.frontend.startpriority import start_done
+from optrace.frontend.symbols.kernelsymbols import KernelSymbolsLoader
 from optrace.frontend.unwind.scheduler import UnwindScheduler
 from optrace.heap import release_free_memory
 from optrace.model import Frame, RawSample, Sample, UserFrame
@@ -49,7 +49,7 @@ SCAN_SLICE_S = 0.1  # SessionMode.scan_slice_s for daemons and live views
 # most 32 MiB (cc1's table is 7.7 MB). A file is converted again (libc: 35 ms of CPU) only after a new
 # generation of the kernel's rows, or when it was evicted and a new process maps it. Keeping the rows in
 # both places cost a whole-machine serve 44 MB of rows (RSS 168 -> 125 MB) after BCC compiles (libLLVM).
-SERVE_UNWIND_CACHE_BYTES = 32 << 20  # SessionMode.unwind_cache_bytes of serve
+SERVE_UNWIND_CACHE_BYTES = 16 << 20  # SessionMode.unwind_cache_bytes of serve
 BUILD_ID = attrgetter("build_id")  # of a UserFrame, in C: every drain looks at every frame of its samples
 
 
@@ -65,9 +65,10 @@ class SessionMode:
     # full test-suite runs lost about half of one demo function's samples in serve (never in record, never
     # alone); kept out until understood.
     raw_stacks: bool
-    # True: an exec'd program and its libraries are indexed at once (record: a short-lived program may be
-    # gone by the next drain). False: only once the process is sampled (serve: a busy machine execs
-    # hundreds of processes a second, most never sampled).
+    # True: with pids (record of a command or of pids: a few targets), an exec'd program and its libraries
+    # are indexed and its maps read at once (a short-lived program may be gone by the next drain). Never for
+    # the whole machine, nor in serve: a busy machine execs hundreds of processes a second, most never
+    # sampled; a sampled one is looked at once sampled (its image, bpf/images.c, outlives it).
     programs_at_exec: bool
     # True: with pids (record of a command or of pids: a few targets), an exec'd process's mappings are
     # read at once, so its samples are raw IPs from the first one. Never for the whole machine.
@@ -96,28 +97,35 @@ class SessionMode:
     # Seconds one drain may spend scanning the library dirs for a build-id no mapping named (None: the
     # whole scan at once, record). serve, top: 2,500 files took a drain ~10 s on a slow machine.
     scan_slice_s: float | None
+    # Looks at processes per second (frontend/unwind/budget.py): serve's stay within its share of a core under
+    # an exec storm (a look is ~1 ms of CPU); a recording takes more, for its short-lived processes' stacks.
+    looks_per_second: float
+    # Bytes of symbol tables the symbolizer keeps (CacheLimits.table_bytes): serve reads a table back from the
+    # symbol store (frontend/symbols/symbolstore.py) in a millisecond, and keeps fewer for its memory's sake.
+    symbol_table_bytes: int
     # True: for the whole machine (record -a), the walker and the unwind tables of the processes that used
     # CPU while BCC compiled are in place before the sampler attaches, so the recording's first seconds
     # cost what later ones do (else the walker is verified and those tables converted while sampling, and
     # their stacks are raw IPs decoded at each drain until then). The attach comes that much later.
     unwind_busy_first: bool
-    # True: the given pids' objects have their symbol tables read before the sampler attaches (top's
-    # first rows come within a second of the attach)
+    # True: the given pids' objects have their symbol tables read, and the kernel's begun, before the
+    # sampler attaches (top's first rows come within a second of the attach)
     symbols_before_attach: bool
 
 
 RECORD = SessionMode("record", raw_stacks=True, programs_at_exec=True, learn_at_exec=True, forget_exited=False,
                      unwind_cache_bytes=None, keep_unwind_rows=True, unwind_in_child=False, keep_jit_code=True,
                      jit_names_in_files=False, fold=True, scan_slice_s=None, unwind_busy_first=True,
-                     symbols_before_attach=False)
+                     symbols_before_attach=False, looks_per_second=200.0, symbol_table_bytes=64 << 20)
 SERVE = SessionMode("serve", raw_stacks=False, programs_at_exec=False, learn_at_exec=False, forget_exited=True,
                     unwind_cache_bytes=SERVE_UNWIND_CACHE_BYTES, keep_unwind_rows=False, unwind_in_child=True,
                     keep_jit_code=False, jit_names_in_files=True, fold=False, scan_slice_s=SCAN_SLICE_S,
-                    unwind_busy_first=False, symbols_before_attach=False)
+                    unwind_busy_first=False, symbols_before_attach=False, looks_per_second=25.0,
+                    symbol_table_bytes=16 << 20)
 TOP = SessionMode("top", raw_stacks=True, programs_at_exec=False, learn_at_exec=False, forget_exited=True,
                   unwind_cache_bytes=None, keep_unwind_rows=True, unwind_in_child=False, keep_jit_code=False,
                   jit_names_in_files=True, fold=False, scan_slice_s=SCAN_SLICE_S, unwind_busy_first=False,
-                  symbols_before_attach=True)
+                  symbols_before_attach=True, looks_per_second=50.0, symbol_table_bytes=32 << 20)
 
 
 @dataclass
@@ -143,6 +151,11 @@ class SessionOptions:
     # True (with call_graph "dwarf"): the interpreter's eval frames of CPython processes are replaced by the
     # Python frames they ran (bpf/python.c, frontend/runtimes/)
     python: bool = True
+
+    @property
+    def programs_at_exec(self) -> bool:
+        """SessionMode.programs_at_exec, with pids only."""
+        return self.mode.programs_at_exec and self.pids is not None
 
     @property
     def learn_at_exec(self) -> bool:
@@ -278,14 +291,18 @@ class ProfilingSession:
     # -- life ------------------------------------------------------------------------------------------
     def start(self) -> None:
         from optrace.bpf.profiler import Profiler
-        from optrace.frontend.symbols.symbolizer import Symbolizer
+        from optrace.frontend.symbols.symbolizer import CacheLimits, Symbolizer
+        from optrace.frontend.symbols.symbolstore import SymbolStore
 
         opts = self.options
         cfi = opts.call_graph == "dwarf"
         self.symbolizer = Symbolizer(jit_lookup=self.jit.lookup, build_ids=self.build_ids,
-                                     scan_slice_s=opts.mode.scan_slice_s)
+                                     limits=CacheLimits(table_bytes=opts.mode.symbol_table_bytes),
+                                     scan_slice_s=opts.mode.scan_slice_s, store=SymbolStore.default())
         for pid in opts.pids or ():  # before the programs load: a target that exits soon after is still named
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+        if opts.mode.symbols_before_attach:  # while the programs load: after, 0.8 s at load 14 beside the tables
+            self._kallsyms = KernelSymbolsLoader()
         cpu_before = process_cpu_ticks() if opts.unwind_busy_first and cfi else None
         measured_from = time.monotonic()
         self.profiler = Profiler(opts.frequency_hz, pids=None if opts.pids is None else [],
@@ -312,7 +329,8 @@ class ProfilingSession:
             unwinding = ProcessUnwinding(UnwindTableCache(opts.mode.unwind_cache_bytes or DEFAULT_MAX_BYTES,
                                                           builder=builder, store=store))
         self.unwinder = UnwindScheduler(self.profiler, unwinding, self.runtimes, self._contain,
-                                        keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold)
+                                        keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold,
+                                        looks_per_second=opts.mode.looks_per_second)
         if cfi:
             from optrace.frontend.unwind.copywalks import CopyWalks
 
@@ -335,7 +353,7 @@ class ProfilingSession:
         # walker follows frame pointers until they are in place) and the kernel symbols (named at the end).
         for pid in opts.pids or ():
             self.unwinder.unwind_later(pid)
-        self._kallsyms = KernelSymbolsLoader()
+        self._kallsyms = self._kallsyms or KernelSymbolsLoader()
 
     def detach(self) -> None:
         """Stop sampling: every BPF program and event is released (safe to call twice). Symbolizing still
@@ -409,9 +427,10 @@ class ProfilingSession:
         """Whether :meth:`poll` is wanted on a timer, events or not (see UnwindScheduler.wants_polls)."""
         return self.unwinder.wants_polls(now)
 
-    def drain(self, final: bool = False) -> Drain:
+    def drain(self, final: bool = False, leaves: bool = False) -> Drain:
         """The samples since the last drain; ``final``: the last one, every sample waiting for its
-        process's tables comes now (see frontend/unwind/copywalks.py)."""
+        process's tables comes now; ``leaves``: a caller that names leaves only, for whom no sample waits
+        (see frontend/unwind/copywalks.py)."""
         result = self.profiler.drain()
         if self.runtimes is not None:
             self.runtimes.drained()
@@ -420,10 +439,13 @@ class ProfilingSession:
         folded = result.folded
         self._note_execs(result.execs)
         if self.copies is not None:
-            samples, off_cpu = self.copies.walk(samples, off_cpu, result, final)
+            samples, off_cpu = self.copies.walk(samples, off_cpu, result, final, leaves)
         maybe_jit = self._learn_processes(samples, result.time, folded.pids())
+        if self.copies is not None:  # samples waiting for tables (maybe past their process's exit): learned now
+            self._learn_processes(self.copies.arrived(), result.time)
         for pid in result.build_id_pids:  # still on build-id stacks: their mappings are read now
-            self.learn(pid)
+            if self.unwinder.budget.take("raw_stacks"):
+                self.learn(pid)
         drain = Drain(samples, maybe_jit, result.lost, len(result.execs), result.exits, result.time,
                       folded=folded)
         if self.options.off_cpu is not None:
@@ -549,13 +571,13 @@ class ProfilingSession:
     def _note_execs(self, execs: list[tuple[int, str]]) -> None:
         for pid, filename in execs:
             path = exec_path(pid, filename)
-            if not self.options.mode.programs_at_exec:
+            self.unwinder.execd(pid, path)
+            if not self.options.programs_at_exec:
                 if path:
                     self.tracker.exec(pid, path)
                 continue
-            self.unwinder.execd(pid)
             if self.options.learn_at_exec:  # first: what the sampler needs (symbols can wait)
-                self.unwinder.unwind_later(pid, path)
+                self.unwinder.unwind_later(pid, path, budgeted=False)
                 self.learn(pid)
             self._contain("process_maps", self.symbolizer.snapshot_process, pid)  # first: it says where pid is
             if path:
@@ -569,7 +591,8 @@ class ProfilingSession:
         tables = {pid: self.unwinder.table_build_ids(pid) for pid in folded_pids}
         executables, snapshot = self.tracker.sampled(samples, tables)
         for pid in snapshot.union(self.unwinder.take_reloaded()):  # (those poll() did not take yet)
-            self._contain("process_maps", self.symbolizer.snapshot_process, pid)
+            if self.unwinder.budget.take("symbols"):
+                self._contain("process_maps", self.symbolizer.snapshot_process, pid)
         for pid, path in executables.items():  # for processes gone before their maps could be read
             self._contain("executable", self.symbolizer.add_executable, path, pid)
         maybe_jit = [self.maybe_jit(s) for s in samples]
@@ -635,37 +658,3 @@ class ProfilingSession:
         hostile or malformed file costs only what depended on it."""
         return contain(lambda: call(*args), lambda exc: count_failure(self.read_errors, self.warnings, kind, exc,
                                                                       "only what depended on it is lost"))
-
-
-class KernelSymbolsLoader:
-    """/proc/kallsyms loaded (its table read back when stored, see kallsyms.py) in a thread started now,
-    handed to the symbolizer when it first names samples; a failure becomes the symbolizer's own warning
-    (it loads them again itself). A session starts it once the sampler is attached: before, it would only
-    compete with the way to the first sample (0.066 s of CPU for a stored table, 0.13-0.16 s parsed)."""
-
-    def __init__(self) -> None:
-        self._table = None
-        self._thread: threading.Thread | None = threading.Thread(target=self._load, name="kallsyms", daemon=True)
-        self._thread.start()
-
-    def _load(self) -> None:
-        from optrace.frontend.symbols.kallsyms import Kallsyms, stored_symbols
-
-        stored = None
-        try:
-            stored = stored_symbols()
-            self._table = Kallsyms.load(stored=stored)
-        except Exception:  # the symbolizer's own load gives the warning
-            self._table = None
-        finally:
-            if stored is not None:
-                stored.close()
-
-    def hand_to(self, symbolizer) -> None:
-        if self._thread is None:
-            return
-        self._thread.join()
-        self._thread = None
-        if self._table is not None:
-            symbolizer.use_kernel_symbols(self._table)
-            self._table = None

@@ -101,6 +101,7 @@ class StackCopy:
     pid: int = 0
     epoch: int = 0  # the process's mappings epoch when it was taken (bpf/profile.c)
     exec_epoch: int = 0  # the process's epoch at its last exec (0: none seen)
+    shared: bool = False  # several samples name it (a thread's stack as it began to exit): kept once walked
     # The address ranges a runtime claims in this process ([start, end)): its frames there take the runtime's
     # frames the sample's user stack holds (the runtime's copy walk); empty for other processes
     runtime_ranges: tuple[tuple[int, int], ...] = ()

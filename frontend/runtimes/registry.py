@@ -54,6 +54,11 @@ class RuntimeParts:
         for _, part in self.parts:
             part.look_at(pid, entries)
 
+    def may_run(self, names: Iterable[str]) -> bool:
+        """Whether any started runtime may run in a process with these mapped files' base names."""
+        names = list(names)
+        return any(part.may_run(names) for _, part in self.parts)
+
     def to_retry(self, now: float) -> list[int]:
         return sorted({pid for _, part in self.parts for pid in part.to_retry(now)})
 

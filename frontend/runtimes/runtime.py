@@ -45,6 +45,10 @@ class RuntimePart(Protocol):
         """Detect (by mapped file names only) and attach: its BPF walker walks the process from now on (its
         per-process data in the runtime's map), or the reason it does not is kept as the process's outcome."""
 
+    def may_run(self, names: Iterable[str]) -> bool:
+        """Whether a process with these mapped files' base names may run this runtime (False: ``look_at``
+        would find nothing there, so the scheduler does not read the process's mappings for it)."""
+
     def to_retry(self, now: float) -> list[int]:
         """Processes refused for a reason that passes, due another look."""
 

@@ -16,6 +16,7 @@ from optrace.frontend.symbols.demangle import demangle
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile, ProgramHeader
 from optrace.frontend.symbols.fderanges import UNNAMED, FdeRanges, fde_ranges, with_unnamed_functions
 from optrace.frontend.symbols.srcline import LineRow, line_rows
+from optrace.frontend.symbols.symbolstore import store_key
 from optrace.frontend.symbols.symbol import (MAX_FUNCTION_SYMBOLS, STB_GLOBAL, Symbol, SymbolTable,
                                              read_function_symbols)
 
@@ -60,6 +61,7 @@ class DsoContext:
     debug_roots: Sequence[str]
     warn: Callable[[str], None]
     stats: dict[str, int] = field(default_factory=dict)
+    store: object | None = None  # a SymbolStore (symbolstore.py): tables read in earlier runs, and kept
 
     def __post_init__(self) -> None:
         self.problems = FileProblems(self.warn, self.stats)
@@ -175,16 +177,34 @@ class Dso:
             self._segments, self._symbols = loaded
 
     def _read(self) -> tuple[list[LoadSegment], SymbolTable] | None:
-        """The file's layout and symbols (None when it is no longer the file that was seen)."""
+        """The file's layout and symbols (None when it is no longer the file that was seen), read back from
+        the context's store when an earlier run read this very file (and stored there once read)."""
         with self._open() as stream:
             if not self._debug_only and not self._build_id_matches(stream):
                 return None
+            store = self._context.store
+            fd = getattr(stream, "fd", None)
+            key = store_key(fd) if store is not None and store.usable and fd is not None and not self._debug_only \
+                else None
+            debug_now = debuginfo.build_id_debug_path(self.build_id, self._context.debug_roots) \
+                if key is not None and self.build_id else None
+            stored = store.load(key, debug_now) if key is not None else None
+            if stored is not None:
+                segments, table, self.symbol_source = stored
+                self._context.count("dsos_stored")
+                return [LoadSegment(*segment) for segment in segments], table
+            problems_before = self._context.stats.get("bad_files", 0)
             identity = _identity(stream)
             elf = ElfFile(stream)
             segments = reconstruct_segments(elf) if self._debug_only else load_segments(elf)
             symbols = self._read_symbols(elf, identity)
             symbols += entry_point(elf, symbols)
-            return segments, SymbolTable(with_unnamed_functions(symbols, self._fde_ranges(elf, len(symbols))))
+            table = SymbolTable(with_unnamed_functions(symbols, self._fde_ranges(elf, len(symbols))))
+            if key is not None and self._context.stats.get("bad_files", 0) == problems_before:
+                debug_used = self.symbol_source[len("debug "):] if self.symbol_source.startswith("debug ") else None
+                store.save(key, [(seg.offset, seg.size, seg.vaddr) for seg in segments], table, self.symbol_source,
+                           debug_used)
+            return segments, table
 
     @property
     def _readable(self) -> bool:

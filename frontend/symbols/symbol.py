@@ -147,6 +147,19 @@ class SymbolTable:
         self._name_ends = array("I", accumulate(map(len, names)))  # name i is _names[_name_ends[i-1]:_name_ends[i]]
         self._names = b"".join(names)
 
+    @classmethod
+    def from_arrays(cls, starts: array, ends: array, name_ends: array, names: bytes) -> "SymbolTable":
+        """A table as :meth:`to_arrays` gave it (frontend/symbols/symbolstore.py); ValueError when the arrays
+        do not make one."""
+        if not len(starts) == len(ends) == len(name_ends) or (name_ends and name_ends[-1] != len(names)):
+            raise ValueError("the arrays of a symbol table do not add up")
+        table = cls(())
+        table._starts, table._ends, table._name_ends, table._names = starts, ends, name_ends, names
+        return table
+
+    def to_arrays(self) -> tuple[array, array, array, bytes]:
+        return self._starts, self._ends, self._name_ends, self._names
+
     def __len__(self) -> int:
         return len(self._starts)
 

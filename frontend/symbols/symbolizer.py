@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from optrace.containment import contain
 from optrace.errors import OptraceError
@@ -34,10 +35,12 @@ from optrace.heap import release_free_memory
 from optrace.frontend.symbols.lru import LruCache
 from optrace.frontend.symbols.access import FileRef
 from optrace.frontend.symbols.machine import MAX_INDEXED_FILES, Machine
+from optrace.frontend.symbols.symbolstore import SymbolStore
 from optrace.procfs import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
 
 JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]
+BUILD_ID = attrgetter("build_id")  # of a UserFrame
 RuntimeLookup = Callable[[int, int], Frame]  # (pid, a runtime walker's frame word) -> its frame (frontend/runtimes/)
 
 
@@ -59,11 +62,11 @@ class Symbolizer:
     def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
                  jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits(),
                  build_ids: BuildIdCache | None = None, scan_slice_s: float | None = None,
-                 runtime_lookup: RuntimeLookup | None = None) -> None:
+                 runtime_lookup: RuntimeLookup | None = None, store: SymbolStore | None = None) -> None:
         """``build_ids``: the cache the sampler's AddressSpaces read mapped files' build-ids through, so
         each mapped file is read once for both. ``scan_slice_s``: how long one :meth:`symbolize` call may
         spend on the scan of the library dirs for an unknown build-id (None: all of it at once); the rest
-        comes at later calls."""
+        comes at later calls. ``store``: objects' tables read in earlier runs, and kept (symbolstore.py)."""
         self.scan_slice_s = scan_slice_s
         self._scan_sliced = False  # this symbolize call had its slice of the scan
         self.warnings: list[str] = []
@@ -71,7 +74,7 @@ class Symbolizer:
         # warning; bad_files_<kind> splits them (see access.FileProblems)
         self.stats: dict[str, int] = {"frames_resolved": 0, "frames_unresolved": 0, "dsos_loaded": 0, "bad_files": 0}
         self.machine = Machine(self._warn, self.stats, max_files=limits.indexed_files, build_ids=build_ids)
-        self._context = DsoContext(tuple(debug_roots), self._warn, self.stats)
+        self._context = DsoContext(tuple(debug_roots), self._warn, self.stats, store)
         self._kallsyms = kallsyms
         self._kallsyms_loaded = kallsyms is not None
         self._jit_lookup = jit_lookup
@@ -125,8 +128,10 @@ class Symbolizer:
         self.machine.processes.pop(pid, None)
 
     def close(self) -> None:
-        """Release the files kept open for objects of other mount namespaces."""
+        """Release the files kept open for objects of other mount namespaces, and the store."""
         self.machine.close()
+        if self._context.store is not None:
+            self._context.store.close()
 
     def symbolize(self, samples: Iterable[RawSample]) -> tuple[list[Frame], list[Sample]]:
         """Each distinct frame is named once per call: a kernel address, a (pid, user frame), or for a raw
@@ -145,25 +150,44 @@ class Symbolizer:
                 resolved.append(frame.resolved)
             return found
 
-        rows = []
-        named = total = 0
-        self._scan_sliced = False
-        for raw in samples:
+        def kernel_stack(stack: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
             ids = []
-            for ip in raw.kernel:
+            for ip in stack:
                 found = kernel_ids.get(ip)
                 if found is None:
                     found = kernel_ids[ip] = interned(self._kernel_frame(ip))
                 ids.append(found)
+            return tuple(ids), sum(map(resolved.__getitem__, ids))
+
+        def user_stack(raw: RawSample) -> tuple[tuple[int, ...], int]:
+            ids = []
             for frame in raw.user:
                 key = (raw.pid, frame) if frame.build_id is not None else (raw.pid, frame, raw.time)
                 found = user_ids.get(key)
                 if found is None:
                     found = user_ids[key] = interned(self._user_frame(raw, frame))
                 ids.append(found)
+            return tuple(ids), sum(map(resolved.__getitem__, ids))
+
+        # Whole stacks named once: samples that differ only in thread, command, count or the other half share
+        # them (a deep recursion's stacks made this loop's per-frame steps most of a recording's naming).
+        kernel_stacks: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}  # -> (frame ids, how many named)
+        user_stacks: dict[tuple, tuple[tuple[int, ...], int]] = {}
+        rows = []
+        named = total = 0
+        self._scan_sliced = False
+        for raw in samples:
+            kernel = kernel_stacks.get(raw.kernel)
+            if kernel is None:
+                kernel = kernel_stacks[raw.kernel] = kernel_stack(raw.kernel)
+            key = (raw.pid, raw.user) if all(map(BUILD_ID, raw.user)) else (raw.pid, raw.user, raw.time)
+            user = user_stacks.get(key)
+            if user is None:
+                user = user_stacks[key] = user_stack(raw)
+            ids = kernel[0] + user[0]
             total += len(ids)
-            named += sum(map(resolved.__getitem__, ids))
-            rows.append(Sample(raw.pid, raw.comm, tuple(ids), raw.count, raw.tid))
+            named += kernel[1] + user[1]
+            rows.append(Sample(raw.pid, raw.comm, ids, raw.count, raw.tid))
         self.stats["frames_resolved"] += named
         self.stats["frames_unresolved"] += total - named
         self._trim()
@@ -278,7 +302,9 @@ class Symbolizer:
 
     def _name_elsewhere(self, build_id: bytes | None, offset: int) -> str | None:
         ranges = self._names_elsewhere.get(build_id) if build_id else None
-        return next((name for start, end, name in ranges or () if start <= offset < end), None)
+        if not ranges:  # nearly every object: no generator made per frame named
+            return None
+        return next((name for start, end, name in ranges if start <= offset < end), None)
 
     def _dso_for_mapping(self, entry: MapEntry) -> Dso:
         """The object a mapping holds, known by the mapped file (device, inode), not by the build-id it

@@ -49,7 +49,7 @@ class TopEngine:
             TOP, frequency_hz=options.frequency_hz, stacks=True, call_graph=options.call_graph, python=options.python,
             pids=None if options.pids is None else with_subprocesses(options.pids, options.subprocesses)))
         self.refreshes = 0
-        self._last = 0.0
+        self._last = 0.0  # when the last drain was (monotonic), or the attach
 
     def start(self) -> None:
         self.session.start()
@@ -66,14 +66,16 @@ class TopEngine:
 
     def refresh(self) -> None:
         """Drain the kernel's maps and add what they held (kept aside while paused: the totals freeze)."""
-        drained = self.session.drain()
         view = self.options.view
+        # without the children column, a sample whose stack was copied is not held until its process's
+        # unwind table is read (seconds after the attach on a loaded machine): its leaf is known now
+        drained = self.session.drain(leaves=not view.children)
         raw = drained.samples if view.children else [leaf_only(sample) for sample in drained.samples]
         frames, samples = self.session.symbolize(raw)
         if not self.options.python_internals:
             samples = python_view(frames, samples)
-        now = time.monotonic()
-        elapsed, self._last = max(now - self._last, 1e-3), now
+        # between drains: a slow refresh before (the first waits for the kernel's symbols) is not this one's
+        elapsed, self._last = max(drained.time - self._last, 1e-3), drained.time
         count = sum(sample.count for sample in samples)
         self.refreshes += 1
         self.header.lost += sum(n for reason, n in drained.lost.items() if reason not in ("idle", "carried"))

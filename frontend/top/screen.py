@@ -28,25 +28,29 @@ NAME_WIDTH = 24  # a command or object name column  # header, state, table title
 
 
 class Ui(Protocol):
+    # True: refresh every ``first_refresh_s`` until there are rows (a screen shows them as soon as they are
+    # there); False: every interval from the start (a log's tables, and ``-n``, are per interval)
+    quick_first: bool
+
     def show(self, engine: TopEngine) -> None: ...
     def wait(self, seconds: float) -> bool: ...  # True: quit
 
 
 def run(engine: TopEngine, ui: Ui, stop: StopSignals) -> None:
-    """Refreshes every ``first_refresh_s`` until there are rows (they appear within a second of the attach),
-    then once per interval."""
+    """Refreshes once per interval; on a screen, every ``first_refresh_s`` until there are rows (they
+    appear within a second of the attach)."""
     options = engine.options
+    first = min(options.first_refresh_s, options.interval_s) if ui.quick_first else options.interval_s
     ui.show(engine)
     engine.start()  # with the screen already up: its first rows then need only the first refresh
     ui.show(engine)
-    next_refresh = time.monotonic() + min(options.first_refresh_s, options.interval_s)
+    next_refresh = time.monotonic() + first
     while not stop.stopped.is_set():
         now = time.monotonic()
         if now >= next_refresh:
             engine.refresh()
             ui.show(engine)
-            interval = options.interval_s if engine.totals.self_totals else min(options.first_refresh_s,
-                                                                                   options.interval_s)
+            interval = options.interval_s if engine.totals.self_totals else first
             next_refresh = max(next_refresh + interval, now + interval / 2)
             if options.iterations is not None and engine.refreshes >= options.iterations:
                 return
@@ -58,6 +62,8 @@ def run(engine: TopEngine, ui: Ui, stop: StopSignals) -> None:
 
 class PlainUi:
     """A plain table per refresh (top's stdio format), for logs."""
+
+    quick_first = False
 
     def __init__(self, stream: TextIO, stop: StopSignals, rows: int) -> None:
         self.stream, self.stop, self.rows = stream, stop, rows
@@ -72,6 +78,8 @@ class PlainUi:
 
 
 class ScreenUi:
+    quick_first = True
+
     def __init__(self, live: Live, console: Console, keys: Keys, controls: Controls) -> None:
         self.live, self.console, self.keys, self.controls = live, console, keys, controls
         self._engine: TopEngine | None = None

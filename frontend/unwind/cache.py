@@ -148,7 +148,7 @@ class UnwindTableCache:
                 return file_without_rows(reader, file_identity(fd))
         return self._problems.contained(entry.file_path, CONSEQUENCE, read) or NO_FILE
 
-    def file_of_ref(self, ref: FileRef) -> UnwindFile:
+    def file_of_ref(self, ref: FileRef, need_rows: Callable[[FileIdentity], bool] = rows_always_needed) -> UnwindFile:
         """A file the symbol layer names (a debug file, a library by path)."""
         try:
             reader = open_ref(ref, ELF_POLICY)
@@ -156,7 +156,18 @@ class UnwindTableCache:
             self._problems.report(ref.name, err, CONSEQUENCE)
             return NO_FILE
         with reader:
-            return self._lookup(file_identity(reader.fd), ref.name, reader)
+            return self._lookup(file_identity(reader.fd), ref.name, reader, need_rows)
+
+    def known(self, identity: FileIdentity, need_rows: Callable[[FileIdentity], bool] = rows_always_needed
+              ) -> UnwindFile | None:
+        """The file with this identity if it was converted already (and its rows are here, unless ``need_rows``
+        says they are not needed), without opening anything; None otherwise."""
+        with self._lock:
+            found = self._files.get(identity)
+            if found is not None and (found.table is not RELEASED or not need_rows(identity)):
+                self.stats["hits"] += 1
+                return found
+        return None
 
     def file_of_open_file(self, fd: int, name: str,
                           need_rows: Callable[[FileIdentity], bool] = rows_always_needed) -> UnwindFile:

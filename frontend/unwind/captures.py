@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from optrace.bpf.images import ProcessImage
 from optrace.frontend.unwind.processmaps import CapturedMaps
 
 CAPTURE_THREADS = 4  # a process whose files are converted already is not held up by 3 conversions of others'
@@ -25,12 +26,18 @@ WAIT_PAUSE_S = 0.01  # how often :meth:`MappingCaptures.wait` looks whether the 
 
 @dataclass
 class Capture:
-    """A process's mappings captured for the unwind worker (frontend/unwind/processmaps.py), with its epoch
-    and exec epoch read before them."""
+    """A process's mappings captured for the unwind worker, with its epoch and exec epoch read before them:
+    read from /proc (frontend/unwind/processmaps.py), their files held open, or the kernel's image of them
+    (bpf/images.py: nothing held, the process may be gone)."""
 
     epoch: int
     exec_epoch: int
-    maps: CapturedMaps
+    maps: CapturedMaps | None = None
+    image: ProcessImage | None = None
+
+    def close(self) -> None:
+        if self.maps is not None:
+            self.maps.close()
 
 
 class MappingCaptures:
@@ -64,7 +71,7 @@ class MappingCaptures:
                 return False
             self._captures[pid] = capture
             if waiting is not None:
-                waiting.maps.close()
+                waiting.close()
             queued = pid in self._queued
             self._queued.add(pid)
         if not queued:
@@ -84,7 +91,7 @@ class MappingCaptures:
         try:
             self._load(pid, capture)
         finally:
-            capture.maps.close()  # (done by the tables' build, unless it failed first)
+            capture.close()  # (done by the tables' build, unless it failed first)
             with self._lock:
                 self._running[pid] -= 1
                 if not self._running[pid]:
@@ -106,4 +113,4 @@ class MappingCaptures:
         with self._lock:
             captures, self._captures = list(self._captures.values()), {}
         for capture in captures:
-            capture.maps.close()
+            capture.close()

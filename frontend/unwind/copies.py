@@ -13,7 +13,13 @@ Bounds: copies wait at most WAIT_DRAINS drains for their tables, PENDING_DRAINS 
 UNNAMED_DRAINS drains (an open off-CPU wait names its copy until it ends: :meth:`StackCopies.keep`);
 tables are kept for at most MAX_TABLE_PIDS processes, each process's last MAX_TABLES_PER_PID, and dropped
 one drain after the process exits. A sample that gives up waiting keeps what the kernel took (its leaf,
-or the CFI walk up to where the copy would have gone on), its stop "no_table".
+or the CFI walk up to where the copy would have gone on) and, when the copy goes on from it, the copy's own
+PC as a raw address (where the walk would have started: a CFI walk stopped at a JIT function's PC has no
+frame of its own), its stop "no_table".
+
+What is known of a waiting sample before its walk (those frames, :meth:`StackCopies.take_arrived`) is
+told at once: whether it ran JIT code must be learned while its process lives (its perf map and mapped
+jitdumps are found through /proc/PID), and its tables may come only after the process exited.
 """
 from __future__ import annotations
 
@@ -34,11 +40,12 @@ from optrace.model import RawSample, StackCopy, UserFrame
 WAIT_DRAINS = 4  # drains a sample waits for its process's tables
 PENDING_DRAINS = 16  # and while they are being read
 UNNAMED_DRAINS = 2  # drains a copy no sample named is kept
-MAX_COPY_BYTES = 64 << 20  # of copies held
+MAX_COPY_BYTES = 16 << 20  # of copies held
 MAX_TABLE_PIDS = 4096
 MAX_TABLES_PER_PID = 4
 MAX_RULES = 1 << 16  # PCs whose rule a process's tables keep
-MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows are the unwind cache's own bytes)
+MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows, the unwind cache's or the kernel's)
+MAX_FILE_TABLE_BYTES = 16 << 20  # and the rows they hold, at most
 NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
 
 
@@ -53,6 +60,16 @@ class ProcessTables:
     mappings: tuple[ProcessMapping, ...]
     starts: tuple[int, ...] = field(default=(), compare=False)
     rules: dict[int, tuple[ProcessMapping | None, Rule | None]] = field(default_factory=dict, compare=False)
+    frames: dict[int, UserFrame] = field(default_factory=dict, compare=False)  # pc -> its frame, as rules
+
+    def frame(self, pc: int) -> UserFrame:
+        """The frame of ``pc`` (:func:`frame_in` of its mapping), each made once."""
+        found = self.frames.get(pc)
+        if found is None:
+            found = frame_in(self.mapping_at(pc), pc)
+            if len(self.frames) < MAX_RULES:
+                self.frames[pc] = found
+        return found
 
     def mapping_at(self, pc: int) -> ProcessMapping | None:
         index = bisect_right(self.starts, pc) - 1
@@ -138,7 +155,9 @@ class StackCopies:
         self._copies = _CopyStore(self.stats)
         self._kept: set[int] = set()  # ids open waits name
         self._waiting: list[_Waiting] = []
+        self._arrived: list[RawSample] = []  # samples that began waiting since the last take_arrived
         self._files: OrderedDict[Hashable, UnwindTable] = OrderedDict()
+        self._file_bytes = 0  # of rows in _files
         self._exited: dict[int, int] = {}  # pid -> the drain its exit was seen at
         self._drain = 0
         self._files_used: set[Hashable] = set()  # files the walks went through since the last take
@@ -152,29 +171,36 @@ class StackCopies:
             while len(self._tables) > MAX_TABLE_PIDS:
                 self._tables.popitem(last=False)
 
-    def add_copies(self, copies: dict[int, StackCopy]) -> set[int]:
+    def add_copies(self, copies: dict[int, StackCopy], alive: Callable[[int], bool] = lambda _pid: True) -> set[int]:
         """Copies read from the ring (from any thread); returns the processes among them whose tables are
-        wanted: those without tables here, and those the kernel holds no table for (a copy that does not go
-        on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile)."""
+        wanted: those without tables here, and those still ``alive`` the kernel holds no table for (a copy that
+        does not go on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile).
+        A process's stack at its exit (``shared``) is walked only if a sample names it (:meth:`wanted`)."""
         self._copies.put(copies, self._drain)
-        return {copy.pid for copy in copies.values() if not copy.continues or self._tables_for(copy) is None}
+        return {copy.pid for copy in copies.values() if not copy.shared and (
+            self._tables_for(copy) is None or not copy.continues and alive(copy.pid))}
 
     def keep(self, ids: set[int]) -> None:
         """The copies open off-CPU waits name: kept until a sample names them."""
         self._kept = ids
 
     # -- samples ------------------------------------------------------------------------------------------
-    def resolve(self, samples: Sequence[RawSample], off_cpu: bool = False) -> list[RawSample]:
+    def resolve(self, samples: Sequence[RawSample], off_cpu: bool = False, leaves: bool = False
+                ) -> list[RawSample]:
         """``samples`` with their copies walked, but those whose process's tables are not known yet: they
-        wait (:meth:`end_drain` hands them back)."""
+        wait (:meth:`end_drain` hands them back) or, with ``leaves`` (a caller that names leaves only), come
+        back at once with the frames known before their walk, their leaf among them."""
         out = []
         for sample in samples:
             if not sample.copy:
                 out.append(sample)
                 continue
             walked = self._walked(sample)
+            if walked is None and leaves:
+                walked = self._unwalked(sample, "unwalked_for_leaves")
             if walked is None:
                 self._waiting.append(_Waiting(sample, self._drain, off_cpu))
+                self._arrived.append(dataclasses.replace(sample, user=self._known_frames(sample)))
             else:
                 out.append(walked)
         return out
@@ -184,6 +210,12 @@ class StackCopies:
         rows the kernel does not load until they are used needs them (bpf/unwindmaps.py's LAZY_ROWS)."""
         used, self._files_used = self._files_used, set()
         return used
+
+    def take_arrived(self) -> list[RawSample]:
+        """The samples that began waiting for tables since the last call, with the frames known before their
+        walk (their copy still named: they are not samples to count, only what can be learned of them now)."""
+        arrived, self._arrived = self._arrived, []
+        return arrived
 
     def wanted(self) -> set[int]:
         """The processes whose waiting samples need tables."""
@@ -234,16 +266,16 @@ class StackCopies:
         tables = self._tables_for(copy)
         if tables is None:
             return None
-        self._copies.take(sample.copy)
+        if not copy.shared:  # a shared one goes when no sample names it any more (UNNAMED_DRAINS)
+            self._copies.take(sample.copy)
         walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
         prefix = walked if copy.continues else ()
         rules = tables.rules
         walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
         self.stats["walked"] += 1
         self.stats["walk_" + walk.status] += 1
-        mappings = [tables.mapping_at(pc) for pc in walk.pcs]
-        self._files_used.update(m.file_key for m in mappings if m is not None)
-        frames = tuple(map(frame_in, mappings, walk.pcs))
+        frames = tuple(map(tables.frame, walk.pcs))
+        self._files_used.update(m.file_key for m in map(tables.mapping_at, walk.pcs) if m is not None)
         runtime = sample.runtime
         if chain and copy.runtime_ranges:
             cut = walk.status not in ROOT_REACHED
@@ -256,9 +288,25 @@ class StackCopies:
         self.stats["gave_up"] += 1
         with self._lock:
             known = self._tables.get(sample.pid)
-        self.stats["gave_up_" + ("tables_of_other_epochs" if known else "no_tables")] += 1
+        return self._unwalked(sample, "gave_up_" + ("tables_of_other_epochs" if known else "no_tables"))
+
+    def _unwalked(self, sample: RawSample, why: str) -> RawSample:
+        """The sample with the frames known before its walk, its copy dropped unwalked."""
+        self.stats[why] += 1
+        user = self._known_frames(sample)
         self._copies.take(sample.copy)
-        return dataclasses.replace(sample, user=without_call_ends(sample.user), stop=NO_TABLE, copy=0)
+        return dataclasses.replace(sample, user=user, stop=NO_TABLE, copy=0)
+
+    def _known_frames(self, sample: RawSample) -> tuple[UserFrame, ...]:
+        """A copied sample's frames before its walk, as they are named when the copy is not walked: those the
+        kernel took and, when the copy goes on from them or they are none (a first sample whose thread's
+        Python frames were read: copypython.c stores no leaf), the copy's PC (a raw address, as
+        :func:`frame_in` names a PC in no file with a build-id) before the Python frames read with the copy."""
+        copy = self._copies.get(sample.copy)
+        walked, chain = chain_of(sample.user)
+        if copy is not None and (copy.continues or not walked):
+            walked += (UserFrame(None, copy.ip),)
+        return without_call_ends(walked + chain)[:MAX_FRAMES]
 
     def _tables_for(self, copy: StackCopy) -> ProcessTables | None:
         with self._lock:
@@ -284,6 +332,7 @@ class StackCopies:
         if not rows:
             return None
         table = self._files[mapping.file_key] = UnwindTable(rows, len(rows) // ROW.size, "", 0)
-        while len(self._files) > MAX_FILE_TABLES:
-            self._files.popitem(last=False)
+        self._file_bytes += len(rows)
+        while len(self._files) > 1 and (len(self._files) > MAX_FILE_TABLES or self._file_bytes > MAX_FILE_TABLE_BYTES):
+            self._file_bytes -= self._files.popitem(last=False)[1].nbytes
         return table

@@ -40,26 +40,39 @@ class CopyWalks:
         """The stack copies in the sampler's ring (the copy watcher's thread, and each drain after its flip):
         the processes they are of get their tables now, their mappings captured while they live."""
         with self._read_lock:  # a drain resolves no copy another thread has read but not added yet
-            wanted = self.copies.add_copies(self.profiler.read_copies())
+            copies = self.profiler.read_copies()
+            wanted = self.copies.add_copies(copies, lambda pid: bool(self.profiler.live_epoch(pid)))
+        for copy in copies.values():
+            if copy.shared:  # its process's image is kept for it: forgotten at its exit
+                self.unwinder.image_kept(copy.pid)
         for pid in wanted:
             self.unwinder.unwind_soon(pid)
 
-    def walk(self, samples: list[RawSample], off_cpu: list[RawSample], result: DrainResult, final: bool
-             ) -> tuple[list[RawSample], list[RawSample]]:
+    def walk(self, samples: list[RawSample], off_cpu: list[RawSample], result: DrainResult, final: bool,
+             leaves: bool = False) -> tuple[list[RawSample], list[RawSample]]:
         """The drain's CPU and off-CPU samples with their stack copies walked, and those that waited for
         their process's tables since earlier drains (``final``: every one of them, after up to
-        FINAL_TABLES_S for the tables being read); the processes whose tables are still wanted get them."""
+        FINAL_TABLES_S for the tables being read); the processes whose tables are still wanted get them.
+        ``leaves``: the caller names leaves only (top without its children column): no sample waits, those
+        whose tables are not there come with the frames known before their walk (StackCopies.resolve)."""
         self._read()
         self.copies.keep(result.open_copies)
-        samples = self.copies.resolve(samples)
-        off_cpu = self.copies.resolve(off_cpu, off_cpu=True)
+        self.copies.take_arrived()  # the last drain's, if no one took them: at most one drain's are held
+        samples = self.copies.resolve(samples, leaves=leaves)
+        off_cpu = self.copies.resolve(off_cpu, off_cpu=True, leaves=leaves)
         if final and self.copies.wanted() & self.unwinder.pending():
             self.unwinder.wait_for(FINAL_TABLES_S, captures=True)
         late, late_off_cpu = self.copies.end_drain(result.exits, final, self.unwinder.pending())
-        # processes waiting for tables, and those mapping a large file whose rows a walk showed are used
-        for pid in self.copies.wanted() | self.profiler.unwind.want(self.copies.take_files_used()):
+        for pid in self.copies.wanted():  # processes waiting for tables (from their images: maybe gone)
+            self.unwinder.unwind_soon(pid)
+        for pid in self.profiler.unwind.want(self.copies.take_files_used()):  # they map a large file walks used
             self.unwinder.unwind_later(pid)
         return samples + late, off_cpu + late_off_cpu
+
+    def arrived(self) -> list[RawSample]:
+        """The samples that began waiting for tables at this drain, with the frames known before their walk
+        (StackCopies.take_arrived): their process's JIT files are looked for now, while it may still live."""
+        return self.copies.take_arrived()
 
     def waiting(self) -> set[int]:
         """The processes whose samples wait for their tables (a later drain gives them)."""

@@ -13,12 +13,14 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
+from optrace.bpf.images import ProcessImage
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.symbols.access import FileRef, open_ref
 from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.elffile import ELF_MAGIC
 from optrace.frontend.symbols.linker import Linker
 from optrace.frontend.unwind.cache import RELEASED, UnwindTableCache, rows_always_needed
+from optrace.frontend.unwind.images import ImageFiles
 from optrace.frontend.unwind.trampolines import trampoline_rows
 from optrace.procfs import MapEntry, read_maps
 
@@ -47,6 +49,7 @@ class ProcessUnwinding:
     def __init__(self, tables: UnwindTableCache | None = None) -> None:
         self.tables = tables if tables is not None else UnwindTableCache()  # an empty cache is falsy
         self._linker = Linker()  # caches each library's dynamic section
+        self.images = ImageFiles(self.tables, self._linker)
         self.stats: Counter[str] = Counter()
 
     def cancel(self) -> None:
@@ -88,6 +91,15 @@ class ProcessUnwinding:
         finally:
             captured.close()
         return found
+
+    def mappings_of_image(self, pid: int, image: ProcessImage, program: str | None, alive: bool,
+                          loaded: Callable[[Hashable], bool] | None = None) -> list[ProcessMapping] | None:
+        """:meth:`mappings` from the kernel's image of the process (frontend/unwind/images.py); None when the
+        session is ending."""
+        if self.tables.cancelled.is_set():
+            return None
+        need_rows = rows_always_needed if loaded is None else (lambda identity: not loaded(identity))
+        return self.images.mappings(pid, image, program, alive, need_rows)
 
     def frame_pointer_mappings(self, pid: int) -> list[ProcessMapping] | None:
         """The process's executable file mappings without rows: the BPF walker follows frame pointers in
@@ -131,7 +143,7 @@ class ProcessUnwinding:
             return None
         rows = None if unwind.table is RELEASED else unwind.table.rows
         return ProcessMapping(entry.start, entry.end, entry.offset, unwind.bias(entry), unwind.identity, rows,
-                              unwind.build_id)
+                              unwind.build_id, unwind.executable_segment())
 
     def _anonymous(self, pid: int, entry: MapEntry) -> ProcessMapping | None:
         """Code without a file: only CPython's perf trampolines have rows (see trampolines.py); the rest

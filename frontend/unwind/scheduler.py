@@ -10,16 +10,18 @@ calls :meth:`UnwindScheduler.unwind_later` and the hooks of its drain and polls;
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Protocol
 
 from optrace.bpf.profiler import Profiler
 from optrace.bpf.unwindmaps import ProcessMapping
+from optrace.frontend.unwind.budget import LOOKS_PER_SECOND, ProcessBudget
 from optrace.frontend.unwind.captures import Capture, MappingCaptures
 from optrace.frontend.unwind.processmaps import ProcessUnwinding
 from optrace.heap import release_free_memory
@@ -31,6 +33,7 @@ BUSY_PROCESSES = 32  # UnwindScheduler.unwind_busy: the busiest processes whose 
 BUSY_UNWIND_SECONDS = 3.0  # and how long the attach waits for them
 BUSY_WINDOW_SECONDS = 0.25  # the least time their CPU use is measured over (a stored program loads in 0.02 s)
 YOUNG_SECONDS = 1.0  # how long after its table was loaded polls look for a process's new mappings
+MAX_PROGRAMS = 65536  # exec'd paths kept for processes not seen exiting yet
 
 Contain = Callable[..., object]  # the session's ``_contain(kind, call, *args)``: a failure costs one process
 # A process's tables as loaded: (pid, epoch, exec epoch, mappings), for the walks of its stack copies
@@ -42,6 +45,8 @@ class PythonLooks(Protocol):
 
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> object: ...
 
+    def may_run(self, names: Iterable[str]) -> bool: ...
+
     def to_retry(self, now: float) -> list[int]: ...
 
 
@@ -51,7 +56,8 @@ class UnwindScheduler:
     graph "fp"): every call does nothing."""
 
     def __init__(self, profiler: Profiler | None, unwinding: ProcessUnwinding | None, python: PythonLooks | None,
-                 contain: Contain, keep_rows: bool = True, fold: bool = False) -> None:
+                 contain: Contain, keep_rows: bool = True, fold: bool = False,
+                 looks_per_second: float = LOOKS_PER_SECOND) -> None:
         self.profiler = profiler
         self.unwinding = unwinding
         self.python = python
@@ -78,6 +84,10 @@ class UnwindScheduler:
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
+        self._programs: dict[int, str] = {}  # pid -> the path it exec'd (for the files of its image)
+        self.budget = ProcessBudget(looks_per_second)  # looks at processes per second (budget.py)
+        self._imaged: set[int] = set()  # processes whose kernel image was read (forgotten after their exit)
+        self._exited_images: list[int] = []  # exited: their images forgotten at the next drain
         self.on_tables: TablesHook | None = None  # told each table loaded (frontend/unwind/copywalks.py)
         # told each capture (pid, its mappings, its files' descriptors: duplicates, the hook's to close): the
         # symbolizer names a process gone before it looked at it from them (Machine.captured)
@@ -135,6 +145,9 @@ class UnwindScheduler:
         since their table was loaded (exec, dlopen), get their tables now."""
         if self.unwinding is None:
             return
+        forgotten, self._exited_images = self._exited_images, []
+        for pid in forgotten:
+            self.profiler.images.forget(pid)
         for pid in {s.pid for s in samples if s.user and not s.stop and s.pid not in self._unwound}:
             self.unwind_later(pid)
         self._reload_changed(set(self._unwound))
@@ -147,15 +160,28 @@ class UnwindScheduler:
             if pid in self._unwound and self.profiler.epoch(pid) != self._unwound[pid]:
                 self.unwind_later(pid)
 
-    def execd(self, pid: int) -> None:
-        """The process exec'd: its table is of its old program."""
+    def execd(self, pid: int, program: str | None = None) -> None:
+        """The process exec'd (``program``: the path it exec'd, if known): its table is of its old program."""
         self._unwound.pop(pid, None)
+        if program and self.unwinding is not None:
+            self._programs[pid] = program
+            while len(self._programs) > MAX_PROGRAMS:  # exits lost (a full event buffer): the oldest go
+                del self._programs[next(iter(self._programs))]
+
+    def image_kept(self, pid: int) -> None:
+        """The kernel keeps the process's image after its exit (a copy of its stack needs it): forgotten at
+        its exit event."""
+        self._imaged.add(pid)
 
     def exited(self, pid: int) -> None:
-        """The process exited: its table goes at once."""
+        """The process exited: its table goes at once, and the kernel's image of it (read already)."""
         self._young.pop(pid, None)
+        self._programs.pop(pid, None)
         if self._unwound.pop(pid, None) is not None:
             self.profiler.unwind.forget_process(pid)
+        if pid in self._imaged:  # one drain later: samples taken as it exited may come with the next drain
+            self._imaged.discard(pid)
+            self._exited_images.append(pid)
 
     def drop_unwound_exited(self) -> None:
         """The tables of processes gone without an exit event seen, or loaded by the worker after their
@@ -179,7 +205,8 @@ class UnwindScheduler:
             return {}
         tables = self.unwinding.tables
         return {**self.profiler.unwind.sizes(), "unwind_processes": len(self._unwound),
-                "unwind_tables": len(tables), "unwind_tables_bytes": tables.held_bytes}
+                "unwind_tables": len(tables), "unwind_tables_bytes": tables.held_bytes,
+                "process_looks": self.budget.taken.total(), "process_looks_deferred": self.budget.deferred.total()}
 
     def touch(self, pids: Iterable[int]) -> None:
         """These processes were sampled now: their files are in use (bpf/unwindmaps.py's generations)."""
@@ -198,6 +225,9 @@ class UnwindScheduler:
         own = pid == os.getpid()  # walked by frame pointers (see unwind_later)
         self._python_first(pid, own, capture)
         exec_epoch: int | None = 0
+        if capture is not None and capture.image is not None:
+            self._unwind_image(pid, capture, loaded)
+            return
         if own:
             epoch = self.profiler.epoch(pid)
             mappings = self.unwinding.frame_pointer_mappings(pid)
@@ -211,24 +241,60 @@ class UnwindScheduler:
                 exec_epoch = None
         if not epoch or mappings is None:
             return
+        self._load(pid, epoch, exec_epoch, mappings, loaded, own=own)
+
+    def _load(self, pid: int, epoch: int, exec_epoch: int | None, mappings: list[ProcessMapping],
+              loaded: Callable[[Hashable], bool] | None, own: bool = False) -> None:
+        """Load the process's table read at ``epoch`` into the kernel; :attr:`on_tables` gets it too (unless
+        ``exec_epoch`` is None: exec'd while read)."""
+        maps = self.profiler.unwind
         generation = maps.generation
         if self.fold:  # before the table: a stack it unwinds may be drained at once
             ids = frozenset(m.build_id for m in mappings if m.build_id)
             self._table_build_ids[pid] = self._table_build_ids.get(pid, frozenset()) | ids
         maps.load_process(pid, epoch, mappings)
+        for dropped in maps.take_dropped():  # they mapped a file evicted to make room: loaded again once sampled
+            self._unwound.pop(dropped, None)
         if maps.generation != generation:  # every other table was dropped: loaded again once sampled
             self._unwound = {}
             if loaded is not None and not own:  # and this one's files that came without rows got none: ask again
                 mappings = self.unwinding.mappings(pid, loaded) or []
                 maps.load_process(pid, epoch, mappings)
         if self.on_tables is not None and exec_epoch is not None:
-            self.on_tables(pid, epoch, exec_epoch, mappings)
+            self.on_tables(pid, epoch, exec_epoch, self._without_held_rows(mappings, loaded))
         if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         if not own and pid in self._unwound:
             self._reloaded.append(pid)
         self._unwound[pid] = epoch
         self._young[pid] = time.monotonic()
+
+    def _unwind_image(self, pid: int, capture: Capture, loaded: Callable[[Hashable], bool] | None) -> None:
+        """:meth:`unwind` from the kernel's image of the process: loaded into the kernel while the process still
+        has the image's epoch, else (gone, or it mapped more since) only handed to its copies' walks."""
+        alive = self.profiler.live_epoch(pid) == capture.epoch
+        mappings = self.unwinding.mappings_of_image(pid, capture.image, self._programs.get(pid), alive, loaded)
+        if mappings is None:
+            return
+        for executable, linker in self.unwinding.images.take_linkers().items():  # later images walk in BPF
+            self.profiler.unwind.set_interp(executable, linker)
+        if not alive:  # gone: its files still load, for the next processes of its programs (walked from images)
+            self.profiler.unwind.load_files(mappings)
+            if self.on_tables is not None:
+                self.on_tables(pid, capture.epoch, capture.exec_epoch, self._without_held_rows(mappings, loaded))
+            if loaded is not None:
+                self.unwinding.release(mappings)
+            return
+        self._load(pid, capture.epoch, capture.exec_epoch, mappings, loaded)
+
+    def _without_held_rows(self, mappings: list[ProcessMapping], loaded: Callable[[Hashable], bool] | None
+                           ) -> list[ProcessMapping]:
+        """``mappings`` for the walks of copies: without ``keep_rows``, without the rows the kernel holds (read
+        back from it when a walk needs them), so each process's tables do not keep a copy of its files' rows."""
+        if loaded is None:
+            return mappings
+        return [dataclasses.replace(m, rows=None) if m.rows is not None and loaded(m.file_key) else m
+                for m in mappings]
 
     def take_reloaded(self) -> list[int]:
         """The processes whose table was loaded again since the last call (see ``_reloaded``)."""
@@ -240,19 +306,32 @@ class UnwindScheduler:
     def _python_first(self, pid: int, own: bool, capture: Capture | None) -> None:
         """The Python walker gets the process before the CFI walker its table: a CFI walk with no Python walker
         yet leaves the eval frames bare (1 % of a 3.13 recording's samples, those walked in the 0.1 s the
-        interpreter's look took after the table)."""
+        interpreter's look took after the table). Only a process one of whose files is named like an
+        interpreter is looked at, when its captured mappings or image say which files it has."""
         if self.python is None or own:
+            return
+        entries = capture.maps.entries if capture is not None and capture.maps is not None else None
+        if entries is not None:
+            names = [os.path.basename(entry.file_path) for entry in entries]
+        else:
+            names = self.unwinding.images.names(capture.image) if capture is not None and capture.image else None
+        if names is not None and not self.python.may_run(names):
             return
         if capture is None:
             self._contain("python", self._look_at_python, pid)
         else:  # on the capture worker
-            self._python_later(pid)
+            self._python_later(pid, entries)
 
-    def _look_at_python(self, pid: int) -> None:
-        """Whether the process runs a CPython the walker can expand (frontend/runtimes/)."""
-        maps = read_maps(pid)
-        if maps is not None:
-            self.python.look_at(pid, (entry for entry in maps.entries if entry.executable and entry.is_file))
+    def _look_at_python(self, pid: int, entries: list[MapEntry] | None = None) -> None:
+        """Whether the process runs a CPython the walker can expand (frontend/runtimes/), from its mappings
+        (``entries``, else read now if the budget allows)."""
+        if entries is None:
+            if not self.budget.take("python_maps"):
+                return
+            maps = read_maps(pid)
+            entries = maps.entries if maps is not None else None
+        if entries is not None:
+            self.python.look_at(pid, (entry for entry in entries if entry.executable and entry.is_file))
 
     def _retry_python(self, now: float) -> None:
         """Look again, on the worker, at processes whose interpreter was not initialized when first looked at."""
@@ -267,14 +346,14 @@ class UnwindScheduler:
         if self.python is not None and self._python_worker is not None:
             self._python_later(pid)
 
-    def _python_later(self, pid: int) -> None:
+    def _python_later(self, pid: int, entries: list[MapEntry] | None = None) -> None:
         """:meth:`_look_at_python` on the Python worker."""
         try:
-            self._python_worker.submit(self._contain, "python", self._look_at_python, pid)
+            self._python_worker.submit(self._contain, "python", self._look_at_python, pid, entries)
         except RuntimeError:  # shut down: the session is ending
             pass
 
-    def unwind_later(self, pid: int, program: str | None = None) -> None:
+    def unwind_later(self, pid: int, program: str | None = None, budgeted: bool = True) -> None:
         """:meth:`unwind` on the worker thread (the sampler walks the process by frame pointers until then).
         With the ``program`` it exec'd, that program's tables are built first even if it is gone by then
         (a compiler's first cc1 is: the next one finds them ready).
@@ -288,6 +367,8 @@ class UnwindScheduler:
         if program and self.python is not None and self._python_worker is not None:  # an exec: looked at from
             self._python_later(pid)  # its start (a table queued for its previous program would hold it back)
         if self._unwind_worker is None or pid in self._unwind_queued:
+            return
+        if budgeted and not self.budget.take("tables"):
             return
         self._unwind_queued.add(pid)
         try:
@@ -308,27 +389,48 @@ class UnwindScheduler:
         frontend/unwind/captures.py: a short-lived process is gone by the time the worker, busy converting
         another's files, gets to it); without a capture, or for a process whose exec the session did not
         see (running before it: not short-lived, likely), :meth:`unwind_later`."""
-        if self._captures is None or self.is_loaded(pid):
+        if self._captures is None or self.is_loaded(pid) or pid in self._captures.pending():
             return
-        if not self.profiler.exec_epoch(pid) or not self._captures.capture(pid, self.profiler.epoch(pid)):
+        if not self.profiler.exec_epoch(pid):
             self.unwind_later(pid)
+        elif self.budget.take("tables") and not self._captures.capture(pid, self.profiler.live_epoch(pid)):
+            self.unwind_later(pid, budgeted=False)
 
     def _capture(self, pid: int) -> Capture | None:
-        """The process's mappings read now, their files held open, with the epochs read before (see the
-        session's ``learn``); None when it is gone or exec'd meanwhile (its copies then wait for the next look)."""
+        """The kernel's image of the process (bpf/images.py), else (none, one that may miss a mapping, or one of
+        another file tree when the symbolizer wants captures) its mappings read now, their files held open, with
+        the epochs read before (see the session's ``learn``); None when it is gone or exec'd meanwhile without an
+        image (its copies then wait for the next look)."""
+        image = self._image(pid)
+        if image is not None and image.image.complete and (self.on_capture is None
+                                                           or self.unwinding.images.ours(image.image)):
+            return image  # (a container's process: its files are read through its maps, for the symbolizer too)
         epoch, exec_epoch = self.profiler.epoch(pid), self.profiler.exec_epoch(pid)
         maps = self.unwinding.capture(pid)
         if maps is not None and (self.profiler.exec_epoch(pid) != exec_epoch or not maps.entries):  # or exiting
             maps.close()
-            return None
+            return image
         if maps is not None and self.on_capture is not None:
             self._contain("process_maps", lambda: self.on_capture(pid, maps.entries, duplicates(maps.fds)))
-        return None if maps is None else Capture(epoch, exec_epoch, maps)
+        return image if maps is None else Capture(epoch, exec_epoch, maps)
+
+    def _image(self, pid: int) -> Capture | None:
+        """The kernel's image of the process since its last exec, as a capture at the epoch of its last
+        mapping; None when it has none."""
+        images = self.profiler.images
+        if images is None or not images.enabled:
+            return None
+        image = images.image(pid)
+        exec_epoch = self.profiler.exec_epoch(pid)
+        if image is None or image.exec_epoch != exec_epoch:
+            return None
+        self._imaged.add(pid)
+        return Capture(max([exec_epoch, *(m.epoch for m in image.maps)]), exec_epoch, image=image)
 
     def is_loaded(self, pid: int) -> bool:
         """Whether the kernel holds the process's table read at its current epoch (copies taken before it
         was loaded may still come)."""
-        return self._unwound.get(pid) == self.profiler.epoch(pid) and self.profiler.unwind.has_process(pid)
+        return self._unwound.get(pid) == self.profiler.live_epoch(pid) and self.profiler.unwind.has_process(pid)
 
     def pending(self) -> set[int]:
         """The processes whose tables are being read, or will be from their captured mappings."""
@@ -363,7 +465,7 @@ class UnwindScheduler:
                       reverse=True)
         for pid in [own, *busy[:BUSY_PROCESSES]]:
             learn(pid)
-            self.unwind_later(pid)
+            self.unwind_later(pid, budgeted=False)
         self.wait_for(BUSY_UNWIND_SECONDS)  # after the jobs above
 
     def prepare_unwind(self, executable: str) -> None:

@@ -39,6 +39,14 @@ class UnwindFile:
         delta = overlapping[0].vaddr - overlapping[0].offset if overlapping else 0
         return entry.start - entry.offset - delta
 
+    def executable_segment(self) -> tuple[int, int, int] | None:
+        """(vaddr, size in the file, vaddr - file offset) of its first executable segment, for a file known by
+        identity (the walks of images find a mapping's rows and load bias by it, bpf/images.c)."""
+        if self.identity is None:
+            return None
+        segment = next((seg for seg in self.loads if seg.executable), None)
+        return None if segment is None else (segment.vaddr, segment.filesz, segment.vaddr - segment.offset)
+
     def file_vaddr(self, entry: MapEntry, address: int) -> int:
         """The file's virtual address of ``address`` in the mapping ``entry``."""
         return address - self.bias(entry)

@@ -103,8 +103,8 @@ def test_perf_inject_jit_accepts_the_dump(tmp_path):
         pytest.skip("perf (linux-perf) is not installed")
     data, injected = tmp_path / "perf.data", tmp_path / "perf.jit.data"
     subprocess.run(["perf", "record", "-q", "-k", "mono", "-F", "999", "-o", str(data), PYTHON,
-                    str(PROGRAMS / "llvm_jit.py"), "1.5", "--dump-dir", str(tmp_path), "--no-perf-map"],
-                   check=True, capture_output=True, timeout=60)
+                    str(PROGRAMS / "llvm_jit.py"), "1.5", "--cpu", "--dump-dir", str(tmp_path), "--no-perf-map"],
+                   check=True, capture_output=True, timeout=120)  # CPU seconds: Python's start is a fixed cost
     subprocess.run(["perf", "inject", "--jit", "-i", str(data), "-o", str(injected)], check=True,
                    capture_output=True, timeout=60)
     assert list(tmp_path.glob("jitted-*.so")), "perf inject wrote no ELF for the jitted code"

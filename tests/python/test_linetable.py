@@ -9,7 +9,8 @@ import subprocess
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from optrace.frontend.runtimes.cpython.codeobject import MAX_CACHED_LINES, CodeInfo
+from optrace.frontend.runtimes.cpython import linetable
+from optrace.frontend.runtimes.cpython.codeobject import CodeInfo
 from optrace.frontend.runtimes.cpython.linetable import line_of
 from optrace.pythonlayout import LINES_310, LINES_LNOTAB, LINES_LOCATIONS
 from pythons import PROGRAMS, SUPPORTED, command
@@ -61,15 +62,25 @@ def test_garbage_tables_never_raise(kind, table, firstlineno, unit, complete):
 
 
 @pytest.mark.parametrize("name", SUPPORTED[-1:])
-def test_a_code_objects_lines_are_kept_as_found_and_bounded(name):
-    """CodeInfo.line gives the decoder's line for every unit, asked once or again, and keeps at most
-    MAX_CACHED_LINES of them (a process chooses the instructions its frame words carry)."""
+def test_a_code_objects_table_is_decoded_once(name, monkeypatch):
+    """CodeInfo.line gives the decoder's line for every unit, asked once or again, from the table decoded once
+    (its ranges bounded by the table's bytes): a walk of the table per instruction asked made a generated
+    code object's frames cost minutes to name."""
     code = next(c for c in interpreter_lines(name) if len(c["lines"]) > 10)
     kind = KINDS.get(name, LINES_LOCATIONS)
     info = CodeInfo("f", "f", "f.py", code["firstlineno"], bytes.fromhex(code["table"]), True, kind)
+    expected = [line_of(kind, info.linetable, info.firstlineno, unit) or 0 for unit in range(len(code["lines"]))]
+    decodes = []
+    monkeypatch.setattr(linetable, "_locations_ranges", spy(linetable._locations_ranges, decodes))
     for _ in range(2):
-        assert [info.line(unit) for unit in range(len(code["lines"]))] == [
-            line_of(kind, info.linetable, info.firstlineno, unit) or 0 for unit in range(len(code["lines"]))]
-    for unit in range(MAX_CACHED_LINES * 2):
+        assert [info.line(unit) for unit in range(len(code["lines"]))] == expected
+    for unit in range(10_000):
         info.line(unit)
-    assert len(info._lines) == MAX_CACHED_LINES
+    assert len(decodes) <= 1 and len(info._index[0]._ends) <= len(info.linetable)
+
+
+def spy(function, calls: list):
+    def wrapped(*args):
+        calls.append(args)
+        return function(*args)
+    return wrapped

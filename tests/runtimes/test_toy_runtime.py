@@ -59,6 +59,7 @@ def stack_of(pid: int, *words: int) -> RawSample:
 def test_a_toy_process_is_detected_named_counted_and_forgotten(toyvm) -> None:
     symbolizer = Symbolizer()
     parts = started(symbolizer)
+    assert parts.may_run(["libc.so.6", "toyvm"]) and not parts.may_run(["libc.so.6", "python3.11"])
     parts.look_at(toyvm.pid, read_maps(toyvm.pid).entries)
     parts.look_at(os.getpid(), read_maps(os.getpid()).entries)  # no toyvm mapped: not its process
     raw = [stack_of(toyvm.pid, toy_word(2, 4), toy_word(1, 12), toy_word(0, 2)), stack_of(toyvm.pid)]

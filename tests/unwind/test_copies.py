@@ -15,6 +15,7 @@ PID = 4242
 BASE = 0x5555_0000_0000
 SP = 0x7ffd_0000_1000
 BUILD_ID = b"\x11" * 20
+JIT_PC = 0x7f00_0000_1000  # in no mapping
 # the file's code: 0x1000-0x2000 leaf functions (CFA = rsp + 8), from 0x2000 its outermost frame
 ROWS = ROW.pack(0x1000, 8, 0, CFA_RSP, RBP_SAME) + ROW.pack(0x2000, 0, 0, CFA_OUTERMOST, RBP_SAME)
 MAPPING = ProcessMapping(BASE + 0x1000, BASE + 0x3000, 0x1000, BASE, "file", ROWS, BUILD_ID)
@@ -79,3 +80,67 @@ def test_a_sample_gives_up_when_its_tables_cannot_come():
                 == ([], []), ending
         cpu, _ = copies.end_drain((), final=ending == "final")
         assert [(s.user, s.stop, s.copy) for s in cpu] == [(sample.user, NO_TABLE, 0)], ending
+
+
+def continued_sample(copy_id: int, user: tuple[UserFrame, ...] = ()) -> tuple[RawSample, StackCopy]:
+    """A CFI walk stopped at a PC in no mapping of its (stale) table, e.g. JIT code mapped since: its copy goes
+    on from ``user`` (no frame when it stopped at the leaf)."""
+    copy = StackCopy(JIT_PC, SP, 0, struct.pack("<Q", BASE + 0x2010), return_address=bool(user), continues=True,
+                     pid=PID, epoch=5, exec_epoch=3)
+    return RawSample(PID, "jit", user, (), 1, 0.0, stop="copied", copy=copy_id), copy
+
+
+def test_a_waiting_sample_is_told_at_once_with_the_frames_known_before_its_walk():
+    """The session looks for JIT files while the process lives (its tables may come after it exited)."""
+    copies = StackCopies()
+    at_leaf, copy = continued_sample(1)
+    kernel_leaf, kernel_copy = copied_sample(2)
+    above, above_copy = continued_sample(3, (UserFrame(BUILD_ID, 0x1100),))
+    copies.add_copies({1: copy, 2: kernel_copy, 3: above_copy})
+    assert copies.resolve([at_leaf, kernel_leaf, above]) == []
+    assert [s.user for s in copies.take_arrived()] == [(UserFrame(None, JIT_PC),), kernel_leaf.user,
+                                                       (UserFrame(BUILD_ID, 0x1100), UserFrame(None, JIT_PC))]
+    assert copies.take_arrived() == []  # once
+    copies.add_tables(PID, 6, 3, [MAPPING])
+    assert len(copies.end_drain(())[0]) == 3 and copies.take_arrived() == []  # walked: nothing arrives
+
+
+def test_a_sample_stopped_at_its_leaf_keeps_its_pc_when_it_gives_up():
+    copies = StackCopies()
+    sample, copy = continued_sample(1)
+    copies.add_copies({1: copy})
+    copies.resolve([sample])
+    cpu, _ = copies.end_drain((), final=True)
+    assert [(s.user, s.stop, s.copy) for s in cpu] == [((UserFrame(None, JIT_PC),), NO_TABLE, 0)]
+
+
+def test_a_caller_naming_leaves_gets_waiting_samples_at_once_and_once():
+    """top without its children column: a sample whose tables are not there comes with its leaf now (not
+    after the tables, seconds later under load), and is not handed back again when they come."""
+    copies = StackCopies()
+    kernel_leaf, copy = copied_sample(1)
+    at_leaf, continued = continued_sample(2)
+    copies.add_copies({1: copy, 2: continued})
+    assert [(s.user, s.copy) for s in copies.resolve([kernel_leaf, at_leaf], leaves=True)] == \
+        [(kernel_leaf.user, 0), ((UserFrame(None, JIT_PC),), 0)]
+    assert copies.wanted() == set() and copies.stats["unwalked_for_leaves"] == 2
+    copies.add_tables(PID, 6, 3, [MAPPING])
+    assert copies.end_drain(()) == ([], [])
+    again, _ = copied_sample(3)
+    copies.add_copies({3: copy})
+    assert [s.user for s in copies.resolve([again], leaves=True)] == [walked_frames()]  # tables there: walked
+
+
+def test_a_first_sample_with_python_frames_keeps_its_copys_pc_when_it_gives_up():
+    """copypython.c stores a first sample's Python frames and no leaf: the copy's PC is the leaf (JIT code
+    run from Python was named by nothing: tests/jit/test_jit_late_tables.py's 'jitdump, no table')."""
+    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD
+    from optrace.model import RUNTIME_FRAME
+
+    copies = StackCopies()
+    chain = (UserFrame(RUNTIME_FRAME, 0x40 | CHAIN_WORD | CHAIN_CALL_END),)
+    copy = StackCopy(JIT_PC, SP, 0, struct.pack("<Q", BASE + 0x2010), pid=PID, epoch=5, exec_epoch=3)
+    sample = RawSample(PID, "python", chain, (), 1, 0.0, copy=1)
+    copies.add_copies({1: copy})
+    assert [s.user for s in copies.resolve([sample], leaves=True)] == [(UserFrame(None, JIT_PC),
+                                                                         UserFrame(RUNTIME_FRAME, 0x40))]

@@ -144,9 +144,11 @@ def test_rows_full_starts_a_new_generation_once_a_minute(maps, clock):
     assert bpf.rows(0, 1) == b"a" * ROW_SIZE and bpf.rows(40, 1) == b"b" * ROW_SIZE
     unwind.load_process(3, 7, mappings_of(3))  # 40 + 30 + 50 > 100, but the generation is new
     assert unwind.generation == 0 and unwind.stats["rows_full"] == 1 and unwind._files["c"].row_count == 0
-    clock.now += unwindmaps.MIN_GENERATION_SECONDS
-    unwind.load_process(2, 7, mappings_of(2) + mappings_of(3))  # both known already: no room asked for
+    assert unwind._files["c"].lazy and not unwind.is_loaded("c")  # its stacks are copied meanwhile, asked again
+    unwind.load_process(2, 7, mappings_of(2))
     assert unwind.generation == 0
+    clock.now += unwindmaps.MIN_GENERATION_SECONDS
+    unwind._used["a"] = unwind._used["b"] = clock.now  # in use: not evicted to make room
     unwind.load_process(4, 7, mappings_of(4))
     assert unwind.generation == 1 and unwind.stats["generations"] == 1
     assert [k.value for k in bpf[b"unwind_procs"].keys()] == [4]  # every other table dropped
@@ -221,9 +223,32 @@ def test_session_loads_live_processes_again_after_a_new_generation(session, maps
         session.unwinder.unwind(pid)
     assert set(session.unwinder._unwound) == {1, 2}
     clock.now += unwindmaps.MIN_GENERATION_SECONDS
+    unwind._used["a"] = unwind._used["b"] = clock.now  # in use: no eviction makes room, a new generation does
     session.unwinder.unwind(3)  # c does not fit: a new generation, 1 and 2 dropped
     assert unwind.generation == 1 and set(session.unwinder._unwound) == {3}
     assert [k.value for k in bpf[b"unwind_procs"].keys()] == [3]
+    frame_pointer_sample = RawSample(1, "p", (UserFrame(None, 0x10010),), (), 4)  # stop "": not unwound
+    session.unwinder.unwind_processes([frame_pointer_sample])
+    assert set(session.unwinder._unwound) == {1, 3} and unwind.has_process(1)
+
+
+def test_files_no_process_uses_make_room_for_a_new_one(session, maps, clock):
+    """The rows of files whose processes were not sampled for ACTIVE_SECONDS are given back (their processes'
+    tables dropped, loaded again once sampled) before any new generation: cc1's 479k rows waited a whole
+    recording behind files of processes sampled once (no_cfi 6393, issue 43)."""
+    unwind, bpf = maps
+    for pid in (1, 2):
+        session.unwinder.unwind(pid)
+    old_a = file_id(unwind, "a")
+    clock.now += unwindmaps.ACTIVE_SECONDS + 1
+    session.unwinder.unwind(3)  # c (50) fits once a (40) and b (30) are given back: both were idle
+    assert unwind.generation == 0 and unwind.stats["files_evicted"] == 2 and "c" in unwind._files
+    assert unwind._files["c"].row_count == 50 and set(session.unwinder._unwound) == {3}
+    assert [k.value for k in bpf[b"unwind_procs"].keys()] == [3]
+    stack = decode_cfi(words(in_file(old_a, 0x10)), 0, unwind.drain_ids())  # read before the eviction
+    assert stack.frames == (UserFrame(b"a".ljust(20, b"\0"), 0x10),)
+    unwind.load_process(1, 7, mappings_of(1))  # a again: the 50 rows left hold it
+    assert unwind._files["a"].row_count == 40 and unwind.stats["rows_full"] == 0
     frame_pointer_sample = RawSample(1, "p", (UserFrame(None, 0x10010),), (), 4)  # stop "": not unwound
     session.unwinder.unwind_processes([frame_pointer_sample])
     assert set(session.unwinder._unwound) == {1, 3} and unwind.has_process(1)

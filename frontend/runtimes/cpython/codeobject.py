@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from optrace.frontend.runtimes.cpython.linetable import line_of
+from optrace.frontend.runtimes.cpython.linetable import LineIndex
 from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.pythonlayout import CAPTURE_HEADER, CAPTURE_PARTS, CODE_WINDOW, PythonLayout
 
@@ -20,7 +20,6 @@ TRUNCATED = "…"
 UNKNOWN_NAME = "[unknown]"
 MAX_NAME_CHARS = 1024  # characters kept of a name or file read from a live process
 MAX_LINETABLE = 64 << 10  # bytes of a line table read from a live process
-MAX_CACHED_LINES = 4096  # instructions whose line a CodeInfo keeps
 LIVE_STRING_BYTES = 4096  # bytes read of a str object at first (the header and up to ~4000 characters)
 UNICODE_KINDS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
 MAX_LINE = 10_000_000  # a source file's lines: more is not a line number
@@ -42,21 +41,16 @@ class CodeInfo:
     linetable: bytes
     linetable_complete: bool  # False: the table was cut short (its later instructions have no line)
     linetable_kind: str
-    # instruction -> line, as found: a daemon naming whole stacks every drain (serve's OTLP push) asks for
-    # the same few instructions again and again, and decoding walks the table from its start each time.
-    # At most MAX_CACHED_LINES entries: the instructions in frame words are the process's to make up.
-    _lines: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    # the table decoded once into ranges (linetable.py), at the first line asked for
+    _index: list[LineIndex] = field(default_factory=list, compare=False, repr=False)
 
     def line(self, instr_units: int) -> int:
         """0 when not known; never outside 1..MAX_LINE (a garbage table gives no line rather than a wild one)."""
-        found = self._lines.get(instr_units)
-        if found is None:
-            decoded = line_of(self.linetable_kind, self.linetable, self.firstlineno, instr_units,
-                              self.linetable_complete)
-            found = decoded if decoded is not None and 0 < decoded <= MAX_LINE else 0
-            if len(self._lines) < MAX_CACHED_LINES:
-                self._lines[instr_units] = found
-        return found
+        if not self._index:
+            self._index.append(LineIndex(self.linetable_kind, self.linetable, self.firstlineno,
+                                         self.linetable_complete))
+        found = self._index[0].line(instr_units)
+        return found if found is not None and 0 < found <= MAX_LINE else 0
 
 
 def decode_capture(capture: bytes, layout: PythonLayout) -> CodeInfo | None:

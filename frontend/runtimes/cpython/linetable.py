@@ -14,6 +14,8 @@ bytes) rather than raising.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from optrace.pythonlayout import LINES_310, LINES_LNOTAB, LINES_LOCATIONS
 
 CODE_UNIT = 2  # bytes of an instruction unit (3.6+)
@@ -26,56 +28,78 @@ LOCATION_ONE_LINE = 10  # codes 10-12: line delta 0-2, two column bytes follow
 def line_of(kind: str, table: bytes, firstlineno: int, instr: int, complete: bool = True) -> int | None:
     """The line of instruction ``instr`` (in code units) by a table of ``kind`` (a LINES_* value); None when
     the table gives it no line, or when ``complete`` is False and the cut-off table does not reach it."""
-    if instr < 0:
-        return firstlineno
-    if kind == LINES_LNOTAB:
-        return _lnotab_line(table, firstlineno, instr * CODE_UNIT, complete)
-    if kind == LINES_310:
-        return _linetable310_line(table, firstlineno, instr * CODE_UNIT)
-    if kind == LINES_LOCATIONS:
-        return _locations_line(table, firstlineno, instr)
-    return None
+    return LineIndex(kind, table, firstlineno, complete).line(instr)
+
+
+class LineIndex:
+    """A line table decoded once into address ranges, each instruction's line a bisect away: a table is walked
+    from its start to find one instruction's line, and a code object as long as a generated module's (a
+    million lines) made each distinct instruction of its frames a walk of the whole table."""
+
+    def __init__(self, kind: str, table: bytes, firstlineno: int, complete: bool = True) -> None:
+        self.firstlineno = firstlineno
+        self._unit = CODE_UNIT if kind in (LINES_LNOTAB, LINES_310) else 1  # the table's addresses: bytes or units
+        ranges = {LINES_LNOTAB: _lnotab_ranges, LINES_310: _linetable310_ranges,
+                  LINES_LOCATIONS: _locations_ranges}.get(kind)
+        self._ends: list[int] = []  # range i covers [ends[i - 1], ends[i])
+        self._lines: list[int | None] = []
+        self._tail: int | None = None  # past the last range
+        if ranges is not None:
+            self._tail = ranges(table, firstlineno, complete, self._ends, self._lines)
+
+    def line(self, instr: int) -> int | None:
+        if instr < 0:
+            return self.firstlineno
+        index = bisect_right(self._ends, instr * self._unit)
+        return self._lines[index] if index < len(self._lines) else self._tail
 
 
 def _signed_byte(value: int) -> int:
     return value - 256 if value >= 128 else value
 
 
-def _lnotab_line(table: bytes, firstlineno: int, address: int, complete: bool) -> int | None:
+def _lnotab_ranges(table: bytes, firstlineno: int, complete: bool, ends: list[int], lines: list[int | None]
+                   ) -> int | None:
+    """PyCode_Addr2Line's rule: the line of byte offset ``a`` is the sum of the increments before the first pair
+    whose running offset passes ``a``; past the table, the last line (None when the table was cut short)."""
     at, line = 0, firstlineno
     for index in range(0, len(table) - 1, 2):
-        at += table[index]
-        if at > address:
-            return line
+        if table[index]:
+            at += table[index]
+            ends.append(at)
+            lines.append(line)
         line += _signed_byte(table[index + 1])
     return line if complete else None
 
 
-def _linetable310_line(table: bytes, firstlineno: int, address: int) -> int | None:
+def _linetable310_ranges(table: bytes, firstlineno: int, complete: bool, ends: list[int],
+                         lines: list[int | None]) -> int | None:
     end, line = 0, firstlineno
     for index in range(0, len(table) - 1, 2):
-        start, end = end, end + table[index]
         delta = table[index + 1]
         if delta != NO_LINE_310:
             line += _signed_byte(delta)
-        if start <= address < end:
-            return None if delta == NO_LINE_310 else line
+        if table[index]:
+            end += table[index]
+            ends.append(end)
+            lines.append(None if delta == NO_LINE_310 else line)
     return None
 
 
-def _locations_line(table: bytes, firstlineno: int, instr: int) -> int | None:
+def _locations_ranges(table: bytes, firstlineno: int, complete: bool, ends: list[int],
+                      lines: list[int | None]) -> int | None:
     at, end, line = 0, 0, firstlineno
     while at < len(table):
         first = table[at]
         if not first & 0x80:
-            return None  # not at the start of an entry: malformed
-        code, start, end = (first >> 3) & 0xF, end, end + (first & 7) + 1
+            return None  # not at the start of an entry: malformed, no line from here on
+        code, end = (first >> 3) & 0xF, end + (first & 7) + 1
         delta, at = _entry_line_delta(table, at + 1, code)
         if at < 0:
             return None
         line += delta or 0
-        if start <= instr < end:
-            return None if delta is None else line
+        ends.append(end)
+        lines.append(None if delta is None else line)
     return None
 
 

@@ -21,7 +21,7 @@ from typing import Protocol
 from optrace.frontend.runtimes.cpython import FRAME_KIND
 from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, decode_capture, read_code
 from optrace.frontend.runtimes.cpython.gilfunction import TAKE_GIL
-from optrace.frontend.runtimes.cpython.interpreter import find_interpreter, python_mappings
+from optrace.frontend.runtimes.cpython.interpreter import INTERPRETER_NAME, find_interpreter, python_mappings
 from optrace.frontend.runtimes.cpython.interpreterfile import InterpreterFile, interpreter_file
 from optrace.model import UNKNOWN, Frame
 from optrace.procfs import MapEntry, process_uid, start_ticks, stat_fields
@@ -70,6 +70,11 @@ class PythonProcesses:
         self._outcomes: dict[int, PythonOutcome] = {}
         self._codes: dict[int, dict[int, CodeInfo | None]] = {}
         self.stats: Counter[str] = Counter()  # captures decoded, undecodable, live reads, ...
+
+    @staticmethod
+    def may_run_python(names: Iterable[str]) -> bool:
+        """Whether a process mapping files of these names may run an interpreter (one is named like one)."""
+        return any(INTERPRETER_NAME.match(name) for name in names)
 
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> PythonOutcome | None:
         """Find the process's interpreter (None when it maps none). The walker has it from now on."""

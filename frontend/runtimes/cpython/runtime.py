@@ -28,6 +28,9 @@ class CPythonPart:
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> None:
         self.processes.look_at(pid, maps)
 
+    def may_run(self, names: Iterable[str]) -> bool:
+        return self.processes.may_run_python(names)
+
     def to_retry(self, now: float) -> list[int]:
         return self.processes.to_retry(now)
 

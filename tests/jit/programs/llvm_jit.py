@@ -1,7 +1,11 @@
 """A real JIT: compiles `optrace_jit_hot` with llvmlite (MCJIT), registers it through optrace's agent API
 (perf map + jitdump with the code bytes), then burns CPU in it for the given seconds.
 
-usage: llvm_jit.py SECONDS [--dump-dir DIR] [--no-perf-map]
+usage: llvm_jit.py SECONDS [--dump-dir DIR] [--no-perf-map] [--no-jitdump] [--wait] [--cpu]
+
+--wait: print "ready" once llvmlite is loaded and compile only after a line on stdin (a test sets its
+profiler up meanwhile); --cpu: SECONDS of this process's CPU time, not wall time (the loop's share of
+its samples then does not depend on the machine's load).
 """
 from __future__ import annotations
 
@@ -54,15 +58,22 @@ def main() -> None:
     parser.add_argument("seconds", type=float)
     parser.add_argument("--dump-dir")
     parser.add_argument("--no-perf-map", action="store_true")
+    parser.add_argument("--no-jitdump", action="store_true")
+    parser.add_argument("--wait", action="store_true")
+    parser.add_argument("--cpu", action="store_true")
     args = parser.parse_args()
+    if args.wait:
+        print("ready", flush=True)
+        sys.stdin.readline()
+    clock = time.process_time if args.cpu else time.monotonic
     engine, address, size = compile_hot()
-    with open_agent(dump_dir=args.dump_dir, perf_map=not args.no_perf_map) as agent:
+    with open_agent(dump_dir=args.dump_dir, perf_map=not args.no_perf_map, jitdump=not args.no_jitdump) as agent:
         agent.write_debug_line_info(address, [DebugLine(address, 1, "hot.ll")])
         agent.write_native_code(NAME, address, size, ctypes.string_at(address, size))
         print(f"{NAME} 0x{address:x} {size} {agent.jitdump_path}", flush=True)
         hot = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(address)
-        deadline = time.monotonic() + args.seconds
-        while time.monotonic() < deadline:
+        deadline = clock() + args.seconds
+        while clock() < deadline:
             hot(2_000_000)
     sys.exit(0)
 

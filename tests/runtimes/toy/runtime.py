@@ -78,6 +78,9 @@ class ToyPart:
                 self.outcomes[pid] = f"{VERSION} {entry.file_path}"
                 self.functions[pid] = table
 
+    def may_run(self, names: Iterable[str]) -> bool:
+        return EXECUTABLE in names
+
     def to_retry(self, now: float) -> list[int]:
         return []
 
