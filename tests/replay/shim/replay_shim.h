@@ -280,9 +280,18 @@ static long replay_tail_call(void *ctx, struct replay_map *map, u32 index)
 #define BPF_RINGBUF_OUTPUT(_name, _pages) REPLAY_MAP(REPLAY_OUTPUT, 0, u32, u32, _name, 0)
 
 #define RAW_TRACEPOINT_PROBE(_event) int raw_tracepoint__##_event(struct bpf_raw_tracepoint_args *ctx)
-#define TRACEPOINT_PROBE(_category, _event) int tracepoint__##_category##__##_event(void *args)
+// A syscall exit tracepoint's arguments as BCC generates them (profile.c reads ``ret`` only)
+struct replay_syscall_exit_args {
+    __u64 common;
+    long syscall_nr;
+    long ret;
+};
+#define TRACEPOINT_PROBE(_category, _event) \
+    int tracepoint__##_category##__##_event(struct replay_syscall_exit_args *args)
+#define PT_REGS_PARM2(x) ((x)->si)
 #define PT_REGS_PARM3(x) ((x)->dx)
 #define PT_REGS_PARM5(x) ((x)->r8)
+#define PT_REGS_PARM6(x) ((x)->r9)
 
 // The process's memory: regions of a snapshot, or a reader of a live process (the snapshot's maker).
 struct replay_region {
