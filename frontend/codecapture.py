@@ -4,7 +4,10 @@ offsets, so annotate needs neither root nor the binary (rebuilt, deleted, or JIT
 Bounded (stated in the README): the :attr:`CodeBudget.functions` functions with the most own samples
 (each with at least :attr:`CodeBudget.min_share` of the recording's samples), at most :attr:`CodeBudget.function_bytes` of each one's code and :attr:`CodeBudget.total_bytes` in all.
 A function whose code cannot be had (kernel code, an object not found, a JIT function without jitdump
-bytes whose process was gone) is left out; annotate lists what was kept.
+bytes whose process was gone) is left out; annotate lists what was kept. So is an ELF function whose object
+file the sampled process's user may not read (a program it may only execute, mode 0711): the record of a
+``sudo optrace record`` is the invoking user's, and must give no one code they could not read
+(Symbolizer.readable_objects).
 """
 from __future__ import annotations
 
@@ -155,4 +158,7 @@ def capture_session(session: ProfilingSession, frames: list[Frame], samples: lis
         found = session.jit.code.find(pid, address, name) if session.jit.code is not None else None
         return None if found is None else Code(found.start, found.start, found.code, found.size)
 
-    return capture(frames, samples, native, jit, budget, session.symbolizer.source_lines)
+    functions = capture(frames, samples, native, jit, budget, session.symbolizer.source_lines)
+    native_objects = {(f.pid, f.build_id) for f in functions if f.build_id is not None and not f.dso.startswith(JIT_PREFIX)}
+    readable = session.symbolizer.readable_objects(native_objects)
+    return [f for f in functions if (f.pid, f.build_id) not in native_objects or (f.pid, f.build_id) in readable]

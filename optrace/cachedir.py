@@ -5,7 +5,10 @@ tables converted from files' CFI (frontend/unwind/tablestore.py), the parsed ker
 Root's entries live in ``/var/cache/optrace/<kind>`` (``$XDG_CACHE_HOME/optrace/<kind>`` or
 ``~/.cache/optrace/<kind>`` for another user; ``$OPTRACE_CACHE_DIR/<kind>`` when that is set, and
 nothing is kept when it is set empty). A directory is used only if it is a real directory owned by the
-user running optrace that nobody else can write. Entries are opened relative to it without following
+user running optrace that nobody else can write, reached without following another user's symlink and
+through folders no other user may change (optrace.outputdir.open_folder: a link in /tmp would lead root's
+writes and least-recently-used deletions into any folder, and another user's folder on the way lets its
+owner swap root's directory between runs). Entries are opened relative to it without following
 symlinks or blocking, must be regular files of that user of bounded size, and carry a SHA-256 of their
 payload: anything else is a miss, and the entry is replaced. New entries are written under a temporary
 name and renamed into place; the directory holds at most its byte bound, the least recently used
@@ -22,6 +25,8 @@ import stat
 import struct
 import threading
 from pathlib import Path
+
+from optrace.outputdir import open_folder
 
 CACHE_DIR_VARIABLE = "OPTRACE_CACHE_DIR"
 MAX_HEADER_BYTES = 1 << 16
@@ -124,11 +129,17 @@ class CacheDirectory:
     # -- the directory and its entries ------------------------------------------------------------------
     def _open_directory(self, directory: Path) -> int | None:
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            walked = open_folder(directory, 0o700)
         except OSError as err:
             self.problem = f"cannot use {directory}: {err.strerror or err}"
             return None
+        try:
+            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=walked)  # O_PATH lists nothing
+        except OSError as err:
+            self.problem = f"cannot use {directory}: {err.strerror or err}"
+            return None
+        finally:
+            os.close(walked)
         info = os.fstat(fd)
         if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             os.close(fd)

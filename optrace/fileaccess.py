@@ -20,6 +20,11 @@ else. The rule, checked on the descriptor actually opened (no check-then-open ra
   forever), optionally owned by given uids and with one hard link, and at most ``max_size`` bytes.
 - Reads go through :class:`BoundedFile`: never past the size ``fstat`` gave when the file was opened,
   and never longer than the policy's time budget in total; decompression is bounded in output bytes.
+- A file read *for* a process, whose name the process chooses (its Python source files), is opened by a
+  thread holding that process's credentials (:func:`optrace.credentials.run_as`) through the process's
+  root: the kernel decides, along the whole path, whether its user could open it. Content read for a
+  process from a file it maps (machine code for ``annotate``) is kept only if :func:`may_read` says, in such
+  a thread, that the user may read that very file (a program it may only execute, mode 0711, is not).
 """
 from __future__ import annotations
 
@@ -46,6 +51,9 @@ PSEUDO_FS_TYPES = {
 }
 
 SYS_OPENAT2 = 437  # x86-64 and aarch64 (the generic syscall table)
+SYS_FACCESSAT2 = 439
+AT_EMPTY_PATH = 0x1000
+AT_EACCESS = 0x200
 RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
@@ -154,6 +162,15 @@ def open_mapped(pid: int, start: int, end: int, policy: FilePolicy = ANY_FILE, *
     except OSError as exc:
         raise _refusal(shown or path, exc) from None
     return _checked(fd, shown or path, policy)
+
+
+def may_read(fd: int) -> bool:
+    """Whether the calling thread's credentials may read the file ``fd`` is open on: the kernel's own check
+    (ACLs and capabilities included) with the thread's file-system ids, groups and capabilities, as
+    :func:`optrace.credentials.run_as` sets them (faccessat2 on the descriptor, AT_EACCESS)."""
+    done = _libc.syscall(SYS_FACCESSAT2, ctypes.c_int(fd), b"", ctypes.c_int(os.R_OK),
+                         ctypes.c_int(AT_EMPTY_PATH | AT_EACCESS))
+    return done == 0
 
 
 def _refusal(shown: str, exc: OSError) -> RefusedFile:

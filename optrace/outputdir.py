@@ -17,6 +17,11 @@ without the kernel's two exceptions (any link in a folder that is not sticky and
 of the folder's owner): those exist because the kernel guards against races in shared folders only, and
 leaves a path through someone's own folder to that someone. Here root writes, and a link of whoever owns a
 folder on the way (their home as well as /tmp) would send root's file anywhere on the machine.
+
+The same walk opens the folders optrace keeps files in between runs (optrace/cachedir.py: its compiled
+programs, unwind tables, kernel symbols), making missing ones on the way, and there also refuses a folder
+on the way that another user owns or may write (unless it is sticky, as /tmp): whoever may rename what lies
+in a folder can swap root's private folder for another between two runs.
 """
 from __future__ import annotations
 
@@ -62,21 +67,38 @@ def open_target(path: str | os.PathLike[str]) -> Target:
     return Target(_walk(start, parts), final.name)
 
 
-def _walk(start: str, parts: list[str]) -> int:
-    """The descriptor of the folder ``parts`` lead to from ``start``, links followed as the module says."""
+def open_folder(path: str | os.PathLike[str], create_mode: int) -> int:
+    """An ``O_PATH`` descriptor of the folder ``path`` itself, walked as the module says, the folders missing
+    on the way made (the last one with ``create_mode``, the others 0755), and every folder on the way one
+    that only root or the invoking user may change (else PermissionError)."""
+    final = Path(path)
+    parts = list(final.parts)
+    start = parts.pop(0) if final.is_absolute() else "."
+    return _walk(start, parts, create_mode)
+
+
+def _walk(start: str, parts: list[str], create_mode: int | None = None) -> int:
+    """The descriptor of the folder ``parts`` lead to from ``start``, links followed as the module says;
+    with ``create_mode``, missing folders made and every folder checked (:func:`open_folder`)."""
     fd = _open_start(start)
     walked = [] if start == "." else [start]  # for messages
     pending = deque(parts)
     links = 0
     try:
+        if create_mode is not None:
+            _check_private(fd, _shown(walked))
         while pending:
             part = pending.popleft()
             if part in ("", "."):
                 continue
+            if create_mode is not None:
+                _make(fd, part, create_mode if not any(p not in ("", ".") for p in pending) else 0o755)
             found = _step(fd, part, walked)
             if isinstance(found, int):
                 os.close(fd)
                 fd, walked = found, _walked_into(walked, part)
+                if create_mode is not None:
+                    _check_private(fd, _shown(walked))
                 continue
             links += 1
             if links > MAX_LINKS:
@@ -89,6 +111,26 @@ def _walk(start: str, parts: list[str]) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _make(dir_fd: int, part: str, mode: int) -> None:
+    """The folder ``part`` in ``dir_fd``, made if nothing is there (what is there is the walk's to judge)."""
+    if part == "..":
+        return
+    try:
+        os.mkdir(part, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+
+
+def _check_private(fd: int, shown: str) -> None:
+    """Refuse a folder another user owns, or may write without the sticky bit's protection."""
+    info = os.fstat(fd)
+    if info.st_uid not in (0, os.geteuid(), invoking_uid()):
+        raise PermissionError(errno.EACCES, f"{printable(shown)} belongs to uid {info.st_uid}", shown)
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        raise PermissionError(errno.EACCES, f"{printable(shown)} may be written by other users "
+                                            f"(mode {stat.S_IMODE(info.st_mode):04o}, not sticky)", shown)
 
 
 def _open_start(start: str) -> int:

@@ -8,6 +8,11 @@ is opened), is flushed and synced, then renamed over the target, all relative to
 planted by another user is replaced, and the final name holds either the previous file or the complete new
 one.
 
+Who may read it: run as root, the file is 0600 (and the umask's): a record, an annotate listing, a JSON
+or OTLP report of the whole machine holds other users' source lines, code and command lines (perf writes
+perf.data 0600 too). Under sudo it belongs to the invoking user (SUDO_UID/SUDO_GID), who reads it without
+root. Run as anyone else, the umask decides (0666 & ~umask), as for any file the user makes.
+
 One exception, which every tool writes to: a name that is the null device itself (``/dev/null``, not a
 link to it) is opened and written, without following a link, blocking or a rename.
 """
@@ -73,7 +78,7 @@ def _replacing(target: Target, mode: str, keep_previous: bool, encoding: str, er
         with os.fdopen(fd, mode, **text) as out:
             yield out
             out.flush()
-            os.fchmod(out.fileno(), 0o666 & ~current_umask())
+            os.fchmod(out.fileno(), output_mode())
             _give_to_sudo_user(out.fileno())
             os.fsync(out.fileno())
         if keep_previous:
@@ -161,6 +166,12 @@ def current_umask() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0o022
+
+
+def output_mode() -> int:
+    """The mode of a new output file: 0600 as root (it may hold every user's source lines and command
+    lines), else the umask's 0666."""
+    return (0o600 if os.geteuid() == 0 else 0o666) & ~current_umask()
 
 
 def _give_to_sudo_user(fd: int) -> None:

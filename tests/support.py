@@ -194,3 +194,13 @@ def cpu_seconds(pid: int) -> float:
     """A process's CPU time so far, its ended threads' included (utime + stime of /proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sleep_until_cpu(pid: int, seconds: float, limit_s: float) -> float:
+    """Sleep until process ``pid`` has used ``seconds`` more CPU time (cpu-clock samples follow CPU time, so
+    that many seconds × Hz samples are in), or ``limit_s`` has passed (a starved process gets the old fixed
+    window). Returns the CPU time it used."""
+    start, deadline = cpu_seconds(pid), time.monotonic() + limit_s
+    while (used := cpu_seconds(pid) - start) < seconds and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return used

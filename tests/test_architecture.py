@@ -14,8 +14,8 @@ into ``optrace.*`` by setuptools (pyproject.toml), which import-linter's file-sy
 installed package does not see.
 
 Beyond imports, rules that keep single ideas single: one containment helper, one base for the errors of
-malformed input, one reader of /proc/PID/maps, exporters/ holding only the registry's writers, and a
-session that stays small.
+malformed input, one reader of /proc/PID/maps, one place that takes another user's credentials,
+exporters/ holding only the registry's writers, and a session that stays small.
 """
 from __future__ import annotations
 
@@ -299,6 +299,17 @@ def test_one_reader_of_process_maps() -> None:
     readers = sorted({module_name(folder, path) for folder, path in product_files()
                       for node in ast.walk(ast.parse(path.read_text())) if opens_maps(node)})
     assert readers == ["optrace.procfs"], readers
+
+
+THREAD_CREDENTIALS = ("setfsuid", "setfsgid", "SETFSUID", "SETFSGID", "CAPSET")
+
+
+def test_one_place_takes_another_users_credentials() -> None:
+    """A thread takes a process's credentials (to open a file for it) in optrace.credentials.run_as only:
+    one place that switches ids per thread and checks what it holds."""
+    takers = sorted({module_name(folder, path) for folder, path in product_files()
+                     if any(name in path.read_text() for name in THREAD_CREDENTIALS)})
+    assert takers == ["optrace.credentials"], takers
 
 
 def test_exporters_hold_only_the_registry_writers() -> None:

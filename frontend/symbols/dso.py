@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from optrace.frontend.symbols import debuginfo
+from optrace.fileaccess import BoundedFile
 from optrace.frontend.symbols.access import FileProblems, FileRef, open_ref
 from optrace.frontend.symbols.buildid import read_build_id
 from optrace.frontend.symbols.demangle import demangle
@@ -210,6 +211,14 @@ class Dso:
     def _readable(self) -> bool:
         return self._image is not None or (self.source is not None and (self.source.read_path is not None
                                                                         or self.source.fd is not None))
+
+    def open_file(self) -> BoundedFile | None:
+        """The object's file, opened (None for an in-memory image: the vDSO). Raises OSError, RefusedFile."""
+        if self._image is not None:
+            return None
+        if self.source is None:
+            raise FileNotFoundError(2, "no file", self.shown)
+        return open_ref(self.source)
 
     def _open(self) -> BinaryIO:
         return io.BytesIO(self._image) if self._image is not None else open_ref(self.source)

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from optrace.credentials import Credentials, process_credentials
 from optrace.fileaccess import RefusedFile, open_file
 from optrace.frontend.symbols.access import (ELF_POLICY, FileProblems, FileRef, in_other_namespace, open_mapped_file,
                                              open_ref)
@@ -40,6 +41,7 @@ class ProcessMaps:
     older: list[MapEntry] = field(default_factory=list)
     by_build_id: dict[bytes, MapEntry] = field(default_factory=dict)  # its own files, current ones last
     elsewhere: bool = False  # in another mount namespace or root (access.in_other_namespace) when snapshotted
+    credentials: Credentials | None = None  # its user's at this snapshot: what it may read (codecapture)
 
     def find(self, address: int) -> MapEntry | None:
         """The current mapping at ``address``; else an older one if all older candidates agree."""
@@ -149,7 +151,8 @@ class Machine:
         if known is not None:
             keep = set(entries) | set(known.older)
             older = (known.older + [e for e in known.current if e not in keep])[-MAX_OLDER_MAPPINGS:]
-        self.processes[pid] = ProcessMaps(text, entries, older, elsewhere=elsewhere)
+        self.processes[pid] = ProcessMaps(text, entries, older, elsewhere=elsewhere,
+                                          credentials=process_credentials(pid))
         self._stats["maps_snapshots"] = self._stats.get("maps_snapshots", 0) + 1
         for entry in entries:
             if not entry.is_file:
@@ -174,6 +177,11 @@ class Machine:
         and only from another file with that id when the process was never snapshotted."""
         maps = self.processes.get(pid)
         return None if maps is None else maps.by_build_id.get(build_id)
+
+    def credentials_of(self, pid: int) -> Credentials | None:
+        """The process's user at its last snapshot (None if never snapshotted)."""
+        maps = self.processes.get(pid)
+        return None if maps is None else maps.credentials
 
     def mapping_at(self, pid: int, address: int) -> MapEntry | None:
         maps = self.processes.get(pid)

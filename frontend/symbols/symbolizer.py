@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from operator import attrgetter
 
 from optrace.containment import contain
+from optrace.credentials import Credentials, run_as
 from optrace.errors import OptraceError
+from optrace.fileaccess import RefusedFile, may_read
 from optrace.model import JIT_MAP, KERNEL, KERNEL_DSO, RUNTIME_FRAME, UNKNOWN, Frame, RawSample, Sample, UserFrame
 from optrace.frontend.symbols import debuginfo
 from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
@@ -38,6 +41,8 @@ from optrace.frontend.symbols.machine import MAX_INDEXED_FILES, Machine
 from optrace.frontend.symbols.symbolstore import SymbolStore
 from optrace.procfs import MapEntry
 from optrace.frontend.symbols.vdso import VDSO, read_own_vdso
+
+READABLE_SECONDS = 10.0  # for one process's checks (a descriptor each: no read, no path walked)
 
 JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]
 BUILD_ID = attrgetter("build_id")  # of a UserFrame
@@ -208,6 +213,37 @@ class Symbolizer:
             return None
         dso = self._dso_for_build_id(bytes.fromhex(frame.build_id))
         return None if dso is None else dso.function_code(frame.address, max_bytes)
+
+    def readable_objects(self, objects: Iterable[tuple[int, str]]) -> set[tuple[int, str]]:
+        """Of (pid, build-id) pairs, those whose object file the process's user may read: the kernel's check
+        on the very file code is read from, made in a thread holding the credentials the process had at its
+        last maps snapshot (optrace.credentials). A program its user may only execute (mode 0711) is not."""
+        by_pid: dict[int, set[str]] = {}
+        for pid, build_id in objects:
+            by_pid.setdefault(pid, set()).add(build_id)
+        readable = set()
+        for pid, build_ids in by_pid.items():
+            user = self.machine.credentials_of(pid)
+            if user is not None:
+                readable |= {(pid, build_id) for build_id in self._readable_as(user, build_ids)}
+        return readable
+
+    def _readable_as(self, user: Credentials, build_ids: Iterable[str]) -> set[str]:
+        with ExitStack() as files:
+            fds: dict[str, int | None] = {}
+            for build_id in build_ids:
+                dso = self._dso_for_build_id(bytes.fromhex(build_id))
+                try:
+                    opened = dso.open_file() if dso is not None else False
+                except (OSError, RefusedFile):
+                    continue
+                if opened is not False:
+                    fds[build_id] = None if opened is None else files.enter_context(opened).fd
+            try:
+                return run_as(user, lambda: {b for b, fd in fds.items() if fd is None or may_read(fd)},
+                              READABLE_SECONDS)
+            except OSError:  # the credentials could not be taken
+                return set()
 
     def source_lines(self, build_id: str, ranges: Sequence[tuple[int, int]]) -> list[LineRow]:
         """The source lines of these link-time address ranges of the object with this build-id."""

@@ -12,10 +12,12 @@ Bounds: copies wait at most WAIT_DRAINS drains for their tables, PENDING_DRAINS 
 (or MAX_COPY_BYTES of them altogether, the oldest go first); a copy no sample names goes after
 UNNAMED_DRAINS drains (an open off-CPU wait names its copy until it ends: :meth:`StackCopies.keep`);
 tables are kept for at most MAX_TABLE_PIDS processes, each process's last MAX_TABLES_PER_PID, and dropped
-one drain after the process exits. A sample that gives up waiting keeps what the kernel took (its leaf,
-or the CFI walk up to where the copy would have gone on) and, when the copy goes on from it, the copy's own
-PC as a raw address (where the walk would have started: a CFI walk stopped at a JIT function's PC has no
-frame of its own), its stop "no_table".
+one drain after the process exits; the rules they keep of the PCs looked up, at most MAX_RULES each and
+MAX_CACHED_RULES in all (a process whose copies hold garbage return addresses, with new mappings to be
+copied again, filled 65,536 a table: 588 MB for 16 such processes), and only PCs in a mapping. A sample that
+gives up waiting keeps what the kernel took (its leaf, or the CFI walk up to where the copy would have gone
+on) and, when the copy goes on from it, the copy's own PC as a raw address (where the walk would have
+started: a CFI walk stopped at a JIT function's PC has no frame of its own), its stop "no_table".
 
 What is known of a waiting sample before its walk (those frames, :meth:`StackCopies.take_arrived`) is
 told at once: whether it ran JIT code must be learned while its process lives (its perf map and mapped
@@ -44,6 +46,7 @@ MAX_COPY_BYTES = 16 << 20  # of copies held
 MAX_TABLE_PIDS = 4096
 MAX_TABLES_PER_PID = 4
 MAX_RULES = 1 << 16  # PCs whose rule a process's tables keep
+MAX_CACHED_RULES = 1 << 17  # and all tables together (about 150 bytes each: 19 MiB)
 MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows, the unwind cache's or the kernel's)
 MAX_FILE_TABLE_BYTES = 16 << 20  # and the rows they hold, at most
 NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
@@ -63,11 +66,12 @@ class ProcessTables:
     frames: dict[int, UserFrame] = field(default_factory=dict, compare=False)  # pc -> its frame, as rules
 
     def frame(self, pc: int) -> UserFrame:
-        """The frame of ``pc`` (:func:`frame_in` of its mapping), each made once."""
+        """The frame of ``pc`` (:func:`frame_in` of its mapping), made once for a PC whose rule is kept (so
+        frames are under the rules' bounds: MAX_RULES a table, MAX_CACHED_RULES in all)."""
         found = self.frames.get(pc)
         if found is None:
             found = frame_in(self.mapping_at(pc), pc)
-            if len(self.frames) < MAX_RULES:
+            if pc in self.rules:
                 self.frames[pc] = found
         return found
 
@@ -161,15 +165,18 @@ class StackCopies:
         self._exited: dict[int, int] = {}  # pid -> the drain its exit was seen at
         self._drain = 0
         self._files_used: set[Hashable] = set()  # files the walks went through since the last take
+        self._rules_held = 0  # in all tables' ``rules``
 
     # -- what comes in ------------------------------------------------------------------------------------
     def add_tables(self, pid: int, epoch: int, exec_epoch: int, mappings: Iterable[ProcessMapping]) -> None:
         tables = process_tables(epoch, exec_epoch, mappings)
         with self._lock:
-            kept = [t for t in self._tables.pop(pid, []) if t.exec_epoch == exec_epoch]
-            self._tables[pid] = sorted(kept + [tables], key=lambda t: t.epoch)[-MAX_TABLES_PER_PID:]
+            before = self._tables.pop(pid, [])
+            kept = sorted([t for t in before if t.exec_epoch == exec_epoch] + [tables], key=lambda t: t.epoch)
+            self._tables[pid] = kept[-MAX_TABLES_PER_PID:]
+            self._release([t for t in before if t not in self._tables[pid]])
             while len(self._tables) > MAX_TABLE_PIDS:
-                self._tables.popitem(last=False)
+                self._release(self._tables.popitem(last=False)[1])
 
     def add_copies(self, copies: dict[int, StackCopy], alive: Callable[[int], bool] = lambda _pid: True) -> set[int]:
         """Copies read from the ring (from any thread); returns the processes among them whose tables are
@@ -254,7 +261,7 @@ class StackCopies:
         gone = [pid for pid, at in self._exited.items() if at < self._drain and pid not in waiting]
         with self._lock:
             for pid in gone:
-                self._tables.pop(pid, None)
+                self._release(self._tables.pop(pid, []))
         for pid in gone:
             del self._exited[pid]
 
@@ -319,9 +326,16 @@ class StackCopies:
         mapping = tables.mapping_at(pc)
         table = self._table(mapping) if mapping is not None else None
         found = mapping, table.find(pc - mapping.bias) if table is not None else None
-        if len(tables.rules) < MAX_RULES:
-            tables.rules[pc] = found
+        if mapping is not None and len(tables.rules) < MAX_RULES:
+            with self._lock:
+                if self._rules_held < MAX_CACHED_RULES:
+                    tables.rules[pc] = found
+                    self._rules_held += 1
         return found
+
+    def _release(self, dropped: Iterable[ProcessTables]) -> None:
+        """Count out the rules of tables dropped (the lock held)."""
+        self._rules_held -= sum(len(tables.rules) for tables in dropped)
 
     def _table(self, mapping: ProcessMapping) -> UnwindTable | None:
         table = self._files.get(mapping.file_key)

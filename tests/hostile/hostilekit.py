@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support import bpf_prog_ids, perf_event_fds, still_loaded  # noqa: F401 - still_loaded is used by the rows
+from support import bpf_prog_ids, perf_event_fds, python_walker_pids, still_loaded  # noqa: F401 - still_loaded: the rows
 
 # OPTRACE_UNDER_TEST: another optrace build to hold to the same rows (e.g. one from before issue 8's fixes).
 OPTRACE = Path(os.environ.get("OPTRACE_UNDER_TEST") or Path(sys.executable).parent / "optrace")
@@ -143,14 +143,14 @@ class Running:
     test process's own (a child forked or vforked from pytest starts with pytest's memory counted, and
     the kernel keeps that high-water mark across exec), so optrace is forked by the small ``time``."""
 
-    def __init__(self, args: list[str], workdir: Path) -> None:
+    def __init__(self, args: list[str], workdir: Path, env: dict[str, str] | None = None) -> None:
         self.argv = [str(OPTRACE), *args]
         tag = f"{time.monotonic_ns()}"
         self.out_path, self.err_path = workdir / f"{tag}.out", workdir / f"{tag}.err"
         self.rss_path = workdir / f"{tag}.rss"
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", str(self.rss_path), *self.argv],
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
         self.started = time.monotonic()
         self.attached_s: float | None = None
         self.loaded_s: float | None = None
@@ -219,6 +219,16 @@ class Running:
                         int(usage[-1]) if usage and usage[-1].isdigit() else 0, timed_out, self.attached_s,
                         set(self.prog_ids), time.monotonic() - signalled if stop_signal is not None else None,
                         self.loaded_s)
+
+
+def wait_walked(running: Running, pids: set[int], timeout: float = 120) -> None:
+    """Until the recorder samples and its Python walker expands every one of ``pids``."""
+    deadline, taken = time.monotonic() + timeout, set()
+    while not (running.pid and perf_event_fds(running.pid) and pids <= (taken := python_walker_pids(running.pid))):
+        assert running.proc.poll() is None, running.stderr()[-2000:]
+        assert time.monotonic() < deadline, \
+            f"the walker never took {sorted(pids - taken)} of {sorted(pids)}: {running.stderr()[-2000:]}"
+        time.sleep(0.1)
 
 
 def run_measured(args: list[str], workdir: Path, timeout: float = 60) -> Measured:

@@ -6,16 +6,22 @@ The shapes: a corrupt ``_PyRuntime`` (refused by the layout check), a frame chai
 frames that point at each other, a frame that is its own previous frame, code objects whose name, file and
 line-table pointers point anywhere, names that claim 1 GiB of characters and line tables 1 TiB of bytes
 (in every chain), 10,000 thread states none of which is the thread's, and the deep chain with instructions
-that change all the time (every sample a stack never seen before).
+that change all the time (every sample a stack never seen before). Issue 40 added two: 16,384 code objects
+whose line table is 1 MiB of valid entries, the top frames changing code object and naming instructions near
+the end of it at every sample (decoding the table at each lookup held record's end for more than 15
+minutes), and a second thread rewriting the frames' links, code objects and instructions with garbage,
+loops and other frames while the walker reads them (memory changing under the walk); and fakes of 3.13,
+whose layout comes from their own _Py_DebugOffsets, one of them aliasing a frame's previous to its code
+object.
 
 Each shape alone (``record -p``): the recording ends in bounded time, the BPF programs' run time per
 sample (kernel.bpf_stats_enabled) stays under MAX_BPF_NS_PER_SAMPLE (the design bounds it: 33 tail calls,
 16 Python frames each, 256 frames a stack, 256 thread states a lookup), its samples are counted under why
-their Python frames stopped (RecordMeta.python) and its names are cut short. All at once, beside a real
-Python workload of root's (workloads/pyground.py), under ``record -a`` and ``serve``: the workload keeps its
-named Python frames and its shares (within 3 points of its own account), nothing is lost, no traceback,
-no flood of warnings, and serve keeps answering /metrics and /debug/pprof/profile with the workload's
-Python functions in them.
+their Python frames stopped (RecordMeta.runtimes) and its names are cut short. All at once (but issue 40's
+``tables`` and ``rewrite``, tested alone: see MACHINE_SHAPES), beside a real Python workload of root's
+(workloads/pyground.py), under ``record -a`` and ``serve``: the workload keeps its named Python frames and
+its shares (within 3 points of its own account), nothing is lost, no traceback, no flood of warnings, and
+serve keeps answering /metrics and /debug/pprof/profile with the workload's Python functions in them.
 
 This module lives here for the hostile user's kit (conftest.py, hostilekit.py); tests/python's helpers
 come from its folder.
@@ -36,18 +42,17 @@ from pathlib import Path
 
 import pytest
 
-from hostilekit import HostileUser, Measured, Running, kill_group, scrape, wait_for_line
-from support import (bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, perf_event_fds, python_walker_pids,
-                     run_optrace)
+from hostilekit import HostileUser, Measured, Running, kill_group, scrape, wait_for_line, wait_walked
+from support import bpf_ns_per_sample, bpf_run_stats, bpf_stats_enabled, run_optrace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))  # for groundtruth, pythons
 from benchlib import read_exe  # noqa: E402 - tests/support.py puts bench/ on the path
 from groundtruth import DESIGNED, PYGROUND, design_between, has_pyground_frame, inclusive, parse_folded  # noqa: E402
-from pythons import build_fake_python, require  # noqa: E402
+from pythons import POSITIONS_313, build_fake_python, require, synthesized  # noqa: E402
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
-# fakepython.c's mode -> what its samples are counted under (RecordMeta.python)
+# fakepython.c's mode -> what its samples are counted under (RecordMeta.runtimes)
 SHAPES = {
     "garbage": "refused: layout check failed",
     "deep": "depth_limit",
@@ -56,13 +61,23 @@ SHAPES = {
     "names": "named",  # its frames are there, named [unknown]
     "threads": "no_thread",
     "churn": "depth_limit",
+    "tables": "depth_limit",
+    "rewrite": None,  # whatever the thread made of the chain at that instant
 }
+# All at once beside the workload: the shapes but issue 40's. With tables and rewrite beside churn, three
+# processes make a new 256-frame stack at every sample, and the stack store's half fills between drains at
+# 499 Hz (481 of about 8,000 samples lost, counted as user_stack_missing, at load 14-21): the store's bound, not
+# the walker's, and test_record_a_quiet wants no loss
+MACHINE_SHAPES = {shape: outcome for shape, outcome in SHAPES.items() if shape not in ("tables", "rewrite")}
 # measured 33-51 us on the worst shapes (deep, threads) at load 6, Dec 4, when a stack held 256 frames; 112 us
 # (deep, churn) at load 28 on Dec 7 once it holds 508 (300-deep Python stacks need them): the worst case follows
 # the frames a stack may hold
 MAX_BPF_NS_PER_SAMPLE = 200_000
 MAX_NAME_CHARS = 1025  # a frame's name or file: frontend/runtimes/cpython/codeobject.py keeps 1024 characters, then "…"
 WINDOW_S = 4  # a shape alone
+# SIGINT to exit, a shape alone: the tables fake's end took 10.5 s at load 35 (Dec 7), more than 15 minutes
+# before its line tables were decoded once (LineIndex)
+ALONE_STOP_S = 30
 MACHINE_S = 8  # all of them, beside the workload
 POINTS = 3.0
 MAX_WARNINGS = 5
@@ -74,7 +89,7 @@ SERVE_NAMES_S = 120  # serve names the workload's functions within this (its tab
 
 def outcome_count(outcomes: dict[str, int], status: str) -> int:
     """Samples a walk ended with ``status``: with no Python frame (the status itself), or cut short after some
-    (``cut: status``, RecordMeta.python)."""
+    (``cut: status``, RecordMeta.runtimes)."""
     return outcomes.get(status, 0) + outcomes.get(f"cut: {status}", 0)
 
 
@@ -106,15 +121,6 @@ def spawn_fake(user: HostileUser, fake: Path, shape: str) -> subprocess.Popen:
     return proc
 
 
-def wait_walked(running: Running, pids: set[int], timeout: float = 120) -> None:
-    """Until the recorder samples and its Python walker expands every one of ``pids``."""
-    deadline = time.monotonic() + timeout
-    while not (running.pid and perf_event_fds(running.pid) and pids <= python_walker_pids(running.pid)):
-        assert running.proc.poll() is None, running.stderr()[-2000:]
-        assert time.monotonic() < deadline, f"the walker never took {pids}: {running.stderr()[-2000:]}"
-        time.sleep(0.1)
-
-
 def report_json(data: Path, *args: str) -> dict:
     return json.loads(run_optrace("report", "-i", str(data), "--format", "json", *args, check=True).stdout)
 
@@ -139,8 +145,44 @@ def assert_quiet(run: Measured, meta: dict, about: tuple[str, ...] = ()) -> None
 # -- each shape alone ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("shape", SHAPES)
 def test_each_fake_alone_is_walked_within_bounds(fake_python, hostile_user, tmp_path, shape):
+    record_alone(fake_python, hostile_user, tmp_path, shape, SHAPES[shape])
+
+
+# Issue 40: fakes of 3.13, whose layout is the process's own _Py_DebugOffsets (the start of _PyRuntime):
+# (offsets, shape) -> what their samples are counted under
+OFFSETS = {
+    "honest": POSITIONS_313,  # the v3.13.0 header's: the fake is walked as any 3.13 (what proves the others)
+    "frame's previous is its code object": {**POSITIONS_313, 232: 0},  # interpreter_frame.previous = executable
+}
+SHAPES_313 = {("honest", "deep"): "depth_limit", ("honest", "threads"): "no_thread",
+              ("frame's previous is its code object", "alias"): "loop"}
+
+
+@pytest.fixture(scope="module")
+def fakes_313(bpf_ready, hostile_user: HostileUser) -> dict[str, Path]:
+    """fakepython.c built as python3.13 with each of OFFSETS, the user's files."""
+    built = {}
+    for number, (name, positions) in enumerate(OFFSETS.items()):
+        folder = hostile_user.home / f"pyfake313-{number}"
+        folder.mkdir()
+        built[name] = build_fake_python(folder, "python3.13", 0x030D00F0, synthesized(positions, 0x030D00F0, 584))
+        for path in (folder, built[name]):
+            os.chown(path, hostile_user.uid, hostile_user.gid)
+    return built
+
+
+@pytest.mark.parametrize("offsets, shape", SHAPES_313)
+def test_a_fake_313_is_walked_within_bounds(fakes_313, hostile_user, tmp_path, offsets, shape):
+    """Debug offsets that pass every check yet alias two fields (a frame's previous read from where its code
+    object is): the walk ends as it does for the 3.11 fakes' loops."""
+    record_alone(fakes_313[offsets], hostile_user, tmp_path, shape, SHAPES_313[offsets, shape])
+
+
+def record_alone(fake: Path, user: HostileUser, tmp_path: Path, shape: str, expected: str | None) -> None:
+    """``record -p`` of the fake alone: bounded in time, memory and BPF time per sample, its samples counted
+    under ``expected`` (None: any), its names cut short, quiet."""
     out = tmp_path / "fake.data"
-    proc = spawn_fake(hostile_user, fake_python, shape)
+    proc = spawn_fake(user, fake, shape)
     try:
         with bpf_stats_enabled():
             running = Running(["record", "-F", "999", "-p", str(proc.pid), "-o", str(out)], tmp_path)
@@ -156,13 +198,18 @@ def test_each_fake_alone_is_walked_within_bounds(fake_python, hostile_user, tmp_
     finally:
         kill_group(proc)
     run.assert_sane(max_wall_s=WINDOW_S + 120)
-    assert run.returncode == 0 and run.stop_s < 10, run.describe()
+    assert run.returncode == 0 and run.stop_s < ALONE_STOP_S, run.describe()
     per_sample = bpf_ns_per_sample(before, after)
-    print(f"\nFIGURES {shape}: BPF {per_sample / 1000:.1f} us per sample" if per_sample else "")
+    print(f"\nFIGURES {fake.name} {shape}: BPF {per_sample / 1000:.1f} us per sample" if per_sample else "")
     assert per_sample is not None and per_sample <= MAX_BPF_NS_PER_SAMPLE, (per_sample, before, after)
     meta = report_json(out)["meta"]
     outcomes = meta["runtimes"]["cpython"]["samples"]
-    assert outcome_count(outcomes, SHAPES[shape]) >= 0.8 * samples_counted(outcomes), outcomes
+    # A fake never leaves its eval function: its samples without an interpreter frame ("native_only") are
+    # those before the walker had it (record -p samples from the start; under load the walker's tables come
+    # seconds later: 20-27 % of the samples at load 30), not an outcome of its shape
+    walked = samples_counted(outcomes) - outcomes.get("native_only", 0)
+    assert walked > 0, outcomes
+    assert expected is None or outcome_count(outcomes, expected) >= 0.8 * walked, outcomes
     rows = report_json(out, "--children", "--sort", "dso,symbol")["rows"]
     longest = max(rows, key=lambda row: len(row["symbol"]) + len(row["dso"]))
     assert len(longest["symbol"]) <= MAX_NAME_CHARS and len(longest["dso"]) <= MAX_NAME_CHARS, longest
@@ -185,7 +232,7 @@ class Machine:
                                         for prefix, suffix in (("/proc/", "/"), ("pid ", ""), ("process ", ""))))
 
     def accepted(self) -> set[int]:
-        return {pid for shape, pid in self.fakes.items() if not SHAPES[shape].startswith("refused")}
+        return {pid for shape, pid in self.fakes.items() if not (MACHINE_SHAPES[shape] or "").startswith("refused")}
 
     def mark(self) -> None:
         """A mark in the workload's account (pyground.py writes it at once)."""
@@ -215,7 +262,7 @@ def machine(fake_python, hostile_user, tmp_path_factory) -> Machine:
     report = tmp_path_factory.mktemp("pyground") / "shares.json"
     workload = subprocess.Popen([str(require("3.11-debian")), str(PYGROUND), "--seconds", "900",
                                  "--report", str(report)])
-    script = " ".join(f"{fake_python} {shape} spin &" for shape in SHAPES) + " wait"
+    script = " ".join(f"{fake_python} {shape} spin &" for shape in MACHINE_SHAPES) + " wait"
     launcher = hostile_user.spawn("sh", "-c", script)
     try:
         yield Machine(fakes_of(launcher, fake_python), workload, report)
@@ -238,7 +285,7 @@ def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30) -> dic
                 continue
             if session == launcher.pid and argv[0] == bytes(fake) and read_exe(int(cmdline.parent.name)) == str(fake):
                 found[argv[1].decode()] = int(cmdline.parent.name)
-        if set(found) == set(SHAPES):
+        if set(found) == set(MACHINE_SHAPES):
             time.sleep(0.2)  # their fake interpreters made (microseconds after the exec)
             return found
         assert launcher.poll() is None and time.monotonic() < deadline, (found, launcher.stderr.read())
@@ -284,7 +331,7 @@ def test_record_a_finishes_bounded(recorded):
 
 def test_record_a_counts_each_fake_under_its_outcome(recorded, machine):
     outcomes = recorded.meta["runtimes"]["cpython"]["samples"]
-    assert all(outcome_count(outcomes, outcome) > 0 for outcome in SHAPES.values()), outcomes
+    assert all(outcome_count(outcomes, outcome) > 0 for outcome in MACHINE_SHAPES.values() if outcome), outcomes
     interpreters = recorded.meta["runtimes"]["cpython"]["processes"]
     fakes = sum(count for name, count in interpreters.items() if name.endswith("/pyfake/python3.11"))
     assert fakes == len(machine.accepted()), interpreters

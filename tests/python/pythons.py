@@ -8,6 +8,7 @@ are where the test put them, and their frames name them so).
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -88,11 +89,19 @@ def child(argv: list[str], lines: int = 0) -> Iterator[tuple[subprocess.Popen, l
         proc.stdout.close()
 
 
-def build_fake_python(folder: Path, name: str = "python3.11", version_hex: int = 0x030B02F0) -> Path:
-    """programs/fakepython.c built as ``folder/name``, with the 3.11 table's offsets and Py_Version ``version_hex``."""
+def build_fake_python(folder: Path, name: str = "python3.11", version_hex: int = 0x030B02F0,
+                      debug_offsets: bytes | None = None) -> Path:
+    """programs/fakepython.c built as ``folder/name``, with Py_Version ``version_hex`` and the 3.11 table's
+    offsets, or those ``debug_offsets`` (a _Py_DebugOffsets, 3.13+) say, put at the start of _PyRuntime."""
+    from optrace.frontend.runtimes.cpython.debugoffsets import parse_debug_offsets
     from optrace.frontend.runtimes.cpython.layouts import table_layout, table_thread_offsets
 
-    layout, threads = table_layout((3, 11)), table_thread_offsets((3, 11))
+    if debug_offsets is None:
+        layout, threads = table_layout((3, 11)), table_thread_offsets((3, 11))
+    else:
+        parsed = parse_debug_offsets(debug_offsets)
+        assert not isinstance(parsed, str), parsed
+        layout, threads = parsed.layout, parsed.threads
     defines = {"INTERPRETERS_HEAD": layout.interpreters_head, "INTERP_THREADS_HEAD": layout.interp_threads_head,
                "TSTATE_INTERP": threads.tstate_interp, "TSTATE_NEXT": layout.tstate_next,
                "TSTATE_THREAD_ID": layout.tstate_thread_id,
@@ -104,8 +113,26 @@ def build_fake_python(folder: Path, name: str = "python3.11", version_hex: int =
                "CODE_FILENAME": layout.code_filename, "CODE_LINETABLE": layout.code_linetable,
                "UNICODE_LENGTH": layout.unicode_length, "UNICODE_STATE": layout.unicode_state,
                "UNICODE_ASCII_DATA": layout.unicode_ascii_data, "BYTES_SIZE": layout.bytes_size,
-               "PY_VERSION_HEX": version_hex}
+               "BYTES_DATA": layout.bytes_data,
+               "PY_VERSION_HEX": version_hex,
+               **({"RUNTIME_PREFIX": ",".join(map(str, debug_offsets))} if debug_offsets else {})}
     out = folder / name
     subprocess.run(["gcc", "-O0", "-rdynamic", "-pthread", *(f"-D{key}={value}" for key, value in defines.items()),
                     "-o", str(out), str(PROGRAMS / "fakepython.c")], check=True, capture_output=True)
     return out
+
+
+# _Py_DebugOffsets of 3.13 at the byte positions of the v3.13.0 header, written out by hand (position -> value)
+POSITIONS_313 = {24: 300000, 40: 632, 48: 9000, 72: 3000, 152: 500, 168: 8, 176: 16, 184: 72, 192: 152, 200: 160,
+                 224: 80, 232: 8, 240: 0, 248: 56, 264: 70, 272: 208, 280: 112, 288: 120, 296: 128, 304: 136,
+                 312: 68, 344: 200, 352: 16, 360: 8, 512: 40, 520: 16, 528: 32, 536: 56, 544: 32, 552: 16, 560: 40}
+
+
+def synthesized(positions: dict[int, int], version_hex: int, size: int, free_threaded: int = 0,
+                cookie: bytes = b"xdebugpy", cut: int | None = None) -> bytes:
+    data = bytearray(struct.pack("<8sQQ", cookie, version_hex, free_threaded) + bytes(size - 24))
+    for at in range(24, size, 8):
+        struct.pack_into("<Q", data, at, 7)  # a small value in every field the walker does not use
+    for at, value in positions.items():
+        struct.pack_into("<Q", data, at, value)
+    return bytes(data[:cut])

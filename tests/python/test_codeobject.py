@@ -10,8 +10,9 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from optrace.frontend.runtimes.cpython.codeobject import (LIVE_STRING_BYTES, MAX_LINETABLE, MAX_NAME_CHARS, TRUNCATED,
-                                                UNKNOWN_NAME, decode_capture, pointers, read_code)
+from optrace.frontend.runtimes.cpython.codeobject import (LIVE_LINETABLE_BYTES, LIVE_STRING_BYTES, MAX_NAME_CHARS,
+                                                          TRUNCATED, UNKNOWN_NAME, decode_capture, pointers,
+                                                          read_code)
 from optrace.frontend.runtimes.cpython.interpreter import find_interpreter
 from optrace.frontend.runtimes.cpython.layouts import table_layout
 from optrace.frontend.runtimes.cpython.memory import ProcessMemory
@@ -101,8 +102,8 @@ def test_a_string_claiming_a_gigabyte_is_read_bounded():
     table = fake.bytes_object(b"\x80" * 70000, claimed=1 << 40)
     info = read_code(os.getpid(), fake.code(name, name, table), LAYOUT)
     assert info.name == "x" * min(LIVE_STRING_BYTES - LAYOUT.unicode_ascii_data, MAX_NAME_CHARS) + TRUNCATED
-    assert len(info.linetable) == MAX_LINETABLE and not info.linetable_complete
-    assert info.line(10_000) == 7 and info.line(40_000) == 0  # 2-byte entries of one unit; past the cut: unknown
+    assert len(info.linetable) == LIVE_LINETABLE_BYTES - LAYOUT.bytes_data and not info.linetable_complete
+    assert info.line(500) == 7 and info.line(40_000) == 0  # 2-byte entries of one unit; past the cut: unknown
 
 
 def test_pointers_to_nowhere_give_placeholders():

@@ -17,7 +17,7 @@ from optrace.frontend.runtimes.cpython.interpreterfile import interpreter_file
 from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.procfs import read_maps
 from optrace.pythonlayout import ENTRY_SHIM, INSTR_POINTER, LINES_LOCATIONS, MAX_OFFSET
-from pythons import child, command, include_dir, minor_name
+from pythons import POSITIONS_313, child, command, include_dir, minor_name, synthesized
 from test_layouts import generator, measured
 
 SELF_DESCRIBED = ["3.13", "3.14-sid", "3.15-sid"]
@@ -84,21 +84,6 @@ POSITIONS_314 = {  # byte offset in _Py_DebugOffsets -> value
     592: 40, 600: 16, 608: 32,  # bytes_object size ob_size ob_sval
     616: 56, 624: 32, 632: 16, 640: 40,  # unicode_object size state length asciiobject_size
 }
-POSITIONS_313 = {24: 300000, 40: 632, 48: 9000, 72: 3000, 152: 500, 168: 8, 176: 16, 184: 72, 192: 152, 200: 160,
-                 224: 80, 232: 8, 240: 0, 248: 56, 264: 70, 272: 208, 280: 112, 288: 120, 296: 128, 304: 136,
-                 312: 68, 344: 200, 352: 16, 360: 8, 512: 40, 520: 16, 528: 32, 536: 56, 544: 32, 552: 16, 560: 40}
-
-
-def synthesized(positions: dict[int, int], version_hex: int, size: int, free_threaded: int = 0,
-                cookie: bytes = b"xdebugpy", cut: int | None = None) -> bytes:
-    data = bytearray(struct.pack("<8sQQ", cookie, version_hex, free_threaded) + bytes(size - 24))
-    for at in range(24, size, 8):
-        struct.pack_into("<Q", data, at, 7)  # a small value in every field the walker does not use
-    for at, value in positions.items():
-        struct.pack_into("<Q", data, at, value)
-    return bytes(data[:cut])
-
-
 def test_314_synthesized():
     parsed = parse_debug_offsets(synthesized(POSITIONS_314, 0x030E00F0, 760), (3, 14))
     assert not isinstance(parsed, str), parsed

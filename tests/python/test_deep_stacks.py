@@ -25,14 +25,15 @@ from pathlib import Path
 import pytest
 
 from pythons import SUPPORTED, command, minor_name
-from support import OPTRACE, REPO, bpf_map_keys, python_walker_pids, run_optrace
+from support import OPTRACE, REPO, bpf_map_keys, python_walker_pids, run_optrace, sleep_until_cpu
 
 pytestmark = [pytest.mark.usefixtures("bpf_ready"), pytest.mark.slow]
 
 PYFIXED = REPO / "workloads" / "pyfixed.py"
 DEPTH = 300
 WHOLE = 0.95
-WINDOW_S = 4
+WINDOW_S = 4  # the limit: the window ends once the spinner used WINDOW_CPU_S of CPU
+WINDOW_CPU_S = 1.0  # ~500 samples at 499 Hz: 10 times the test's minimum of 50
 DESCEND = re.compile(r"^descend \((?:.*/)?pyfixed\.py:\d+\)$")
 
 
@@ -51,7 +52,7 @@ def record_deep(tmp_path: Path, version: str) -> tuple[list[tuple[list[str], int
                or target.pid not in python_walker_pids(recorder.pid)):
             assert recorder.poll() is None and time.monotonic() < deadline, "optrace never walked the spinner"
             time.sleep(0.1)
-        time.sleep(WINDOW_S)
+        sleep_until_cpu(target.pid, WINDOW_CPU_S, WINDOW_S)
         recorder.send_signal(2)
         assert recorder.wait(timeout=300) == 0, recorder.stderr.read()
     finally:

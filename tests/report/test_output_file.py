@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from optrace.frontend.runtimes.cpython import FRAME_KIND
+from optrace.model import Frame, Record, RecordMeta, RuntimeSource, Sample
+from optrace.recordfile import write_record
 from support import OPTRACE, assert_one_line_error, run_as_nobody
 
 ROOT = os.geteuid() == 0
@@ -58,6 +61,47 @@ def test_replaces_an_existing_report_and_follows_the_umask(optrace, record_file:
         os.umask(old_umask)
     assert out.read_text().startswith("comm,pid,tid,dso,symbol,")
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
+@pytest.mark.skipif(not ROOT, reason="root's outputs")
+@pytest.mark.parametrize("argv", [["report", "--format", "json"], ["report", "--format", "otlp"],
+                                  ["report", "--format", "folded"], ["report", "--format", "pprof"]])
+def test_roots_outputs_are_readable_only_by_root(optrace, record_file: Path, out_dir: Path, argv: list[str]) -> None:
+    """Issue 40: every output of a record can hold other users' source lines or command lines: as root it is
+    0600 whatever the umask lets through (it was 0644 with root's usual 022)."""
+    out = out_dir / "out"
+    old_umask = os.umask(0o022)
+    try:
+        optrace(*argv, "-i", str(record_file), "-o", str(out), check=True)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and out.stat().st_size > 0
+
+
+def python_record(path: Path) -> Path:
+    """A record holding a Python function's source lines (what annotate lists)."""
+    source = RuntimeSource("handler", "/srv/app/handler.py", 1, ["def handler():", "    API_KEY = 'x'"], {2: 10}, 1)
+    frames = [Frame("handler", source.file, FRAME_KIND, line=2, address=1)]
+    write_record(Record(RecordMeta("0", "h", "k", 0.0, 1.0, 99, "cpu-clock"), frames, [Sample(1, "python3", (0,), 10)],
+                        functions=[], sources=[source]), path)
+    return path
+
+
+@pytest.mark.skipif(not ROOT, reason="root's outputs")
+@pytest.mark.parametrize("command", ["annotate", "diff"])
+def test_roots_listings_are_readable_only_by_root(optrace, record_file: Path, tmp_path: Path, out_dir: Path,
+                                                  command: str) -> None:
+    """Issue 40: annotate's listing holds the function's source lines, diff's the records' names: 0600 as root."""
+    out = out_dir / "out"
+    argv = (["annotate", "-i", str(python_record(tmp_path / "py.data")), "handler"] if command == "annotate"
+            else ["diff", str(record_file), str(record_file)])
+    old_umask = os.umask(0o022)
+    try:
+        optrace(*argv, "-o", str(out), check=True)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and out.stat().st_size > 0
+    assert command != "annotate" or "API_KEY" in out.read_text()
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "symlink to a fifo",

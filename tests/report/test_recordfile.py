@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from optrace import recordfile
 from optrace.model import Record
+from optrace.outputfile import output_mode
 from optrace.recordfile import HEADER, MAGIC, RecordFileError, read_record, write_record
 from optrace.schema import encode, encode_record
 
@@ -95,24 +96,38 @@ def test_full_disk_leaves_old_file_and_no_temp(tmp_path: Path, record: Record) -
 
 @pytest.mark.skipif(not ROOT, reason="chown needs root")
 def test_owned_by_sudo_user(tmp_path: Path, record: Record, monkeypatch) -> None:
+    """Issue 40: under sudo the record is the invoking user's, 0600 (report needs no root for it)."""
     monkeypatch.setenv("SUDO_UID", "65534")
     monkeypatch.setenv("SUDO_GID", "65533")
     write_record(record, tmp_path / "r.data")
     info = os.stat(tmp_path / "r.data")
-    assert (info.st_uid, info.st_gid) == (65534, 65533)
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (65534, 65533, 0o600)
 
 
 @pytest.mark.skipif(not ROOT, reason="needs root")
-def test_owned_by_root_without_sudo_and_mode_follows_umask(tmp_path: Path, record: Record, monkeypatch) -> None:
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o600), (0o000, 0o600), (0o277, 0o400)])
+def test_owned_by_root_without_sudo_and_readable_only_by_root(tmp_path: Path, record: Record, monkeypatch,
+                                                               umask: int, mode: int) -> None:
+    """Issue 40: root's record holds every user's source lines and command lines: 0600 whatever the umask
+    lets through (it was 0666 & ~umask: 0644)."""
     monkeypatch.delenv("SUDO_UID", raising=False)
     monkeypatch.delenv("SUDO_GID", raising=False)
-    old = os.umask(0o027)
+    old = os.umask(umask)
     try:
         write_record(record, tmp_path / "r.data")
     finally:
         os.umask(old)
     info = os.stat(tmp_path / "r.data")
-    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o640)
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, mode)
+
+
+def test_mode_follows_the_umask_when_not_root(monkeypatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    old = os.umask(0o027)
+    try:
+        assert output_mode() == 0o640
+    finally:
+        os.umask(old)
 
 
 def test_write_into_missing_directory(tmp_path: Path, record: Record) -> None:

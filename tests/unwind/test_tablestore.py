@@ -139,12 +139,13 @@ def _fails_if_blocked(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.mark.parametrize("unsafe", ["world-writable", "another owner", "a symlink"])
+@pytest.mark.parametrize("unsafe", ["world-writable", "another owner", "another user's symlink"])
 def test_a_store_directory_others_can_change_is_not_used(omit_fp_binary: Path, tmp_path: Path, unsafe: str):
     directory = tmp_path / "unwind"
-    if unsafe == "a symlink":
+    if unsafe == "another user's symlink":
         (tmp_path / "real").mkdir(mode=0o700)
         directory.symlink_to(tmp_path / "real")
+        os.lchown(directory, NOBODY, NOBODY)
     else:
         directory.mkdir(mode=0o700)
         if unsafe == "world-writable":

@@ -19,7 +19,9 @@ from optrace.pythonlayout import CAPTURE_HEADER, CAPTURE_PARTS, CODE_WINDOW, Pyt
 TRUNCATED = "…"
 UNKNOWN_NAME = "[unknown]"
 MAX_NAME_CHARS = 1024  # characters kept of a name or file read from a live process
-MAX_LINETABLE = 64 << 10  # bytes of a line table read from a live process
+# Bytes of a line table object kept from a live read: what a capture holds (issue 40: 64 KiB tables, read
+# live for each of thousands of code objects, took a record minutes to decode and 64 KiB a code object)
+LIVE_LINETABLE_BYTES = dict(CAPTURE_PARTS)["linetable"]
 LIVE_STRING_BYTES = 4096  # bytes read of a str object at first (the header and up to ~4000 characters)
 UNICODE_KINDS = {1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}
 MAX_LINE = 10_000_000  # a source file's lines: more is not a line number
@@ -41,8 +43,14 @@ class CodeInfo:
     linetable: bytes
     linetable_complete: bool  # False: the table was cut short (its later instructions have no line)
     linetable_kind: str
-    # the table decoded once into ranges (linetable.py), at the first line asked for
+    # The table decoded once, at the first line asked: frame words name any instruction, new ones at every
+    # sample if the process likes, and a daemon naming whole stacks every drain asks for the same ones again.
     _index: list[LineIndex] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def indexed(self) -> bool:
+        """Whether the table was decoded (its cost, about 0.5 ms a KiB, paid)."""
+        return bool(self._index)
 
     def line(self, instr_units: int) -> int:
         """0 when not known; never outside 1..MAX_LINE (a garbage table gives no line rather than a wild one)."""
@@ -136,14 +144,5 @@ def read_code(pid: int, address: int, layout: PythonLayout, memory: ProcessMemor
     targets = pointers(code, layout)
     first = memory.read_ranges([(targets[part], LIVE_STRING_BYTES) for part in POINTER_PARTS])
     parts: dict[str, bytes | None] = {"code": code, **{part: data or None for part, data in zip(POINTER_PARTS, first)}}
-    parts["linetable"] = _whole_linetable(memory, targets["linetable"], parts["linetable"], layout)
+    parts["linetable"] = (parts["linetable"] or b"")[:LIVE_LINETABLE_BYTES] or None
     return decode_parts(parts, layout)
-
-
-def _whole_linetable(memory: ProcessMemory, address: int, head: bytes | None, layout: PythonLayout) -> bytes | None:
-    """The bytes object's first bytes, read again up to its whole size (at most MAX_LINETABLE) if longer."""
-    held = decode_bytes(head, layout)
-    if held is None or held[1] or len(head) < LIVE_STRING_BYTES:
-        return head
-    size = _I64.unpack_from(head, layout.bytes_size)[0]
-    return memory.read(address, layout.bytes_data + min(size, MAX_LINETABLE)) or head

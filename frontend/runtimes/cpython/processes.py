@@ -23,8 +23,9 @@ from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, decode_captur
 from optrace.frontend.runtimes.cpython.gilfunction import TAKE_GIL
 from optrace.frontend.runtimes.cpython.interpreter import INTERPRETER_NAME, find_interpreter, python_mappings
 from optrace.frontend.runtimes.cpython.interpreterfile import InterpreterFile, interpreter_file
+from optrace.frontend.runtimes.cpython.sourcecapture import SourceOwner, source_owner
 from optrace.model import UNKNOWN, Frame
-from optrace.procfs import MapEntry, process_uid, start_ticks, stat_fields
+from optrace.procfs import MapEntry, start_ticks, stat_fields
 from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
 
 PYTHON_DSO = "[python]"  # the dso of a Python frame whose code object could not be named
@@ -36,6 +37,11 @@ FIRST_RETRIES = 10
 RETRY_SECONDS = 0.2
 RETRIES = 30
 MAX_CODES_PER_PROCESS = 65536  # code objects named per process (a process making code objects in a loop)
+# Bytes of line tables decoded per process (about 0.5 ms a KiB): 16,000 code objects of the median table
+# (62 bytes in 3.11's standard library), 1,000 of the most a capture holds; the code objects a process names
+# beyond have no lines (issue 40: 16,384 code objects of 1 KiB tables, a new one at every frame, held
+# record's end for 50 s at load 30)
+MAX_TABLE_BYTES_PER_PROCESS = 1 << 20
 
 
 class InterpreterSymbols(Protocol):
@@ -56,7 +62,7 @@ class PythonOutcome:
     reason: str = ""
     looked: float = 0.0
     tries: int = 1
-    uid: int | None = None  # the process's real user (sourcecapture.py reads only what that user could)
+    owner: SourceOwner | None = None  # whom its source files are read for (sourcecapture.py)
 
 
 class PythonProcesses:
@@ -69,6 +75,7 @@ class PythonProcesses:
         self._lock = threading.Lock()
         self._outcomes: dict[int, PythonOutcome] = {}
         self._codes: dict[int, dict[int, CodeInfo | None]] = {}
+        self._table_bytes: Counter[int] = Counter()  # pid -> line-table bytes decoded
         self.stats: Counter[str] = Counter()  # captures decoded, undecodable, live reads, ...
 
     @staticmethod
@@ -91,7 +98,7 @@ class PythonProcesses:
             self._tell_symbols(pid, found, maps)  # before the walker: its Python frames' callees are marked
             fields = stat_fields(pid)
             self._load(found, start_ticks(fields) if fields else pid)
-            outcome = PythonOutcome(found, looked=now, uid=process_uid(pid))
+            outcome = PythonOutcome(found, looked=now, owner=source_owner(pid))
         with self._lock:
             self._outcomes[pid] = outcome
         return outcome
@@ -146,22 +153,33 @@ class PythonProcesses:
         if info is None:
             return Frame(f"[python code 0x{address:x}]", PYTHON_DSO, FRAME_KIND, address=address, resolved=False)
         return Frame(info.qualname or info.name or UNKNOWN, info.filename or PYTHON_DSO, FRAME_KIND,
-                     address=info.firstlineno, line=info.line(instr))
+                     address=info.firstlineno, line=self._line(pid, info, instr))
+
+    def _line(self, pid: int, info: CodeInfo, instr: int) -> int:
+        """The instruction's line, 0 when its table would go past the process's MAX_TABLE_BYTES_PER_PROCESS."""
+        if not info.indexed:
+            if self._table_bytes[pid] + len(info.linetable) > MAX_TABLE_BYTES_PER_PROCESS:
+                self.stats["lines_over_budget"] += 1
+                return 0
+            self._table_bytes[pid] += len(info.linetable)
+        return info.line(instr)
 
     def forget(self, pid: int) -> None:
         with self._lock:
             self._outcomes.pop(pid, None)
         self._codes.pop(pid, None)
+        self._table_bytes.pop(pid, None)
 
     def _code(self, pid: int, address: int) -> CodeInfo | None:
         codes = self._codes.setdefault(pid, {})
         if address in codes:
             return codes[address]
+        if len(codes) >= MAX_CODES_PER_PROCESS:
+            return None  # not read at every frame: a process naming more code objects would keep optrace reading
         outcome = self.outcome(pid)
         info = None
         if outcome is not None and outcome.process is not None:
             info = read_code(pid, address, outcome.process.layout)
             self.stats["live_reads" if info is not None else "live_reads_failed"] += 1
-        if len(codes) < MAX_CODES_PER_PROCESS:
-            codes[address] = info
+        codes[address] = info
         return info

@@ -3,7 +3,7 @@
 (bpf/pythonmaps.py), its counts (outcomes.py) and its source lines (sourcecapture.py)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -11,7 +11,7 @@ from optrace.frontend.preflight import CheckResult
 from optrace.frontend.runtimes.cpython import FRAME_KIND
 from optrace.frontend.runtimes.cpython.outcomes import runtime_counts
 from optrace.frontend.runtimes.cpython.processes import PythonOutcome, PythonProcesses
-from optrace.frontend.runtimes.cpython.sourcecapture import capture_sources, read_source
+from optrace.frontend.runtimes.cpython.sourcecapture import capture_sources, read_sources
 from optrace.frontend.runtimes.runtime import SessionContext
 from optrace.model import Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
 from optrace.procfs import MapEntry
@@ -52,13 +52,13 @@ class CPythonPart:
 
     def sources(self, frames: Sequence[Frame], rows: Sequence[Sample]) -> list[RuntimeSource]:
         outcomes = self.processes.outcomes()
-        return capture_sources(frames, rows, partial(_read_source_of, outcomes)) if outcomes else []
+        return capture_sources(frames, rows, partial(_read_sources_of, outcomes)) if outcomes else []
 
 
-def _read_source_of(outcomes: dict[int, PythonOutcome], pid: int, file: str) -> list[str] | None:
-    """A Python process's source file, read as its user could."""
-    outcome = outcomes.get(pid)
-    return read_source(pid, file, outcome.uid) if outcome is not None and outcome.uid is not None else None
+def _read_sources_of(outcomes: dict[int, PythonOutcome],
+                     wanted: Mapping[int, Sequence[str]]) -> dict[tuple[int, str], list[str]]:
+    """Python processes' source files, read as their users could."""
+    return read_sources(wanted, {pid: outcome.owner for pid, outcome in outcomes.items() if outcome.owner is not None})
 
 
 @dataclass(frozen=True)
