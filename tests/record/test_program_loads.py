@@ -14,8 +14,9 @@ from support import OPTRACE, run_optrace
 
 pytestmark = pytest.mark.usefixtures("bpf_ready")
 
-SAMPLER = "stackstore.c+profile.c+forks.c+python_walk.h+unwind.c+stackcopy.c+python.c+copypython.c"
-OFF_CPU_SAMPLER = "stackstore.c+profile.c+forks.c+offcpu.c+python_walk.h+unwind.c+stackcopy.c+python.c+copypython.c"
+SAMPLER = "stackstore.c+profile.c+forks.c+python_walk.h+unwind.c+stackcopy.c+images.c+python.c+copypython.c"
+OFF_CPU_SAMPLER = ("stackstore.c+profile.c+forks.c+offcpu.c+python_walk.h+unwind.c+stackcopy.c+images.c+python.c"
+                   "+copypython.c")
 
 
 def test_record_says_whether_it_compiled(fresh_program_cache, tmp_path):
