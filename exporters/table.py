@@ -246,19 +246,28 @@ def calls_lines(calls: list[CallCount], shown: Shown) -> list[str]:
         [str(c.calls), names(c.probe), names(c.binary), names(c.symbol)] for c in ordered), shown.budget)
 
 
+HELD_ROWS = 100_000  # rows whose cells format_columns keeps between its two passes
+
+
 def format_columns(columns: list[Column], cells: Cells, budget: OutputBudget) -> list[str]:
     """perf's layout: `# Title` line, a line of dots under each title, `#`, then the aligned rows.
 
-    The cells are made twice rather than held (a hostile record can have a million rows): the first
-    pass measures them against the budget, so the text is never built past it. Columns are padded to
-    at most :data:`MAX_ALIGN` characters and the last one not at all."""
+    The first pass measures the cells against the budget, so the text is never built past it; the cells
+    of up to :data:`HELD_ROWS` rows are kept from it, those of a longer table (a hostile record can have a
+    million rows) are made again. Columns are padded to at most :data:`MAX_ALIGN` characters and the last
+    one not at all."""
     widths = [len(col.title) for col in columns]
     rows = 0
+    held: list[list[str]] | None = []
     for row in cells():
         lengths = list(map(len, row))
         budget.take(sum(lengths) + 2 * len(lengths) + 1)
         widths = list(map(max, widths, lengths))
         rows += 1
+        if held is not None:
+            held.append(row)
+            if rows > HELD_ROWS:
+                held = None
     widths = [min(width, MAX_ALIGN) for width in widths]
     budget.take(rows * sum(widths[:-1]))  # the padding, at most
     head = [_align(col.title, width, col.right) for col, width in zip(columns, widths)]
@@ -266,7 +275,7 @@ def format_columns(columns: list[Column], cells: Cells, budget: OutputBudget) ->
     justify = [None if i == len(columns) - 1 and not col.right else str.rjust if col.right else str.ljust
                for i, col in enumerate(columns)]  # the last column is not padded, unless right-aligned
     return ["# " + "  ".join(head).rstrip(), "# " + "  ".join(dots), "#"] + [
-        _line(row, justify, widths) for row in cells()]
+        _line(row, justify, widths) for row in (cells() if held is None else held)]
 
 
 def _line(cells: list[str], justify: list[Callable[[str, int], str] | None], widths: list[int]) -> str:

@@ -440,6 +440,8 @@ class ProfilingSession:
         self._note_execs(result.execs)
         if self.copies is not None:
             samples, off_cpu = self.copies.walk(samples, off_cpu, result, final, leaves)
+        self.unwinder.unwind_processes(samples)  # before the symbolizer's learning: at record -a's start on a
+        # busy machine that took 30 s or more, and the processes' Python looks waited for it (scheduler.py)
         maybe_jit = self._learn_processes(samples, result.time, folded.pids())
         if self.copies is not None:  # samples waiting for tables (maybe past their process's exit): learned now
             self._learn_processes(self.copies.arrived(), result.time)
@@ -451,7 +453,6 @@ class ProfilingSession:
         if self.options.off_cpu is not None:
             self._drain_off_cpu(drain, result, off_cpu)
 
-        self.unwinder.unwind_processes(samples)
         self.unwinder.touch({s.pid for s in samples} | folded.pids())
         self._end_processes(result.exits, result.time)
         return drain

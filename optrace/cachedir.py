@@ -196,3 +196,20 @@ class CacheDirectory:
             self._unlink(name)
             total -= size
         return total
+
+
+class EntryStore:
+    """What a store kept in a :class:`CacheDirectory` (``entries``) says of itself; subclasses read and write."""
+
+    entries: CacheDirectory
+
+    @property
+    def problem(self) -> str | None:
+        return self.entries.problem
+
+    @property
+    def usable(self) -> bool:
+        return self.entries.usable
+
+    def close(self) -> None:
+        self.entries.close()

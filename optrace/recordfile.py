@@ -325,6 +325,9 @@ UNESCAPED_QUOTE = re.compile(rb'(?<!\\)"')  # a quote no backslash precedes: nev
 MAX_WIDE_STEPS = 10_000  # escapes and quotes looked at one by one; past them every string counts as wide
 
 
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b",[{:")  # JsonBudget.take counts the rest
+
+
 class JsonBudget:
     """Estimates what ``json.loads`` and the decoding would build from JSON text, from byte counts taken as it
     is inflated (in C: brackets, commas and colons in strings count too, an over-estimate, the safe side),
@@ -342,8 +345,10 @@ class JsonBudget:
 
     def take(self, text: bytes | bytearray) -> None:
         self.text_bytes += len(text)
-        self.values += text.count(b",") + text.count(b"[") + text.count(b"{")
-        self.keys += text.count(b":")
+        structure = text.translate(None, _NOT_STRUCTURE)  # one pass, 3x faster than four counts
+        keys = structure.count(b":")
+        self.values += len(structure) - keys
+        self.keys += keys
         self.wide_text = self.wide_text or not text.isascii()
         self._check()
 

@@ -57,35 +57,52 @@ def python_view_record(record: Record) -> tuple[Record, int]:
 
 
 def _fold(frames: Sequence[Frame], samples: list[Sample]) -> tuple[list[Sample], int]:
-    foldable = [frame.interpreter and frame.symbol not in GIL_FUNCTIONS for frame in frames]
-    python = [frame.runtime for frame in frames]
-    if not any(foldable) or not any(python):
+    """Each distinct stack is folded once, and only one holding a Python frame (a set test, in C): a
+    whole-machine record has tens of thousands of native stacks that never need it. Only the samples with a
+    folded stack, or one that a folded stack became, are merged (in the first one's place); the others stay
+    as they are."""
+    fold = {index for index, frame in enumerate(frames) if frame.interpreter and frame.symbol not in GIL_FUNCTIONS}
+    python = {index for index, frame in enumerate(frames) if frame.runtime}
+    if not python or not fold:
         return samples, 0
-    stacks: dict[tuple[int, ...], tuple[int, ...]] = {}
-    merged: dict[tuple[int, str, int, tuple[int, ...]], Sample] = {}
+    changed = _changed_stacks({sample.frames for sample in samples}, fold, python)
+    if not changed:
+        return samples, 0
+    into = set(changed.values())  # an unchanged stack that one of them became merges with it
+    merged: list[Sample] = []
+    slots: dict[tuple[int, str, int, tuple[int, ...]], int] = {}
     folded = 0
     for sample in samples:
-        stack = stacks.get(sample.frames)
+        stack = changed.get(sample.frames)
         if stack is None:
-            stack = stacks[sample.frames] = _folded(sample.frames, foldable, python)
-        if stack is not sample.frames:
+            if sample.frames not in into:
+                merged.append(sample)
+                continue
+            stack = sample.frames
+        else:
             folded += sample.count
         key = (sample.pid, sample.comm, sample.tid, stack)
-        found = merged.get(key)
-        if found is None:
-            merged[key] = sample if stack is sample.frames else Sample(sample.pid, sample.comm, stack, sample.count,
-                                                                       sample.tid)
+        slot = slots.get(key)
+        if slot is None:
+            slots[key] = len(merged)
+            merged.append(sample if stack is sample.frames else Sample(sample.pid, sample.comm, stack, sample.count,
+                                                                       sample.tid))
         else:
-            merged[key] = Sample(found.pid, found.comm, stack, found.count + sample.count, found.tid)
-    return (list(merged.values()) if folded else samples), folded
+            found = merged[slot]
+            merged[slot] = Sample(found.pid, found.comm, stack, found.count + sample.count, found.tid)
+    return merged, folded
 
 
-def _folded(stack: tuple[int, ...], foldable: list[bool], python: list[bool]) -> tuple[int, ...]:
-    """The stack without its foldable frames below its innermost Python frame (the same tuple when none)."""
-    for depth, index in enumerate(stack):
-        if python[index]:
-            below = stack[:depth]
-            if not any(map(foldable.__getitem__, below)):
-                return stack
-            return tuple(i for i in below if not foldable[i]) + stack[depth:]
-    return stack
+def _changed_stacks(stacks: set[tuple[int, ...]], fold: set[int],
+                    python: set[int]) -> dict[tuple[int, ...], tuple[int, ...]]:
+    """The stacks the fold changes, each without its ``fold`` frames below its innermost ``python`` frame
+    (found with set tests and searches in C: a whole-machine record holds tens of thousands of stacks)."""
+    changed = {}
+    for stack in stacks:
+        innermost = next(filter(python.__contains__, stack), None)
+        if innermost is None:
+            continue
+        depth = stack.index(innermost)
+        if depth and not fold.isdisjoint(stack[:depth]):
+            changed[stack] = tuple(i for i in stack[:depth] if i not in fold) + stack[depth:]
+    return changed

@@ -22,7 +22,7 @@ from array import array
 from pathlib import Path
 
 from optrace import __version__
-from optrace.cachedir import CacheDirectory, default_directory
+from optrace.cachedir import CacheDirectory, EntryStore, default_directory
 from optrace.frontend.symbols.symbol import SymbolTable
 
 MAGIC = b"optrace symbols 1\n"
@@ -59,7 +59,7 @@ def store_key(fd: int) -> StoreKey:
     return hashlib.sha256(json.dumps([reader_fingerprint(), file_key(fd)]).encode()).hexdigest()[:40]
 
 
-class SymbolStore:
+class SymbolStore(EntryStore):
     """The stored symbol tables of one directory (see the module docstring)."""
 
     def __init__(self, directory: Path | None) -> None:
@@ -68,17 +68,6 @@ class SymbolStore:
     @classmethod
     def default(cls) -> "SymbolStore":
         return cls(default_directory("symbols"))
-
-    @property
-    def problem(self) -> str | None:
-        return self.entries.problem
-
-    @property
-    def usable(self) -> bool:
-        return self.entries.usable
-
-    def close(self) -> None:
-        self.entries.close()
 
     def load(self, key: StoreKey, debug_path: str | None) -> tuple[Segments, SymbolTable, str] | None:
         """(segments, table, symbol source) stored under ``key``; ``debug_path``: the debug file found now by

@@ -9,7 +9,7 @@ replaces them all). A sample whose copy has no such tables yet waits, the proces
 :meth:`StackCopies.wanted` so that its tables are loaded.
 
 Bounds: copies wait at most WAIT_DRAINS drains for their tables, PENDING_DRAINS while they are being read
-(or MAX_COPY_BYTES of them altogether, the oldest go first); a copy no sample names goes after
+(or MAX_COPY_BYTES of them altogether, the largest holder's oldest first); a copy no sample names goes after
 UNNAMED_DRAINS drains (an open off-CPU wait names its copy until it ends: :meth:`StackCopies.keep`);
 tables are kept for at most MAX_TABLE_PIDS processes, each process's last MAX_TABLES_PER_PID, and dropped
 one drain after the process exits; the rules they keep of the PCs looked up, at most MAX_RULES each and
@@ -26,6 +26,7 @@ jitdumps are found through /proc/PID), and its tables may come only after the pr
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import threading
 from bisect import bisect_right
 from collections import Counter, OrderedDict
@@ -96,23 +97,32 @@ def process_tables(epoch: int, exec_epoch: int, mappings: Iterable[ProcessMappin
 
 
 class _CopyStore:
-    """Copies by id, with the drain each came in, under MAX_COPY_BYTES (the oldest go first). Thread-safe:
-    the copy watcher (copywalks.py) adds while the drain walks."""
+    """Copies by id, with the drain each came in, under MAX_COPY_BYTES. Full, it drops the copies of the process
+    holding the most bytes, its oldest first: on a busy machine the store fills with copies waiting for tables,
+    and dropping the oldest of all let those of a few processes (optrace's own, a long-running Python) evict
+    everyone else's, a short-lived compiler's among them (issue 43: cc1 11.5 % complete, no_table 9902 of
+    15,969). The largest holder is found with a heap of (bytes, pid) entries, an entry stale once its pid's
+    bytes moved (skipped when it comes up, the heap rebuilt when stale ones outnumber the pids): O(log n) a copy.
+    Thread-safe: the copy watcher (copywalks.py) adds while the drain walks."""
 
     def __init__(self, stats: Counter[str]) -> None:
         self._lock = threading.Lock()
         self._copies: dict[int, tuple[StackCopy, int]] = {}
         self._bytes = 0
         self._stats = stats
+        self._queues: dict[int, OrderedDict[int, None]] = {}  # pid -> its copies' ids, oldest first
+        self._pid_bytes: dict[int, int] = {}
+        self._heap: list[tuple[int, int]] = []  # (-bytes, pid), current while bytes == _pid_bytes[pid]
 
     def put(self, copies: dict[int, StackCopy], drain: int) -> None:
         with self._lock:
             for copy_id, copy in copies.items():
                 self._drop(copy_id)
                 self._copies[copy_id] = (copy, drain)
-                self._bytes += len(copy.stack)
+                self._queues.setdefault(copy.pid, OrderedDict())[copy_id] = None
+                self._count(copy.pid, len(copy.stack))
             while self._bytes > MAX_COPY_BYTES and self._copies:
-                self._drop(next(iter(self._copies)))
+                self._drop(next(iter(self._queues[self._largest()])))
                 self._stats["dropped_bytes"] += 1
 
     def get(self, copy_id: int) -> StackCopy | None:
@@ -136,8 +146,32 @@ class _CopyStore:
     def _drop(self, copy_id: int) -> tuple[StackCopy, int] | None:
         found = self._copies.pop(copy_id, None)
         if found is not None:
-            self._bytes -= len(found[0].stack)
+            pid = found[0].pid
+            queue = self._queues[pid]
+            del queue[copy_id]
+            if not queue:
+                del self._queues[pid]
+            self._count(pid, -len(found[0].stack))
         return found
+
+    def _count(self, pid: int, size: int) -> None:
+        """Add ``size`` bytes to ``pid``'s (the lock held)."""
+        self._bytes += size
+        held = self._pid_bytes.get(pid, 0) + size
+        if pid in self._queues:
+            self._pid_bytes[pid] = held
+            heapq.heappush(self._heap, (-held, pid))
+        else:
+            self._pid_bytes.pop(pid, None)
+        if len(self._heap) > 2 * len(self._pid_bytes) + 64:
+            self._heap = [(-bytes_, pid_) for pid_, bytes_ in self._pid_bytes.items()]
+            heapq.heapify(self._heap)
+
+    def _largest(self) -> int:
+        """The pid holding the most bytes (the lock held, some copy held)."""
+        while -self._heap[0][0] != self._pid_bytes.get(self._heap[0][1]):
+            heapq.heappop(self._heap)
+        return self._heap[0][1]
 
 
 @dataclass
@@ -166,11 +200,12 @@ class StackCopies:
         self._drain = 0
         self._files_used: set[Hashable] = set()  # files the walks went through since the last take
         self._rules_held = 0  # in all tables' ``rules``
+        self._rows: dict[Hashable, tuple[bytes, int]] = {}  # file -> the rows its tables share, how many tables
 
     # -- what comes in ------------------------------------------------------------------------------------
     def add_tables(self, pid: int, epoch: int, exec_epoch: int, mappings: Iterable[ProcessMapping]) -> None:
-        tables = process_tables(epoch, exec_epoch, mappings)
         with self._lock:
+            tables = process_tables(epoch, exec_epoch, [self._shared(m) for m in mappings])
             before = self._tables.pop(pid, [])
             kept = sorted([t for t in before if t.exec_epoch == exec_epoch] + [tables], key=lambda t: t.epoch)
             self._tables[pid] = kept[-MAX_TABLES_PER_PID:]
@@ -333,9 +368,31 @@ class StackCopies:
                     self._rules_held += 1
         return found
 
+    def _shared(self, mapping: ProcessMapping) -> ProcessMapping:
+        """``mapping`` with the rows object the tables already hold for its file, when they hold the same rows
+        (the lock held). A file the kernel does not hold comes with its rows, read again from the table store
+        for each process: without this, each process's tables kept a copy of them (python3.11's 7.3 MB for
+        each of 14-30 processes beside the issue-40 attack on root's serve)."""
+        if not mapping.rows:
+            return mapping
+        held = self._rows.get(mapping.file_key)
+        if held is not None and held[0] == mapping.rows:
+            self._rows[mapping.file_key] = (held[0], held[1] + 1)
+            return dataclasses.replace(mapping, rows=held[0]) if held[0] is not mapping.rows else mapping
+        if held is None:
+            self._rows[mapping.file_key] = (mapping.rows, 1)
+        return mapping
+
     def _release(self, dropped: Iterable[ProcessTables]) -> None:
-        """Count out the rules of tables dropped (the lock held)."""
-        self._rules_held -= sum(len(tables.rules) for tables in dropped)
+        """Count out the rules and shared rows of tables dropped (the lock held)."""
+        for tables in dropped:
+            self._rules_held -= len(tables.rules)
+            for mapping in tables.mappings:
+                held = self._rows.get(mapping.file_key)
+                if held is not None and held[0] is mapping.rows:
+                    self._rows[mapping.file_key] = (held[0], held[1] - 1)
+                    if held[1] == 1:
+                        del self._rows[mapping.file_key]
 
     def _table(self, mapping: ProcessMapping) -> UnwindTable | None:
         table = self._files.get(mapping.file_key)

@@ -6,7 +6,9 @@ CFI unwinder reached a frame whose return address the CFI declares undefined (th
 thread's first frame), and none of its user frames is ``[unknown]`` (an address in no mapping: a walk gone
 astray, e.g. a thread preempted just after clone3, whose next instructions have no CFI: its stack read
 ``clone3`` then a run of ``[unknown]``; ``unknown_frame``). Otherwise the reason is the unwinder's (see
-bpf/unwindmaps.py UNWIND_STATUSES), or ``fp_walk`` for a stack the kernel walked by frame pointers.
+bpf/unwindmaps.py UNWIND_STATUSES), or ``fp_walk`` for a stack the kernel walked by frame pointers. A sample
+left with no user frame but a reason (its copy given up, ``no_table``: a short-lived compiler's sample at a
+page fault or in exit_mmap read kernel-only) counts under that reason.
 
 :func:`stack_quality` looks at stacks a recording named whole; :func:`outermost_quality` gives the same
 counts naming one frame per stack at most (serve names only leaves).
@@ -33,6 +35,8 @@ def stack_quality(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Seque
     outcomes: Counter[str] = Counter()
     for sample, row in zip(raw, rows, strict=True):
         if not sample.user:
+            if sample.stop:  # walked or copied, and nothing of it kept (a copy given up): cut, not left out
+                outcomes[sample.stop] += sample.count
             continue
         outermost = frames[row.frames[-1]] if row.frames else None
         if not (sample.stop == OUTERMOST or (outermost is not None and not outermost.kernel

@@ -81,6 +81,9 @@ class UnwindScheduler:
         # every 50 ms until it is initialized (frontend/runtimes/), which the unwind worker, busy
         # building the command's tables, made 20-90 ms of its CPU late (its samples had no Python frames)
         self._python_worker: ThreadPoolExecutor | None = None
+        # processes looked at on the Python worker when their tables were queued (:meth:`_python_early`): not
+        # again when the table comes (_python_first)
+        self._python_early_pids: set[int] = set()
         self._unwind_step: Future | None = None  # the walking program's load, on the worker
         self._unwind_queued: set[int] = set()
         self._captures: MappingCaptures | None = None  # once started (:meth:`unwind_soon`)
@@ -199,6 +202,7 @@ class UnwindScheduler:
 
     def forget(self, pid: int) -> None:
         self._table_build_ids.pop(pid, None)
+        self._python_early_pids.discard(pid)
 
     def sizes(self) -> dict[str, int]:
         if self.unwinding is None:
@@ -262,7 +266,7 @@ class UnwindScheduler:
                 maps.load_process(pid, epoch, mappings)
         if self.on_tables is not None and exec_epoch is not None:
             self.on_tables(pid, epoch, exec_epoch, self._without_held_rows(mappings, loaded))
-        if loaded is not None and self.unwinding.release(mappings) >= TRIM_AFTER_RELEASE:
+        if loaded is not None and self.unwinding.release(mappings, loaded) >= TRIM_AFTER_RELEASE:
             release_free_memory()
         if not own and pid in self._unwound:
             self._reloaded.append(pid)
@@ -283,7 +287,7 @@ class UnwindScheduler:
             if self.on_tables is not None:
                 self.on_tables(pid, capture.epoch, capture.exec_epoch, self._without_held_rows(mappings, loaded))
             if loaded is not None:
-                self.unwinding.release(mappings)
+                self.unwinding.release(mappings, loaded)
             return
         self._load(pid, capture.epoch, capture.exec_epoch, mappings, loaded)
 
@@ -309,6 +313,9 @@ class UnwindScheduler:
         interpreter's look took after the table). Only a process one of whose files is named like an
         interpreter is looked at, when its captured mappings or image say which files it has."""
         if self.python is None or own:
+            return
+        if pid in self._python_early_pids:
+            self._python_early_pids.discard(pid)
             return
         entries = capture.maps.entries if capture is not None and capture.maps is not None else None
         if entries is not None:
@@ -375,6 +382,9 @@ class UnwindScheduler:
             self._unwind_worker.submit(self._unwind_job, pid, program)
         except RuntimeError:  # shut down: the session is ending
             self._unwind_queued.discard(pid)
+            return
+        if not program:  # (an exec's look is queued above)
+            self._python_early(pid)
 
     def _unwind_job(self, pid: int, program: str | None) -> None:
         try:
@@ -393,8 +403,32 @@ class UnwindScheduler:
             return
         if not self.profiler.exec_epoch(pid):
             self.unwind_later(pid)
-        elif self.budget.take("tables") and not self._captures.capture(pid, self.profiler.live_epoch(pid)):
-            self.unwind_later(pid, budgeted=False)
+        elif self.budget.take("tables"):
+            if self._captures.capture(pid, self.profiler.live_epoch(pid)):
+                self._python_early(pid)
+            else:
+                self.unwind_later(pid, budgeted=False)
+
+    def _python_early(self, pid: int) -> None:
+        """Whether a process whose tables are queued runs a CPython, looked at on the Python worker now, not
+        when its tables come: under record -a on a busy machine the table workers convert other processes'
+        files for tens of seconds, and every Python process behind them kept native stacks only (the walker
+        had neither a real workload nor the hostile fakes of tests/hostile/test_python_refusal.py in 40 s)."""
+        if self.python is None or self._python_worker is None or pid in self._python_early_pids:
+            return  # (one look until its tables come)
+        self._python_early_pids.add(pid)
+        try:
+            self._python_worker.submit(self._contain, "python", self._look_early, pid)
+        except RuntimeError:  # shut down: the session is ending
+            self._python_early_pids.discard(pid)
+
+    def _look_early(self, pid: int) -> None:
+        """:meth:`_look_at_python`, for a process none of whose files the kernel's image names like an
+        interpreter not even a read of its maps."""
+        image = self._image(pid)
+        if image is not None and not self.python.may_run(self.unwinding.images.names(image.image)):
+            return
+        self._look_at_python(pid)
 
     def _capture(self, pid: int) -> Capture | None:
         """The kernel's image of the process (bpf/images.py), else (none, one that may miss a mapping, or one of

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from optrace import __version__
-from optrace.cachedir import CacheDirectory, default_directory as cache_directory
+from optrace.cachedir import CacheDirectory, EntryStore, default_directory as cache_directory
 from optrace.frontend.symbols import cfi
 from optrace.frontend.symbols.buildid import FileIdentity
 from optrace.frontend.symbols.leb128 import DwarfError
@@ -63,7 +63,7 @@ def store_key(fd: int) -> StoreKey:
     return hashlib.sha256(json.dumps([converter_fingerprint(), identity]).encode()).hexdigest()[:40]
 
 
-class TableStore:
+class TableStore(EntryStore):
     """The stored tables of one directory. ``problem`` says why a store is not used (None when it is);
     ``stats`` counts ``stored_hits``, ``stored_misses``, ``stored_writes`` and ``stored_bad`` (entries
     that were not what this module writes)."""
@@ -80,19 +80,8 @@ class TableStore:
         return self.entries.directory
 
     @property
-    def problem(self) -> str | None:
-        return self.entries.problem
-
-    @property
-    def usable(self) -> bool:
-        return self.entries.usable
-
-    @property
     def stats(self) -> dict[str, int]:
         return {f"stored_{name}": count for name, count in self.entries.stats.items()}
-
-    def close(self) -> None:
-        self.entries.close()
 
     def load(self, key: StoreKey, identity: FileIdentity | None) -> UnwindFile | None:
         """The table stored under ``key``, or None (not stored, or not a good entry)."""

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,14 +100,18 @@ def samples_counted(outcomes: dict[str, int]) -> int:
 
 @pytest.fixture(scope="module")
 def fake_python(bpf_ready, hostile_user: HostileUser) -> Path:
-    """fakepython.c built as python3.11 in the user's folder, the user's file."""
+    return users_fake_python(hostile_user, "pyfake")
+
+
+def users_fake_python(user: HostileUser, folder_name: str) -> Path:
+    """fakepython.c built as python3.11 in a new folder of the user's (one per test module), the user's file."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
-    folder = hostile_user.home / "pyfake"
+    folder = user.home / folder_name
     folder.mkdir()
     built = build_fake_python(folder)
     for path in (folder, built):
-        os.chown(path, hostile_user.uid, hostile_user.gid)
+        os.chown(path, user.uid, user.gid)
     return built
 
 
@@ -272,8 +277,9 @@ def machine(fake_python, hostile_user, tmp_path_factory) -> Machine:
         workload.wait()
 
 
-def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30) -> dict[str, int]:
-    """shape -> pid of the fakes the launcher's shell started."""
+def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30,
+             shapes: Iterable[str] = MACHINE_SHAPES) -> dict[str, int]:
+    """shape -> pid of the fakes (of ``shapes``) the launcher's shell started."""
     deadline = time.monotonic() + timeout
     while True:
         found = {}
@@ -285,7 +291,7 @@ def fakes_of(launcher: subprocess.Popen, fake: Path, timeout: float = 30) -> dic
                 continue
             if session == launcher.pid and argv[0] == bytes(fake) and read_exe(int(cmdline.parent.name)) == str(fake):
                 found[argv[1].decode()] = int(cmdline.parent.name)
-        if set(found) == set(MACHINE_SHAPES):
+        if set(found) == set(shapes):
             time.sleep(0.2)  # their fake interpreters made (microseconds after the exec)
             return found
         assert launcher.poll() is None and time.monotonic() < deadline, (found, launcher.stderr.read())

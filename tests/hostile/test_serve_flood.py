@@ -78,6 +78,13 @@ def attacker(user: HostileUser, script: Path, port: str, count: int, sources: in
                             text=True)
 
 
+def attacker_report(each: subprocess.Popen) -> dict:
+    """The attacker's last line (its counts); a failure that says which attacker ended how."""
+    out = each.communicate("stop\n", timeout=60)[0].strip().splitlines()
+    assert out, f"attacker {each.args[-6:]} printed nothing, exit {each.returncode} (its stderr is above)"
+    return json.loads(out[-1])
+
+
 @pytest.mark.parametrize("auth", [False, True], ids=["open", "basic-auth"])
 def test_root_serve_beside_pipelined_slow_readers(bpf_ready, hostile_user: HostileUser, workloads: Path, tmp_path: Path,
                                                   auth: bool):
@@ -106,8 +113,7 @@ def test_root_serve_beside_pipelined_slow_readers(bpf_ready, hostile_user: Hosti
                                           f"prometheus:{PASSWORD}" if auth else ""],
                                          capture_output=True, text=True, timeout=seconds)
         finally:
-            reports = [json.loads(each.communicate("stop\n", timeout=60)[0].strip().splitlines()[-1])
-                       for each in attackers]
+            reports = [attacker_report(each) for each in attackers]
         page = page_size(url)
         after = rss_mb(serve.pid)
     finally:

@@ -142,3 +142,14 @@ def test_a_missing_required_field_is_named() -> None:
     del document["samples"][TABLE_CHUNK]["count"]
     with pytest.raises(SchemaError, match=r"record\.samples\[8192\]: missing field 'count'"):
         decode(document, Record)
+
+
+def test_the_json_budget_counts_values_and_keys_in_one_pass() -> None:
+    """JsonBudget.take counts ``,[{`` (values) and ``:`` (keys) with one translate, as four counts did."""
+    from optrace.recordfile import JsonBudget, Source
+    text = b'{"a": [1, 2, {"b": "x,y:z["}], "c": {}}' + bytes(range(256))
+    budget = JsonBudget(Source("t", None))
+    budget.take(text)
+    budget.take(bytearray(text))
+    assert budget.values == 2 * sum(map(text.count, (b",", b"[", b"{")))
+    assert budget.keys == 2 * text.count(b":")

@@ -70,3 +70,20 @@ def test_cli_on_a_30_kb_file(tmp_path: Path, record: Record) -> None:
         assert result.stdout == ""
         assert int(peak_kb) < 400 << 10, f"{fmt}: peak RSS {int(peak_kb) >> 10} MB"
         assert float(user) + float(system) < 5, f"{fmt}: {float(user) + float(system):.1f} s of CPU"
+
+
+@pytest.mark.parametrize("rows, passes", [(50, 1), (51, 2)])
+def test_a_table_makes_its_cells_once_unless_it_is_long(monkeypatch, rows: int, passes: int) -> None:
+    """The measuring pass keeps the cells of up to HELD_ROWS rows (the width pass and the text pass each made
+    them all: a third of a whole-machine flat report's table time); a longer table makes them again."""
+    from optrace.exporters import table
+    monkeypatch.setattr(table, "HELD_ROWS", 50)
+    made = []
+
+    def cells():
+        made.append(1)
+        return ([f"{n}", "x" * (n % 7)] for n in range(rows))
+
+    lines = table.format_columns([table.Column("N", True), table.Column("Name")], cells, budget.OutputBudget())
+    assert len(made) == passes
+    assert lines[3:] == [f"  {n:>2}  {'x' * (n % 7)}".rstrip() for n in range(rows)]

@@ -161,3 +161,23 @@ def test_diff_compares_pythons_view(python_file: Path) -> None:
 
     assert symbols() == FOLDED_LEAVES
     assert symbols("--python-internals") == RECORDED_LEAVES
+
+
+
+def test_the_fold_counts_and_rebuilds_only_the_stacks_it_changes() -> None:
+    """A decoded record gives every sample its own tuple: equal stacks are not the same object. The fold
+    judges each distinct stack once; samples whose stack it leaves alone are kept as they are, not rebuilt
+    one by one, and are not counted as folded (main counted every unchanged stack met a second time: 17.5 %
+    "folded" on a whole-machine record where 8.2 % were)."""
+    rank_self = [Sample(10, "python3.11", tuple([2, 4, *ROOT]), 1, 100 + n) for n in range(200)]
+    under_rank = [Sample(10, "python3.11", tuple([0, 2, 4, *ROOT]), 1, 100 + n) for n in range(50)]  # folds
+    native = [Sample(20, "demo", tuple([5, 6]), 1, 20) for _ in range(100)]  # no Python frame
+    record = Record(python_record().meta, list(FRAMES), rank_self + under_rank + native, functions=[])
+    viewed, folded = python_view_record(record)
+    assert folded == 50
+    assert Counter((s.tid, s.frames) for s in viewed.samples for _ in range(s.count)) == Counter(
+        (s.tid, (2, 4, *ROOT) if s in under_rank else s.frames) for s in record.samples)
+    kept = {id(sample) for sample in viewed.samples}
+    assert sum(id(sample) in kept for sample in rank_self[50:] + native) == 250  # not rebuilt
+    assert len(viewed.samples) == 300  # each allocator sample merged into its thread's rank sample, in its place
+    assert [s.tid for s in viewed.samples[:200]] == [100 + n for n in range(200)]

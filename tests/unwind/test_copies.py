@@ -4,10 +4,13 @@ kernel took) only when they cannot come: after WAIT_DRAINS drains, at the last d
 exited with no table being read for it."""
 from __future__ import annotations
 
+import dataclasses
+import random
 import struct
+from collections import Counter
 
 from optrace.bpf.unwindmaps import ProcessMapping
-from optrace.frontend.unwind.copies import NO_TABLE, WAIT_DRAINS, StackCopies
+from optrace.frontend.unwind.copies import MAX_COPY_BYTES, NO_TABLE, WAIT_DRAINS, StackCopies
 from optrace.frontend.unwind.row import CFA_OUTERMOST, CFA_RSP, RBP_SAME, ROW
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -144,3 +147,102 @@ def test_a_first_sample_with_python_frames_keeps_its_copys_pc_when_it_gives_up()
     copies.add_copies({1: copy})
     assert [s.user for s in copies.resolve([sample], leaves=True)] == [(UserFrame(None, JIT_PC),
                                                                          UserFrame(RUNTIME_FRAME, 0x40))]
+
+
+def test_processes_of_one_file_share_its_rows():
+    """A file the kernel does not hold comes with its rows for each process, read again from the table store
+    each time (a new bytes object): the processes' tables keep one of them, not one each (root's serve held
+    python3.11's 7.3 MB for each of 14-30 processes beside the issue-40 attack). Without the sharing: 64 MB
+    held here."""
+    import tracemalloc
+    rows = ROWS + b"".join(ROW.pack(0x3000 + pc, 0, 0, CFA_OUTERMOST, RBP_SAME) for pc in range((1 << 20) // ROW.size))
+    copies = StackCopies()
+    tracemalloc.start()
+    try:
+        for pid in range(64):
+            copies.add_tables(PID + pid, 5, 3, [dataclasses.replace(MAPPING, rows=bytes(bytearray(rows)))])
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 4 << 20, held
+    sample, copy = copied_sample(1)
+    copies.add_copies({1: copy})
+    assert copies.resolve([sample])[0].user == walked_frames()  # the shared rows walk as the process's own
+
+
+PAGE = 1 << 18  # a copy's bytes in the store-bound tests: 64 of them fill MAX_COPY_BYTES
+
+
+def sized_sample(pid: int, copy_id: int) -> tuple[RawSample, StackCopy]:
+    """copied_sample's, of ``pid`` (its thread the copy's id, to know it once walked), with PAGE bytes of stack
+    (the bytes past its return address unread)."""
+    sample, copy = copied_sample(copy_id)
+    stack = copy.stack.ljust(PAGE, b"\0")
+    return dataclasses.replace(sample, pid=pid, tid=copy_id), dataclasses.replace(copy, pid=pid, stack=stack)
+
+
+def kept_after(added: list[tuple[int, int]]) -> tuple[StackCopies, list[int]]:
+    """Copies (pid, id) added one at a time, as the ring watcher does; the ids whose copies were kept (walked
+    once their tables came, not given up)."""
+    copies = StackCopies()
+    samples = []
+    for pid, copy_id in added:
+        sample, copy = sized_sample(pid, copy_id)
+        copies.add_copies({copy_id: copy})
+        samples.append(sample)
+    for pid in {pid for pid, _ in added}:
+        copies.add_tables(pid, 5, 3, [MAPPING])
+    walked = copies.resolve(samples)
+    assert sum(s.stop == NO_TABLE for s in walked) + sum(s.user == walked_frames() for s in walked) == len(added)
+    return copies, [s.tid for s in walked if s.user == walked_frames()]
+
+
+def test_a_flood_of_one_process_copies_does_not_evict_another_process_few():
+    """Issue 43: a busy machine's copies waiting for tables dropped a short-lived compiler's (the oldest of
+    all went first): the process holding the most bytes loses its oldest, the total stays in the bound."""
+    few = [(7, i) for i in range(1, 4)]
+    flood = [(PID, i) for i in range(100, 200)]
+    copies, kept = kept_after(few + flood)
+    kept_bytes = MAX_COPY_BYTES // PAGE
+    assert kept[:3] == [1, 2, 3]  # every one of the few
+    assert len(kept) * PAGE == MAX_COPY_BYTES  # the bound, exactly
+    assert kept[3:] == list(range(200 - (kept_bytes - 3), 200))  # the flood's newest, up to the bound
+    assert copies.stats["dropped_bytes"] == 103 - kept_bytes  # counted as before
+
+
+def test_the_largest_holder_loses_first_whichever_it_is():
+    """Two floods interleaved: they are cut to the same size, each its oldest first; the few stay."""
+    floods = [(pid, pid * 1000 + i) for i in range(40) for pid in (PID, PID + 1)]
+    _, kept = kept_after([(7, 1), (7, 2)] + floods)
+    each = (MAX_COPY_BYTES // PAGE - 2) // 2
+    assert kept[:2] == [1, 2]
+    assert sorted(kept[2:]) == sorted(pid * 1000 + i for i in range(40 - each, 40) for pid in (PID, PID + 1))
+
+
+def test_the_store_keeps_what_a_model_of_its_rule_keeps():
+    """Random copies of a few processes, of random sizes, in random batches: what is kept is what the rule
+    (drop the largest holder's oldest, the lowest pid among equals, until in the bound) keeps."""
+    rng = random.Random(43)
+    copies = StackCopies()
+    model: dict[int, tuple[int, int]] = {}  # id -> (pid, bytes), oldest first
+    samples = []
+    for batch in range(300):
+        added = {}
+        for copy_id in range(batch * 8, batch * 8 + rng.randint(1, 8)):
+            pid, size = rng.choice((1, 2, 3, 4, 5)), rng.choice((8, 4096, 28672, 1 << 20))
+            sample, copy = copied_sample(copy_id + 1)
+            added[copy_id + 1] = dataclasses.replace(copy, pid=pid, stack=copy.stack.ljust(size, b"\0"))
+            samples.append(dataclasses.replace(sample, pid=pid, tid=copy_id + 1))
+            model[copy_id + 1] = (pid, size)
+        copies.add_copies(added)
+        while sum(size for _, size in model.values()) > MAX_COPY_BYTES:
+            held = Counter()
+            for pid, size in model.values():
+                held[pid] += size
+            largest = min(held, key=lambda pid: (-held[pid], pid))
+            del model[next(i for i, (pid, _) in model.items() if pid == largest)]
+    for pid in range(1, 6):
+        copies.add_tables(pid, 5, 3, [MAPPING])
+    kept = [s.tid for s in copies.resolve(samples) if s.user == walked_frames()]
+    assert kept == sorted(model) and len(kept) > 20
+    assert copies.stats["dropped_bytes"] == len(samples) - len(kept)
