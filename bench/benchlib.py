@@ -351,17 +351,14 @@ def bpf_ns_per_sample(before: dict[str, tuple[int, int]], after: dict[str, tuple
 def bpf_map_keys(pid: int, name: str) -> set[int]:
     """The keys (u32, u64: little-endian integers) of the BPF map called ``name`` that a process holds:
     e.g. optrace's unwind_procs and py_procs, the processes its CFI and Python walkers have."""
-    held = held_bpf_ids(pid, "map")
-    if not held:
-        return set()
-    shown = subprocess.run(["bpftool", "map", "show", "-j"], capture_output=True, text=True)  # one call, not one a map
-    named = [found["id"] for found in json.loads(shown.stdout or "[]") if found.get("id") in held
-             and found.get("name") == name] if shown.returncode == 0 else []
-    if not named:
-        return set()
-    dumped = subprocess.run(["bpftool", "map", "dump", "id", str(named[0]), "-j"], capture_output=True, text=True)
-    return {int.from_bytes(bytes(int(b, 16) for b in entry["key"]), "little")
-            for entry in json.loads(dumped.stdout or "[]")}
+    for map_id in held_bpf_ids(pid, "map"):
+        shown = subprocess.run(["bpftool", "map", "show", "id", str(map_id), "-j"], capture_output=True, text=True)
+        if shown.returncode or json.loads(shown.stdout).get("name") != name:
+            continue
+        dumped = subprocess.run(["bpftool", "map", "dump", "id", str(map_id), "-j"], capture_output=True, text=True)
+        return {int.from_bytes(bytes(int(b, 16) for b in entry["key"]), "little")
+                for entry in json.loads(dumped.stdout or "[]")}
+    return set()
 
 
 def source_state() -> str:
