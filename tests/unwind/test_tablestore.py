@@ -59,6 +59,31 @@ def test_released_rows_are_read_back_from_the_store_without_converting(tmp_path:
     assert session.stored_rows(("frame pointers", converted.identity)) is None  # no file of the store's
 
 
+def test_entries_read_at_once_stay_within_a_byte_budget():
+    """A read that would take the entries being read over the budget waits for one to end (counted); one alone
+    may be larger than the budget."""
+    import threading
+    import time
+
+    from optrace.cachedir import ByteBudget
+
+    budget, order = ByteBudget(10), []
+
+    def second() -> None:
+        with budget.held(6):
+            order.append("second")
+
+    with budget.held(25):  # alone: over the budget, not held back
+        order.append("large")
+    with budget.held(6):
+        reader = threading.Thread(target=second)
+        reader.start()
+        time.sleep(0.2)
+        order.append("first done")
+    reader.join(5)
+    assert order == ["large", "first done", "second"] and budget.waits == 1
+
+
 def test_a_file_rewritten_in_place_with_its_old_size_and_mtime_is_converted_again(omit_fp_binary: Path, tmp_path: Path):
     """The owner can put back the mtime, not the ctime."""
     binary = tmp_path / "calls"
