@@ -8,11 +8,12 @@ read at an epoch >= E since the process's last exec (mappings are added as a pro
 replaces them all). A sample whose copy has no such tables yet waits, the process named in
 :meth:`StackCopies.wanted` so that its tables are loaded.
 
-A copy whose tables are there as it comes is walked at once (:meth:`StackCopies.add_copies`, on the copy
-watcher's thread): only what the walk gives is kept for its sample (:class:`_Walk`), so the copy store holds
-copies that wait for tables. It held every copy until the next drain: a busy process all of whose samples are
-copied (cc1, whose 436k rows did not fit a full row array) put 14 MB a second into it, became its largest
-holder and lost its own copies (issue 43: cc1 29-34 % complete in 1 of 4 rounds, 1,155 copies dropped).
+When the copy store goes over its bound, the copies in it whose tables are there are walked at once, oldest
+first (:meth:`StackCopies.add_copies`, on the copy watcher's thread), until it is back under: only what a walk
+gives is kept for its sample (:class:`_Walk`), and only copies that wait for tables are dropped. Before, a busy
+process all of whose samples are copied (cc1, whose 436k rows did not fit a full row array) put 14 MB a second
+into the store between two drains, became its largest holder and lost its own copies, tables there or not
+(issue 43: cc1 29.3 % and 34.4 % complete in 2 of 9 rounds, 1,155 copies dropped in one).
 
 Bounds: copies wait at most WAIT_DRAINS drains for their tables, PENDING_DRAINS while they are being read
 (or MAX_COPY_BYTES of them altogether, the largest holder's oldest first); a copy no sample names goes after
@@ -21,7 +22,7 @@ tables are kept for at most MAX_TABLE_PIDS processes, each process's last MAX_TA
 one drain after the process exits; the rules they keep of the PCs looked up, at most MAX_RULES each and
 MAX_CACHED_RULES in all (a process whose copies hold garbage return addresses, with new mappings to be
 copied again, filled 65,536 a table: 588 MB for 16 such processes), and only PCs in a mapping; walks
-made as their copies came, MAX_WALKED_FRAMES frames in all (the oldest go first, their samples given up). A sample that
+made to make room, MAX_WALKED_FRAMES frames in all (the oldest go first, their samples given up). A sample that
 gives up waiting keeps what the kernel took (its leaf, or the CFI walk up to where the copy would have gone
 on) and, when the copy goes on from it, the copy's own PC as a raw address (where the walk would have
 started: a CFI walk stopped at a JIT function's PC has no frame of its own), its stop "no_table".
@@ -134,13 +135,28 @@ class _CopyStore:
         self._pid_bytes: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []  # (-bytes, pid), current while bytes == _pid_bytes[pid]
 
-    def put(self, copies: dict[int, StackCopy], drain: int) -> None:
+    def put(self, copies: dict[int, StackCopy], drain: int, bound: bool = True) -> None:
+        """Add ``copies``; with ``bound`` False the caller makes room (:meth:`over`, :meth:`held`, :meth:`trim`)."""
         with self._lock:
             for copy_id, copy in copies.items():
                 self._drop(copy_id)
                 self._copies[copy_id] = (copy, drain)
                 self._queues.setdefault(copy.pid, OrderedDict())[copy_id] = None
                 self._count(copy.pid, len(copy.stack))
+        if bound:
+            self.trim()
+
+    def over(self) -> bool:
+        return self._bytes > MAX_COPY_BYTES
+
+    def held(self) -> list[tuple[int, StackCopy]]:
+        """The copies held, oldest first."""
+        with self._lock:
+            return [(copy_id, copy) for copy_id, (copy, _) in self._copies.items()]
+
+    def trim(self) -> None:
+        """Back under MAX_COPY_BYTES: the largest holder's oldest copies dropped."""
+        with self._lock:
             while self._bytes > MAX_COPY_BYTES and self._copies:
                 self._drop(next(iter(self._queues[self._largest()])))
                 self._stats["dropped_bytes"] += 1
@@ -278,17 +294,24 @@ class StackCopies:
         wanted: those without tables here, and those still ``alive`` the kernel holds no table for (a copy that
         does not go on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile).
         A process's stack at its exit (``shared``) is walked only if a sample names it (:meth:`wanted`).
-        A copy whose tables are here is walked now, only its walk kept (see the module docstring)."""
-        unwalked = {}
-        for copy_id, copy in copies.items():
-            walk = None if copy.shared else self._walk(copy)
-            if walk is None:
-                unwalked[copy_id] = copy
-            else:
-                self._walks.put(copy_id, walk)
-        self._copies.put(unwalked, self._drain)
+        Over the store's bound, the copies whose tables are here are walked now (see the module docstring)."""
+        self._copies.put(copies, self._drain, bound=False)
+        if self._copies.over():
+            self._walk_held()
+        self._copies.trim()
         return {copy.pid for copy in copies.values() if not copy.shared and (
             self._tables_for(copy) is None or not copy.continues and alive(copy.pid))}
+
+    def _walk_held(self) -> None:
+        """Walk the held copies whose tables are here, oldest first, until the store is under its bound."""
+        for copy_id, copy in self._copies.held():
+            if not self._copies.over():
+                return
+            walk = None if copy.shared else self._walk(copy)
+            if walk is not None:
+                self._walks.put(copy_id, walk)
+                self._copies.take(copy_id)
+                self.stats["walked_to_make_room"] += 1
 
     def keep(self, ids: set[int]) -> None:
         """The copies open off-CPU waits name: kept until a sample names them."""

@@ -197,27 +197,29 @@ def kept_after(added: list[tuple[int, int]]) -> tuple[StackCopies, list[int]]:
     return copies, [s.tid for s in walked if s.user == walked_frames()]
 
 
-def test_copies_whose_tables_are_here_are_walked_as_they_come_not_held():
+def test_over_its_bound_the_store_walks_the_copies_whose_tables_are_here_rather_than_drop_them():
     """Issue 43: a busy process all of whose samples are copied while its tables are known (cc1, its rows refused
     by a full row array) put more than MAX_COPY_BYTES into the store between two drains, was its largest holder
-    and lost its own copies (cc1 29-34 % complete). Walked as they come, none is held: every one is walked, and
-    the copies of a process whose tables are not here yet stay."""
+    and lost its own copies (cc1 29-34 % complete). Over the bound, those are walked, not dropped: every one of
+    them is walked, and the copies of a process whose tables are not here yet stay."""
     copies = StackCopies()
     copies.add_tables(PID, 5, 3, [MAPPING])
     samples = []
-    for copy_id in [*range(1, 101), 1001, 1002]:
+    for copy_id in [1001, 1002, *range(1, 101)]:
         sample, copy = sized_sample(PID if copy_id < 1000 else 7, copy_id)
         copies.add_copies({copy_id: copy})  # one at a time, as the ring watcher reads them
         samples.append(sample)
     assert 100 * PAGE > MAX_COPY_BYTES
     walked = copies.resolve(samples)
     assert [s.tid for s in walked if s.user == walked_frames()] == list(range(1, 101))
-    assert copies.stats["dropped_bytes"] == 0 and copies.wanted() == {7}
+    assert copies.stats["dropped_bytes"] == 0 and copies.stats["walked_to_make_room"] > 0
+    assert copies.wanted() == {7}
     copies.add_tables(7, 5, 3, [MAPPING])
     assert [s.tid for s in copies.end_drain(())[0] if s.user == walked_frames()] == [1001, 1002]
 
 
-def test_walks_made_as_copies_came_are_bounded_and_go_when_no_sample_names_them(monkeypatch):
+def test_walks_made_to_make_room_are_bounded_and_go_when_no_sample_names_them(monkeypatch):
+    monkeypatch.setattr("optrace.frontend.unwind.copies.MAX_COPY_BYTES", 1)  # every copy over the bound
     monkeypatch.setattr("optrace.frontend.unwind.copies.MAX_WALKED_FRAMES", 6)  # 2 frames a walk: 3 kept
     copies = StackCopies()
     copies.add_tables(PID, 5, 3, [MAPPING])
@@ -226,7 +228,7 @@ def test_walks_made_as_copies_came_are_bounded_and_go_when_no_sample_names_them(
         sample, copy = copied_sample(copy_id)
         copies.add_copies({copy_id: copy})
         samples.append(sample)
-    assert copies.stats["dropped_walks"] == 2
+    assert copies.stats["dropped_walks"] == 2 and copies.stats["dropped_bytes"] == 0
     walked = copies.resolve(samples[:1] + samples[3:])
     assert [(s.user, s.stop) for s in walked] == [(samples[0].user, NO_TABLE)] + [(walked_frames(), "outermost")] * 2
     for _ in range(UNNAMED_DRAINS + 1):  # the one no sample named goes
