@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
 from optrace.frontend.unwind.stackcopy import (DEPTH, MAX_FRAMES, NATIVES_CUT, ROOT_REACHED, chain_of, unwind_copy,
-                                               with_python_frames, without_call_ends)
+                                               with_runtime_frames, without_call_ends)
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -64,12 +64,12 @@ NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
 
 @dataclass(frozen=True)
 class _Walk:
-    """A copy walked as it came: what its sample needs of it (``pcs`` only where Python frames go in)."""
+    """A copy walked to make room: what its sample needs of it (``pcs`` only where runtime frames go in)."""
 
     frames: tuple[UserFrame, ...]
     status: str
     continues: bool
-    eval_ranges: tuple[tuple[int, int], ...]
+    runtime_ranges: tuple[tuple[int, int], ...]
     pcs: tuple[int, ...]
     drain: int
 
@@ -413,12 +413,12 @@ class StackCopies:
         room = MAX_FRAMES - len(prefix)
         if len(frames) > room:
             frames, status = frames[:room], DEPTH
-        python = sample.python
-        if chain and walk.eval_ranges:
+        runtime = sample.runtime
+        if chain and walk.runtime_ranges:
             cut = status not in ROOT_REACHED
-            frames, rest = with_python_frames(walk.pcs[:room], frames, chain, walk.eval_ranges, cut)
-            python = python or (NATIVES_CUT if rest else "")
-        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=status, python=python,
+            frames, rest = with_runtime_frames(walk.pcs[:room], frames, chain, walk.runtime_ranges, cut)
+            runtime = runtime or (NATIVES_CUT if rest else "")
+        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=status, runtime=runtime,
                                    epoch=0, copy=0)
 
     def _walk(self, copy: StackCopy) -> _Walk | None:
@@ -433,8 +433,8 @@ class StackCopies:
             self.stats["walk_" + walk.status] += 1
             frames = tuple(map(tables.frame, walk.pcs))
             self._files_used.update(m.file_key for m in map(tables.mapping_at, walk.pcs) if m is not None)
-        return _Walk(frames, walk.status, copy.continues, copy.eval_ranges, walk.pcs if copy.eval_ranges else (),
-                     self._drain)
+        return _Walk(frames, walk.status, copy.continues, copy.runtime_ranges,
+                     walk.pcs if copy.runtime_ranges else (), self._drain)
 
     def _given_up(self, sample: RawSample) -> RawSample:
         self.stats["gave_up"] += 1
