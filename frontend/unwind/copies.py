@@ -58,7 +58,11 @@ MAX_RULES = 1 << 16  # PCs whose rule a process's tables keep
 MAX_CACHED_RULES = 1 << 17  # and all tables together (about 150 bytes each: 19 MiB)
 MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows, the unwind cache's or the kernel's)
 MAX_FILE_TABLE_BYTES = 16 << 20  # and the rows they hold, at most
-MAX_WALKED_FRAMES = 1 << 18  # frames of copies walked as they came, waiting for their samples (~50 B each)
+MAX_WALKED_FRAMES = 1 << 18  # frames of copies walked to make room, waiting for their samples (~50 B each)
+# Rows of files the kernel does not hold that the process tables keep (each file's once, see _shared); past this,
+# a mapping is kept without its rows and a walk through it asks ``rows_of`` (the table store's copy): serve
+# held 76-127 MB of them on this machine's processes, beside a 16 MB unwind cache (issue 40)
+MAX_HELD_ROW_BYTES = 16 << 20
 NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
 
 
@@ -257,7 +261,8 @@ class _Waiting:
 
 class StackCopies:
     """The copies and process tables of one session. ``rows_of(file_key)``: a file's rows where a mapping
-    came without them (the kernel holds them: bpf/unwindmaps.py), None when it has none either."""
+    came without them (the kernel holds them: bpf/unwindmaps.py; or its rows were over MAX_HELD_ROW_BYTES,
+    counted in ``stats["rows_not_held"]``: the table store has them), None when it has none either."""
 
     def __init__(self, rows_of: Callable[[Hashable], bytes | None] = lambda _key: None) -> None:
         self._rows_of = rows_of
@@ -277,6 +282,7 @@ class StackCopies:
         self._files_used: set[Hashable] = set()  # files the walks went through since the last take
         self._rules_held = 0  # in all tables' ``rules``
         self._rows: dict[Hashable, tuple[bytes, int]] = {}  # file -> the rows its tables share, how many tables
+        self._held_row_bytes = 0  # of the rows in _rows
 
     # -- what comes in ------------------------------------------------------------------------------------
     def add_tables(self, pid: int, epoch: int, exec_epoch: int, mappings: Iterable[ProcessMapping]) -> None:
@@ -482,7 +488,8 @@ class StackCopies:
         """``mapping`` with the rows object the tables already hold for its file, when they hold the same rows
         (the lock held). A file the kernel does not hold comes with its rows, read again from the table store
         for each process: without this, each process's tables kept a copy of them (python3.11's 7.3 MB for
-        each of 14-30 processes beside the issue-40 attack on root's serve)."""
+        each of 14-30 processes beside the issue-40 attack on root's serve). A file new to the tables whose
+        rows would take them over MAX_HELD_ROW_BYTES comes without them (its walks ask ``rows_of``)."""
         if not mapping.rows:
             return mapping
         held = self._rows.get(mapping.file_key)
@@ -490,7 +497,11 @@ class StackCopies:
             self._rows[mapping.file_key] = (held[0], held[1] + 1)
             return dataclasses.replace(mapping, rows=held[0]) if held[0] is not mapping.rows else mapping
         if held is None:
+            if self._held_row_bytes + len(mapping.rows) > MAX_HELD_ROW_BYTES:
+                self.stats["rows_not_held"] += 1
+                return dataclasses.replace(mapping, rows=None)
             self._rows[mapping.file_key] = (mapping.rows, 1)
+            self._held_row_bytes += len(mapping.rows)
         return mapping
 
     def _release(self, dropped: Iterable[ProcessTables]) -> None:
@@ -503,6 +514,7 @@ class StackCopies:
                     self._rows[mapping.file_key] = (held[0], held[1] - 1)
                     if held[1] == 1:
                         del self._rows[mapping.file_key]
+                        self._held_row_bytes -= len(held[0])
 
     def _table(self, mapping: ProcessMapping) -> UnwindTable | None:
         table = self._files.get(mapping.file_key)

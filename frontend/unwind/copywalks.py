@@ -31,7 +31,8 @@ class CopyWalks:
     def __init__(self, profiler: Profiler, unwinder: UnwindScheduler, contain: Callable[..., object]) -> None:
         self.profiler = profiler
         self.unwinder = unwinder
-        self.copies = StackCopies(profiler.unwind.rows)
+        stored_rows = unwinder.unwinding.tables.stored_rows if unwinder.unwinding is not None else lambda _key: None
+        self.copies = StackCopies(lambda key: profiler.unwind.rows(key) or stored_rows(key))
         unwinder.on_tables = self.copies.add_tables
         self._read_lock = threading.Lock()
         self._watcher = CopyWatcher(profiler.copies.fd, lambda: contain("stack_copies", self._read))

@@ -10,7 +10,8 @@ import struct
 from collections import Counter
 
 from optrace.bpf.unwindmaps import ProcessMapping
-from optrace.frontend.unwind.copies import MAX_COPY_BYTES, NO_TABLE, UNNAMED_DRAINS, WAIT_DRAINS, StackCopies
+from optrace.frontend.unwind.copies import (MAX_COPY_BYTES, MAX_HELD_ROW_BYTES, NO_TABLE, UNNAMED_DRAINS, WAIT_DRAINS,
+                                          StackCopies)
 from optrace.frontend.unwind.row import CFA_OUTERMOST, CFA_RSP, RBP_SAME, ROW
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -168,6 +169,35 @@ def test_processes_of_one_file_share_its_rows():
     sample, copy = copied_sample(1)
     copies.add_copies({1: copy})
     assert copies.resolve([sample])[0].user == walked_frames()  # the shared rows walk as the process's own
+
+
+def test_the_rows_of_files_the_kernel_does_not_hold_are_kept_within_a_byte_bound():
+    """64 processes each mapping a file of its own (1 MiB of rows each, the kernel holding none): the tables keep
+    at most MAX_HELD_ROW_BYTES of rows, the files past it without theirs (counted), and a walk through such a
+    file asks ``rows_of`` for them (the table store's copy in a session). Without the bound: 64 MB held (root's
+    serve held 76-127 MB of them on this machine's processes, issue 40)."""
+    import tracemalloc
+    rows = ROWS + b"".join(ROW.pack(0x3000 + pc, 0, 0, CFA_OUTERMOST, RBP_SAME) for pc in range((1 << 20) // ROW.size))
+    asked = []
+    copies = StackCopies(lambda key: asked.append(key) or rows)
+    tracemalloc.start()
+    try:
+        for pid in range(64):
+            own = dataclasses.replace(MAPPING, file_key=("file", pid), rows=bytes(bytearray(rows)))
+            copies.add_tables(PID + pid, 5, 3, [own])
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < MAX_HELD_ROW_BYTES + (4 << 20), held
+    assert copies.stats["rows_not_held"] >= 64 - MAX_HELD_ROW_BYTES // len(rows)
+    sample, copy = copied_sample(1)
+    copies.add_copies({1: copy})
+    assert copies.resolve([sample])[0].user == walked_frames()  # the first process's rows, held
+    last, copy = copied_sample(2)
+    last, copy = dataclasses.replace(last, pid=PID + 63), dataclasses.replace(copy, pid=PID + 63)
+    copies.add_copies({2: copy})
+    assert copies.resolve([last])[0].user == walked_frames()  # the last one's, asked for
+    assert asked == [("file", 63)]
 
 
 PAGE = 1 << 18  # a copy's bytes in the store-bound tests: 64 of them fill MAX_COPY_BYTES

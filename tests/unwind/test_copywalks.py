@@ -20,6 +20,7 @@ class FakeUnwinder:
 
     def __init__(self) -> None:
         self.on_tables = None
+        self.unwinding = None
         self.asked: list[tuple[int, bool]] = []
 
     def unwind_soon(self, pid: int, budgeted: bool = True) -> None:
