@@ -146,7 +146,8 @@ class Symbolizer:
         index: dict[Frame, int] = {}
         resolved: list[bool] = []
         kernel_ids: dict[int, int] = {}
-        user_ids: dict[tuple, int] = {}
+        # pid -> its frames' ids: a build-id frame by itself, a raw address with its sample's time
+        user_ids: dict[int, dict[UserFrame | tuple[UserFrame, float], int]] = {}
 
         def interned(frame: Frame) -> int:
             found = index.get(frame)
@@ -164,15 +165,24 @@ class Symbolizer:
                 ids.append(found)
             return tuple(ids), sum(map(resolved.__getitem__, ids))
 
-        def user_stack(raw: RawSample) -> tuple[tuple[int, ...], int]:
-            ids = []
+        def user_stack(raw: RawSample, timeless: bool) -> tuple[tuple[int, ...], int]:
+            known = user_ids.get(raw.pid)
+            if known is None:
+                known = user_ids[raw.pid] = {}
+            if timeless:  # every frame named before: looked up in C (a deep stack's frames are mostly known)
+                try:
+                    ids = tuple(map(known.__getitem__, raw.user))
+                    return ids, sum(map(resolved.__getitem__, ids))
+                except KeyError:
+                    pass
+            found_ids = []
             for frame in raw.user:
-                key = (raw.pid, frame) if frame.build_id is not None else (raw.pid, frame, raw.time)
-                found = user_ids.get(key)
+                key = frame if frame.build_id is not None else (frame, raw.time)
+                found = known.get(key)
                 if found is None:
-                    found = user_ids[key] = interned(self._user_frame(raw, frame))
-                ids.append(found)
-            return tuple(ids), sum(map(resolved.__getitem__, ids))
+                    found = known[key] = interned(self._user_frame(raw, frame))
+                found_ids.append(found)
+            return tuple(found_ids), sum(map(resolved.__getitem__, found_ids))
 
         # Whole stacks named once: samples that differ only in thread, command, count or the other half share
         # them (a deep recursion's stacks made this loop's per-frame steps most of a recording's naming).
@@ -185,10 +195,11 @@ class Symbolizer:
             kernel = kernel_stacks.get(raw.kernel)
             if kernel is None:
                 kernel = kernel_stacks[raw.kernel] = kernel_stack(raw.kernel)
-            key = (raw.pid, raw.user) if all(map(BUILD_ID, raw.user)) else (raw.pid, raw.user, raw.time)
+            timeless = all(map(BUILD_ID, raw.user))
+            key = (raw.pid, raw.user) if timeless else (raw.pid, raw.user, raw.time)
             user = user_stacks.get(key)
             if user is None:
-                user = user_stacks[key] = user_stack(raw)
+                user = user_stacks[key] = user_stack(raw, timeless)
             ids = kernel[0] + user[0]
             total += len(ids)
             named += kernel[1] + user[1]

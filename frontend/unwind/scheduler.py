@@ -424,9 +424,11 @@ class UnwindScheduler:
 
     def _look_early(self, pid: int) -> None:
         """:meth:`_look_at_python`, for a process none of whose files the kernel's image names like an
-        interpreter not even a read of its maps."""
+        interpreter not even a read of its maps (an image with a file not named yet: its maps are read, as without
+        an image)."""
         image = self._image(pid)
-        if image is not None and not self.python.may_run_python(self.unwinding.images.names(image.image)):
+        names = self.unwinding.images.names(image.image) if image is not None else None
+        if names is not None and not self.python.may_run_python(names):
             return
         self._look_at_python(pid)
 
