@@ -370,6 +370,8 @@ def read_source_of(outcomes: dict, wanted: Mapping[int, Sequence[str]]) -> dict[
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:
     """One frame table for two symbolized sets: ``more``'s indices moved into ``frames`` (extended)."""
+    if not more:  # (no off-CPU samples: the table of a whole machine's stacks is not indexed for nothing)
+        return frames, []
     merged = list(frames)
     index: dict[Frame, int] = {}
     for i, frame in enumerate(frames):
