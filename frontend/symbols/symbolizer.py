@@ -165,24 +165,24 @@ class Symbolizer:
                 ids.append(found)
             return tuple(ids), sum(map(resolved.__getitem__, ids))
 
-        def user_stack(raw: RawSample, timeless: bool) -> tuple[tuple[int, ...], int]:
+        def user_stack(raw: RawSample) -> tuple[tuple[int, ...], int]:
+            """The frames named before are looked up in C; only the new ones in Python (a deep recursion's
+            stacks are thousands of frames, mostly named already). A raw address is keyed with its sample's
+            time, so ``known.get`` of the frame alone misses it (a build-id frame never equals it)."""
             known = user_ids.get(raw.pid)
             if known is None:
                 known = user_ids[raw.pid] = {}
-            if timeless:  # every frame named before: looked up in C (a deep stack's frames are mostly known)
-                try:
-                    ids = tuple(map(known.__getitem__, raw.user))
-                    return ids, sum(map(resolved.__getitem__, ids))
-                except KeyError:
-                    pass
-            found_ids = []
-            for frame in raw.user:
+            ids = list(map(known.get, raw.user))
+            at = 0
+            while None in ids:
+                at = ids.index(None, at)
+                frame = raw.user[at]
                 key = frame if frame.build_id is not None else (frame, raw.time)
                 found = known.get(key)
                 if found is None:
                     found = known[key] = interned(self._user_frame(raw, frame))
-                found_ids.append(found)
-            return tuple(found_ids), sum(map(resolved.__getitem__, found_ids))
+                ids[at] = found
+            return tuple(ids), sum(map(resolved.__getitem__, ids))
 
         # Whole stacks named once: samples that differ only in thread, command, count or the other half share
         # them (a deep recursion's stacks made this loop's per-frame steps most of a recording's naming).
@@ -195,11 +195,10 @@ class Symbolizer:
             kernel = kernel_stacks.get(raw.kernel)
             if kernel is None:
                 kernel = kernel_stacks[raw.kernel] = kernel_stack(raw.kernel)
-            timeless = all(map(BUILD_ID, raw.user))
-            key = (raw.pid, raw.user) if timeless else (raw.pid, raw.user, raw.time)
+            key = (raw.pid, raw.user) if all(map(BUILD_ID, raw.user)) else (raw.pid, raw.user, raw.time)
             user = user_stacks.get(key)
             if user is None:
-                user = user_stacks[key] = user_stack(raw, timeless)
+                user = user_stacks[key] = user_stack(raw)
             ids = kernel[0] + user[0]
             total += len(ids)
             named += kernel[1] + user[1]
