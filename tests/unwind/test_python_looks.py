@@ -1,9 +1,9 @@
 """The scheduler's early Python look (frontend/unwind/scheduler.py ``_look_early``) at a process whose tables are
-queued: a kernel image that names every file decides without /proc; one with a file not named yet falls back to
-the process's maps, within the budget, and never fails.
+queued: a kernel image that names every file decides without /proc; one with a file not named yet is not looked
+at early (its look comes at its exec or with its tables), and never fails.
 
 main raised TypeError for the second (``may_run_python(None)``): under issue 42's exec storm a 30 s ``record -a``
-carried ~100 "python failed and was skipped" warnings, each a traceback built and counted, and no look at all.
+carried ~100 "python failed and was skipped" warnings.
 """
 from __future__ import annotations
 
@@ -70,9 +70,16 @@ def test_an_image_naming_no_interpreter_costs_no_look():
     assert (python.looked, failures) == ([], [])
 
 
-def test_an_image_with_a_file_not_named_yet_falls_back_to_the_maps():
+def test_an_image_naming_an_interpreter_is_looked_at():
+    scheduler, python, failures = _scheduler(["python3.11", "libc.so.6"])
+    scheduler._contain("python", scheduler._look_early, os.getpid())
+    assert (python.looked, failures) == ([os.getpid()], [])
+    assert scheduler.budget.taken == {"python_maps": 1}
+
+
+def test_an_image_with_a_file_not_named_yet_is_not_looked_at_early_and_does_not_fail():
     scheduler, python, failures = _scheduler(None)
     scheduler._contain("python", scheduler._look_early, os.getpid())
     assert failures == []
-    assert python.looked == [os.getpid()]
-    assert scheduler.budget.taken == {"python_maps": 1}
+    assert python.looked == []
+    assert scheduler.budget.taken == {}
