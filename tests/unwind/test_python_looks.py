@@ -2,7 +2,7 @@
 queued: a kernel image that names every file decides without /proc; one with a file not named yet is not looked
 at early (its look comes at its exec or with its tables), and never fails.
 
-main raised TypeError for the second (``may_run_python(None)``): under issue 42's exec storm a 30 s ``record -a``
+main raised TypeError for the second (``may_run(None)``): under issue 42's exec storm a 30 s ``record -a``
 carried ~100 "python failed and was skipped" warnings.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Python:
     def __init__(self) -> None:
         self.looked: list[int] = []
 
-    def may_run_python(self, names) -> bool:
+    def may_run(self, names) -> bool:
         return any(name.startswith("python") for name in names)
 
     def look_at(self, pid: int, maps) -> None:
