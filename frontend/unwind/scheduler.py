@@ -425,11 +425,17 @@ class UnwindScheduler:
 
     def _look_early(self, pid: int) -> None:
         """:meth:`_look_at_python`, for a process none of whose files the kernel's image names like an
-        interpreter not even a read of its maps."""
+        interpreter not even a read of its maps. An image with a file not named yet is not looked at early either
+        (its look comes at its exec or with its tables): reading its maps now made a command's interpreter be
+        looked at before its libpython was mapped, and tests/python/test_python_annotate.py's record lost most of
+        its Python frames."""
         image = self._image(pid)
-        if image is not None and not self.python.may_run(self.unwinding.images.names(image.image)):
+        if image is None:
+            self._look_at_python(pid)
             return
-        self._look_at_python(pid)
+        names = self.unwinding.images.names(image.image)
+        if names is not None and self.python.may_run(names):
+            self._look_at_python(pid)
 
     def _capture(self, pid: int) -> Capture | None:
         """The kernel's image of the process (bpf/images.py), else (none, one that may miss a mapping, or one of
