@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from optrace.model import UNKNOWN, Frame, RawSample, UserFrame
+from optrace.model import JIT_MAP, UNKNOWN, Frame, RawSample, UserFrame
 from optrace.frontend.symbols import Symbolizer
 from optrace.procfs import MapEntry, parse_maps
 
@@ -94,7 +94,7 @@ def test_anonymous_executable_memory_goes_to_jit_lookup() -> None:
     symbolizer.snapshot_process(os.getpid())
     pid = os.getpid()
     named, unnamed = frame_of(symbolizer, pid, (UserFrame(None, start + 16), UserFrame(None, start + 32)), 7.5)
-    assert named == Frame("LazyCompile:*fib /app.js:3", "[jit] /tmp/perf-1.map", address=start + 16)
+    assert named == Frame("LazyCompile:*fib /app.js:3", "[jit] /tmp/perf-1.map", address=start + 16, kind=JIT_MAP)
     assert unnamed == Frame(UNKNOWN, UNKNOWN, address=start + 32, resolved=False)
     assert calls == [(pid, start + 16, 7.5), (pid, start + 32, 7.5)]
     del region
