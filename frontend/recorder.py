@@ -359,6 +359,8 @@ class Recorder:
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:
     """One frame table for two symbolized sets: ``more``'s indices moved into ``frames`` (extended)."""
+    if not more:  # (no off-CPU samples: the table of a whole machine's stacks is not indexed for nothing)
+        return frames, []
     merged = list(frames)
     index: dict[Frame, int] = {}
     for i, frame in enumerate(frames):

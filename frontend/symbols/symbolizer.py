@@ -146,7 +146,8 @@ class Symbolizer:
         index: dict[Frame, int] = {}
         resolved: list[bool] = []
         kernel_ids: dict[int, int] = {}
-        user_ids: dict[tuple, int] = {}
+        # pid -> its frames' ids: a build-id frame by itself, a raw address with its sample's time
+        user_ids: dict[int, dict[UserFrame | tuple[UserFrame, float], int]] = {}
 
         def interned(frame: Frame) -> int:
             found = index.get(frame)
@@ -165,13 +166,22 @@ class Symbolizer:
             return tuple(ids), sum(map(resolved.__getitem__, ids))
 
         def user_stack(raw: RawSample) -> tuple[tuple[int, ...], int]:
-            ids = []
-            for frame in raw.user:
-                key = (raw.pid, frame) if frame.build_id is not None else (raw.pid, frame, raw.time)
-                found = user_ids.get(key)
+            """The frames named before are looked up in C; only the new ones in Python (a deep recursion's
+            stacks are thousands of frames, mostly named already). A raw address is keyed with its sample's
+            time, so ``known.get`` of the frame alone misses it (a build-id frame never equals it)."""
+            known = user_ids.get(raw.pid)
+            if known is None:
+                known = user_ids[raw.pid] = {}
+            ids = list(map(known.get, raw.user))
+            at = 0
+            while None in ids:
+                at = ids.index(None, at)
+                frame = raw.user[at]
+                key = frame if frame.build_id is not None else (frame, raw.time)
+                found = known.get(key)
                 if found is None:
-                    found = user_ids[key] = interned(self._user_frame(raw, frame))
-                ids.append(found)
+                    found = known[key] = interned(self._user_frame(raw, frame))
+                ids[at] = found
             return tuple(ids), sum(map(resolved.__getitem__, ids))
 
         # Whole stacks named once: samples that differ only in thread, command, count or the other half share

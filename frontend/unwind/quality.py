@@ -42,7 +42,7 @@ def stack_quality(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Seque
         if not (sample.stop == OUTERMOST or (outermost is not None and not outermost.kernel
                                              and outermost.symbol in THREAD_ROOTS)):
             outcomes[sample.stop or FP_WALK] += sample.count
-        elif any(lost[i] for i in row.frames):
+        elif any(map(lost.__getitem__, row.frames)):  # in C: a deep recursion's rows are thousands of frames
             outcomes[UNKNOWN_FRAME] += sample.count
         else:
             outcomes[STACK_COMPLETE] += sample.count

@@ -394,16 +394,17 @@ class UnwindScheduler:
         finally:
             self._unwind_queued.discard(pid)
 
-    def unwind_soon(self, pid: int) -> None:
+    def unwind_soon(self, pid: int, budgeted: bool = True) -> None:
         """The tables of a process whose stacks were copied, from its mappings captured now (see
         frontend/unwind/captures.py: a short-lived process is gone by the time the worker, busy converting
         another's files, gets to it); without a capture, or for a process whose exec the session did not
-        see (running before it: not short-lived, likely), :meth:`unwind_later`."""
+        see (running before it: not short-lived, likely), :meth:`unwind_later`. ``budgeted`` False: not
+        counted against the looks per second (the last drain's waiting samples: no later drain asks again)."""
         if self._captures is None or self.is_loaded(pid) or pid in self._captures.pending():
             return
         if not self.profiler.exec_epoch(pid):
-            self.unwind_later(pid)
-        elif self.budget.take("tables"):
+            self.unwind_later(pid, budgeted=budgeted)
+        elif not budgeted or self.budget.take("tables"):
             if self._captures.capture(pid, self.profiler.live_epoch(pid)):
                 self._python_early(pid)
             else:
@@ -424,11 +425,17 @@ class UnwindScheduler:
 
     def _look_early(self, pid: int) -> None:
         """:meth:`_look_at_python`, for a process none of whose files the kernel's image names like an
-        interpreter not even a read of its maps."""
+        interpreter not even a read of its maps. An image with a file not named yet is not looked at early either
+        (its look comes at its exec or with its tables): reading its maps now made a command's interpreter be
+        looked at before its libpython was mapped, and tests/python/test_python_annotate.py's record lost most of
+        its Python frames."""
         image = self._image(pid)
-        if image is not None and not self.python.may_run(self.unwinding.images.names(image.image)):
+        if image is None:
+            self._look_at_python(pid)
             return
-        self._look_at_python(pid)
+        names = self.unwinding.images.names(image.image)
+        if names is not None and self.python.may_run(names):
+            self._look_at_python(pid)
 
     def _capture(self, pid: int) -> Capture | None:
         """The kernel's image of the process (bpf/images.py), else (none, one that may miss a mapping, or one of

@@ -25,11 +25,12 @@ def sample_outcomes(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Seq
     that failed, an interpreter refused); and apart, ``cut: <why>``, those whose Python frames were cut
     short (a part of the first). ``rows`` are ``raw`` symbolized, in order."""
     counted: Counter[str] = Counter()
+    python = [frame.kind == FRAME_KIND for frame in frames]
     for sample, row in zip(raw, rows, strict=True):
         outcome = outcomes.get(sample.pid)
         if outcome is None:
             continue
-        has_frames = any(frames[i].kind == FRAME_KIND for i in row.frames)
+        has_frames = any(map(python.__getitem__, row.frames))  # in C: a deep recursion's rows are long
         if outcome.process is None:
             counted[REFUSED + outcome.reason] += sample.count
         elif has_frames:

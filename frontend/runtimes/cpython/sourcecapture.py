@@ -22,6 +22,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from optrace.credentials import Credentials, process_credentials, run_as
 from optrace.fileaccess import FilePolicy, RefusedFile, open_reader
@@ -93,10 +94,11 @@ def _function_samples(frames: Sequence[Frame], samples: Sequence[Sample],
     """Per function: its own samples by line, and the samples whose stacks hold it (once per sample)."""
     functions = [(frame.symbol, frame.dso, frame.address) if frame.kind == FRAME_KIND and frame.resolved else None
                  for frame in frames]
+    named = [function is not None for function in functions]
     own: dict[FunctionKey, Counter[int]] = {}
     anywhere: Counter[FunctionKey] = Counter()
     for sample in samples:
-        held = [i for i in sample.frames if functions[i] is not None]
+        held = list(compress(sample.frames, map(named.__getitem__, sample.frames)))  # in C: deep rows are long
         if not held:
             continue
         own.setdefault((*functions[held[0]], sample.pid), Counter())[frames[held[0]].line] += sample.count
