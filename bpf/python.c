@@ -282,7 +282,7 @@ int python_capture(void *ctx)
         u64 word = st->stack.frames[at & (UNWIND_MAX_FRAMES - 1)];
         if ((word & RUNTIME_WORD_MASK) != PYTHON_FRAME)
             continue;
-        struct py_seen_key key = {.pid = pid, .code = ((word >> PY_CODE_SHIFT) & PY_CODE_MASK) << 3};
+        struct py_seen_key key = {.pid = pid, .code = ((word >> PY_CODE_SHIFT) & PY_CODE_MASK) << PY_CODE_ALIGN};
         u32 *seen = py_seen.lookup(&key);
         if (!seen || *seen != instance)
             st->py.capture[(*found)++ & (PY_CAPTURES_PER_SAMPLE - 1)] = key.code;

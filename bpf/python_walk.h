@@ -24,6 +24,7 @@ enum python_status {
     PY_CHAIN_END,     // eval frames were left when the thread's frame chain ended
     PY_NATIVE_CUT,    // the Python frames are whole, the native frames among the outer ones are not (the
                       // sample's tail calls went to them: python_rest_due)
+    PY_UNALIGNED,     // a frame's code object address is not 16-byte aligned: no frame word can hold it
 };
 
 struct python_walk {
@@ -89,9 +90,10 @@ BPF_HASH(py_procs, u32, struct py_proc, PYTHON_PROCS);
 #define PY_FRAME_WINDOW 128  // optrace.pythonlayout.FRAME_WINDOW
 #define PY_WINDOW 4096       // bytes of the thread's frames read at once
 #define PY_PAGE_MASK (~4095ULL)
-#define PY_CODE_SHIFT 12     // PYTHON_CODE_SHIFT
-#define PY_CODE_MASK ((1ULL << 44) - 1)
-#define PY_INSTR_MASK 0xfff
+#define PY_CODE_SHIFT 13     // PYTHON_CODE_SHIFT: bits 55-13 the code object's address over 16 (43 bits)
+#define PY_CODE_ALIGN 4      // PYTHON_CODE_ALIGN: code objects are 16-byte aligned (docs/runtimes.md)
+#define PY_CODE_MASK ((1ULL << 43) - 1)
+#define PY_INSTR_MASK 0x1fff  // bits 12-0 the instruction; PY_INSTR_MASK itself: one past the word's range
 #define PY_NO_OFFSET 0xffff
 #define ENTRY_PER_CALL 0  // optrace.pythonlayout.ENTRY_*
 #define ENTRY_FLAG 1
@@ -240,9 +242,14 @@ static inline u64 python_next(struct python_walk *pw, struct py_proc *proc, stru
         return 0;  // the frame the eval call started with: the call's frames are all put
     }
     u64 code = field_u64(s, at, proc->frame_code) & ~proc->code_tag_mask;
+    if (code & ((1 << PY_CODE_ALIGN) - 1)) {
+        python_fail(pw, PY_UNALIGNED);
+        return 0;
+    }
     u32 instr = instruction(proc, s, at, code);
     pw->call_done = !pw->rest && (proc->entry_kind == ENTRY_PER_CALL || (proc->entry_kind == ENTRY_FLAG && mark));
-    return PYTHON_FRAME | ((code >> 3) & PY_CODE_MASK) << PY_CODE_SHIFT | (instr > PY_INSTR_MASK ? PY_INSTR_MASK : instr);
+    return PYTHON_FRAME | (code >> PY_CODE_ALIGN & PY_CODE_MASK) << PY_CODE_SHIFT
+           | (instr > PY_INSTR_MASK ? PY_INSTR_MASK : instr);
 }
 #endif
 

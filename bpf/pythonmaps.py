@@ -15,7 +15,8 @@ from optrace.bpf.pidtables import forget_pid, has_pid
 from optrace.pythonlayout import CAPTURE_SIZE, FRAME_WINDOW, PythonProcess
 
 # enum python_status in python_walk.h, by value ("" for PY_OK)
-PYTHON_STATUSES = ("", "no_thread", "read_fault", "depth_limit", "loop", "chain_end", "natives_cut")
+PYTHON_STATUSES = ("", "no_thread", "read_fault", "depth_limit", "loop", "chain_end", "natives_cut",
+                   "code_unaligned")
 # struct py_proc: runtime, two eval ranges, the code tag mask; 15 offsets; entry kind and value, instr kind,
 # frame bytes; the process instance
 PY_PROC = struct.Struct("<6Q15H4B2xI")

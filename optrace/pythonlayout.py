@@ -103,24 +103,34 @@ CAPTURE_PARTS: tuple[tuple[str, int], ...] = (
 CAPTURE_SIZE = CAPTURE_HEADER.size + sum(size for _, size in CAPTURE_PARTS)
 
 # A Python frame in a stored stack (bpf/python.c): a runtime's frame word (bit 62 set, bit 63 clear, the
-# runtime's id in bits 56-59, docs/runtimes.md); the code object's address over 8 in bits 12-55, the
-# instruction in code units (clamped) in bits 0-11.
+# runtime's id in bits 56-59, docs/runtimes.md); the code object's address over 16 in bits 13-55 (43 bits: a
+# 47-bit user address of a 16-byte aligned object, see PYTHON_CODE_ALIGN), the instruction in code units in
+# bits 0-12. PYTHON_INSTR_PAST (8191) says "8191 or more": its line is not known, and is counted so.
 PYTHON_RUNTIME_ID = 1
 PYTHON_FRAME_BIT = runtime_word(PYTHON_RUNTIME_ID, 0)
-PYTHON_CODE_SHIFT = 12
-PYTHON_CODE_BITS = 44
-PYTHON_INSTR_MASK = 0xFFF
+PYTHON_CODE_SHIFT = 13
+PYTHON_CODE_BITS = 43
+# Code objects are 16-byte aligned on 64-bit CPython 3.8+: pymalloc's blocks (ALIGNMENT 16), glibc malloc's
+# and mimalloc's (free-threaded builds) are, and a GC-tracked object's header (PyGC_Head) is 16 bytes; 3.11
+# and 3.12's deep-frozen code objects are static data GCC aligns to 32. The walker refuses any other
+# address (status "code_unaligned"), never names it.
+PYTHON_CODE_ALIGN = 4
+PYTHON_INSTR_MASK = (1 << PYTHON_CODE_SHIFT) - 1
+PYTHON_INSTR_PAST = PYTHON_INSTR_MASK
 
 
 def python_frame_word(code: int, instr: int) -> int:
     """The walker's frame word for a code object address and an instruction index (as python.c makes it)."""
-    return (PYTHON_FRAME_BIT | ((code >> 3) & ((1 << PYTHON_CODE_BITS) - 1)) << PYTHON_CODE_SHIFT
+    if code & ((1 << PYTHON_CODE_ALIGN) - 1):
+        raise ValueError(f"code object address 0x{code:x} is not {1 << PYTHON_CODE_ALIGN}-byte aligned")
+    return (PYTHON_FRAME_BIT | ((code >> PYTHON_CODE_ALIGN) & ((1 << PYTHON_CODE_BITS) - 1)) << PYTHON_CODE_SHIFT
             | min(max(instr, 0), PYTHON_INSTR_MASK))
 
 
 def python_frame_parts(word: int) -> tuple[int, int]:
-    """(code object address, instruction index) of a frame word."""
-    return ((word >> PYTHON_CODE_SHIFT) & ((1 << PYTHON_CODE_BITS) - 1)) << 3, word & PYTHON_INSTR_MASK
+    """(code object address, instruction index) of a frame word (PYTHON_INSTR_PAST: the index is that or more)."""
+    return (((word >> PYTHON_CODE_SHIFT) & ((1 << PYTHON_CODE_BITS) - 1)) << PYTHON_CODE_ALIGN,
+            word & PYTHON_INSTR_MASK)
 
 
 def is_python_frame(word: int) -> bool:

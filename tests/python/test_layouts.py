@@ -58,3 +58,17 @@ def test_old_versions_are_refused_and_new_ones_are_not_in_the_table():
     assert unsupported((2, 7)) == "python 2.7 not supported"
     assert unsupported((3, 8)) is None
     assert table_layout((3, 13)) is None and table_layout((3, 7)) is None
+
+
+def test_the_frame_word_holds_13_bits_of_instruction_and_a_16_byte_aligned_code_object():
+    """Exact to instruction 8190 at any 47-bit user address; 8191 says "that or more"; an address no word
+    holds (not 16-byte aligned) is refused, never rounded to another code object's."""
+    from optrace.pythonlayout import PYTHON_INSTR_PAST, is_python_frame, python_frame_parts, python_frame_word
+    for code in (0x10, 0x7FFF_FFFF_FFF0, 0x5555_5555_5550):
+        for instr in (0, 4095, 4096, 8190):
+            word = python_frame_word(code, instr)
+            assert is_python_frame(word) and python_frame_parts(word) == (code, instr)
+        assert python_frame_parts(python_frame_word(code, 8191)) == (code, PYTHON_INSTR_PAST)
+        assert python_frame_parts(python_frame_word(code, 100_000)) == (code, PYTHON_INSTR_PAST)
+    with pytest.raises(ValueError):
+        python_frame_word(0x7000_0008, 1)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from optrace.frontend.runtimes.cpython.processes import LINES_PAST_WORD
 from pythons import PROGRAMS, REFUSED, SID, SUPPORTED, command, require
 from support import run_optrace
 
@@ -101,3 +103,39 @@ def test_python_off_keeps_the_interpreters_frames(tmp_path) -> None:
     assert not any(position(frames, r"rank \(") >= 0 for frames, _ in stacks)
     assert any(position(frames, r"_PyEval_EvalFrameDefault$") >= 0 for frames, _ in stacks)
     assert meta(data)["runtimes"] == {}
+
+
+def big_function(folder: Path, cpu_seconds: float) -> tuple[Path, dict[str, int]]:
+    """A program whose one function spins ``cpu_seconds`` of CPU at three lines: near its start, past code unit
+    4095 (~6,030) and past 8190 (~12,050) on 3.10 (1,500-element tuples on one line: 3,003 code units each,
+    with a line table of 206 bytes: the captured 1,056 bytes hold every line). The lines, by name."""
+    fill = "    t = (" + ", ".join(["v"] * 1500) + ")\n"
+    lines, marks = ["import time\n", "\n", "def big():\n", "    v = 0\n"], {}
+    for name in ("near", "mid", "far"):
+        if name != "near":
+            lines.extend([fill] * 2)
+        lines.append(f"    end = time.process_time() + {cpu_seconds}\n")
+        marks[name] = len(lines) + 1
+        lines.append("    while time.process_time() < end: pass\n")
+    program = folder / "big.py"
+    program.write_text("".join(lines) + "\nbig()\n")
+    return program, marks
+
+
+def test_lines_past_4095_code_units_are_named_and_past_8190_counted(tmp_path) -> None:
+    """The frame word holds 13 bits of instruction (code objects are 16-byte aligned: 43 bits of address):
+    a loop ~6,030 code units into a function is named at its own line (the 12-bit word named it as unit
+    4095's line, a filler line); one past 8,190 is named without a line and counted in the runtime's other
+    counts, never as another line's."""
+    program, marks = big_function(tmp_path, 0.2)
+    data = record(tmp_path, "--", *command("3.10"), str(program))
+    at = Counter()
+    for frames, count in folded(data):
+        leaf = next((frame for frame in reversed(frames) if frame.startswith("big (")), None)
+        if leaf is not None:
+            at[leaf] += count
+    name = f"big ({program}"
+    assert at[f"{name}:{marks['near']})"] >= 10 and at[f"{name}:{marks['mid']})"] >= 10, at
+    assert at[f"{name})"] >= 10, at  # the far loop: no line
+    assert sum(at.values()) - at[f"{name})"] - at[f"{name}:{marks['near']})"] - at[f"{name}:{marks['mid']})"] <= 3, at
+    assert meta(data)["runtimes"]["cpython"]["other"].get(LINES_PAST_WORD, 0) >= 1

@@ -61,7 +61,7 @@ def test_a_copied_python_stack_takes_each_eval_calls_frames():
     from optrace.model import RUNTIME_FRAME, UserFrame
     from optrace.pythonlayout import python_frame_word
 
-    py = [python_frame_word(0x7000 + 8 * i, i) for i in range(4)]
+    py = [python_frame_word(0x7000 + 16 * i, i) for i in range(4)]
     walked = (UserFrame(b"x" * 20, 0x10), UserFrame(RUNTIME_FRAME, py[0]))
     chain = (UserFrame(RUNTIME_FRAME, py[1] | CHAIN_WORD), UserFrame(RUNTIME_FRAME, py[2] | CHAIN_WORD | CHAIN_CALL_END),
              UserFrame(RUNTIME_FRAME, py[3] | CHAIN_WORD | CHAIN_CALL_END))
@@ -88,7 +88,7 @@ def test_copies_hold_as_many_frames_as_the_bpf_walkers_stacks():
 
     store = (REPO / "bpf" / "stackstore.c").read_text()
     assert MAX_FRAMES == int(re.search(r"#define STORE_MAX_WORDS (\d+)", store).group(1))
-    py = [python_frame_word(0x7000 + 8 * i, i) for i in range(304)]
+    py = [python_frame_word(0x7000 + 16 * i, i) for i in range(304)]
     chain = tuple(UserFrame(RUNTIME_FRAME, word | CHAIN_WORD) for word in py[:-1]) + (
         UserFrame(RUNTIME_FRAME, py[-1] | CHAIN_WORD | CHAIN_CALL_END),)
     pcs = (0x5000, 0x9000, 0x9100)  # the eval frame, its native callers to _start
@@ -106,7 +106,7 @@ def test_a_copy_cut_short_keeps_the_rest_of_the_python_chain():
     from optrace.model import RUNTIME_FRAME, UserFrame
     from optrace.pythonlayout import python_frame_word
 
-    py = [python_frame_word(0x7000 + 8 * i, i) for i in range(300)]
+    py = [python_frame_word(0x7000 + 16 * i, i) for i in range(300)]
     chain = tuple(UserFrame(RUNTIME_FRAME, word | CHAIN_WORD | CHAIN_CALL_END) for word in py)  # a call each
     pcs = (0x5000, 0x1234, 0x5010, 0x1234)  # two eval calls in the copied bytes, each under a native frame
     frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)

@@ -43,9 +43,10 @@ def sample_outcomes(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Seq
 
 
 def runtime_counts(raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample],
-                   outcomes: Mapping[int, PythonOutcome]) -> RuntimeCounts:
-    """What the record keeps of CPython's processes (RecordMeta.runtimes["cpython"])."""
-    return RuntimeCounts(LANGUAGE, PRODUCT, sample_outcomes(raw, frames, rows, outcomes), interpreters(outcomes))
+                   outcomes: Mapping[int, PythonOutcome], other: Mapping[str, int] | None = None) -> RuntimeCounts:
+    """What the record keeps of CPython's processes (RecordMeta.runtimes["cpython"]); ``other``: its other counts."""
+    return RuntimeCounts(LANGUAGE, PRODUCT, sample_outcomes(raw, frames, rows, outcomes), interpreters(outcomes),
+                         dict(other or {}))
 
 
 def interpreters(outcomes: Mapping[int, PythonOutcome]) -> dict[str, int]:

@@ -26,7 +26,7 @@ from optrace.frontend.runtimes.cpython.interpreterfile import InterpreterFile, i
 from optrace.frontend.runtimes.cpython.sourcecapture import SourceOwner, source_owner
 from optrace.model import UNKNOWN, Frame
 from optrace.procfs import MapEntry, start_ticks, stat_fields
-from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
+from optrace.pythonlayout import CAPTURE_HEADER, PYTHON_INSTR_PAST, PythonProcess, python_frame_parts
 
 PYTHON_DSO = "[python]"  # the dso of a Python frame whose code object could not be named
 # A process looked at between its exec and Py_Initialize: looked at again, soon at first (a command's first
@@ -42,6 +42,9 @@ MAX_CODES_PER_PROCESS = 65536  # code objects named per process (a process makin
 # beyond have no lines (issue 40: 16,384 code objects of 1 KiB tables, a new one at every frame, held
 # record's end for 50 s at load 30)
 MAX_TABLE_BYTES_PER_PROCESS = 1 << 20
+# Frames named without a line because the frame word's 13 bits could not hold their instruction (8191 code
+# units or more into a code object: optrace.pythonlayout.PYTHON_INSTR_PAST), in RuntimeCounts.other
+LINES_PAST_WORD = "frames without a line: instruction past the frame word's 8190"
 
 
 class InterpreterSymbols(Protocol):
@@ -156,7 +159,11 @@ class PythonProcesses:
                      address=info.firstlineno, line=self._line(pid, info, instr))
 
     def _line(self, pid: int, info: CodeInfo, instr: int) -> int:
-        """The instruction's line, 0 when its table would go past the process's MAX_TABLE_BYTES_PER_PROCESS."""
+        """The instruction's line, 0 when its table would go past the process's MAX_TABLE_BYTES_PER_PROCESS or
+        the frame word could not hold its index (PYTHON_INSTR_PAST: counted, never named as another line's)."""
+        if instr == PYTHON_INSTR_PAST:
+            self.stats[LINES_PAST_WORD] += 1
+            return 0
         if not info.indexed:
             if self._table_bytes[pid] + len(info.linetable) > MAX_TABLE_BYTES_PER_PROCESS:
                 self.stats["lines_over_budget"] += 1

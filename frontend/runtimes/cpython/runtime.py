@@ -10,7 +10,7 @@ from functools import partial
 from optrace.frontend.preflight import CheckResult
 from optrace.frontend.runtimes.cpython import FRAME_KIND
 from optrace.frontend.runtimes.cpython.outcomes import runtime_counts
-from optrace.frontend.runtimes.cpython.processes import PythonOutcome, PythonProcesses
+from optrace.frontend.runtimes.cpython.processes import LINES_PAST_WORD, PythonOutcome, PythonProcesses
 from optrace.frontend.runtimes.cpython.sourcecapture import capture_sources, read_sources
 from optrace.frontend.runtimes.runtime import SessionContext
 from optrace.model import Frame, RawSample, RuntimeCounts, RuntimeSource, Sample
@@ -48,7 +48,10 @@ class CPythonPart:
 
     def counts(self, raw: Sequence[RawSample], frames: Sequence[Frame], rows: Sequence[Sample]) -> RuntimeCounts | None:
         outcomes = self.processes.outcomes()
-        return runtime_counts(raw, frames, rows, outcomes) if outcomes else None
+        if not outcomes:
+            return None
+        past = self.processes.stats[LINES_PAST_WORD]
+        return runtime_counts(raw, frames, rows, outcomes, {LINES_PAST_WORD: past} if past else {})
 
     def sources(self, frames: Sequence[Frame], rows: Sequence[Sample]) -> list[RuntimeSource]:
         outcomes = self.processes.outcomes()

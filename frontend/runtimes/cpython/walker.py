@@ -54,7 +54,7 @@ class PyFrame:
 class ThreadStack:
     tstate: int
     frames: tuple[PyFrame, ...]  # innermost first
-    truncated: str | None = None  # why the walk stopped early ("loop", "depth", "unreadable frame")
+    truncated: str | None = None  # why the walk stopped early ("loop", "depth", "unreadable frame", "code_unaligned")
 
 
 def thread_states(process: PythonProcess, memory: ProcessMemory | None = None) -> list[ThreadState]:
@@ -111,7 +111,10 @@ def walk_frames(process: PythonProcess, tstate: int, memory: ProcessMemory, name
             if frames:  # the shim of an eval call: the frame before it was the call's first
                 frames[-1] = replace(frames[-1], entry=True)
             continue
-        code, instr = _frame_word(window, layout)
+        word = _frame_word(window, layout)
+        if word is None:
+            return ThreadStack(tstate, tuple(frames), "code_unaligned")
+        code, instr = word
         if names and code not in infos:
             infos[code] = read_code(process.pid, code, layout, memory)
         frames.append(PyFrame(code, instr, _is_entry(window, layout), infos.get(code)))
@@ -125,15 +128,19 @@ def _current_frame(memory: ProcessMemory, layout: PythonLayout, tstate: int) -> 
     return frame
 
 
-def _frame_word(window: bytes, layout: PythonLayout) -> tuple[int, int]:
-    """(code address, instruction in code units) of a frame, as the walker's frame word keeps them."""
+def _frame_word(window: bytes, layout: PythonLayout) -> tuple[int, int] | None:
+    """(code address, instruction in code units) of a frame, as the walker's frame word keeps them; None when
+    no word holds its code object's address (not 16-byte aligned: the walker stops there too)."""
     code = _U64.unpack_from(window, layout.frame_code)[0] & ~layout.code_tag_mask
     if layout.instr_kind == INSTR_POINTER:
         instr = (_U64.unpack_from(window, layout.frame_instr)[0] - (code + layout.code_adaptive)) // 2
     else:
         lasti = _I32.unpack_from(window, layout.frame_instr)[0]
         instr = lasti // 2 if layout.instr_kind == INSTR_LASTI_BYTES and lasti > 0 else lasti
-    return python_frame_parts(python_frame_word(code, instr))
+    try:
+        return python_frame_parts(python_frame_word(code, instr))
+    except ValueError:
+        return None
 
 
 def _is_entry(window: bytes, layout: PythonLayout) -> bool:
