@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import md_table, median, provenance, quartiles, write_results  # noqa: E402
 
 from optrace.fileaccess import open_reader  # noqa: E402
-from optrace.frontend.python.sourcecapture import SOURCE_POLICY, SourceOwner, read_sources, source_owner  # noqa: E402
+from optrace.frontend.runtimes.cpython.sourcecapture import (SOURCE_POLICY, SourceOwner, read_sources,  # noqa: E402
+                                                             source_owner)
 
 BENCH_BUDGET_S = 240
 ROUNDS = 7

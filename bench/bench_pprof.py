@@ -40,7 +40,7 @@ if sys.argv[1] == "make":
     dsos = [f"/usr/lib/bench/lib{i}.so" for i in range(8)]
     frames = [Frame(f"fn_{i}_{'x' * (i % 40)}", dsos[i % 8], address=0x1000 + 16 * i, build_id=f"{i % 8:040x}")
               for i in range(2000)]
-    frames += [Frame(f"kfn_{i}", KERNEL_DSO, kernel=True, address=0xffffffff81000000 + 64 * i) for i in range(200)]
+    frames += [Frame(f"kfn_{i}", KERNEL_DSO, "kernel", address=0xffffffff81000000 + 64 * i) for i in range(200)]
     stacks = set()
     while len(stacks) < int(sys.argv[3]):
         user = tuple(rng.randrange(2000) for _ in range(rng.randint(10, 30)))

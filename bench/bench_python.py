@@ -69,6 +69,11 @@ def optrace_json(data: Path) -> dict:
     return json.loads(out)
 
 
+def python_outcomes(meta: dict) -> dict:
+    """What became of the Python processes' samples (a record's meta.runtimes["cpython"].samples, format 4)."""
+    return meta.get("runtimes", {}).get("cpython", {}).get("samples", {})
+
+
 def wait_walked(recorder: int, pid: int, python: bool, timeout: float = 120) -> float:
     """Until optrace's CFI walker has the process's tables (and its Python walker the process): its samples
     are walked as they will be from then on. Seconds it took."""
@@ -113,7 +118,8 @@ def deep_round(python: str, workdir: Path) -> dict:
     out.unlink(missing_ok=True)
     return {"ns_per_sample": bpf_ns_per_sample(before, after),
             "samples": after.get("on_sample", (0, 0))[1] - before.get("on_sample", (0, 0))[1],
-            "python": meta["python"], "stack_quality": meta["stack_quality"], "mean_frames": frames}
+            "python": python_outcomes(meta), "stack_quality": meta["stack_quality"],
+            "mean_frames": frames}
 
 
 def _per_frame_ns(deep: dict) -> float:
@@ -219,7 +225,8 @@ def measure_threads(workdir: Path) -> dict:
         said_text, _ = spy.communicate(timeout=120)
     meta = optrace_json(out)["meta"]
     said = [line.strip() for line in said_text.splitlines() if line.strip()]
-    return {"optrace": {"lost": meta["lost"], "python": meta["python"], "samples": meta["total_samples"],
+    return {"optrace": {"lost": meta["lost"], "python": python_outcomes(meta),
+                        "samples": meta["total_samples"],
                         "stack_quality": meta["stack_quality"], "target_cpu_s": cpu_sampled, "walked_after_s": ready_s,
                         "tool_cpu_s": mine.cpu_s, "warnings": meta["warnings"]},
             "py-spy": {"returncode": spy.returncode, "behind": [line for line in said if "behind in sampling" in line],
@@ -386,7 +393,7 @@ def targets(res: dict) -> list[dict]:
 
 # Outcomes of a sample that lost nothing: Python frames in it, or none to have (or the walker did not have the
 # process yet: its first samples are walked by frame pointers), a stack to the thread's root
-OUTCOMES_NOT_CUT = ("python", "native_only", "complete", "fp_walk")
+OUTCOMES_NOT_CUT = ("named", "native_only", "complete", "fp_walk")
 
 
 def markdown(res: dict) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_profile import TOOLS, Recording, Tool, _folded_samples  # noqa: E402
-from bench_python import PY_SPY_TOOL, job, log, optrace_json, spread, wait_walked  # noqa: E402
+from bench_python import PY_SPY_TOOL, job, log, optrace_json, python_outcomes, spread, wait_walked  # noqa: E402
 from benchlib import ROOT, first_in_line, md_table, median, source_state, write_results  # noqa: E402
 from sidroot import in_container, sid_python  # noqa: E402
 
@@ -139,7 +139,7 @@ def _window(key: str, tool: Tool, work: subprocess.Popen, report: Path, workdir:
             "off_points_with_python": {name: round(walked[name] - design[name], 1) for name in DESIGNED},
             "samples": samples, "target_cpu_s": round(cpu_s, 2), "window_s": WINDOW_S,
             "samples_per_cpu_s": round(samples / cpu_s, 1) if cpu_s else None, "tool_cpu_s": run.cpu_s,
-            "python": optrace_json(out)["meta"]["python"] if key == "optrace" else None}
+            "python": python_outcomes(optrace_json(out)["meta"]) if key == "optrace" else None}
 
 
 # (b) slowdown ------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@
 //
 // Names: the first time a stored stack holds a code object of a process, python_capture copies the code
 // object's first bytes and the name, file and line-table objects it points to into a perf buffer
-// (py_captures), so user space names the frames even after the process is gone (frontend/python/).
+// (py_captures), so user space names the frames even after the process is gone (frontend/runtimes/cpython/).
 //
 // Everything read here is the process's memory, which its owner controls: every read is bounded, every
 // loop has a fixed bound, a chain that loops or runs too deep ends the stack's Python part with a status
@@ -280,7 +280,7 @@ int python_capture(void *ctx)
         if (at >= len || *found >= PY_CAPTURES_PER_SAMPLE)
             break;
         u64 word = st->stack.frames[at & (UNWIND_MAX_FRAMES - 1)];
-        if (word >> 62 != 1)
+        if ((word & RUNTIME_WORD_MASK) != PYTHON_FRAME)
             continue;
         struct py_seen_key key = {.pid = pid, .code = ((word >> PY_CODE_SHIFT) & PY_CODE_MASK) << 3};
         u32 *seen = py_seen.lookup(&key);

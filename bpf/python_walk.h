@@ -3,7 +3,10 @@
 // Put before unwind.c by profiler.py with the CFI walker; the Python programs themselves are python.c,
 // compiled with -DPYTHON_UNWIND. Without it, no process is a Python process here.
 
-#define PYTHON_FRAME (1ULL << 62)  // a frame word holding a code object and an instruction (python.c)
+#define RUNTIME_FRAME (1ULL << 62)  // a runtime's frame word: bits 63-62 01, 59-56 the runtime's id (docs/runtimes.md)
+#define RUNTIME_WORD_MASK (0xCFULL << 56)  // what tells a runtime's words (bits 61-60 mark a copy's chain)
+#define PY_RUNTIME_ID 1  // optrace.pythonlayout.PYTHON_RUNTIME_ID
+#define PYTHON_FRAME (RUNTIME_FRAME | (u64)PY_RUNTIME_ID << 56)  // a code object and an instruction (python.c)
 
 // python_walk.state
 #define PY_ABSENT 0   // not a Python process this walker knows (or Python frames are off)
@@ -86,9 +89,9 @@ BPF_HASH(py_procs, u32, struct py_proc, PYTHON_PROCS);
 #define PY_FRAME_WINDOW 128  // optrace.pythonlayout.FRAME_WINDOW
 #define PY_WINDOW 4096       // bytes of the thread's frames read at once
 #define PY_PAGE_MASK (~4095ULL)
-#define PY_CODE_SHIFT 16     // PYTHON_CODE_SHIFT
+#define PY_CODE_SHIFT 12     // PYTHON_CODE_SHIFT
 #define PY_CODE_MASK ((1ULL << 44) - 1)
-#define PY_INSTR_MASK 0xffff
+#define PY_INSTR_MASK 0xfff
 #define PY_NO_OFFSET 0xffff
 #define ENTRY_PER_CALL 0  // optrace.pythonlayout.ENTRY_*
 #define ENTRY_FLAG 1

@@ -1,10 +1,10 @@
 """The maps of the BPF Python walker (python.c): each Python process's interpreter as the walker needs it,
 and the code objects it captured for naming.
 
-A process is given with :meth:`PythonMaps.load_process` (frontend/python/ found its interpreter and layout,
+A process is given with :meth:`PythonMaps.load_process` (frontend/runtimes/cpython/ found its interpreter and layout,
 optrace/pythonlayout.py); its samples' eval frames are replaced by Python frames from then on. The captures
 come through a perf buffer, read with the other event buffers; :meth:`PythonMaps.take_captures` hands them
-over as bytes (optrace.pythonlayout.CAPTURE_HEADER then CAPTURE_PARTS), for frontend/python/ to decode.
+over as bytes (optrace.pythonlayout.CAPTURE_HEADER then CAPTURE_PARTS), for frontend/runtimes/cpython/ to decode.
 """
 from __future__ import annotations
 

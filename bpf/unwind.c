@@ -328,7 +328,7 @@ static inline int push_frame(struct unwind_state *st, u64 frame)
         st->stack.status = UNWIND_DEPTH;
         return 1;
     }
-    if (!(frame & (FILE_FRAME | PYTHON_FRAME)))
+    if (!(frame & (FILE_FRAME | RUNTIME_FRAME)))
         st->raw_frames++;
     u32 slot = n;
     asm volatile("" : "+r"(slot));  // and clang keeps the mask the verifier needs

@@ -57,8 +57,8 @@ from optrace.bpf.pidtables import forget_pid, has_pid
 from optrace.bpf.pythonmaps import python_status_name
 from optrace.bpf.rowspace import RowSpace
 from optrace.bpf.stackstore import GRACE_SECONDS
-from optrace.model import PYTHON_FRAME, UserFrame
-from optrace.pythonlayout import is_python_frame
+from optrace.model import RUNTIME_FRAME, UserFrame
+from optrace.runtimeword import is_runtime_word
 
 ROW_SIZE = 16  # struct unwind_row
 MAX_MAPPINGS = 256  # UNWIND_MAX_MAPPINGS
@@ -506,8 +506,8 @@ def _status(value: int) -> str:
 
 
 def _decoded(frame: int, tables: Sequence[dict[int, _LoadedFile]]) -> UserFrame:
-    if is_python_frame(frame):
-        return UserFrame(PYTHON_FRAME, frame)
+    if is_runtime_word(frame):
+        return UserFrame(RUNTIME_FRAME, frame)
     if not frame & FILE_FRAME:
         return UserFrame(None, frame)
     file_id = (frame & ~FILE_FRAME) >> FILE_OFFSET_BITS

@@ -114,7 +114,7 @@
     for (let k = 0; k < text.length; k++) { h ^= text.charCodeAt(k); h = Math.imul(h, 16777619); }
     return (h >>> 0) / 4294967296;
   }
-  const HUES = { user: [8, 48, 0.85], kernel: [195, 225, 0.6], jit: [95, 135, 0.55], python: [165, 182, 0.6],
+  const HUES = { user: [8, 48, 0.85], kernel: [195, 225, 0.6], jit: [95, 135, 0.55], runtime: [165, 182, 0.6],
                  unknown: [0, 0, 0],
                  comm: [260, 270, 0.25], root: [260, 270, 0.15] };
   const colours = new Map();
@@ -281,7 +281,7 @@
     const out = document.getElementById("legend");
     const items = DIFF ? [["#ff5050", "grew"], ["#5050ff", "shrank"], [MATCH, "search match"]]
       : [["hsl(28,85%,66%)", "user"], ["hsl(210,60%,66%)", "kernel"], ["hsl(115,55%,66%)", "JIT"],
-         ["hsl(173,60%,66%)", "Python"], ["#c8c8c8", "unknown"], [MATCH, "search match"]];
+         ["hsl(173,60%,66%)", "runtime"], ["#c8c8c8", "unknown"], [MATCH, "search match"]];
     for (const [c, name] of items) {
       const s = document.createElement("span"); s.className = "swatch"; s.style.background = c;
       out.appendChild(s); out.appendChild(document.createTextNode(name + " "));

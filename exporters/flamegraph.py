@@ -32,7 +32,7 @@ from optrace.frontend.report.events import human_time
 from optrace.frontend.report.rows import Profile, ReportOptions, sample_total
 from optrace.model import Record
 
-KINDS = ("root", "comm", "user", "kernel", "jit", "unknown", "python")
+KINDS = ("root", "comm", "user", "kernel", "jit", "unknown", "runtime")
 NODE_OVERHEAD = 24  # a node's three numbers and commas, at most
 
 

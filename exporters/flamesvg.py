@@ -33,7 +33,7 @@ FACT_LINES = 4  # of the record's header, above the controls' line
 TOP = 14 * (FACT_LINES + 1) + 16  # the header lines and the controls above the graph
 MIN_WIDTH = 0.1
 CHAR_WIDTH = 7.0  # of the 12px monospace font, roughly (flamesvg.js's CHAR)
-COLOURS = {"user": "#f2a65a", "kernel": "#7fa7d9", "jit": "#8fd17f", "python": "#6fd6c6",
+COLOURS = {"user": "#f2a65a", "kernel": "#7fa7d9", "jit": "#8fd17f", "runtime": "#6fd6c6",
            "unknown": "#c8c8c8", "comm": "#b9add6",
            "root": "#d6d0e6"}
 STYLE = "g[data-samples] { cursor: pointer; } .button { cursor: pointer; fill: #1a5fb4; }"

@@ -19,9 +19,10 @@ pyproject.toml), filled as the OpenTelemetry eBPF profiler fills them:
 - every table in the request's one ``ProfilesDictionary``, entry 0 the zero value as the protocol asks,
   no entry twice: a frame is a ``Location`` (its ``Mapping``: the object's path, its GNU build-id as
   ``process.executable.build_id.gnu``; its address: the file offset of native code, the address of
-  kernel and JIT code) with ``profile.frame.type`` ``kernel``, ``native`` or ``cpython`` (JIT code from
-  perf maps and jitdumps has none: which runtime wrote it is not known) and a ``Line`` naming its
-  ``Function`` (Python frames: the function's file and first line, and the line it was running). A frame
+  kernel and JIT code) with ``profile.frame.type`` ``kernel``, ``native`` or a runtime's frame kind
+  (``cpython``: the registry's names are OpenTelemetry's; JIT code from perf maps and jitdumps has none:
+  which runtime wrote it is not known) and a ``Line`` naming its ``Function`` (a runtime's frames: the
+  function's file and first line, and the line it was running). A frame
   optrace could not name keeps no Line when it has a build-id, so a backend with the object's debug info
   can name it, as the OTel profiler leaves native frames; otherwise its Line is optrace's fallback name
   (``lib.so+0x1f2``, ``[unknown]``). A stack is a ``Stack`` of location indices, leaf first; a sample
@@ -204,7 +205,7 @@ class _Builder:
             frame = self.record.frames[frame_index] if frame_index >= 0 else UNKNOWN_FRAME
             kind = frame_type(frame)
             named = frame.resolved or not frame.build_id
-            key = (self._mapping(frame), 0 if frame.python else clamp(frame.address, UINT64_MAX),
+            key = (self._mapping(frame), 0 if frame.runtime else clamp(frame.address, UINT64_MAX),
                    self.attribute((FRAME_TYPE_KEY, kind)) if kind else 0,
                    self._function(frame) if named else 0, frame.line if named else 0)
             index = self.locations[frame_index] = self.location_ids.get(key) or self._add_location(key)
@@ -224,8 +225,8 @@ class _Builder:
 
     def _function(self, frame: Frame) -> int:
         name = self.string(clean(frame.symbol))
-        filename = self.string(clean(frame.dso)) if frame.python else 0
-        start = frame.address if frame.python else 0
+        filename = self.string(clean(frame.dso)) if frame.runtime else 0
+        start = frame.address if frame.runtime else 0
         key = (name, filename, start)
         index = self.functions.get(key)
         if index is None:
@@ -235,9 +236,9 @@ class _Builder:
         return index
 
     def _mapping(self, frame: Frame) -> int:
-        """The object a frame is in (none for Python frames, whose dso is their source file, and for
+        """The object a frame is in (none for a runtime's frames, whose dso is their source file, and for
         unknown ones)."""
-        if frame.python or frame.dso == UNKNOWN:
+        if frame.runtime or frame.dso == UNKNOWN:
             return 0
         build_id = frame.build_id or self.build_ids.get(frame.dso, "")
         key = (frame.dso, build_id)
@@ -275,8 +276,8 @@ def frame_type(frame: Frame) -> str | None:
     """``profile.frame.type`` of a frame (semantic conventions' values), None where it is not known."""
     if frame.kernel or frame.dso == KERNEL_DSO:
         return "kernel"
-    if frame.python:
-        return "cpython"
+    if frame.runtime:
+        return frame.kind  # a runtime's name is OpenTelemetry's frame type for it (frontend/runtimes/registry.py)
     if frame.dso.startswith("[jit]") or frame.dso == UNKNOWN or frame.dso.startswith("[optrace"):
         return None
     return "native"

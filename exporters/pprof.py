@@ -200,7 +200,7 @@ class _Builder:
         for index in sorted(used):
             frame = frames[index] if index < len(frames) else UNKNOWN_FRAME
             location = self.message.location.add(id=index + 1, mapping_id=self.mapping(frame),
-                                                 address=0 if frame.python else clamp(frame.address, UINT64_MAX))
+                                                 address=0 if frame.runtime else clamp(frame.address, UINT64_MAX))
             location.line.add(function_id=self.function(frame), line=frame.line)
 
     def function(self, frame: Frame) -> int:
@@ -212,7 +212,7 @@ class _Builder:
             name = self.string(clean(frame.symbol))
             self.message.function.add(id=function_id, name=name, system_name=name,
                                       filename=self.string(clean(frame.dso)),
-                                      start_line=frame.address if frame.python else 0)
+                                      start_line=frame.address if frame.runtime else 0)
         return function_id
 
     def mapping(self, frame: Frame) -> int:

@@ -17,7 +17,7 @@ from optrace.frontend.report.events import amount, human_time, nothing_line
 from optrace.frontend.report.pythonview import PYTHON_INTERNALS
 from optrace.frontend.report.rows import (Profile, ReportOptions, Row, RowKey, RowTable, build_table, percent,
                                           sample_total)
-from optrace.model import STACK_COMPLETE, CallCount, Record, RecordMeta
+from optrace.model import NAMED, STACK_COMPLETE, CallCount, Record, RecordMeta, RuntimeCounts
 
 Cells = Callable[[], Iterable[list[str]]]  # called twice: once for the widths, once for the lines
 
@@ -96,8 +96,7 @@ def _header_text(record: Record, source: str, event: str) -> list[str]:
         lines.append("# Recorded without stacks (--no-stacks): leaf frames only")
     elif meta.stack_quality:
         lines.append(f"# {quality_line(meta.stack_quality)} (call graph: {meta.call_graph})")
-    if meta.python:
-        lines.append(f"# {python_line(meta.python, meta.interpreters)}")
+    lines += [f"# {runtime_line(counts)}" for _, counts in sorted(meta.runtimes.items()) if counts.samples]
     if meta.file_problems:
         counted = ", ".join(f"{kind} {n}" for kind, n in sorted(meta.file_problems.items()))
         lines.append(f"# Files that cost their own names: {counted} (the warnings say which)")
@@ -157,19 +156,22 @@ def target_text(meta: RecordMeta) -> str:
     return "pids " + ", ".join(str(pid) for pid in meta.pids) if meta.pids else "unknown"
 
 
-def python_line(outcomes: dict[str, int], interpreters: dict[str, int]) -> str:
+def runtime_line(counts: RuntimeCounts) -> str:
     """``Python: N of M samples with Python frames (P%); native only n, refused: ... n; CPython 3.11.2 (1
-    process)`` (RecordMeta.python, RecordMeta.interpreters)."""
+    process)`` (one of RecordMeta.runtimes)."""
+    outcomes, language = counts.samples, counts.language or "runtime"
     total = sum(n for outcome, n in outcomes.items() if not outcome.startswith("cut: "))
-    named = outcomes.get("python", 0)
-    text = f"Python: {named} of {total} samples with Python frames ({100.0 * named / total if total else 0.0:.1f}%)"
-    others = sorted(((n, outcome) for outcome, n in outcomes.items() if outcome != "python" and n), reverse=True)
+    named = outcomes.get(NAMED, 0)
+    share = 100.0 * named / total if total else 0.0
+    text = f"{language}: {named} of {total} samples with {language} frames ({share:.1f}%)"
+    others = sorted(((n, outcome) for outcome, n in outcomes.items() if outcome != NAMED and n), reverse=True)
     if others:
         text += "; " + ", ".join(f"{outcome} {n}" for n, outcome in others)
     versions = Counter()
-    for interpreter, processes in interpreters.items():
-        versions[interpreter.split(" ", 1)[0] if not interpreter.startswith("refused") else "refused"] += processes
-    return text + "; " + ", ".join(f"{'CPython ' + v if v != 'refused' else v} ({n} process{'es' if n > 1 else ''})"
+    for process, n in counts.processes.items():
+        versions[process.split(" ", 1)[0] if not process.startswith("refused") else "refused"] += n
+    product = counts.product + " " if counts.product else ""
+    return text + "; " + ", ".join(f"{product + v if v != 'refused' else v} ({n} process{'es' if n > 1 else ''})"
                                    for v, n in sorted(versions.items()))
 
 

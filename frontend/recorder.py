@@ -14,7 +14,6 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
-from functools import partial
 
 from optrace import __version__
 from optrace.bpf.loader import ProgramLoad, program_loads
@@ -83,7 +82,7 @@ class SampleStore:
 
     def add(self, sample: RawSample, timed: bool) -> None:
         key = (sample.pid, sample.comm, sample.user, sample.kernel, sample.time if timed else 0.0, sample.tid,
-               sample.stop, sample.python, sample.waker)
+               sample.stop, sample.runtime, sample.waker)
         self._counts[key] += sample.count
 
     def add_folded(self, folded: FoldedCounts) -> None:
@@ -113,8 +112,8 @@ class SampleStore:
         for sample in decode(self._folded, self._records):
             self.add(sample, timed=False)
         self._folded, self._records = {}, []
-        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop, python=python, waker=waker)
-                for (pid, comm, user, kernel, t, tid, stop, python, waker), n in self._counts.items()]
+        return [RawSample(pid, comm, user, kernel, n, t, tid=tid, stop=stop, runtime=runtime, waker=waker)
+                for (pid, comm, user, kernel, t, tid, stop, runtime, waker), n in self._counts.items()]
 
 
 class Recorder:
@@ -292,7 +291,7 @@ class Recorder:
         raw = self.store.samples(self.session.profiler.decode_folded)
         frames, samples = self.session.symbolize(raw)
         quality = stack_quality(raw, frames, samples) if self.options.stacks else {}
-        python = self.session.python.outcomes() if self.session.python is not None else {}
+        runtimes = self.session.runtimes
         off_cpu_raw = self.off_cpu_store.samples()
         frames, off_cpu = merged_frames(frames, *self.session.symbolize(off_cpu_raw))
         frames, wakeups = self._wakeups(frames, off_cpu_raw, off_cpu)
@@ -303,11 +302,9 @@ class Recorder:
         total = sum(s.count for s in samples)
         warning = stackless_warning(lost, total, session.profiler.stack_storage_size)
         from optrace.frontend.codecapture import capture_session  # not imported on the way to the first sample
-        from optrace.frontend.python.outcomes import interpreters, sample_outcomes
-        from optrace.frontend.python.sourcecapture import capture_sources
 
         functions = capture_session(session, frames, samples)  # before the warnings are taken: its own go in
-        sources = capture_sources(frames, samples, partial(read_source_of, python)) if python else []
+        sources = runtimes.sources(frames, samples) if runtimes is not None else []
         meta = RecordMeta(
             optrace_version=__version__,
             hostname=os.uname().nodename,  # socket.gethostname(), without importing socket
@@ -332,12 +329,11 @@ class Recorder:
             warnings=self.warnings + warning + session.take_warnings(),
             file_problems=file_problems(session.symbolizer.stats, session.jit.stats, session.read_errors),
             off_cpu=self._off_cpu_meta(off_cpu, stack_quality(off_cpu_raw, frames, off_cpu) if self.options.stacks else {}),
-            python=sample_outcomes(raw, frames, samples, python),
-            interpreters=interpreters(python),
+            runtimes=runtimes.counts(raw, frames, samples) if runtimes is not None else {},
             bpf_programs={load.name: load.how for load in self.program_loads},
         )
         return Record(meta=meta, frames=frames, samples=samples, calls=calls, off_cpu=merged_samples(off_cpu),
-                      wakeups=wakeups, functions=functions, python_sources=sources)
+                      wakeups=wakeups, functions=functions, sources=sources)
 
     def _wakeups(self, frames: list[Frame], raw: list[RawSample], off_cpu: list[Sample]
                  ) -> tuple[list[Frame], list[Wakeup]]:
@@ -359,13 +355,6 @@ class Recorder:
                           total_ns=sum(s.count for s in off_cpu), short_waits=self.short_waits,
                           kernel_stacks=opts.kernel_stacks, wall=self.options.wall, every=opts.every,
                           wakers=opts.wakers, stack_quality=quality)
-
-
-def read_source_of(outcomes: dict, wanted: Mapping[int, Sequence[str]]) -> dict[tuple[int, str], list[str]]:
-    """Python processes' source files, read as their users could (outcomes: PythonProcesses.outcomes())."""
-    from optrace.frontend.python.sourcecapture import read_sources
-
-    return read_sources(wanted, {pid: outcome.owner for pid, outcome in outcomes.items() if outcome.owner is not None})
 
 
 def merged_frames(frames: list[Frame], more_frames: list[Frame], more: list[Sample]) -> tuple[list[Frame], list[Sample]]:

@@ -149,7 +149,7 @@ class SessionOptions:
     jitdumps: Sequence[str] = ()
     off_cpu: OffCpuOptions | None = None  # also measure off-CPU time (optrace.bpf.offcpu)
     # True (with call_graph "dwarf"): the interpreter's eval frames of CPython processes are replaced by the
-    # Python frames they ran (bpf/python.c, frontend/python/)
+    # Python frames they ran (bpf/python.c, frontend/runtimes/)
     python: bool = True
 
     @property
@@ -281,7 +281,7 @@ class ProfilingSession:
         self._exited: list[int] = []  # exits since the last drain: their address spaces go at its end
         self._forgettable: list[int] = []  # exited before the last drain: forgotten at the next one
         self._drains = 0
-        self.python = None  # PythonProcesses with options.python and call_graph "dwarf"
+        self.runtimes = None  # RuntimeParts (frontend/runtimes/registry.py) when a runtime's walker is loaded
         # When processes get their unwind tables: one that does nothing until start (and with call graph "fp")
         self.unwinder = UnwindScheduler(None, None, None, self._contain)
         self.copies = None  # CopyWalks with call_graph "dwarf": samples whose stacks were copied
@@ -309,11 +309,11 @@ class ProfilingSession:
                                  stack_storage_size=opts.stack_storage_size, raw_stacks=opts.mode.raw_stacks,
                                  cfi_unwind=cfi, fold=opts.mode.fold, python=opts.python, waits=wait_options(opts.off_cpu))
         self.profiler.load()
-        if self.profiler.python is not None:
-            from optrace.frontend.python.processes import PythonProcesses
+        from optrace.frontend.runtimes.registry import RuntimeParts, SessionContext
 
-            self.python = PythonProcesses(self.profiler.python.load_process, self.symbolizer)
-            self.symbolizer.python_lookup = self.python.frame
+        self.runtimes = RuntimeParts.start(SessionContext(self.profiler, self.symbolizer))
+        if self.runtimes is not None:
+            self.symbolizer.runtime_lookup = self.runtimes.frame
 
         unwinding = None  # ProcessUnwinding with call_graph "dwarf"
         if cfi:
@@ -328,7 +328,7 @@ class ProfilingSession:
                 self.warnings.append(f"stored unwind tables: {store.problem}; every file is converted again")
             unwinding = ProcessUnwinding(UnwindTableCache(opts.mode.unwind_cache_bytes or DEFAULT_MAX_BYTES,
                                                           builder=builder, store=store))
-        self.unwinder = UnwindScheduler(self.profiler, unwinding, self.python, self._contain,
+        self.unwinder = UnwindScheduler(self.profiler, unwinding, self.runtimes, self._contain,
                                         keep_rows=opts.mode.keep_unwind_rows, fold=opts.mode.fold,
                                         looks_per_second=opts.mode.looks_per_second)
         if cfi:
@@ -432,8 +432,8 @@ class ProfilingSession:
         process's tables comes now; ``leaves``: a caller that names leaves only, for whom no sample waits
         (see frontend/unwind/copywalks.py)."""
         result = self.profiler.drain()
-        if self.python is not None:
-            self.python.add_captures(self.profiler.python.take_captures())
+        if self.runtimes is not None:
+            self.runtimes.drained()
         samples = self._translated_all(result.samples)
         off_cpu = self._translated_all(result.off_cpu)
         folded = result.folded
@@ -620,8 +620,8 @@ class ProfilingSession:
         self._note_exits(exits, now)
         for pid in self._exited:  # with those poll() saw: the unwinder's table goes at once
             self.unwinder.exited(pid)
-            if self.profiler.python is not None:
-                self.profiler.python.forget_process(pid)
+            if self.runtimes is not None:
+                self.runtimes.exited(pid)
         retired, self._exited = self._exited, []
         self.spaces.end_drain(retired)
         if not self.options.mode.forget_exited:
@@ -651,8 +651,8 @@ class ProfilingSession:
         self.unwinder.forget(pid)
         self.symbolizer.forget_process(pid)
         self.jit.forget_process(pid)
-        if self.python is not None:
-            self.python.forget(pid)
+        if self.runtimes is not None:
+            self.runtimes.forget(pid)
 
     def _contain(self, kind: str, call: Callable[..., T], *args: object) -> T | None:
         """``call(*args)``, or None when it raised: counted in ``read_errors[kind]`` and warned, so one

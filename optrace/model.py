@@ -47,9 +47,15 @@ class UserFrame(NamedTuple):
     offset: int
 
 
-# UserFrame.build_id of a Python frame: its offset is the walker's frame word (optrace.pythonlayout), named
-# from the sample's process (frontend/python/). Not a real build-id's length, so no file's note can claim it.
-PYTHON_FRAME = b"<python frame>"
+# UserFrame.build_id of a runtime's frame (frontend/runtimes/): its offset is the frame word the runtime's BPF walker
+# stored, named from the sample's process by that runtime. Not a real build-id's length, so no file's note can claim it.
+RUNTIME_FRAME = b"<runtime frame>"
+
+# Frame.kind: native code of a file, the kernel's, JIT code named by a perf map or jitdump (jitmaps/); any other
+# kind is a runtime's (frontend/runtimes/registry.py): its frames are named by the runtime, and the kind is the
+# OpenTelemetry profile.frame.type of such frames ("cpython", "jvm")
+NATIVE, KERNEL, JIT_MAP = "native", "kernel", "jit-map"
+FILE_KINDS = frozenset((NATIVE, KERNEL, JIT_MAP))
 
 
 @dataclass(frozen=True)
@@ -69,9 +75,9 @@ class RawSample:
     # How a user stack unwound from CFI ended (bpf/unwindmaps.py UNWIND_STATUSES); "" for the kernel's
     # frame-pointer stacks.
     stop: str = ""
-    # Why the stack's Python frames stopped short (bpf/pythonmaps.py PYTHON_STATUSES); "" when they did not,
-    # or the process is not a Python process the walker knows
-    python: str = ""
+    # Why the stack's runtime frames stopped short (the runtime's walker statuses); "" when they did not, or the
+    # process runs no runtime whose walker knows it
+    runtime: str = ""
     # The id of a copy of the user stack (StackCopy) that replaces ``user`` (the leaf the kernel took) or
     # continues it (a CFI walk that stopped with ``stop`` "copied"), to be walked once the process's unwind
     # tables are known (frontend/session.py); 0: none
@@ -96,9 +102,9 @@ class StackCopy:
     epoch: int = 0  # the process's mappings epoch when it was taken (bpf/profile.c)
     exec_epoch: int = 0  # the process's epoch at its last exec (0: none seen)
     shared: bool = False  # several samples name it (a thread's stack as it began to exit): kept once walked
-    # A Python process's eval function ([start, end) ranges): its frames there take the Python frames the
-    # sample's user stack holds (bpf/copypython.c); empty for other processes
-    eval_ranges: tuple[tuple[int, int], ...] = ()
+    # The address ranges a runtime claims in this process ([start, end)): its frames there take the runtime's
+    # frames the sample's user stack holds (the runtime's copy walk); empty for other processes
+    runtime_ranges: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,17 +114,26 @@ class Frame:
 
     symbol: str
     dso: str  # full path, or "[kernel.kallsyms]", "[vdso]", "[jit] <map or dump path>", "[unknown]"
-    kernel: bool = False
+    # NATIVE, KERNEL, JIT_MAP, or a runtime's kind: a function of its code (``symbol`` its qualified name,
+    # ``dso`` its source file, ``address`` its first line, ``line`` the line the frame was running, 0: not known)
+    kind: str = NATIVE
     address: int = 0  # file offset for user frames, the address for kernel and JIT frames
     resolved: bool = True  # False when `symbol` is the dso+0xOFFSET / [unknown] fallback
     build_id: str | None = None  # hex, lets a later tool symbolize again
-    # A Python function: ``symbol`` its qualified name, ``dso`` its source file, ``address`` its first line,
-    # ``line`` the line the frame was running (0: not known)
-    python: bool = False
     line: Annotated[int, Bounds(0, (1 << 31) - 1)] = 0
-    # Native code of a CPython interpreter itself (the executable or libpython its Python frames were found in,
-    # frontend/python/): views fold such frames below a Python frame into it (frontend/report/pythonview.py)
+    # Native code of a runtime itself (the executable or library whose memory its frames were found in, as the
+    # runtime tells, frontend/runtimes/): views fold such frames below a runtime frame into it
+    # (frontend/report/pythonview.py)
     interpreter: bool = False
+
+    @property
+    def kernel(self) -> bool:
+        return self.kind == KERNEL
+
+    @property
+    def runtime(self) -> bool:
+        """A runtime's frame (a function of its code, named by the runtime), not native code's."""
+        return self.kind not in FILE_KINDS
 
 
 @dataclass
@@ -184,6 +199,27 @@ class OffCpuMeta:
     stack_quality: dict[str, int] = field(default_factory=dict)
 
 
+NAMED = "named"  # RuntimeCounts.samples: the samples with the runtime's frames
+
+
+@dataclass
+class RuntimeCounts:
+    """What one runtime made of the samples of its processes (RecordMeta.runtimes), as stack_quality counts the
+    stacks' outcomes: so a report says how much of a runtime's time it named in the runtime's terms, and why not."""
+
+    language: str = ""  # what its code is written in, as reports say it ("Python")
+    product: str = ""  # the runtime as its versions are named ("CPython": "CPython 3.11.2")
+
+    # Samples by outcome: "named" (the runtime's frames in the stack), "native_only" (none of the runtime's
+    # code in it), why a walk gave no frame of it (the walker's statuses), "refused: <reason>" (the process's
+    # runtime is not one its reader knows); and "cut: <why>", the part of "named" whose frames were cut short
+    samples: dict[str, int] = field(default_factory=dict)
+    # The processes met: "<version> <file>" or "refused: <reason>" -> processes
+    processes: dict[str, int] = field(default_factory=dict)
+    # Anything else the runtime counts (frames named or why not, its walker's counters)
+    other: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass
 class RecordMeta:
     optrace_version: str
@@ -226,13 +262,8 @@ class RecordMeta:
     # jitdumps: refused, corrupt, too many...), "jit_symbols_dropped" (entries over the symbol budget).
     file_problems: dict[str, int] = field(default_factory=dict)
     off_cpu: OffCpuMeta | None = None  # set when the record holds off-CPU time
-    # Samples of processes that run a CPython, by outcome (frontend/python/outcomes.py): "python" (Python
-    # frames in the stack), "native_only" (no interpreter frame in it), why a walk gave no Python frame
-    # (bpf/pythonmaps.py PYTHON_STATUSES), or "refused: <reason>" (the interpreter's layout is not known);
-    # and "cut: <why>", the part of "python" whose Python frames were cut short
-    python: dict[str, int] = field(default_factory=dict)
-    # The interpreters met: "<version> <file>" or "refused: <reason>" -> processes
-    interpreters: dict[str, int] = field(default_factory=dict)
+    # What each runtime (frontend/runtimes/) made of the samples of its processes, by its name
+    runtimes: dict[str, "RuntimeCounts"] = field(default_factory=dict)
     # The BPF programs the recording loaded, by their sources ("stackstore.c+profile.c+unwind.c"), and how:
     # "stored" (from the program cache, no compiler before the first sample), "compiled" (and stored for
     # the next runs) or "compiled, not stored" (bpf/programcache.py)
@@ -270,12 +301,12 @@ class FunctionCode:
 
 
 @dataclass
-class PythonSource:
-    """One hot Python function's source lines and the samples each line had, kept by `record` so that
-    `optrace annotate` shows them without the file (which may change, or be another machine's).
+class RuntimeSource:
+    """One hot function of a runtime's code: its source lines and the samples each line had, kept by `record` so
+    that `optrace annotate` shows them without the file (which may change, or be another machine's).
 
-    ``hits`` maps a line number to the samples whose innermost Python frame was on that line (the time of
-    the C code it called included, as py-spy counts a line); ``text`` holds lines ``first_line`` onwards
+    ``hits`` maps a line number to the samples whose innermost runtime frame was on that line (the time of
+    the native code it called included, as py-spy counts a line); ``text`` holds lines ``first_line`` onwards
     (a reader checks every hit against them)."""
 
     symbol: str
@@ -298,5 +329,5 @@ class Record:
     # None: recorded before optrace kept code (annotate then says to record again); else the hottest
     # functions' code, bounded (frontend/codecapture.py)
     functions: list[FunctionCode] | None = None
-    # The hottest Python functions' source lines (frontend/python/sourcecapture.py); empty in older records
-    python_sources: list[PythonSource] = field(default_factory=list)
+    # The hottest runtime functions' source lines (frontend/runtimes/); empty in older records
+    sources: list[RuntimeSource] = field(default_factory=list)

@@ -1,12 +1,12 @@
 """What the BPF Python walker (bpf/python.c) knows of one CPython process, and the bytes it captures of a
 code object the first time a stack shows it.
 
-frontend/python/ finds the interpreter of a process and fills a :class:`PythonProcess`; bpf/pythonmaps.py
+frontend/runtimes/cpython/ finds the interpreter of a process and fills a :class:`PythonProcess`; bpf/pythonmaps.py
 packs it into the walker's map. The walker replaces each native call of the interpreter's eval function
 (``_PyEval_EvalFrameDefault``) by the Python frames that call was running: a frame word per Python frame
 (:func:`python_frame_word`), the code object's address and the instruction (in code units). The first time
 a stored stack holds a code object of a process, the walker copies the object's header and the objects it
-names from (:data:`CAPTURE_PARTS`); frontend/python/ decodes them with the process's layout, so a process
+names from (:data:`CAPTURE_PARTS`); frontend/runtimes/cpython/ decodes them with the process's layout, so a process
 that has exited is still named.
 
 Every offset here is a byte offset below :data:`MAX_OFFSET`: for 3.13+ they come from the process's own
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+
+from optrace.runtimeword import is_runtime_word, runtime_word, word_runtime
 
 MAX_OFFSET = 0xFFFF  # any offset is below: a u16 in the walker's map, 0xFFFF meaning none (3.13's interpreter state is 7 KiB+)
 FRAME_WINDOW = 128  # bytes of a frame the walker reads at once: every frame field lies below this
@@ -78,7 +80,7 @@ class PythonLayout:
 
 @dataclass(frozen=True)
 class PythonProcess:
-    """One process's interpreter, as frontend/python/ found it (the walker's map value, bpf/pythonmaps.py)."""
+    """One process's interpreter, as frontend/runtimes/cpython/ found it (the walker's map value, bpf/pythonmaps.py)."""
 
     pid: int
     version: str  # "3.11.2"
@@ -100,12 +102,14 @@ CAPTURE_PARTS: tuple[tuple[str, int], ...] = (
 )
 CAPTURE_SIZE = CAPTURE_HEADER.size + sum(size for _, size in CAPTURE_PARTS)
 
-# A Python frame in a stored stack (bpf/python.c): bit 62 set, bit 63 (a file frame's) clear; the code
-# object's address over 8 in bits 16-59, the instruction in code units (clamped) in bits 0-15.
-PYTHON_FRAME_BIT = 1 << 62
-PYTHON_CODE_SHIFT = 16
+# A Python frame in a stored stack (bpf/python.c): a runtime's frame word (bit 62 set, bit 63 clear, the
+# runtime's id in bits 56-59, docs/runtimes.md); the code object's address over 8 in bits 12-55, the
+# instruction in code units (clamped) in bits 0-11.
+PYTHON_RUNTIME_ID = 1
+PYTHON_FRAME_BIT = runtime_word(PYTHON_RUNTIME_ID, 0)
+PYTHON_CODE_SHIFT = 12
 PYTHON_CODE_BITS = 44
-PYTHON_INSTR_MASK = 0xFFFF
+PYTHON_INSTR_MASK = 0xFFF
 
 
 def python_frame_word(code: int, instr: int) -> int:
@@ -120,4 +124,4 @@ def python_frame_parts(word: int) -> tuple[int, int]:
 
 
 def is_python_frame(word: int) -> bool:
-    return word >> 62 == 1
+    return is_runtime_word(word) and word_runtime(word) == PYTHON_RUNTIME_ID

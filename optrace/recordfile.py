@@ -50,13 +50,16 @@ from optrace.fileaccess import FilePolicy, RefusedFile, open_file, printable, re
 from optrace.errors import OptraceError
 from optrace.heap import gc_paused
 from optrace.model import Record
+from optrace.recordupgrade import upgraded
 from optrace.schema import TABLE_LENGTHS, SchemaError, decode, encode, table_class, table_columns
 from optrace.outputdir import invoking_uid
 from optrace.outputfile import check_writable, write_atomically
 
 MAGIC = b"OPTRDATA"
 PERF_MAGIC = b"PERFILE2"
-FORMAT_VERSION = 3  # 3: Python frames (Frame.python, Frame.line, RecordMeta.python); 2: frames and samples as tables (optrace.schema.table_columns); 1 and 2 are still read
+# 4: frame kinds (Frame.kind, RecordMeta.runtimes, Record.sources; optrace.recordupgrade reads 1-3); 3: Python
+# frames; 2: frames and samples as tables (optrace.schema.table_columns)
+FORMAT_VERSION = 4
 HEADER = struct.Struct("<8sIIQQ")
 INFLATE_CHUNK = 1 << 20
 
@@ -129,7 +132,7 @@ def _cannot_write(path: str | os.PathLike[str]) -> Iterator[None]:
 def read_record(path: str | os.PathLike[str]) -> Record:
     """Read and validate a record file; any problem raises RecordFileError with a one-line message."""
     shown = printable(path)
-    raw, budget = _read_payload(os.fspath(path), shown)
+    raw, budget, version = _read_payload(os.fspath(path), shown)
     try:
         text = raw.decode(json.detect_encoding(raw), "surrogatepass")  # as json.loads decodes bytes
         del raw  # gone before the objects are built
@@ -137,7 +140,7 @@ def read_record(path: str | os.PathLike[str]) -> Record:
             document = json.loads(text, parse_constant=_no_constant)
             del text
             budget.take_tables(document)
-            return decode(document, Record)
+            return decode(upgraded(document, version), Record)
     except SchemaError as exc:
         raise RecordFileError(f"{shown} is corrupt ({printable(exc)}): record it again") from None
     except (ValueError, RecursionError) as exc:
@@ -219,8 +222,9 @@ def _list_pieces(items: Iterator[Any], dumps: Callable[[Any], str]) -> Iterator[
     yield "]"
 
 
-def _read_payload(path: str, shown: str) -> tuple[bytearray, JsonBudget]:
-    """Open under :data:`RECORD_POLICY`, check the header and return the JSON bytes and what they cost."""
+def _read_payload(path: str, shown: str) -> tuple[bytearray, JsonBudget, int]:
+    """Open under :data:`RECORD_POLICY`, check the header and return the JSON bytes, what they cost and the
+    format's version."""
     try:
         fd = open_file(path, RECORD_POLICY, shown=shown)
     except RefusedFile as refused:
@@ -231,7 +235,7 @@ def _read_payload(path: str, shown: str) -> tuple[bytearray, JsonBudget]:
         with reader_for(fd, RECORD_POLICY, shown) as stream:
             source = Source(shown, foreign_owner(os.fstat(stream.fd).st_uid))
             header = stream.read(HEADER.size)
-            compressed_len, raw_len, crc = _check_header(header, stream.size, source)
+            compressed_len, raw_len, crc, version = _check_header(header, stream.size, source)
             compressed = stream.read(compressed_len)
     except OSError as exc:
         raise RecordFileError(f"cannot read {shown}: {printable(exc.strerror or exc)}") from None
@@ -239,7 +243,7 @@ def _read_payload(path: str, shown: str) -> tuple[bytearray, JsonBudget]:
         raise RecordFileError(f"{shown} is truncated (incomplete optrace record): record it again")
     if zlib.crc32(compressed) != crc:
         raise RecordFileError(f"{shown} is corrupt (checksum mismatch): record it again")
-    return _decompress(compressed, raw_len, source)
+    return (*_decompress(compressed, raw_len, source), version)
 
 
 def _refuse(refused: RefusedFile, shown: str) -> NoReturn:
@@ -250,8 +254,8 @@ def _refuse(refused: RefusedFile, shown: str) -> NoReturn:
     raise RecordFileError(f"{shown} {refused.detail}") from None
 
 
-def _check_header(header: bytes, size: int, source: Source) -> tuple[int, int, int]:
-    """Validate the fixed header; returns (compressed length, uncompressed length, crc)."""
+def _check_header(header: bytes, size: int, source: Source) -> tuple[int, int, int, int]:
+    """Validate the fixed header; returns (compressed length, uncompressed length, crc, format version)."""
     shown = source.shown
     if header.startswith(PERF_MAGIC):
         raise RecordFileError(f"{shown} is a perf.data file: use perf report")
@@ -273,7 +277,7 @@ def _check_header(header: bytes, size: int, source: Source) -> tuple[int, int, i
         raise RecordFileError(f"{shown} is truncated (incomplete optrace record): record it again")
     if HEADER.size + compressed_len < size:
         raise RecordFileError(f"{shown} is corrupt (trailing data after the record): record it again")
-    return compressed_len, raw_len, crc
+    return compressed_len, raw_len, crc, version
 
 
 def _decompress(compressed: bytes, raw_len: int, source: Source) -> tuple[bytearray, JsonBudget]:

@@ -1,9 +1,9 @@
 """Generate the Python walker's tables from each CPython's own headers:
 
-- frontend/python/layouts.py's MEASURED: the byte offsets of the fields the walker reads, for CPython
+- frontend/runtimes/cpython/layouts.py's MEASURED: the byte offsets of the fields the walker reads, for CPython
   3.8-3.12, measured by compiling a small C program against each interpreter's headers (internal ones
   included, with -DPy_BUILD_CORE) and printing offsetof()s;
-- frontend/python/debugshapes.py's SHAPES and CONSTANTS, for 3.13 and later: the members of
+- frontend/runtimes/cpython/debugshapes.py's SHAPES and CONSTANTS, for 3.13 and later: the members of
   ``_Py_DebugOffsets`` in order, read from the header that declares it (each member's position checked by
   offsetof() against the same header), and what the table does not say (the owner value of the frame an
   eval call starts with, the tag bits of a frame's code reference, the size of PyCompactUnicodeObject).
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from optrace.frontend.python.layouts import COLUMNS
+from optrace.frontend.runtimes.cpython.layouts import COLUMNS
 
 SID_ROOT = Path(os.environ.get("OPTRACE_SID_ROOT", "/var/cache/optrace-test/sid"))
 MULTIARCH = "x86_64-linux-gnu"  # Debian keeps pyconfig.h in /usr/include/<triplet>/python3.X

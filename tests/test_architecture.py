@@ -46,9 +46,8 @@ FRONTEND_LAYERS = (
     # pure models, file readers, leaf helpers
     {"report", "symbols", "target", "stopsignals", "preflight", "startpriority"},
     {"unwind", "uprobes", "loopwait", "cliopts"},
-    {"python"},  # CPython interpreters found from outside (reads ELF files, unwind tables, process memory)
-    # runtimes read from outside (HotSpot; CPython moves in with the runtime seam, docs/runtimes.md: until
-    # then it borrows python's bounded memory reader and ELF symbol lookup)
+    # runtimes read from outside (docs/runtimes.md): CPython, HotSpot, their interface and registry (they read
+    # ELF files, unwind tables, process memory)
     {"runtimes"},
     {"session"},
     {"codecapture"},
@@ -344,3 +343,69 @@ def test_the_session_stays_small() -> None:
     assert lines <= MAX_SESSION_LINES, f"frontend/session.py has {lines} lines"
     assert len(methods) <= MAX_SESSION_METHODS, f"ProfilingSession has {len(methods)} methods: {methods}"
     assert len(switches) <= MAX_SESSION_SWITCHES, f"SessionOptions' booleans: {switches} (a mode's go to SessionMode)"
+
+
+# A runtime's own modules outside frontend/runtimes/<name>/ (its BPF side and the layout its C walker shares)
+RUNTIME_MODULES = {"cpython": ("optrace.frontend.runtimes.cpython", "optrace.pythonlayout", "optrace.bpf.pythonmaps"),
+                   "hotspot": ("optrace.frontend.runtimes.hotspot",)}
+REGISTRY = "optrace.frontend.runtimes.registry"
+# Product modules that still name CPython by hand: its BPF walker called from the native walker (bpf/profiler.py
+# loads it, bpf/unwindmaps.py reads its statuses; bpf/python.c, python_walk.h, copypython.c are C). Issue 44
+# item 1's BPF dispatch by address range and generated layouts take them behind the seam: this list only shrinks.
+NAMING_A_RUNTIME_BY_HAND = {"optrace.bpf.profiler", "optrace.bpf.unwindmaps"}
+# Format 3's frames, counts and sources were CPython's (its only runtime): reading them names it
+FORMAT_HISTORY = {"optrace.recordupgrade"}
+
+
+def runtime_of_module(module: str) -> str | None:
+    return next((name for name, own in RUNTIME_MODULES.items() if any(within(module, m) for m in own)), None)
+
+
+def runtimes_named(path: Path, module: str) -> set[str]:
+    """The runtimes a product module names: by importing one of their modules, or by an identifier or a string
+    holding a runtime's name (``CPYTHON``, ``"hotspot"``). Prose (comments, docstrings) may name any."""
+    found = {runtime_of_module(imported) for imported in imported_modules(path)} - {None}
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    words = [node.id for node in ast.walk(tree) if isinstance(node, ast.Name)]
+    words += [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)]
+    words += [node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    words += [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docstrings and len(node.value) < 40]
+    found |= {name for name in RUNTIME_MODULES if any(name in word.lower() for word in words)}
+    own = runtime_of_module(module)
+    return found - {own} if own else found
+
+
+def modules_naming_runtimes() -> dict[str, set[str]]:
+    named = {}
+    for folder, path in product_files():
+        module = module_name(folder, path)
+        runtimes = runtimes_named(path, module)
+        if runtimes and module != REGISTRY and module not in FORMAT_HISTORY:
+            named[module] = runtimes
+    return named
+
+
+def test_a_runtime_is_named_only_in_its_folders_and_the_registry() -> None:
+    """The session, the scheduler, the symbolizer, the recorder and the exporters ask the registry
+    (frontend/runtimes/registry.py), which names the runtimes; a runtime's modules name only themselves and the
+    seam (frontend/runtimes/runtime.py). Those still wired by hand are listed, and the list only shrinks."""
+    named = modules_naming_runtimes()
+    assert sorted(set(named) - NAMING_A_RUNTIME_BY_HAND) == [], named
+    assert sorted(NAMING_A_RUNTIME_BY_HAND - set(named)) == [], "behind the seam now: take them off the list"
+
+
+def test_the_runtime_rule_sees_a_module_naming_a_runtime(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    for text in ("from optrace.frontend.runtimes.cpython.processes import PythonProcesses\n",
+                 "from optrace.pythonlayout import python_frame_word\n", "KIND = 'cpython'\n",
+                 "def f(session):\n    return session.hotspot_part\n"):
+        probe.write_text(text)
+        assert runtimes_named(probe, "optrace.frontend.recorder"), text
+    probe.write_text('"""CPython and HotSpot in prose are fine."""\n# so is cpython here\nKIND = "native"\n')
+    assert not runtimes_named(probe, "optrace.frontend.recorder")
+    probe.write_text("from optrace.frontend.runtimes.cpython.outcomes import runtime_counts\n")
+    assert not runtimes_named(probe, "optrace.frontend.runtimes.cpython.runtime")

@@ -13,7 +13,7 @@ from optrace import kernel
 from optrace.frontend import preflight
 from optrace.frontend.commands.doctor import format_result
 from optrace.frontend.preflight import CheckResult, require_recording
-from optrace.frontend.python.survey import check_python
+from optrace.frontend.runtimes.cpython.survey import check_python
 from optrace.errors import OptraceError
 
 OPTRACE = str(Path(sys.executable).parent / "optrace")

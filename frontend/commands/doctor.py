@@ -5,7 +5,7 @@ import click
 
 from optrace.errors import OptraceError
 from optrace.frontend.preflight import CheckResult, run_checks, summary
-from optrace.frontend.python.survey import check_python
+from optrace.frontend.runtimes.registry import doctor_checks
 
 
 def format_result(result: CheckResult) -> str:
@@ -16,7 +16,7 @@ def format_result(result: CheckResult) -> str:
 @click.command("doctor")
 def command() -> None:
     """Check that this machine can record, and say how to fix what is missing."""
-    results = [*run_checks(), check_python()]
+    results = [*run_checks(), *doctor_checks()]
     for result in results:
         click.echo(format_result(result))
     failed = [result for result in results if not result.ok and result.required]

@@ -18,7 +18,7 @@ import capstone
 from optrace.errors import OptraceError
 from optrace.escape import escape_controls
 from optrace.frontend.report.sourceannotation import SourceAnnotation, sound_entries
-from optrace.model import FunctionCode, PythonSource, Record
+from optrace.model import FunctionCode, RuntimeSource, Record
 
 MAX_CODE_BYTES = 1 << 20  # one function's bytes read from a record (record keeps at most 64 KiB)
 MAX_HITS = 1 << 20  # distinct offsets of one function
@@ -106,7 +106,7 @@ def selected(functions: Iterable[FunctionCode], options: AnnotateOptions) -> lis
     return [f for f in functions if _dso_selected(f.dso, options) and (not options.pids or f.pid in options.pids)]
 
 
-def selected_sources(sources: Iterable[PythonSource], options: AnnotateOptions) -> list[PythonSource]:
+def selected_sources(sources: Iterable[RuntimeSource], options: AnnotateOptions) -> list[RuntimeSource]:
     return [s for s in sources if _dso_selected(s.file, options) and (not options.pids or s.pid in options.pids)]
 
 
@@ -115,7 +115,7 @@ def _dso_selected(dso: str, options: AnnotateOptions) -> bool:
             or dso.removeprefix("[jit] ") in options.dsos)
 
 
-def listing(record: Record, functions: list[FunctionCode], sources: Iterable[PythonSource] = ()) -> list[Listed]:
+def listing(record: Record, functions: list[FunctionCode], sources: Iterable[RuntimeSource] = ()) -> list[Listed]:
     """One line per function (processes merged), most samples first; Python functions with their file."""
     total = sum(sample.count for sample in record.samples)
     merged: dict[tuple[str, str], int] = {}

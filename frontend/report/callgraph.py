@@ -24,18 +24,19 @@ from optrace.frontend.report.rows import (
     selected_samples,
 )
 from optrace.heap import gc_paused
-from optrace.model import UNKNOWN, Frame, Record
+from optrace.model import JIT_MAP, UNKNOWN, Frame, Record
 
 ROOT_NAME = "all"
 
 
 def frame_kind(frame: Frame) -> str:
-    """How a flame graph colours a frame: kernel, jit (perf maps, jitdumps), python, unknown or user."""
+    """How a flame graph colours a frame: kernel, jit (perf maps, jitdumps), runtime (a runtime's own frames,
+    frontend/runtimes/), unknown or user."""
     if frame.kernel:
         return "kernel"
-    if frame.python:
-        return "python"
-    if frame.dso.startswith("[jit]"):
+    if frame.runtime:
+        return "runtime"
+    if frame.kind == JIT_MAP or frame.dso.startswith("[jit]"):
         return "jit"
     if frame.symbol == UNKNOWN:
         return "unknown"

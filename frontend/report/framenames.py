@@ -20,7 +20,7 @@ def short_filename(path: str) -> str:
 
 
 def frame_label(frame: Frame) -> str:
-    if not frame.python:
+    if not frame.runtime:
         return frame.symbol
     where = short_filename(frame.dso)
     return f"{frame.symbol} ({where}:{frame.line})" if frame.line else f"{frame.symbol} ({where})"

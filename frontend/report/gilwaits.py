@@ -3,7 +3,7 @@
 An off-CPU stack that runs through ``take_gil`` says which Python function wanted the GIL (the Python frames
 above it) and how long it waited; `report --gil` keeps those stacks only, and a report's header says how much
 of the time they are. ``take_gil`` is named from the interpreter's symbols, or found where it has none
-(frontend/python/gilfunction.py).
+(frontend/runtimes/cpython/gilfunction.py).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from optrace.frontend.report.gilwaits import GIL_FUNCTIONS
-from optrace.model import PYTHON_FRAME, Frame, RawSample, Record, Sample, UserFrame
+from optrace.model import RUNTIME_FRAME, Frame, RawSample, Record, Sample, UserFrame
 
 PYTHON_INTERNALS = "--python-internals"  # the option that shows the interpreter's frames (report, diff, top, serve)
 
@@ -30,7 +30,7 @@ def leaf_depth(user: Sequence[UserFrame]) -> int:
     """How many user frames (leaf first) a sample named for its leaf keeps: up to its innermost Python frame
     when it has one (the interpreter's frames below it fold into it), else 1."""
     for depth, frame in enumerate(user, 1):
-        if frame.build_id == PYTHON_FRAME:
+        if frame.build_id == RUNTIME_FRAME:
             return depth
     return 1
 
@@ -62,7 +62,7 @@ def _fold(frames: Sequence[Frame], samples: list[Sample]) -> tuple[list[Sample],
     folded stack, or one that a folded stack became, are merged (in the first one's place); the others stay
     as they are."""
     fold = {index for index, frame in enumerate(frames) if frame.interpreter and frame.symbol not in GIL_FUNCTIONS}
-    python = {index for index, frame in enumerate(frames) if frame.python}
+    python = {index for index, frame in enumerate(frames) if frame.runtime}
     if not python or not fold:
         return samples, 0
     changed = _changed_stacks({sample.frames for sample in samples}, fold, python)

@@ -2,7 +2,7 @@
 function (inclusive: a line's time includes the C and Python code it called, so a function whose time is all in
 its callees, as a template engine's ``render``, shows which of its lines called them), and each line's own
 share (the samples whose innermost Python frame was on it), from the record alone: the lines ``record`` kept
-(model.PythonSource) and the record's stacks. The record may come from someone else: an entry whose hits fall
+(model.RuntimeSource) and the record's stacks. The record may come from someone else: an entry whose hits fall
 outside its kept lines, or that is too large, is skipped with a warning, never trusted."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from optrace.model import PythonSource, Record
+from optrace.model import RuntimeSource, Record
 
 T = TypeVar("T")
 MAX_SOURCE_LINES = 1 << 16  # lines of one function read from a record (record keeps at most 2,000)
@@ -50,9 +50,9 @@ class StackLines:
     lines: Counter[int]
 
 
-def sources_of(record: Record, skipped: dict[str, str]) -> list[PythonSource]:
+def sources_of(record: Record, skipped: dict[str, str]) -> list[RuntimeSource]:
     """The record's kept Python functions that are sound; the others go to ``skipped``."""
-    return sound_entries(record.python_sources, _problem, skipped)
+    return sound_entries(record.sources, _problem, skipped)
 
 
 def sound_entries(entries: Iterable[T], problem_of: Callable[[T], str | None], skipped: dict[str, str]) -> list[T]:
@@ -68,7 +68,7 @@ def sound_entries(entries: Iterable[T], problem_of: Callable[[T], str | None], s
     return sound
 
 
-def _problem(source: PythonSource) -> str | None:
+def _problem(source: RuntimeSource) -> str | None:
     if len(source.text) > MAX_SOURCE_LINES or any(len(line) > MAX_LINE_CHARS for line in source.text):
         return "more source than any record keeps"
     last = source.first_line + len(source.text)
@@ -77,12 +77,12 @@ def _problem(source: PythonSource) -> str | None:
     return None
 
 
-def stack_lines(record: Record, entry: PythonSource, pids: Collection[int]) -> StackLines:
+def stack_lines(record: Record, entry: RuntimeSource, pids: Collection[int]) -> StackLines:
     """The samples of ``pids`` whose stacks hold the function of ``entry`` (its name, file and first line), and
     those on each of its lines (a sample counts once per line it holds, once for the function)."""
     function = (entry.symbol, entry.file, entry.first_line)
     lines_of = {i: frame.line for i, frame in enumerate(record.frames)
-                if frame.python and (frame.symbol, frame.dso, frame.address) == function}
+                if frame.runtime and (frame.symbol, frame.dso, frame.address) == function}
     total, lines = 0, Counter()
     if not lines_of:
         return StackLines(0, lines)
@@ -95,7 +95,7 @@ def stack_lines(record: Record, entry: PythonSource, pids: Collection[int]) -> S
     return StackLines(total, lines)
 
 
-def annotate_source(entries: list[PythonSource], record: Record) -> SourceAnnotation:
+def annotate_source(entries: list[RuntimeSource], record: Record) -> SourceAnnotation:
     """The lines of the first entry, with the samples of the entries' processes on each: from the record's stacks,
     and every entry's own hits summed (a record without stacks, or older, has the own hits only)."""
     first = entries[0]
@@ -113,15 +113,15 @@ def annotate_source(entries: list[PythonSource], record: Record) -> SourceAnnota
                             any(e.truncated for e in entries), tuple(sorted(pids)), sum(own.values()))
 
 
-def matching_sources(sources: list[PythonSource], symbol: str, record: Record) -> list[PythonSource]:
+def matching_sources(sources: list[RuntimeSource], symbol: str, record: Record) -> list[RuntimeSource]:
     """The entries of the Python function ``symbol`` with the most samples in the record's stacks (one function:
     file and first line; its own samples decide between records without stacks)."""
-    groups: dict[tuple[str, int], list[PythonSource]] = {}
+    groups: dict[tuple[str, int], list[RuntimeSource]] = {}
     for source in sources:
         if source.symbol == symbol:
             groups.setdefault((source.file, source.first_line), []).append(source)
 
-    def weight(group: list[PythonSource]) -> tuple[int, int]:
+    def weight(group: list[RuntimeSource]) -> tuple[int, int]:
         return (stack_lines(record, group[0], {s.pid for s in group}).samples,
                 sum(sum(s.hits.values()) for s in group))
     return max(groups.values(), key=weight) if groups else []

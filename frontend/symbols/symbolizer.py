@@ -27,7 +27,7 @@ from optrace.containment import contain
 from optrace.credentials import Credentials, run_as
 from optrace.errors import OptraceError
 from optrace.fileaccess import RefusedFile, may_read
-from optrace.model import KERNEL_DSO, PYTHON_FRAME, UNKNOWN, Frame, RawSample, Sample, UserFrame
+from optrace.model import JIT_MAP, KERNEL, KERNEL_DSO, RUNTIME_FRAME, UNKNOWN, Frame, RawSample, Sample, UserFrame
 from optrace.frontend.symbols import debuginfo
 from optrace.frontend.symbols.buildid import BuildIdCache, read_build_id
 from optrace.frontend.symbols.demangle import demangle
@@ -46,7 +46,7 @@ READABLE_SECONDS = 10.0  # for one process's checks (a descriptor each: no read,
 
 JitLookup = Callable[[int, int, float], "tuple[str, str] | None"]
 BUILD_ID = attrgetter("build_id")  # of a UserFrame
-PythonLookup = Callable[[int, int], Frame]  # (pid, the walker's frame word) -> its frame (frontend/python/)
+RuntimeLookup = Callable[[int, int], Frame]  # (pid, a runtime walker's frame word) -> its frame (frontend/runtimes/)
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,14 @@ class CacheLimits:
     missing: int = 4096  # build-ids found nowhere
     warnings: int = 4096  # warnings already given (one given again after eviction is harmless)
     indexed_files: int = MAX_INDEXED_FILES  # files (and build-ids) known to the machine index
-    interpreters: int = 1024  # CPython interpreter files (and their build-ids), told again by each new process
+    interpreters: int = 1024  # runtimes' own files (and their build-ids), told again by each new process
 
 
 class Symbolizer:
     def __init__(self, kallsyms: Kallsyms | None = None, debug_roots: Sequence[str] = ("/usr/lib/debug",),
                  jit_lookup: JitLookup | None = None, limits: CacheLimits = CacheLimits(),
                  build_ids: BuildIdCache | None = None, scan_slice_s: float | None = None,
-                 python_lookup: PythonLookup | None = None, store: SymbolStore | None = None) -> None:
+                 runtime_lookup: RuntimeLookup | None = None, store: SymbolStore | None = None) -> None:
         """``build_ids``: the cache the sampler's AddressSpaces read mapped files' build-ids through, so
         each mapped file is read once for both. ``scan_slice_s``: how long one :meth:`symbolize` call may
         spend on the scan of the library dirs for an unknown build-id (None: all of it at once); the rest
@@ -83,7 +83,7 @@ class Symbolizer:
         self._kallsyms = kallsyms
         self._kallsyms_loaded = kallsyms is not None
         self._jit_lookup = jit_lookup
-        self.python_lookup = python_lookup  # set once the session knows its Python processes
+        self.runtime_lookup = runtime_lookup  # set once the session knows its runtimes (frontend/runtimes/registry.py)
         self._names_elsewhere: dict[bytes, list[tuple[int, int, str]]] = {}  # see add_names
         self._interpreters: LruCache[bytes | tuple[str, int], None] = LruCache(limits.interpreters)  # add_interpreter
         # Dsos by build-id (bytes) or, for files without a known build-id, by (dev, inode)
@@ -99,16 +99,16 @@ class Symbolizer:
 
     def add_names(self, build_id: bytes, start: int, end: int, name: str) -> None:
         """Name [start, end) (file offsets) of the object with this build-id: a function found another way
-        (frontend/python/gilfunction.py finds take_gil in a stripped python), named so before the function
+        (a runtime finds one of its own functions in a stripped file), named so before the function
         boundaries of its FDEs would name it file+0xSTART."""
         ranges = self._names_elsewhere.setdefault(build_id, [])
         if (start, end, name) not in ranges:
             ranges.append((start, end, name))
 
     def add_interpreter(self, build_id: bytes | None, file_key: tuple[str, int]) -> None:
-        """The object with this build-id, or the mapped file (device, inode), is a CPython interpreter: its
-        frames are marked ``Frame.interpreter`` (frontend/python/processes.py tells, before the walker sees the
-        process). A frame named before is marked when next named (the frame cache checks the mark)."""
+        """The object with this build-id, or the mapped file (device, inode), is a runtime's own (an interpreter):
+        its frames are marked ``Frame.interpreter`` (the runtime tells, before its walker sees the process). A
+        frame named before is marked when next named (the frame cache checks the mark)."""
         self._interpreters.put(file_key, None)
         if build_id:
             self._interpreters.put(build_id, None)
@@ -283,8 +283,8 @@ class Symbolizer:
     def _user_frame(self, raw: RawSample, frame: UserFrame) -> Frame:
         if frame.build_id is None:
             return self._address_frame(raw.pid, frame.offset, raw.time)
-        if frame.build_id == PYTHON_FRAME:
-            return self._python_frame(raw.pid, frame.offset)
+        if frame.build_id == RUNTIME_FRAME:
+            return self._runtime_frame(raw.pid, frame.offset)
         own = self.machine.mapping_of(raw.pid, frame.build_id)
         key = (own.file_key if own is not None else frame.build_id, frame.offset)
         interpreter = key[0] in self._interpreters
@@ -313,13 +313,13 @@ class Symbolizer:
         jitted = self._lookup_jit(pid, address, time)
         if jitted is not None:
             symbol, source = jitted
-            return Frame(demangle(symbol), f"[jit] {source}", address=address)
+            return Frame(demangle(symbol), f"[jit] {source}", JIT_MAP, address=address)
         return Frame(UNKNOWN, UNKNOWN, address=address, resolved=False)
 
-    def _python_frame(self, pid: int, word: int) -> Frame:
-        if self.python_lookup is None:  # cannot happen: the walker's Python frames come with a lookup
-            return Frame(UNKNOWN, UNKNOWN, address=word, resolved=False, python=True)
-        return self.python_lookup(pid, word)
+    def _runtime_frame(self, pid: int, word: int) -> Frame:
+        if self.runtime_lookup is None:  # cannot happen: a runtime walker's frames come with a lookup
+            return Frame(UNKNOWN, UNKNOWN, address=word, resolved=False)
+        return self.runtime_lookup(pid, word)
 
     def _lookup_jit(self, pid: int, address: int, time: float) -> tuple[str, str] | None:
         if self._jit_lookup is None:
@@ -407,10 +407,10 @@ class Symbolizer:
             kallsyms = self._kernel_symbols()
             symbol = kallsyms.find(ip) if kallsyms is not None else None
             if symbol is None:
-                frame = Frame(f"{KERNEL_DSO}+0x{ip:x}", KERNEL_DSO, kernel=True, address=ip, resolved=False)
+                frame = Frame(f"{KERNEL_DSO}+0x{ip:x}", KERNEL_DSO, KERNEL, address=ip, resolved=False)
             else:
                 dso = f"[{symbol.module}]" if symbol.module else KERNEL_DSO
-                frame = Frame(demangle(symbol.name), dso, kernel=True, address=ip)
+                frame = Frame(demangle(symbol.name), dso, KERNEL, address=ip)
             self._kernel_frames.put(ip, frame)
         return frame
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
 from optrace.frontend.unwind.stackcopy import (MAX_FRAMES, NATIVES_CUT, ROOT_REACHED, chain_of, unwind_copy,
-                                               with_python_frames, without_call_ends)
+                                               with_runtime_frames, without_call_ends)
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -318,12 +318,12 @@ class StackCopies:
         self.stats["walk_" + walk.status] += 1
         frames = tuple(map(tables.frame, walk.pcs))
         self._files_used.update(m.file_key for m in map(tables.mapping_at, walk.pcs) if m is not None)
-        python = sample.python
-        if chain and copy.eval_ranges:
+        runtime = sample.runtime
+        if chain and copy.runtime_ranges:
             cut = walk.status not in ROOT_REACHED
-            frames, rest = with_python_frames(walk.pcs, frames, chain, copy.eval_ranges, cut)
-            python = python or (NATIVES_CUT if rest else "")
-        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, python=python,
+            frames, rest = with_runtime_frames(walk.pcs, frames, chain, copy.runtime_ranges, cut)
+            runtime = runtime or (NATIVES_CUT if rest else "")
+        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, runtime=runtime,
                                    epoch=0, copy=0)
 
     def _given_up(self, sample: RawSample) -> RawSample:

@@ -41,11 +41,11 @@ TablesHook = Callable[[int, int, int, list[ProcessMapping]], None]
 
 
 class PythonLooks(Protocol):
-    """What the scheduler asks of frontend/python/processes.py's PythonProcesses (looked at on the worker)."""
+    """What the scheduler asks of the runtimes (frontend/runtimes/registry.py RuntimeParts, on the worker)."""
 
     def look_at(self, pid: int, maps: Iterable[MapEntry]) -> object: ...
 
-    def may_run_python(self, names: Iterable[str]) -> bool: ...
+    def may_run(self, names: Iterable[str]) -> bool: ...
 
     def to_retry(self, now: float) -> list[int]: ...
 
@@ -78,7 +78,7 @@ class UnwindScheduler:
         self._reloaded: deque[int] = deque()
         self._unwind_worker: ThreadPoolExecutor | None = None
         # Python looks that do not wait behind tables being built: a command's interpreter is looked at again
-        # every 50 ms until it is initialized (frontend/python/processes.py), which the unwind worker, busy
+        # every 50 ms until it is initialized (frontend/runtimes/), which the unwind worker, busy
         # building the command's tables, made 20-90 ms of its CPU late (its samples had no Python frames)
         self._python_worker: ThreadPoolExecutor | None = None
         # processes looked at on the Python worker when their tables were queued (:meth:`_python_early`): not
@@ -322,7 +322,7 @@ class UnwindScheduler:
             names = [os.path.basename(entry.file_path) for entry in entries]
         else:
             names = self.unwinding.images.names(capture.image) if capture is not None and capture.image else None
-        if names is not None and not self.python.may_run_python(names):
+        if names is not None and not self.python.may_run(names):
             return
         if capture is None:
             self._contain("python", self._look_at_python, pid)
@@ -330,8 +330,8 @@ class UnwindScheduler:
             self._python_later(pid, entries)
 
     def _look_at_python(self, pid: int, entries: list[MapEntry] | None = None) -> None:
-        """Whether the process runs a CPython the walker can expand (see frontend/python/processes.py), from its
-        mappings (``entries``, else read now if the budget allows)."""
+        """Whether the process runs a CPython the walker can expand (frontend/runtimes/), from its mappings
+        (``entries``, else read now if the budget allows)."""
         if entries is None:
             if not self.budget.take("python_maps"):
                 return
@@ -426,7 +426,7 @@ class UnwindScheduler:
         """:meth:`_look_at_python`, for a process none of whose files the kernel's image names like an
         interpreter not even a read of its maps."""
         image = self._image(pid)
-        if image is not None and not self.python.may_run_python(self.unwinding.images.names(image.image)):
+        if image is not None and not self.python.may_run(self.unwinding.images.names(image.image)):
             return
         self._look_at_python(pid)
 

@@ -9,7 +9,7 @@ ends: a stack deeper than the copy is cut there, and says so.
 
 A Python process's copy comes with its thread's Python frames that the walk to the copy did not put, taken
 when the copy was (the chain is in the heap: bpf/copypython.c), after the sample's user stack: :func:`chain_of`
-tells them apart, :func:`with_python_frames` puts each eval call's frames in place of its frame in the eval
+tells them apart, :func:`with_runtime_frames` puts each eval call's frames in place of its frame in the eval
 function, as the BPF walker does.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from optrace.frontend.unwind.row import (CFA_END, CFA_OUTERMOST, CFA_PLT, CFA_RBP, CFA_RSP, RBP_AT_CFA, RBP_SAME,
                                          Rule)
-from optrace.model import PYTHON_FRAME, StackCopy, UserFrame
+from optrace.model import RUNTIME_FRAME, StackCopy, UserFrame
 
 MAX_FRAMES = 508  # as the BPF walker's stacks (unwind.c's UNWIND_STACK_CAP: stackstore.c's STORE_MAX_WORDS)
 CHAIN_CALL_END = 1 << 61  # in a copied sample's Python frame word: its eval call's last frame (copypython.c)
@@ -113,10 +113,10 @@ def _word(copy: StackCopy, address: int) -> int | str:
     return _U64.unpack_from(copy.stack, at)[0]
 
 
-def with_python_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], chain: tuple[UserFrame, ...],
-                       eval_ranges: tuple[tuple[int, int], ...],
+def with_runtime_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], chain: tuple[UserFrame, ...],
+                       runtime_ranges: tuple[tuple[int, int], ...],
                        walk_cut: bool = False) -> tuple[tuple[UserFrame, ...], bool]:
-    """``frames`` (of the walked ``pcs``) with each frame in the eval function (``eval_ranges``) replaced by
+    """``frames`` (of the walked ``pcs``) with each frame in the eval function (``runtime_ranges``) replaced by
     the Python frames its call ran: the next ones of ``chain`` (the thread's Python frames when the copy was
     taken, leaf first, each call's last marked CHAIN_CALL_END), as unwind.c puts them (an eval frame with
     none left stays as it is). When the walk stopped short of the thread's root (``walk_cut``: the copy's
@@ -127,28 +127,28 @@ def with_python_frames(pcs: tuple[int, ...], frames: tuple[UserFrame, ...], chai
     out: list[UserFrame] = []
     taken = 0
     for pc, frame in zip(pcs, frames):
-        if taken < len(words) and any(start <= pc < end for start, end in eval_ranges):
+        if taken < len(words) and any(start <= pc < end for start, end in runtime_ranges):
             while taken < len(words):
                 word = words[taken]
                 taken += 1
-                out.append(UserFrame(PYTHON_FRAME, word & ~(CHAIN_CALL_END | CHAIN_WORD)))
+                out.append(UserFrame(RUNTIME_FRAME, word & ~(CHAIN_CALL_END | CHAIN_WORD)))
                 if word & CHAIN_CALL_END:
                     break
         else:
             out.append(frame)
     rest = walk_cut and taken < len(words) and len(out) < MAX_FRAMES
     if rest:
-        out.extend(UserFrame(PYTHON_FRAME, word & ~(CHAIN_CALL_END | CHAIN_WORD)) for word in words[taken:])
+        out.extend(UserFrame(RUNTIME_FRAME, word & ~(CHAIN_CALL_END | CHAIN_WORD)) for word in words[taken:])
     return tuple(out[:MAX_FRAMES]), rest
 
 
 def chain_of(frames: tuple[UserFrame, ...]) -> tuple[tuple[UserFrame, ...], tuple[UserFrame, ...]]:
     """(the frames the walk to the copy put, the chain read with the copy) of a copied sample's user stack."""
-    chained = [f.build_id == PYTHON_FRAME and bool(f.offset & CHAIN_WORD) for f in frames]
+    chained = [f.build_id == RUNTIME_FRAME and bool(f.offset & CHAIN_WORD) for f in frames]
     return (tuple(f for f, c in zip(frames, chained) if not c), tuple(f for f, c in zip(frames, chained) if c))
 
 
 def without_call_ends(frames: tuple[UserFrame, ...]) -> tuple[UserFrame, ...]:
     """A copied sample's user stack as it is named when its copy is not walked (its Python frames' marks off)."""
-    return tuple(UserFrame(PYTHON_FRAME, f.offset & ~(CHAIN_CALL_END | CHAIN_WORD)) if f.build_id == PYTHON_FRAME
+    return tuple(UserFrame(RUNTIME_FRAME, f.offset & ~(CHAIN_CALL_END | CHAIN_WORD)) if f.build_id == RUNTIME_FRAME
                  else f for f in frames)

@@ -17,7 +17,7 @@ object.
 Each shape alone (``record -p``): the recording ends in bounded time, the BPF programs' run time per
 sample (kernel.bpf_stats_enabled) stays under MAX_BPF_NS_PER_SAMPLE (the design bounds it: 33 tail calls,
 16 Python frames each, 256 frames a stack, 256 thread states a lookup), its samples are counted under why
-their Python frames stopped (RecordMeta.python) and its names are cut short. All at once (but issue 40's
+their Python frames stopped (RecordMeta.runtimes) and its names are cut short. All at once (but issue 40's
 ``tables`` and ``rewrite``, tested alone: see MACHINE_SHAPES), beside a real Python workload of root's
 (workloads/pyground.py), under ``record -a`` and ``serve``: the workload keeps its named Python frames and
 its shares (within 3 points of its own account), nothing is lost, no traceback, no flood of warnings, and
@@ -53,13 +53,13 @@ from pythons import POSITIONS_313, build_fake_python, require, synthesized  # no
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
-# fakepython.c's mode -> what its samples are counted under (RecordMeta.python)
+# fakepython.c's mode -> what its samples are counted under (RecordMeta.runtimes)
 SHAPES = {
     "garbage": "refused: layout check failed",
     "deep": "depth_limit",
     "loop": "depth_limit",  # two frames pointing at each other: the stack's frame limit ends it
     "selfloop": "loop",
-    "names": "python",  # its frames are there, named [unknown]
+    "names": "named",  # its frames are there, named [unknown]
     "threads": "no_thread",
     "churn": "depth_limit",
     "tables": "depth_limit",
@@ -74,7 +74,7 @@ MACHINE_SHAPES = {shape: outcome for shape, outcome in SHAPES.items() if shape n
 # (deep, churn) at load 28 on Dec 7 once it holds 508 (300-deep Python stacks need them): the worst case follows
 # the frames a stack may hold
 MAX_BPF_NS_PER_SAMPLE = 200_000
-MAX_NAME_CHARS = 1025  # a frame's name or file: frontend/python/codeobject.py keeps 1024 characters, then "…"
+MAX_NAME_CHARS = 1025  # a frame's name or file: frontend/runtimes/cpython/codeobject.py keeps 1024 characters, then "…"
 WINDOW_S = 4  # a shape alone
 # SIGINT to exit, a shape alone: the tables fake's end took 10.5 s at load 35 (Dec 7), more than 15 minutes
 # before its line tables were decoded once (LineIndex)
@@ -90,7 +90,7 @@ SERVE_NAMES_S = 120  # serve names the workload's functions within this (its tab
 
 def outcome_count(outcomes: dict[str, int], status: str) -> int:
     """Samples a walk ended with ``status``: with no Python frame (the status itself), or cut short after some
-    (``cut: status``, RecordMeta.python)."""
+    (``cut: status``, RecordMeta.runtimes)."""
     return outcomes.get(status, 0) + outcomes.get(f"cut: {status}", 0)
 
 
@@ -208,7 +208,7 @@ def record_alone(fake: Path, user: HostileUser, tmp_path: Path, shape: str, expe
     print(f"\nFIGURES {fake.name} {shape}: BPF {per_sample / 1000:.1f} us per sample" if per_sample else "")
     assert per_sample is not None and per_sample <= MAX_BPF_NS_PER_SAMPLE, (per_sample, before, after)
     meta = report_json(out)["meta"]
-    outcomes = meta["python"]
+    outcomes = meta["runtimes"]["cpython"]["samples"]
     # A fake never leaves its eval function: its samples without an interpreter frame ("native_only") are
     # those before the walker had it (record -p samples from the start; under load the walker's tables come
     # seconds later: 20-27 % of the samples at load 30), not an outcome of its shape
@@ -336,9 +336,9 @@ def test_record_a_finishes_bounded(recorded):
 
 
 def test_record_a_counts_each_fake_under_its_outcome(recorded, machine):
-    outcomes = recorded.meta["python"]
+    outcomes = recorded.meta["runtimes"]["cpython"]["samples"]
     assert all(outcome_count(outcomes, outcome) > 0 for outcome in MACHINE_SHAPES.values() if outcome), outcomes
-    interpreters = recorded.meta["interpreters"]
+    interpreters = recorded.meta["runtimes"]["cpython"]["processes"]
     fakes = sum(count for name, count in interpreters.items() if name.endswith("/pyfake/python3.11"))
     assert fakes == len(machine.accepted()), interpreters
     assert interpreters.get("refused: layout check failed") == 1, interpreters
@@ -364,7 +364,7 @@ def test_record_a_workload_unharmed(recorded, machine):
     named = [(frames, count) for frames, count in stacks if has_pyground_frame(frames)]
     samples = sum(count for _, count in stacks)
     unnamed = sorted((count, ";".join(frames)[-300:]) for frames, count in stacks if not has_pyground_frame(frames))
-    assert sum(count for _, count in named) >= 0.95 * samples > 0, (samples, recorded.meta["python"], unnamed[-5:])
+    assert sum(count for _, count in named) >= 0.95 * samples > 0, (samples, recorded.meta["runtimes"]["cpython"]["samples"], unnamed[-5:])
     mine, _ = inclusive(named)
     off = {name: round(mine[name] - recorded.design[name], 1) for name in DESIGNED}
     assert all(abs(points) <= POINTS for points in off.values()), (off, mine, recorded.design)

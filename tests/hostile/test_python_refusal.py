@@ -67,5 +67,5 @@ def test_refused_process_costs_only_itself(fake_python, hostile_user: HostileUse
     assert wanted <= walked, f"the walker did not take {sorted(roles[pid] for pid in wanted - walked)}"
     assert fakes["garbage"] not in walked
     assert run is not None and run.returncode == 0, run.describe()
-    interpreters = report_json(data)["meta"]["interpreters"]
+    interpreters = report_json(data)["meta"]["runtimes"]["cpython"]["processes"]
     assert interpreters.get("refused: layout check failed") == 1, interpreters

@@ -209,7 +209,7 @@ def root_record(workload: Workload, outputs: Path) -> Path:
 
 def stored_sources(path: Path) -> dict[str, str]:
     """Function name -> its stored source lines, read by root."""
-    return {source.symbol: "\n".join(source.text) for source in read_record(path).python_sources}
+    return {source.symbol: "\n".join(source.text) for source in read_record(path).sources}
 
 
 def test_sudo_record_keeps_no_file_the_user_could_not_open(user_record, planted, hostile_user):

@@ -93,8 +93,8 @@ def build_fake_python(folder: Path, name: str = "python3.11", version_hex: int =
                       debug_offsets: bytes | None = None) -> Path:
     """programs/fakepython.c built as ``folder/name``, with Py_Version ``version_hex`` and the 3.11 table's
     offsets, or those ``debug_offsets`` (a _Py_DebugOffsets, 3.13+) say, put at the start of _PyRuntime."""
-    from optrace.frontend.python.debugoffsets import parse_debug_offsets
-    from optrace.frontend.python.layouts import table_layout, table_thread_offsets
+    from optrace.frontend.runtimes.cpython.debugoffsets import parse_debug_offsets
+    from optrace.frontend.runtimes.cpython.layouts import table_layout, table_thread_offsets
 
     if debug_offsets is None:
         layout, threads = table_layout((3, 11)), table_thread_offsets((3, 11))

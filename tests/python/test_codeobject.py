@@ -1,4 +1,4 @@
-"""Naming code objects (frontend/python/codeobject.py): read from live interpreters of every version (names of
+"""Naming code objects (frontend/runtimes/cpython/codeobject.py): read from live interpreters of every version (names of
 every str kind), decoded from captures made as bpf/python.c makes them, and from hostile bytes."""
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from optrace.frontend.python.codeobject import (LIVE_LINETABLE_BYTES, LIVE_STRING_BYTES, MAX_NAME_CHARS, TRUNCATED,
-                                                UNKNOWN_NAME, decode_capture, pointers, read_code)
-from optrace.frontend.python.interpreter import find_interpreter
-from optrace.frontend.python.layouts import table_layout
-from optrace.frontend.python.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython.codeobject import (LIVE_LINETABLE_BYTES, LIVE_STRING_BYTES, MAX_NAME_CHARS,
+                                                          TRUNCATED, UNKNOWN_NAME, decode_capture, pointers,
+                                                          read_code)
+from optrace.frontend.runtimes.cpython.interpreter import find_interpreter
+from optrace.frontend.runtimes.cpython.layouts import table_layout
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.procfs import read_maps
 from optrace.pythonlayout import CAPTURE_HEADER, CAPTURE_PARTS, CAPTURE_SIZE, CODE_WINDOW, PythonLayout
 from pythons import PROGRAMS, SUPPORTED, child, command
@@ -140,8 +141,8 @@ def test_garbage_captures_never_raise(capture, version):
 def test_a_garbage_first_line_or_table_never_gives_a_negative_or_wild_line() -> None:
     """A capture of something that is not a code object (an address reused, a faked interpreter) must give
     line 0, never a negative number: a record holding one is refused as corrupt when it is read."""
-    from optrace.frontend.python.codeobject import CodeInfo, first_line
-    from optrace.frontend.python.layouts import table_layout
+    from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, first_line
+    from optrace.frontend.runtimes.cpython.layouts import table_layout
 
     layout = table_layout((3, 11))
     code = bytearray(256)

@@ -9,12 +9,12 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from optrace.frontend.python import debugoffsets
-from optrace.frontend.python.debugoffsets import READ_SIZE, parse_debug_offsets
-from optrace.frontend.python.debugshapes import CONSTANTS, SHAPES
-from optrace.frontend.python.interpreter import python_mappings
-from optrace.frontend.python.interpreterfile import interpreter_file
-from optrace.frontend.python.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython import debugoffsets
+from optrace.frontend.runtimes.cpython.debugoffsets import READ_SIZE, parse_debug_offsets
+from optrace.frontend.runtimes.cpython.debugshapes import CONSTANTS, SHAPES
+from optrace.frontend.runtimes.cpython.interpreter import python_mappings
+from optrace.frontend.runtimes.cpython.interpreterfile import interpreter_file
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.procfs import read_maps
 from optrace.pythonlayout import ENTRY_SHIM, INSTR_POINTER, LINES_LOCATIONS, MAX_OFFSET
 from pythons import POSITIONS_313, child, command, include_dir, minor_name, synthesized

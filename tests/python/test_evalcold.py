@@ -1,4 +1,4 @@
-"""The split-off part of a stripped interpreter's eval function (frontend/python/evalcold.py): found from the
+"""The split-off part of a stripped interpreter's eval function (frontend/runtimes/cpython/evalcold.py): found from the
 exported function's jumps where no .symtab names it. A program GCC splits so (programs/coldsplit.c) is built,
 stripped, and the part found is the one its .symtab named; the stripped interpreters of this machine (Debian
 bookworm's python3.11, sid's 3.14 and 3.15: 82-84 KiB of their eval loop is there) have theirs found."""
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.python.evalcold import cold_part
-from optrace.frontend.python.interpreterfile import EVAL, EVAL_COLD, InterpreterFile, _read_file
-from optrace.frontend.python.symbolnames import find_symbols
+from optrace.frontend.runtimes.cpython.evalcold import cold_part
+from optrace.frontend.runtimes.cpython.interpreterfile import EVAL, EVAL_COLD, InterpreterFile, _read_file
+from optrace.frontend.runtimes.symbolnames import find_symbols
 from optrace.fileaccess import reader_for
 from optrace.frontend.symbols.access import ELF_POLICY
 from optrace.frontend.symbols.elffile import ElfFile

@@ -86,8 +86,8 @@ def test_gil_waits_name_the_python_function_that_waited(tmp_path, version) -> No
 def test_take_gil_of_a_stripped_interpreter_is_found_from_its_callers() -> None:
     """Found as in a stripped file, take_gil is the function .symtab names so (or its constprop clone, 3.8's
     callers' one), for every pyenv build; and one of 200-4096 bytes in Debian's stripped 3.11, 3.14, 3.15."""
-    from optrace.frontend.python.gilfunction import take_gil_range, unnamed_take_gil
-    from optrace.frontend.python.symbolnames import find_symbols
+    from optrace.frontend.runtimes.cpython.gilfunction import take_gil_range, unnamed_take_gil
+    from optrace.frontend.runtimes.symbolnames import find_symbols
     from optrace.frontend.symbols.elffile import ElfFile
 
     libraries = sorted(PYENV_VERSIONS.glob("3.*/lib/libpython3.*.so.1.0"))

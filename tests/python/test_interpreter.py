@@ -1,4 +1,4 @@
-"""Finding the interpreter of a process (frontend/python/interpreter.py): every CPython of this machine, the
+"""Finding the interpreter of a process (frontend/runtimes/cpython/interpreter.py): every CPython of this machine, the
 versions refused, and processes that only pretend to be CPython (programs/fakepython.c)."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from optrace.frontend.python import interpreterfile
-from optrace.frontend.python.interpreter import CHECK_FAILED, NOT_STARTED, find_interpreter, python_mappings
-from optrace.frontend.python.interpreterfile import EVAL, find_symbols
-from optrace.frontend.python.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython import interpreterfile
+from optrace.frontend.runtimes.cpython.interpreter import CHECK_FAILED, NOT_STARTED, find_interpreter, python_mappings
+from optrace.frontend.runtimes.cpython.interpreterfile import EVAL, find_symbols
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.frontend.symbols.elffile import PT_LOAD, ElfFile
 from optrace.frontend.symbols.filefacts import FileFacts
 from optrace.procfs import MapEntry, read_maps

@@ -1,4 +1,4 @@
-"""The hand-kept layouts (frontend/python/layouts.py) against offsetof()s measured again from each
+"""The hand-kept layouts (frontend/runtimes/cpython/layouts.py) against offsetof()s measured again from each
 interpreter's own headers by scripts/python_layouts.py, and 3.13's self-description against its headers."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import pytest
 
-from optrace.frontend.python.layouts import MEASURED, table_layout, table_thread_offsets, unsupported
-from optrace.frontend.python.layouts import measured as measured_row
+from optrace.frontend.runtimes.cpython.layouts import MEASURED, table_layout, table_thread_offsets, unsupported
+from optrace.frontend.runtimes.cpython.layouts import measured as measured_row
 from optrace.pythonlayout import CODE_WINDOW, FRAME_WINDOW, MAX_OFFSET
 from pythons import include_dir
 from support import REPO

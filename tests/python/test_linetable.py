@@ -1,4 +1,4 @@
-"""Line decoding (frontend/python/linetable.py) against the interpreters themselves: for every code unit of
+"""Line decoding (frontend/runtimes/cpython/linetable.py) against the interpreters themselves: for every code unit of
 code objects of each CPython, the line PyCode_Addr2Line gives (tests/python/programs/lines.py) must be the
 decoder's, from the same raw co_lnotab / co_linetable bytes; a table cut short never gives a wrong line."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import subprocess
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from optrace.frontend.python import linetable
-from optrace.frontend.python.codeobject import CodeInfo
-from optrace.frontend.python.linetable import line_of
+from optrace.frontend.runtimes.cpython import linetable
+from optrace.frontend.runtimes.cpython.codeobject import CodeInfo
+from optrace.frontend.runtimes.cpython.linetable import line_of
 from optrace.pythonlayout import LINES_310, LINES_LNOTAB, LINES_LOCATIONS
 from pythons import PROGRAMS, SUPPORTED, command
 

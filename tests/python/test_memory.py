@@ -1,4 +1,4 @@
-"""process_vm_readv reads (frontend/python/memory.py) of this very process: several ranges in one call, an
+"""process_vm_readv reads (frontend/runtimes/cpython/memory.py) of this very process: several ranges in one call, an
 unreadable range that costs only itself, a range cut at an inaccessible page, a process that is gone."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from optrace.frontend.python.memory import MAX_RANGE, MAX_RANGES, ProcessMemory
+from optrace.frontend.runtimes.cpython.memory import MAX_RANGE, MAX_RANGES, ProcessMemory
 
 PAGE = mmap.PAGESIZE
 PROT_NONE = 0

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from optrace.credentials import Credentials, run_as
-from optrace.frontend.python import sourcecapture
-from optrace.frontend.python.sourcecapture import (SourceOwner, capture_sources, function_end, read_sources,
-                                                   source_owner)
-from optrace.model import Frame, PythonSource, Record, RecordMeta, Sample
+from optrace.frontend.runtimes.cpython import sourcecapture
+from optrace.frontend.runtimes.cpython.sourcecapture import (SourceOwner, capture_sources, function_end,
+                                                             read_sources, source_owner)
+from optrace.model import Frame, RuntimeSource, Record, RecordMeta, Sample
 from optrace.procfs import comm
 from optrace.recordfile import write_record
 from pythons import PROGRAMS, require
@@ -155,9 +155,9 @@ def read_one(pid: int, files: list[str], owner: SourceOwner) -> dict[str, list[s
 
 def test_a_hostile_records_python_source_is_skipped_with_a_warning(tmp_path) -> None:
     meta = RecordMeta("0", "h", "k", 0.0, 1.0, 99, "cpu-clock")
-    bad = PythonSource("f", "/x.py", 10, ["def f():", "  pass"], {10: 1, 99: 5}, 1)
-    record = Record(meta, [Frame("f", "/x.py", python=True, line=10, address=10)], [Sample(1, "p", (0,), 6)],
-                    functions=[], python_sources=[bad])
+    bad = RuntimeSource("f", "/x.py", 10, ["def f():", "  pass"], {10: 1, 99: 5}, 1)
+    record = Record(meta, [Frame("f", "/x.py", kind="cpython", line=10, address=10)], [Sample(1, "p", (0,), 6)],
+                    functions=[], sources=[bad])
     out = tmp_path / "bad.data"
     write_record(record, out)
     proc = run_optrace("annotate", "-i", str(out))
@@ -166,7 +166,7 @@ def test_a_hostile_records_python_source_is_skipped_with_a_warning(tmp_path) -> 
 
 
 def python_frame(symbol: str, first: int, line: int, file: str = "/app/views.py") -> Frame:
-    return Frame(symbol, file, address=first, python=True, line=line)
+    return Frame(symbol, file, address=first, kind="cpython", line=line)
 
 
 VIEWS = ["def render_page(rows):", "    return rows", "", "", "def html_view(request):", "    page = render_page(1)",
@@ -181,12 +181,12 @@ def views_record() -> Record:
               python_frame("html_views", 1, 2, "/other/app.py"), python_frame("html_view_impl", 11, 12)]
     samples = [Sample(1, "python3", (0, 1), 60), Sample(1, "python3", (0, 2), 20), Sample(1, "python3", (0, 2, 1), 10),
                Sample(1, "python3", (4,), 10), Sample(2, "other", (3,), 100)]
-    sources = [PythonSource("render_page", "/app/views.py", 1, VIEWS[:2], {2: 90}, 1),
-               PythonSource("html_view", "/app/views.py", 5, VIEWS[4:8], {}, 1),
-               PythonSource("html_view_impl", "/app/views.py", 11, VIEWS[10:], {12: 10}, 1),
-               PythonSource("html_views", "/other/app.py", 1, ["def html_views():", "    pass"], {2: 100}, 2)]
+    sources = [RuntimeSource("render_page", "/app/views.py", 1, VIEWS[:2], {2: 90}, 1),
+               RuntimeSource("html_view", "/app/views.py", 5, VIEWS[4:8], {}, 1),
+               RuntimeSource("html_view_impl", "/app/views.py", 11, VIEWS[10:], {12: 10}, 1),
+               RuntimeSource("html_views", "/other/app.py", 1, ["def html_views():", "    pass"], {2: 100}, 2)]
     return Record(RecordMeta("0", "h", "k", 0.0, 1.0, 99, "cpu-clock"), frames, samples, functions=[],
-                  python_sources=sources)
+                  sources=sources)
 
 
 def test_a_callers_lines_count_the_samples_under_them(tmp_path) -> None:
@@ -205,7 +205,7 @@ def test_a_callers_lines_count_the_samples_under_them(tmp_path) -> None:
 def test_suggestions_come_from_the_process_that_holds_the_symbol(tmp_path) -> None:
     """In a record of the whole machine, `annotate render` names what render's own process kept."""
     record = views_record()
-    record.python_sources = [s for s in record.python_sources if s.symbol != "html_view"]
+    record.sources = [s for s in record.sources if s.symbol != "html_view"]
     out = tmp_path / "views.data"
     write_record(record, out)
     proc = run_optrace("annotate", "-i", str(out), "html_view")

@@ -71,15 +71,15 @@ def test_python_frames_replace_the_interpreters_with_native_frames_between(tmp_p
     worker = [f for f, _ in stacks if position(f, r"worker \(") >= 0 and
               position(f, re.escape(f"tokenize ({MIXED}:{hot_line('tokenize')})")) > position(f, r"worker \(")]
     assert worker, "no sample of the worker thread in tokenize"
-    outcomes = meta(data)["python"]
-    assert outcomes.get("python", 0) >= 0.90 * sum(outcomes.values()), outcomes
+    outcomes = meta(data)["runtimes"]["cpython"]["samples"]
+    assert outcomes.get("named", 0) >= 0.90 * sum(outcomes.values()), outcomes
 
 
 @pytest.mark.parametrize("version", REFUSED)
 def test_an_interpreter_without_a_known_layout_keeps_native_stacks_and_says_why(tmp_path, version) -> None:
     python = require(version)
     data = record(tmp_path, "--", str(python), str(MIXED), "1")
-    outcomes = meta(data)["python"]
+    outcomes = meta(data)["runtimes"]["cpython"]["samples"]
     assert list(outcomes) == [f"refused: python {version} not supported"], outcomes
     assert any(position(frames, r"_PyEval_EvalFrameDefault$") >= 0 for frames, _ in folded(data))
     header = run_optrace("report", "-i", str(data), check=True).stdout
@@ -91,7 +91,7 @@ def test_child_processes_of_a_command_have_python_frames(tmp_path) -> None:
     data = record(tmp_path, "--", str(python), str(MIXED), "2", "--child")
     child = re.escape(f"child_loop ({MIXED}:{hot_line('child_loop')})")
     assert any(position(frames, child) >= 0 for frames, _ in folded(data))
-    assert sum(meta(data)["interpreters"].values()) == 2
+    assert sum(meta(data)["runtimes"]["cpython"]["processes"].values()) == 2
 
 
 def test_python_off_keeps_the_interpreters_frames(tmp_path) -> None:
@@ -100,4 +100,4 @@ def test_python_off_keeps_the_interpreters_frames(tmp_path) -> None:
     stacks = folded(data)
     assert not any(position(frames, r"rank \(") >= 0 for frames, _ in stacks)
     assert any(position(frames, r"_PyEval_EvalFrameDefault$") >= 0 for frames, _ in stacks)
-    assert meta(data)["python"] == {}
+    assert meta(data)["runtimes"] == {}

@@ -209,4 +209,4 @@ def test_stacks_complete_through_the_python_frames(window: Window) -> None:
     roots = re.compile(SID_ROOTS if window.version in SID else "|".join(ROOTS))
     through = sum(count for frames, count in window.stacks
                   if roots.fullmatch(frames[1]) and has_pyground_frame(frames))
-    assert through >= COMPLETE * window.samples, (through, window.samples, window.meta["python"])
+    assert through >= COMPLETE * window.samples, (through, window.samples, window.meta["runtimes"]["cpython"]["samples"])

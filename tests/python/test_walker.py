@@ -1,4 +1,4 @@
-"""The reference walker (frontend/python/walker.py) against each real interpreter: the main thread spins in
+"""The reference walker (frontend/runtimes/cpython/walker.py) against each real interpreter: the main thread spins in
 a() -> b() -> c(), a second thread in rank() called back by sorted() (programs/spin.py); every frame must be
 named in order with its line, and on 3.11+ the eval-call boundaries must be where CPython puts them. This is
 the check of each version's layout against the real interpreter. Then processes that fake one."""
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from optrace.frontend.python.codeobject import TRUNCATED
-from optrace.frontend.python.interpreter import find_interpreter
-from optrace.frontend.python.walker import MAX_FRAMES, thread_stack, thread_states
+from optrace.frontend.runtimes.cpython.codeobject import TRUNCATED
+from optrace.frontend.runtimes.cpython.interpreter import find_interpreter
+from optrace.frontend.runtimes.cpython.walker import MAX_FRAMES, thread_stack, thread_states
 from optrace.procfs import read_maps
 from optrace.pythonlayout import PythonProcess
 from pythons import PROGRAMS, SUPPORTED, build_fake_python, child, command, require

@@ -26,8 +26,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "python"), str(HE
 
 from optrace.bpf.pythonmaps import python_status_name  # noqa: E402
 from optrace.bpf.unwindmaps import UNWIND_STATUSES  # noqa: E402
-from optrace.frontend.python.interpreter import find_interpreter  # noqa: E402
-from optrace.frontend.python.memory import ProcessMemory  # noqa: E402
+from optrace.frontend.runtimes.cpython.interpreter import find_interpreter  # noqa: E402
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory  # noqa: E402
 from optrace.frontend.symbols.access import FileRef, open_mapped_file  # noqa: E402
 from optrace.frontend.symbols.dso import Dso, DsoContext  # noqa: E402
 from optrace.frontend.unwind.processmaps import ProcessUnwinding  # noqa: E402
@@ -71,7 +71,7 @@ def make(version: str, replay: Replay) -> Path:
         pid = proc.pid
         memory = LoggedMemory(pid)
         entries = read_maps(pid).entries
-        import optrace.frontend.python.interpreter as interpreter_module
+        import optrace.frontend.runtimes.cpython.interpreter as interpreter_module
         interpreter_module.ProcessMemory = lambda _pid: memory  # the detection's reads are kept too
         try:
             process = find_interpreter(pid, entries)

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_code
-from optrace.frontend.python.interpreter import check_layout, layout_of
-from optrace.frontend.python.memory import ProcessMemory
-from optrace.frontend.python.walker import thread_states
+from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, decode_capture, read_code
+from optrace.frontend.runtimes.cpython.interpreter import check_layout, layout_of
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython.walker import thread_states
 from optrace.frontend.unwind.row import ROW
 from optrace.pythonlayout import PythonLayout, PythonProcess, is_python_frame, python_frame_parts
 
@@ -112,7 +112,7 @@ class Snapshot:
         return SnapshotMemory(self.pages)
 
     def python_process(self, layout: PythonLayout | None = None) -> PythonProcess:
-        """The interpreter as frontend/python/ finds it from the snapshot's memory (its layout derived again,
+        """The interpreter as frontend/runtimes/cpython/ finds it from the snapshot's memory (its layout derived again,
         and checked as for a live process), or with ``layout`` given."""
         runtime, minor = self.python["runtime"], tuple(self.python["minor"])
         if layout is None:
@@ -128,7 +128,7 @@ class Snapshot:
 
 
 class SnapshotMemory(ProcessMemory):
-    """The snapshot's pages read as frontend/python/memory.py's ProcessMemory reads a live process."""
+    """The snapshot's pages read as frontend/runtimes/cpython/memory.py's ProcessMemory reads a live process."""
 
     def __init__(self, pages: dict[int, bytes]) -> None:
         super().__init__(0)
@@ -171,7 +171,7 @@ class LoggedMemory(ProcessMemory):
 def named_frames(words: Sequence[int], captures: Sequence[bytes], layout: PythonLayout,
                  mappings: Sequence[SnapshotMapping], memory, symbols: dict[tuple[str, int], str] | None = None
                  ) -> tuple[Frame, ...]:
-    """The frames of a replayed stack: Python frames named as frontend/python/ names them, from the walker's
+    """The frames of a replayed stack: Python frames named as frontend/runtimes/cpython/ names them, from the walker's
     captures, else (a code object beyond the sample's captures) read from the process's ``memory``; file
     frames by the mapping with their file id."""
     infos: dict[int, CodeInfo | None] = {}
@@ -248,7 +248,7 @@ def names(prefix: str = "python-", folder: Path = SNAPSHOTS) -> list[str]:
 
 def thread_problem(process: PythonProcess, memory: ProcessMemory, tid: int, pthread_id: int,
                    tids: Sequence[int]) -> str | None:
-    """None when the interpreter's thread states (frontend/python/walker.py's list, read from ``memory``) are
+    """None when the interpreter's thread states (frontend/runtimes/cpython/walker.py's list, read from ``memory``) are
     the threads ``tids``: as many, each with its kernel tid where the version keeps one (3.11+), and the one of
     ``tid`` with ``pthread_id`` (pthread_self, the fs base the BPF walker matches); else what differs."""
     states = thread_states(process, memory)
@@ -276,7 +276,7 @@ class Replayed:
 
 
 def replay_snapshot(replay, snapshot: Snapshot, layout: PythonLayout | None = None) -> Replayed:
-    """The snapshot's stack as the walker (a replay.Replay) gives it now, named as frontend/python/ names it;
+    """The snapshot's stack as the walker (a replay.Replay) gives it now, named as frontend/runtimes/cpython/ names it;
     ``layout``: the interpreter's layout to use instead of the one derived from the snapshot."""
     from optrace.bpf.pythonmaps import python_status_name
     from optrace.bpf.unwindmaps import UNWIND_STATUSES

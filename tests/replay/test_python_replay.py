@@ -1,6 +1,6 @@
 """The BPF Python walker (bpf/python.c over bpf/unwind.c) replayed on stored snapshots of CPython 3.8-3.13,
 Debian's 3.11 and Debian sid's 3.14 and 3.15 (snapshots/, made by make_snapshot.py): the stack the kernel's
-rules give from the snapshot's registers and memory, named as frontend/python/ names it, is the stack stored
+rules give from the snapshot's registers and memory, named as frontend/runtimes/cpython/ names it, is the stack stored
 with the snapshot, and the interpreter's thread list is the process's threads. No timing, no BPF load, no live
 process: the walker's correctness on every interpreter at every run, and every layout offset and every
 _Py_DebugOffsets shape (3.13+) one step off is seen."""
@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from optrace.frontend.python import interpreter
-from optrace.frontend.python.debugoffsets import READ_SIZE, parse_debug_offsets, shape_size
-from optrace.frontend.python.debugshapes import SHAPES, Shape
+from optrace.frontend.runtimes.cpython import interpreter
+from optrace.frontend.runtimes.cpython.debugoffsets import READ_SIZE, parse_debug_offsets, shape_size
+from optrace.frontend.runtimes.cpython.debugshapes import SHAPES, Shape
 from optrace.pythonlayout import INSTR_POINTER, PythonLayout
 from snapshots import Snapshot, load, names, replay_snapshot, snapshot_thread_problem
 

@@ -26,7 +26,7 @@ FRAMES = [
     Frame("hot_b", DEMO, address=0x1300),  # 2
     Frame("lib_burn", LIBBURN, address=0x500),  # 3
     Frame("write", LIBC, address=0x9000),  # 4
-    Frame("ksys_write", KERNEL_DSO, kernel=True, address=0xFFFFFFFF81000000),  # 5
+    Frame("ksys_write", KERNEL_DSO, kind="kernel", address=0xFFFFFFFF81000000),  # 5
     Frame("main", BASH, address=0x2000),  # 6
     Frame("hot_a", BASH, address=0x2100),  # 7
 ]

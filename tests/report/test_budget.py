@@ -215,7 +215,7 @@ def busy_minute(record: Record, scale: float) -> Record:
     return dataclasses.replace(record, frames=frames, samples=samples)
 
 
-FIELDS_AFTER_FORMAT_1 = ("python", "line", "interpreter")  # Frame fields of later formats: no format 1 file has them
+FIELDS_AFTER_FORMAT_1 = ("line", "interpreter")  # Frame fields of later formats: no format 1 file has them
 
 
 def test_the_limits_hold_several_busy_minutes(record: Record) -> None:

@@ -22,7 +22,7 @@ ESCAPED = "\\x1b]0:owned\\x07\\x1b[2J\\x0d\\x0a\\x9b31m\\u202eevil\\x00:x"  # as
 def hostile_record(record: Record) -> Record:
     frames = list(record.frames) + [
         Frame(f"sym{HOSTILE}", f"/tmp/lib{HOSTILE}.so", address=0x10),
-        Frame(f"ksym{HOSTILE}", f"[kernel{HOSTILE}]", kernel=True, address=0x20),
+        Frame(f"ksym{HOSTILE}", f"[kernel{HOSTILE}]", kind="kernel", address=0x20),
     ]
     leaf, kernel_leaf = len(frames) - 2, len(frames) - 1
     samples = list(record.samples) + [Sample(300, f"comm{HOSTILE}", (leaf, 0), 70),

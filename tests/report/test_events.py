@@ -23,7 +23,7 @@ MS = 1_000_000
 def make_record(wall: bool = True) -> Record:
     meta = RecordMeta(optrace_version="t", hostname="h", kernel="k", started=0.0, duration_s=1.0, frequency_hz=100,
                       event="cpu-clock", off_cpu=OffCpuMeta("raw tracepoint sched_switch", 1, [], 900 * MS, wall=wall))
-    frames = [Frame("burn", "/bin/w"), Frame("wait_pipe", "/bin/w"), Frame("__schedule", "[kernel.kallsyms]", True)]
+    frames = [Frame("burn", "/bin/w"), Frame("wait_pipe", "/bin/w"), Frame("__schedule", "[kernel.kallsyms]", "kernel")]
     cpu = [Sample(1, "w", (0,), 10, 0)]  # 10 samples at 100 Hz: 100 ms on CPU
     off = [Sample(1, "w", (2, 1), 600 * MS, 2), Sample(1, "w", (2, 0), 300 * MS, 3)]
     return Record(meta=meta, frames=frames, samples=cpu, off_cpu=off)
@@ -172,7 +172,7 @@ def test_tracepoint_frames_are_left_out_of_off_cpu_stacks(optrace, tmp_path) -> 
     """With another tracer on sched_switch the kernel stack starts in __traceiter_sched_switch: the wait is
     in __schedule and its callers, not in the tracepoint."""
     record = make_record()
-    record.frames.append(Frame("__traceiter_sched_switch", "[kernel.kallsyms]", True))
+    record.frames.append(Frame("__traceiter_sched_switch", "[kernel.kallsyms]", "kernel"))
     record.off_cpu = [Sample(1, "w", (3, 2, 1), 600 * MS, 2), Sample(1, "w", (2, 0), 300 * MS, 3)]
     data = tmp_path / "traced.data"
     write_record(record, data)

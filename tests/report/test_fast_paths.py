@@ -23,7 +23,7 @@ def shared_frames_record(samples: int = 3000, seed: int = 7) -> Record:
     the same leaf in several processes and threads, and lost stacks."""
     rnd = random.Random(seed)
     frames = [Frame("strlen", LIBC, address=0x100), Frame("strlen", LIBC, address=0x104),
-              Frame("strlen", KERNEL_DSO, kernel=True, address=0xFFFFFFFF81000000),
+              Frame("strlen", KERNEL_DSO, kind="kernel", address=0xFFFFFFFF81000000),
               Frame("main", APP, address=0x10), Frame("main", APP, address=0x14),
               Frame("walk", APP, address=0x20), Frame("walk", APP, address=0x28),
               Frame("app+0x99", APP, address=0x99, resolved=False, build_id="ab" * 20),
@@ -123,7 +123,7 @@ def test_left_out_fields_take_their_defaults_in_any_chunk() -> None:
     (("samples", TABLE_CHUNK + 5, "frames"), [1, -1], r"record\.samples\[8197\]\.frames\[1\]: -1 is out of range"),
     (("samples", 2 * TABLE_CHUNK + 1, "pid"), 1 << 32, r"record\.samples\[16385\]\.pid: 4294967296 is out of range"),
     (("samples", 3, "comm"), None, r"record\.samples\[3\]\.comm: expected str, got NoneType"),
-    (("frames", 2, "kernel"), 1, r"record\.frames\[2\]\.kernel: expected bool, got int"),
+    (("frames", 2, "kind"), 1, r"record\.frames\[2\]\.kind: expected str, got int"),
     (("frames", 2, "build_id"), 5, r"record\.frames\[2\]\.build_id: expected str, got int"),
 ])
 def test_a_bad_value_in_any_chunk_is_named(place: tuple, value: object, message: str) -> None:

@@ -23,7 +23,7 @@ def hostile_record(record: Record) -> Record:
     """The synthetic record with hostile names for hot_b's function, object and command."""
     record.frames.append(Frame(HOSTILE[0], "/tmp/" + HOSTILE[1]))  # 8
     record.frames.append(Frame(HOSTILE[2], HOSTILE[3], address=1))  # 9
-    record.frames.append(Frame(HOSTILE[4], "/x", kernel=True))  # 10
+    record.frames.append(Frame(HOSTILE[4], "/x", kind="kernel"))  # 10
     record.samples[1] = Sample(100, HOSTILE[1], (8, 9, 0), 200)
     record.samples.append(Sample(100, "demo", (10, 0), 10))
     return record

@@ -60,7 +60,7 @@ def test_a_real_recording(optrace, demo_record: Path, workloads: Path, tmp_path:
 def frames_of_every_kind() -> Record:
     record = synthetic_record()
     record.frames += [
-        Frame("rank", "/srv/app.py", address=50, python=True, line=57),  # 8: Python: file, first line, line
+        Frame("rank", "/srv/app.py", address=50, kind="cpython", line=57),  # 8: Python: file, first line, line
         Frame("LHot;.f", "[jit] /tmp/perf-100.map", address=0x7F0000001000),  # 9: JIT
         Frame("libz.so+0x1f2", "/usr/lib/libz.so", address=0x1F2, resolved=False, build_id="cd" * 20),  # 10
         Frame(UNKNOWN, UNKNOWN, address=0x1234, resolved=False),  # 11

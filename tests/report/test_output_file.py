@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from optrace.model import Frame, PythonSource, Record, RecordMeta, Sample
+from optrace.frontend.runtimes.cpython import FRAME_KIND
+from optrace.model import Frame, Record, RecordMeta, RuntimeSource, Sample
 from optrace.recordfile import write_record
 from support import OPTRACE, assert_one_line_error, run_as_nobody
 
@@ -79,10 +80,10 @@ def test_roots_outputs_are_readable_only_by_root(optrace, record_file: Path, out
 
 def python_record(path: Path) -> Path:
     """A record holding a Python function's source lines (what annotate lists)."""
-    source = PythonSource("handler", "/srv/app/handler.py", 1, ["def handler():", "    API_KEY = 'x'"], {2: 10}, 1)
-    frames = [Frame("handler", source.file, python=True, line=2, address=1)]
+    source = RuntimeSource("handler", "/srv/app/handler.py", 1, ["def handler():", "    API_KEY = 'x'"], {2: 10}, 1)
+    frames = [Frame("handler", source.file, FRAME_KIND, line=2, address=1)]
     write_record(Record(RecordMeta("0", "h", "k", 0.0, 1.0, 99, "cpu-clock"), frames, [Sample(1, "python3", (0,), 10)],
-                        functions=[], python_sources=[source]), path)
+                        functions=[], sources=[source]), path)
     return path
 
 

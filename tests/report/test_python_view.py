@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.profiles.v1development.profiles_service_pb2 i
 
 from optrace.exporters.pprofproto import profile_pb2
 from optrace.frontend.report.pythonview import leaf_depth, leaf_only, python_view, python_view_record
-from optrace.model import KERNEL_DSO, PYTHON_FRAME, Frame, RawSample, Record, RecordMeta, Sample, UserFrame
+from optrace.model import KERNEL_DSO, RUNTIME_FRAME, Frame, RuntimeCounts, RawSample, Record, RecordMeta, Sample, UserFrame
 from optrace.recordfile import write_record
 from otlpdecode import decode
 from support import run_optrace
@@ -26,11 +26,11 @@ PYTHON = "/usr/bin/python3.11"
 FRAMES = [
     Frame("PyObject_Free", PYTHON, address=0x100, interpreter=True),  # 0
     Frame("python3.11+0x1fcc70", PYTHON, address=0x1FCC70, resolved=False, interpreter=True),  # 1
-    Frame("rank", "/app/work.py", address=10, python=True, line=12),  # 2
-    Frame("sort_phase", "/app/work.py", address=20, python=True, line=22),  # 3
+    Frame("rank", "/app/work.py", address=10, kind="cpython", line=12),  # 2
+    Frame("sort_phase", "/app/work.py", address=20, kind="cpython", line=22),  # 3
     Frame("list_sort_impl", PYTHON, address=0x300, interpreter=True),  # 4: between two Python frames
     Frame("__memmove_avx_unaligned_erms", "/usr/lib/x86_64-linux-gnu/libc.so.6", address=0x400),  # 5
-    Frame("asm_exc_page_fault", KERNEL_DSO, kernel=True, address=0xFFFFFFFF81000000),  # 6
+    Frame("asm_exc_page_fault", KERNEL_DSO, kind="kernel", address=0xFFFFFFFF81000000),  # 6
     Frame("take_gil", PYTHON, address=0x500, interpreter=True),  # 7
     Frame("Py_BytesMain", PYTHON, address=0x600, interpreter=True),  # 8: above the Python frames
     Frame("_start", PYTHON, address=0x700, interpreter=True),  # 9
@@ -53,8 +53,8 @@ RECORDED_LEAVES = {"PyObject_Free": 35, "python3.11+0x1fcc70": 20, "rank": 10, "
 
 def python_record() -> Record:
     meta = RecordMeta("0.1.0", "host", "6.18", 0.0, 1.0, 99, "cpu-clock", command=[PYTHON, "/app/work.py"],
-                      call_graph="dwarf", python={"python": 85, "native_only": 5},
-                      interpreters={f"3.11.2 {PYTHON}": 1})
+                      call_graph="dwarf", runtimes={"cpython": RuntimeCounts("Python", "CPython", {"named": 85, "native_only": 5},
+                                                          {f"3.11.2 {PYTHON}": 1})})
     return Record(meta, list(FRAMES), list(SAMPLES), functions=[])
 
 
@@ -89,7 +89,7 @@ def test_the_interpreters_frames_fold_into_the_python_function_below_it() -> Non
 def test_a_record_without_interpreter_frames_is_the_same_object() -> None:
     """Older records (no frame marked) and processes that are not Python's are left as they are."""
     record = python_record()
-    record.frames = [Frame(f.symbol, f.dso, f.kernel, f.address, f.resolved, python=f.python, line=f.line)
+    record.frames = [Frame(f.symbol, f.dso, f.kind, f.address, f.resolved, line=f.line)
                      for f in record.frames]
     assert python_view_record(record) == (record, 0)
     assert python_view(FRAMES, SAMPLES[-1:]) == SAMPLES[-1:]
@@ -145,7 +145,7 @@ def test_gil_waits_keep_take_gil(python_file: Path) -> None:
 def test_a_leaf_named_alone_keeps_the_frames_up_to_its_python_frame() -> None:
     """top and serve name each sample's leaf only: the frames the Python view picks it from come with it."""
     native = UserFrame(b"\x01" * 20, 0x100)
-    python = UserFrame(PYTHON_FRAME, 0x7000)
+    python = UserFrame(RUNTIME_FRAME, 0x7000)
     assert leaf_depth((native, native, python, native, python)) == 3
     assert leaf_depth((native, native)) == 1 and leaf_depth(()) == 1
     sample = RawSample(1, "p", (native, python, native), (), 1)

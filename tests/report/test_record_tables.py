@@ -39,7 +39,10 @@ def test_record_writes_tables_and_reads_format_1(tmp_path) -> None:
     assert HEADER.unpack(data[:HEADER.size])[1] == recordfile.FORMAT_VERSION
     payload = zlib.decompress(data[HEADER.size:])
     assert payload.count(b"{") < 20, "a JSON object per row: not a table"
-    objects = json.dumps(encode(record)).encode()
+    document = encode(record)
+    for frame in document["frames"]:  # format 1 had the kernel boolean where format 4 has a kind
+        frame["kernel"] = frame.pop("kind") == "kernel"
+    objects = json.dumps(document).encode()
     compressed = zlib.compress(objects)
     (tmp_path / "old.data").write_bytes(HEADER.pack(MAGIC, 1, zlib.crc32(compressed), len(compressed), len(objects))
                                         + compressed)
@@ -76,7 +79,7 @@ def spoiled(change) -> dict:
     (lambda s, f: s["frames"]["values"].__setitem__(-1, 9999), r"record\.samples\[\d+\]: frame index out of range"),
     (lambda s, f: s["pid"].__setitem__(TABLE_CHUNK + 1, 1 << 32), r"record\.samples\[8193\]\.pid: 4294967296 is out of range"),
     (lambda s, f: s["comm"].__setitem__(3, None), r"record\.samples\[3\]\.comm: expected str, got NoneType"),
-    (lambda s, f: f["kernel"].__setitem__(2, 1), r"record\.frames\[2\]\.kernel: expected bool, got int"),
+    (lambda s, f: f["kind"].__setitem__(2, 1), r"record\.frames\[2\]\.kind: expected str, got int"),
     (lambda s, f: s["count"].pop(), r"record\.samples: its columns have different lengths \(16483 to 16484\)"),
     (lambda s, f: s.pop("count"), r"record\.samples: missing column 'count'"),
     (lambda s, f: s.__setitem__("pid", {}), r"record\.samples\.pid: expected list, got dict"),

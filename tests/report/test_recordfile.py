@@ -45,7 +45,7 @@ def test_round_trip_keeps_every_field(tmp_path: Path, record: Record) -> None:
 def test_file_starts_with_magic_and_version(tmp_path: Path, record: Record) -> None:
     write_record(record, tmp_path / "r.data")
     magic, version, *_ = HEADER.unpack((tmp_path / "r.data").read_bytes()[: HEADER.size])
-    assert (magic, version) == (b"OPTRDATA", 3)
+    assert (magic, version) == (b"OPTRDATA", 4)
 
 
 def test_rewrite_keeps_previous_as_old(tmp_path: Path, record: Record) -> None:

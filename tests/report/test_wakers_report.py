@@ -19,15 +19,15 @@ K = "[kernel.kallsyms]"
 FRAMES = [
     Frame("take_item", "/bin/w"),            # 0: the consumer blocks here
     Frame("consumer", "/bin/w"),             # 1
-    Frame("schedule", K, True),              # 2
-    Frame("bpf_trace_run1", K, True),        # 3: the tracepoint's machinery, at a waker's leaf
-    Frame("try_to_wake_up", K, True),        # 4
-    Frame("futex_wake", K, True),            # 5
+    Frame("schedule", K, "kernel"),              # 2
+    Frame("bpf_trace_run1", K, "kernel"),        # 3: the tracepoint's machinery, at a waker's leaf
+    Frame("try_to_wake_up", K, "kernel"),        # 4
+    Frame("futex_wake", K, "kernel"),            # 5
     Frame("publish_item", "/bin/w"),         # 6: the producer wakes it from here
     Frame("producer", "/bin/w"),             # 7
-    Frame("hrtimer_wakeup", K, True),        # 8
-    Frame("asm_sysvec_apic_timer_interrupt", K, True),  # 9: an interrupt's entry
-    Frame("do_syscall_64", K, True),         # 10: the interrupted thread's
+    Frame("hrtimer_wakeup", K, "kernel"),        # 8
+    Frame("asm_sysvec_apic_timer_interrupt", K, "kernel"),  # 9: an interrupt's entry
+    Frame("do_syscall_64", K, "kernel"),         # 10: the interrupted thread's
     Frame("burn", "/bin/other"),             # 11
 ]
 

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from jvms import PHASES, main_lines, phase_of, running
-from optrace.frontend.python.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.frontend.runtimes.hotspot import process as hotspot_process
 from optrace.frontend.runtimes.hotspot.process import attach
 from optrace.frontend.symbols.lru import LruCache

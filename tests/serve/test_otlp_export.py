@@ -26,7 +26,7 @@ from otlpreceiver import Failure, GrpcReceiver, grpc_receiver, http_receiver  # 
 
 ME = os.getpid()  # a real process: its resource attributes come from /proc
 FRAMES = [Frame("main", "/w/app", address=0x100, build_id="ab" * 20), Frame("hot_a", "/w/app", address=0x200),
-          Frame("hot_b", "/w/app", address=0x300), Frame("schedule", "[kernel.kallsyms]", kernel=True, address=1 << 63)]
+          Frame("hot_b", "/w/app", address=0x300), Frame("schedule", "[kernel.kallsyms]", kind="kernel", address=1 << 63)]
 
 
 class StackSource:

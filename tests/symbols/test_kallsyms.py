@@ -57,9 +57,9 @@ def test_kernel_frames_come_first_with_module_dso(tmp_path: Path) -> None:
     symbolizer = Symbolizer(kallsyms=Kallsyms.load(str(tmp_path / "kallsyms")), debug_roots=())
     frames, samples = symbolizer.symbolize([RawSample(1, "k", (), (0xFFFFFFFFC0201004, 0xFFFFFFFF81001008, 5), 3)])
     assert [frames[i] for i in samples[0].frames] == [
-        Frame("ext4_thing", "[ext4]", kernel=True, address=0xFFFFFFFFC0201004),
-        Frame("do_one", KERNEL_DSO, kernel=True, address=0xFFFFFFFF81001008),
-        Frame(f"{KERNEL_DSO}+0x5", KERNEL_DSO, kernel=True, address=5, resolved=False),
+        Frame("ext4_thing", "[ext4]", kind="kernel", address=0xFFFFFFFFC0201004),
+        Frame("do_one", KERNEL_DSO, kind="kernel", address=0xFFFFFFFF81001008),
+        Frame(f"{KERNEL_DSO}+0x5", KERNEL_DSO, kind="kernel", address=5, resolved=False),
     ]
 
 
@@ -69,7 +69,7 @@ def test_real_kallsyms_names_a_known_function() -> None:
     address = next(int(line.split()[0], 16) for line in lines if line.split()[2] == "do_sys_openat2")
     symbolizer = Symbolizer(debug_roots=())  # loads /proc/kallsyms itself
     frames, _ = symbolizer.symbolize([RawSample(1, "k", (), (address + 1,), 1)])
-    assert frames == [Frame("do_sys_openat2", KERNEL_DSO, kernel=True, address=address + 1)]
+    assert frames == [Frame("do_sys_openat2", KERNEL_DSO, kind="kernel", address=address + 1)]
     module_line = next((line for line in lines if line.endswith("]") and line.split()[1] in "tT"), None)
     if module_line is not None:
         module_address, _, name, module = module_line.split()

@@ -223,7 +223,7 @@ def test_unreadable_binary_is_a_warning_not_an_exception(program: Path, elf) -> 
 
 
 def test_an_interpreters_frames_are_marked_once_told() -> None:
-    """Frame.interpreter: the file frontend/python found a process's interpreter in (here this test's own
+    """Frame.interpreter: the file frontend/runtimes/cpython found a process's interpreter in (here this test's own
     python3.11) marks its frames, by the process's mapped file and by build-id (a process gone), also a frame
     named before it was told (the frame cache holds it)."""
     from optrace.frontend.symbols.buildid import read_build_id

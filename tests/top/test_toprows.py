@@ -6,7 +6,7 @@ import pytest
 from optrace.frontend.report.toprows import DECAY, LiveTotals, ViewState, deep_stack_share
 from optrace.model import Frame, RawSample, Sample, UserFrame
 
-FRAMES = [Frame("hot", "/bin/a"), Frame("main", "/bin/a"), Frame("other", "/bin/b"), Frame("tick", "[k]", kernel=True)]
+FRAMES = [Frame("hot", "/bin/a"), Frame("main", "/bin/a"), Frame("other", "/bin/b"), Frame("tick", "[k]", kind="kernel")]
 
 
 def interval(hot: int, other: int, kernel: int = 0) -> list[Sample]:

@@ -44,10 +44,10 @@ def test_a_python_process_whose_first_samples_are_copies_keeps_its_python_frames
     doc = json.loads(run_optrace("report", "-i", str(out), "--children", "--sort", "symbol", "--format", "json",
                                  check=True).stdout)
     meta = doc["meta"]
-    copied, outcomes = meta["user_stacks"].get("copied", 0), meta["python"]
+    copied, outcomes = meta["user_stacks"].get("copied", 0), meta["runtimes"]["cpython"]["samples"]
     assert copied >= 30, f"only {copied} copied samples: this run proves nothing ({meta['user_stacks']})"
     assert outcomes.get("native_only", 0) <= 0.6 * copied, (copied, outcomes)  # >= 40 % of the copies: Python
     total = sum(n for outcome, n in outcomes.items() if not outcome.startswith("cut: "))
-    assert outcomes.get("python", 0) >= total - 0.6 * copied, outcomes
+    assert outcomes.get("named", 0) >= total - 0.6 * copied, outcomes
     rows = {row["symbol"]: row for row in doc["rows"]}
     assert rows["hot"]["children"] >= 0.8 * rows["caller"]["children"] > 0, sorted(rows)

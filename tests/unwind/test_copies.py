@@ -138,15 +138,15 @@ def test_a_first_sample_with_python_frames_keeps_its_copys_pc_when_it_gives_up()
     """copypython.c stores a first sample's Python frames and no leaf: the copy's PC is the leaf (JIT code
     run from Python was named by nothing: tests/jit/test_jit_late_tables.py's 'jitdump, no table')."""
     from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD
-    from optrace.model import PYTHON_FRAME
+    from optrace.model import RUNTIME_FRAME
 
     copies = StackCopies()
-    chain = (UserFrame(PYTHON_FRAME, 0x40 | CHAIN_WORD | CHAIN_CALL_END),)
+    chain = (UserFrame(RUNTIME_FRAME, 0x40 | CHAIN_WORD | CHAIN_CALL_END),)
     copy = StackCopy(JIT_PC, SP, 0, struct.pack("<Q", BASE + 0x2010), pid=PID, epoch=5, exec_epoch=3)
     sample = RawSample(PID, "python", chain, (), 1, 0.0, copy=1)
     copies.add_copies({1: copy})
     assert [s.user for s in copies.resolve([sample], leaves=True)] == [(UserFrame(None, JIT_PC),
-                                                                         UserFrame(PYTHON_FRAME, 0x40))]
+                                                                         UserFrame(RUNTIME_FRAME, 0x40))]
 
 
 def test_processes_of_one_file_share_its_rows():

@@ -7,7 +7,7 @@ from optrace.model import STACK_COMPLETE, UNKNOWN, Frame, RawSample, Sample, Use
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 FRAMES = [Frame("clone3", LIBC), Frame(UNKNOWN, UNKNOWN, resolved=False), Frame("start_thread", LIBC),
-          Frame("work", "/bin/w"), Frame("schedule", "[kernel.kallsyms]", kernel=True)]
+          Frame("work", "/bin/w"), Frame("schedule", "[kernel.kallsyms]", kind="kernel")]
 CLONE3, LOST, START, WORK, SCHEDULE = range(len(FRAMES))
 
 

@@ -57,20 +57,20 @@ def test_a_copied_python_stack_takes_each_eval_calls_frames():
     """The thread's Python frames read with the copy (copypython.c: CHAIN_WORD, each call's last marked
     CHAIN_CALL_END) replace the walk's eval frames, call by call; the frames the walk to the copy put stay in
     front, a native frame stays native, an eval frame with no frames left stays as it is."""
-    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, chain_of, with_python_frames
-    from optrace.model import PYTHON_FRAME, UserFrame
+    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, chain_of, with_runtime_frames
+    from optrace.model import RUNTIME_FRAME, UserFrame
     from optrace.pythonlayout import python_frame_word
 
     py = [python_frame_word(0x7000 + 8 * i, i) for i in range(4)]
-    walked = (UserFrame(b"x" * 20, 0x10), UserFrame(PYTHON_FRAME, py[0]))
-    chain = (UserFrame(PYTHON_FRAME, py[1] | CHAIN_WORD), UserFrame(PYTHON_FRAME, py[2] | CHAIN_WORD | CHAIN_CALL_END),
-             UserFrame(PYTHON_FRAME, py[3] | CHAIN_WORD | CHAIN_CALL_END))
+    walked = (UserFrame(b"x" * 20, 0x10), UserFrame(RUNTIME_FRAME, py[0]))
+    chain = (UserFrame(RUNTIME_FRAME, py[1] | CHAIN_WORD), UserFrame(RUNTIME_FRAME, py[2] | CHAIN_WORD | CHAIN_CALL_END),
+             UserFrame(RUNTIME_FRAME, py[3] | CHAIN_WORD | CHAIN_CALL_END))
     assert chain_of(walked + chain) == (walked, chain)
     pcs = (0x5000, 0x1234, 0x5010, 0x5020, 0x9000)  # eval, native, eval, eval (nothing left), native
     frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)
-    merged, rest = with_python_frames(pcs, frames, chain, ((0x5000, 0x6000),))
-    assert merged == (UserFrame(PYTHON_FRAME, py[1]), UserFrame(PYTHON_FRAME, py[2]), frames[1],
-                      UserFrame(PYTHON_FRAME, py[3]), frames[3], frames[4]) and not rest
+    merged, rest = with_runtime_frames(pcs, frames, chain, ((0x5000, 0x6000),))
+    assert merged == (UserFrame(RUNTIME_FRAME, py[1]), UserFrame(RUNTIME_FRAME, py[2]), frames[1],
+                      UserFrame(RUNTIME_FRAME, py[3]), frames[3], frames[4]) and not rest
 
 
 def test_copies_hold_as_many_frames_as_the_bpf_walkers_stacks():
@@ -81,20 +81,20 @@ def test_copies_hold_as_many_frames_as_the_bpf_walkers_stacks():
     more samples are copies)."""
     import re
 
-    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, with_python_frames
-    from optrace.model import PYTHON_FRAME, UserFrame
+    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, with_runtime_frames
+    from optrace.model import RUNTIME_FRAME, UserFrame
     from optrace.pythonlayout import python_frame_word
     from support import REPO
 
     store = (REPO / "bpf" / "stackstore.c").read_text()
     assert MAX_FRAMES == int(re.search(r"#define STORE_MAX_WORDS (\d+)", store).group(1))
     py = [python_frame_word(0x7000 + 8 * i, i) for i in range(304)]
-    chain = tuple(UserFrame(PYTHON_FRAME, word | CHAIN_WORD) for word in py[:-1]) + (
-        UserFrame(PYTHON_FRAME, py[-1] | CHAIN_WORD | CHAIN_CALL_END),)
+    chain = tuple(UserFrame(RUNTIME_FRAME, word | CHAIN_WORD) for word in py[:-1]) + (
+        UserFrame(RUNTIME_FRAME, py[-1] | CHAIN_WORD | CHAIN_CALL_END),)
     pcs = (0x5000, 0x9000, 0x9100)  # the eval frame, its native callers to _start
     frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)
-    merged, rest = with_python_frames(pcs, frames, chain, ((0x5000, 0x6000),))
-    assert merged == tuple(UserFrame(PYTHON_FRAME, word) for word in py) + frames[1:] and not rest
+    merged, rest = with_runtime_frames(pcs, frames, chain, ((0x5000, 0x6000),))
+    assert merged == tuple(UserFrame(RUNTIME_FRAME, word) for word in py) + frames[1:] and not rest
 
 
 def test_a_copy_cut_short_keeps_the_rest_of_the_python_chain():
@@ -102,17 +102,17 @@ def test_a_copy_cut_short_keeps_the_rest_of_the_python_chain():
     stack (a copy's walk: copy_end). The chain's frames left follow what the walk put, without the natives
     among them (as unwind.c's rest mode: status natives_cut); a walk that reached the thread's root puts
     none after it (its eval frames took them all, or they do not belong after the root)."""
-    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, with_python_frames
-    from optrace.model import PYTHON_FRAME, UserFrame
+    from optrace.frontend.unwind.stackcopy import CHAIN_CALL_END, CHAIN_WORD, with_runtime_frames
+    from optrace.model import RUNTIME_FRAME, UserFrame
     from optrace.pythonlayout import python_frame_word
 
     py = [python_frame_word(0x7000 + 8 * i, i) for i in range(300)]
-    chain = tuple(UserFrame(PYTHON_FRAME, word | CHAIN_WORD | CHAIN_CALL_END) for word in py)  # a call each
+    chain = tuple(UserFrame(RUNTIME_FRAME, word | CHAIN_WORD | CHAIN_CALL_END) for word in py)  # a call each
     pcs = (0x5000, 0x1234, 0x5010, 0x1234)  # two eval calls in the copied bytes, each under a native frame
     frames = tuple(UserFrame(b"n" * 20, pc) for pc in pcs)
     ranges = ((0x5000, 0x6000),)
-    merged, rest = with_python_frames(pcs, frames, chain, ranges, walk_cut=True)
-    assert rest and merged == (UserFrame(PYTHON_FRAME, py[0]), frames[1], UserFrame(PYTHON_FRAME, py[1]), frames[3],
-                               *(UserFrame(PYTHON_FRAME, word) for word in py[2:]))
-    merged, rest = with_python_frames(pcs, frames, chain, ranges, walk_cut=False)
+    merged, rest = with_runtime_frames(pcs, frames, chain, ranges, walk_cut=True)
+    assert rest and merged == (UserFrame(RUNTIME_FRAME, py[0]), frames[1], UserFrame(RUNTIME_FRAME, py[1]), frames[3],
+                               *(UserFrame(RUNTIME_FRAME, word) for word in py[2:]))
+    merged, rest = with_runtime_frames(pcs, frames, chain, ranges, walk_cut=False)
     assert not rest and len(merged) == 4

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from optrace.fileaccess import BoundedFile
-from optrace.frontend.python.symbolnames import find_symbols
+from optrace.frontend.runtimes.symbolnames import find_symbols
 from optrace.frontend.runtimes.hotspot.vmstructs import SYMBOLS
 from optrace.frontend.symbols.filefacts import FileFacts, FileKey
 from optrace.frontend.symbols.elffile import ElfFile

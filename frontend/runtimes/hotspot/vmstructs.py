@@ -35,13 +35,13 @@ WIDTHS = {STR: 8, U32: 4, U64: 8}
 MAX_ENTRIES = 16384  # real tables: ~3,000 struct entries, ~1,000 types, ~1,500 constants
 MAX_STRIDE = 256
 MAX_NAME = 128
-MAX_BATCH = 256  # ranges of one read (frontend/python/memory.py's MAX_RANGES)
+MAX_BATCH = 256  # ranges of one read (frontend/runtimes/cpython/memory.py's MAX_RANGES)
 _U64 = struct.Struct("<Q")
 _I32 = struct.Struct("<i")
 
 
 class Memory(Protocol):
-    """A process's memory read with bounds (frontend/python/memory.py's ProcessMemory, or a snapshot's)."""
+    """A process's memory read with bounds (frontend/runtimes/cpython/memory.py's ProcessMemory, or a snapshot's)."""
 
     def read(self, address: int, size: int) -> bytes: ...
     def read_exact(self, address: int, size: int) -> bytes | None: ...

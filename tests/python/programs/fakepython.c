@@ -1,5 +1,5 @@
 /* A process that fakes a CPython 3.11 (built as "python3.11" with -rdynamic so _PyRuntime, Py_Version and
- * _PyEval_EvalFrameDefault are in .dynsym), for the hostile-input tests of frontend/python/ and of the BPF
+ * _PyEval_EvalFrameDefault are in .dynsym), for the hostile-input tests of frontend/runtimes/cpython/ and of the BPF
  * walker (bpf/python.c). The layout's offsets come as -D flags from the test (optrace's 3.11 table), or a
  * 3.13+ one: then RUNTIME_PREFIX is the _Py_DebugOffsets the test made (the start of _PyRuntime) and
  * CFRAME_CURRENT_FRAME is -1 (the thread state points at its frame).

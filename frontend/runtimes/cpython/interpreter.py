@@ -4,7 +4,7 @@ and a live check of that layout against the process before it is used.
 
 This runs for every new process that maps a file named like an interpreter, so the name is tested first
 (nothing is opened for other processes), and what comes from the file is cached per file
-(:mod:`~optrace.frontend.python.interpreterfile`); what remains per process is a few memory reads.
+(:mod:`~optrace.frontend.runtimes.cpython.interpreterfile`); what remains per process is a few memory reads.
 
 The process's memory is its own to fake (a binary named python3.11 with a garbage ``_PyRuntime``): the
 check follows ``_PyRuntime.interpreters.head`` to the interpreter, its first thread state, and that
@@ -16,11 +16,11 @@ import os
 import re
 from collections.abc import Iterable
 
-from optrace.frontend.python.debugoffsets import READ_SIZE, parse_debug_offsets, version_of_hex
-from optrace.frontend.python.interpreterfile import EVAL, InterpreterFile, interpreter_file
-from optrace.frontend.python.layouts import (NEWEST_IN_TABLE, ThreadOffsets, table_layout, table_thread_offsets,
+from optrace.frontend.runtimes.cpython.debugoffsets import READ_SIZE, parse_debug_offsets, version_of_hex
+from optrace.frontend.runtimes.cpython.interpreterfile import EVAL, InterpreterFile, interpreter_file
+from optrace.frontend.runtimes.cpython.layouts import (NEWEST_IN_TABLE, ThreadOffsets, table_layout, table_thread_offsets,
                                              unsupported)
-from optrace.frontend.python.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.procfs import MapEntry
 from optrace.pythonlayout import PythonLayout, PythonProcess
 

@@ -16,8 +16,8 @@ from collections import Counter
 
 import capstone
 
-from optrace.frontend.python.symbolnames import code_at, function_starts
-from optrace.frontend.python.functionbounds import FunctionBounds
+from optrace.frontend.runtimes.symbolnames import code_at, function_starts
+from optrace.frontend.runtimes.cpython.functionbounds import FunctionBounds
 from optrace.frontend.symbols.elffile import ElfFile
 
 MAX_EVAL_BYTES = 1 << 18  # of the exported function disassembled (pyenv's 3.12 eval function is 97 KiB)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from optrace.frontend.python.linetable import LineIndex
-from optrace.frontend.python.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython.linetable import LineIndex
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.pythonlayout import CAPTURE_HEADER, CAPTURE_PARTS, CODE_WINDOW, PythonLayout
 
 TRUNCATED = "…"

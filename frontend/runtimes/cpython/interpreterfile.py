@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from optrace.fileaccess import BoundedFile
-from optrace.frontend.python.evalcold import cold_part
-from optrace.frontend.python.functionbounds import FunctionBounds
+from optrace.frontend.runtimes.cpython.evalcold import cold_part
+from optrace.frontend.runtimes.cpython.functionbounds import FunctionBounds
 from optrace.frontend.symbols.elffile import ElfFile
 from optrace.frontend.symbols.filefacts import FileFacts, FileKey
-from optrace.frontend.python.gilfunction import take_gil_range
-from optrace.frontend.python.symbolnames import find_symbols
+from optrace.frontend.runtimes.cpython.gilfunction import take_gil_range
+from optrace.frontend.runtimes.symbolnames import find_symbols
 from optrace.frontend.unwind.unwindfile import UnwindFile, file_without_rows
 from optrace.procfs import MapEntry
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import capstone
 
-from optrace.frontend.python.symbolnames import code_at, find_symbols, function_starts, imported_functions
-from optrace.frontend.python.functionbounds import FunctionBounds
+from optrace.frontend.runtimes.symbolnames import code_at, find_symbols, function_starts, imported_functions
+from optrace.frontend.runtimes.cpython.functionbounds import FunctionBounds
 from optrace.frontend.symbols.elffile import ElfFile
 
 TAKE_GIL = "take_gil"

@@ -2,7 +2,7 @@
 ``scripts/python_layouts.py``, which compiles offsetof()s against each interpreter's own headers (pyenv's
 3.8.18, 3.9.18, 3.10.13, 3.11.7, 3.12.1 and Debian's 3.11.2, which agree with pyenv's 3.11.7 field for
 field); tests/python/test_layouts.py measures again where the headers exist. 3.13 and later describe
-themselves (:mod:`optrace.frontend.python.debugoffsets`); 3.7 and older are refused.
+themselves (:mod:`optrace.frontend.runtimes.cpython.debugoffsets`); 3.7 and older are refused.
 
 What the headers say in words rather than offsets is in :data:`_KINDS`:
 

@@ -3,7 +3,7 @@
 flag, then groups of uint64 offsets, most starting with their structure's size.
 
 The struct is not stable across minor versions: its shape per minor (the groups and their members, in
-order) is generated from each version's headers (:mod:`~optrace.frontend.python.debugshapes`). The bytes
+order) is generated from each version's headers (:mod:`~optrace.frontend.runtimes.cpython.debugshapes`). The bytes
 are read from the process at attach time and are the process's to choose: :func:`parse_debug_offsets`
 checks the cookie, that the version agrees with what the file said, that the build has a GIL, that every
 offset the walker uses is below MAX_OFFSET and below its structure's size, that the frame fields lie in
@@ -21,8 +21,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from optrace.frontend.python.debugshapes import CONSTANTS, SHAPES, MinorConstants, Shape
-from optrace.frontend.python.layouts import ThreadOffsets
+from optrace.frontend.runtimes.cpython.debugshapes import CONSTANTS, SHAPES, MinorConstants, Shape
+from optrace.frontend.runtimes.cpython.layouts import ThreadOffsets
 from optrace.pythonlayout import (CODE_WINDOW, ENTRY_SHIM, FRAME_WINDOW, INSTR_POINTER, LINES_LOCATIONS, MAX_OFFSET,
                                   PythonLayout)
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from optrace.credentials import Credentials, process_credentials, run_as
 from optrace.fileaccess import FilePolicy, RefusedFile, open_reader
+from optrace.frontend.runtimes.cpython import FRAME_KIND
 from optrace.jitmaps.procinfo import read_identity
-from optrace.model import Frame, PythonSource, Sample
+from optrace.model import Frame, RuntimeSource, Sample
 
 MAX_FUNCTIONS = 100  # by their own samples (the innermost Python frame's)
 MAX_CALLERS = 200  # more, by the samples whose stacks hold them (a function whose time is in its callees)
@@ -59,7 +60,7 @@ def source_owner(pid: int) -> SourceOwner | None:
     return SourceOwner(credentials, identity.start_ticks, identity.host_mounts)
 
 
-def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: SourceReader) -> list[PythonSource]:
+def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: SourceReader) -> list[RuntimeSource]:
     """The hottest Python functions, with their lines: the MAX_FUNCTIONS with the most own samples (whose
     innermost Python frame is theirs; ``hits`` counts those per line), then the MAX_CALLERS with the most
     samples in their stacks (annotate shows a function's lines by the samples under each, from the record's
@@ -81,16 +82,16 @@ def capture_sources(frames: Sequence[Frame], samples: Sequence[Sample], read: So
             continue
         lines = own.get(key, Counter())
         last = min(function_end(text, first), first + MAX_LINES - 1)
-        kept.append(PythonSource(symbol, file, first, text[first - 1:last],
-                                 {line: n for line, n in lines.items() if first <= line <= last}, pid,
-                                 truncated=max(lines, default=0) > last))
+        kept.append(RuntimeSource(symbol, file, first, text[first - 1:last],
+                                  {line: n for line, n in lines.items() if first <= line <= last}, pid,
+                                  truncated=max(lines, default=0) > last))
     return kept
 
 
 def _function_samples(frames: Sequence[Frame], samples: Sequence[Sample],
                       ) -> tuple[dict[FunctionKey, Counter[int]], Counter[FunctionKey]]:
     """Per function: its own samples by line, and the samples whose stacks hold it (once per sample)."""
-    functions = [(frame.symbol, frame.dso, frame.address) if frame.python and frame.resolved else None
+    functions = [(frame.symbol, frame.dso, frame.address) if frame.kind == FRAME_KIND and frame.resolved else None
                  for frame in frames]
     own: dict[FunctionKey, Counter[int]] = {}
     anywhere: Counter[FunctionKey] = Counter()

@@ -19,9 +19,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, replace
 
-from optrace.frontend.python.codeobject import CodeInfo, read_code
-from optrace.frontend.python.interpreter import thread_offsets
-from optrace.frontend.python.memory import ProcessMemory
+from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, read_code
+from optrace.frontend.runtimes.cpython.interpreter import thread_offsets
+from optrace.frontend.runtimes.cpython.memory import ProcessMemory
 from optrace.pythonlayout import (ENTRY_FLAG, ENTRY_PER_CALL, ENTRY_SHIM, FRAME_WINDOW, INSTR_LASTI_BYTES,
                                   INSTR_POINTER, PythonLayout, PythonProcess, python_frame_parts, python_frame_word)
 

@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from optrace.frontend.python.codeobject import CodeInfo, decode_capture, read_code
-from optrace.frontend.python.gilfunction import TAKE_GIL
-from optrace.frontend.python.interpreter import INTERPRETER_NAME, find_interpreter, python_mappings
-from optrace.frontend.python.interpreterfile import InterpreterFile, interpreter_file
-from optrace.frontend.python.sourcecapture import SourceOwner, source_owner
+from optrace.frontend.runtimes.cpython import FRAME_KIND
+from optrace.frontend.runtimes.cpython.codeobject import CodeInfo, decode_capture, read_code
+from optrace.frontend.runtimes.cpython.gilfunction import TAKE_GIL
+from optrace.frontend.runtimes.cpython.interpreter import INTERPRETER_NAME, find_interpreter, python_mappings
+from optrace.frontend.runtimes.cpython.interpreterfile import InterpreterFile, interpreter_file
+from optrace.frontend.runtimes.cpython.sourcecapture import SourceOwner, source_owner
 from optrace.model import UNKNOWN, Frame
 from optrace.procfs import MapEntry, start_ticks, stat_fields
 from optrace.pythonlayout import CAPTURE_HEADER, PythonProcess, python_frame_parts
@@ -150,9 +151,9 @@ class PythonProcesses:
         address, instr = python_frame_parts(word)
         info = self._code(pid, address)
         if info is None:
-            return Frame(f"[python code 0x{address:x}]", PYTHON_DSO, address=address, resolved=False, python=True)
-        return Frame(info.qualname or info.name or UNKNOWN, info.filename or PYTHON_DSO, address=info.firstlineno,
-                     python=True, line=self._line(pid, info, instr))
+            return Frame(f"[python code 0x{address:x}]", PYTHON_DSO, FRAME_KIND, address=address, resolved=False)
+        return Frame(info.qualname or info.name or UNKNOWN, info.filename or PYTHON_DSO, FRAME_KIND,
+                     address=info.firstlineno, line=self._line(pid, info, instr))
 
     def _line(self, pid: int, info: CodeInfo, instr: int) -> int:
         """The instruction's line, 0 when its table would go past the process's MAX_TABLE_BYTES_PER_PROCESS."""

@@ -6,7 +6,7 @@ import os
 from collections import defaultdict
 
 from optrace.frontend.preflight import CheckResult
-from optrace.frontend.python.interpreter import find_interpreter, python_mappings
+from optrace.frontend.runtimes.cpython.interpreter import find_interpreter, python_mappings
 from optrace.procfs import read_maps
 
 MAX_PROCESSES = 4096  # processes looked at (a machine with more is surveyed in part)

@@ -1,4 +1,5 @@
-"""A few symbols of an ELF file found by name, without decoding its symbol tables whole; the code at an address."""
+"""A few symbols of an ELF file found by name, without decoding its symbol tables whole; the code at an address
+(shared by the runtimes: CPython's interpreter file, HotSpot's libjvm)."""
 from __future__ import annotations
 
 import struct
