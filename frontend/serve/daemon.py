@@ -31,9 +31,13 @@ from optrace.frontend.serve.otlpexport import OtlpExporter
 from optrace.frontend.serve.profilewindows import ProfileWindows
 from optrace.frontend.serve.source import Source
 from optrace.frontend.serve.totals import Delta, ExporterTotals
+from optrace.heap import release_free_memory
 
 RESTART_ONLY = ("listen", "frequency_hz", "uprobes", "pids", "subprocesses", "comms", "max_series", "off_cpu",
                 "off_cpu_every", "call_graph", "python", "python_internals", "otlp")
+# glibc's free heap given back this often: table and symbol loads of a churning machine's processes free blocks
+# in the middle of the heap, which glibc keeps (root's serve here: 10-34 MB free in a 38-77 MB heap, issue 40)
+TRIM_EVERY_S = 60.0
 WARNINGS_REMEMBERED = 1000  # a warning repeated within the last this-many distinct ones is not printed again
 DRAIN_FAILED = 'counted in optrace_read_errors_total{kind="drain"}'
 OTLP_FAILED = 'this drain\'s stacks are not in the OTLP profile; counted in optrace_read_errors_total{kind="otlp"}'
@@ -93,6 +97,7 @@ class ServeDaemon:
     def _loop(self, stop: StopRequest) -> None:
         interval = self.options.drain_interval_s
         next_drain = time.monotonic() + interval
+        next_trim = time.monotonic() + TRIM_EVERY_S
         while not stop.wait(min(next_drain - time.monotonic(), interval)):
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
@@ -100,6 +105,9 @@ class ServeDaemon:
             if time.monotonic() >= next_drain:
                 self.drain_once()
                 next_drain = max(next_drain + interval, time.monotonic())
+            if time.monotonic() >= next_trim:
+                release_free_memory()
+                next_trim = time.monotonic() + TRIM_EVERY_S
 
     def drain_once(self) -> None:
         started = time.perf_counter()

@@ -42,7 +42,7 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
@@ -92,6 +92,7 @@ class UnwindTableCache:
         self._vdso: UnwindFile | None = None
         self._builder = builder or InProcessBuilder()
         self.store = store or TableStore(None)
+        self._store_keys: OrderedDict[FileIdentity, str] = OrderedDict()  # files whose tables the store holds
 
     def close(self) -> None:
         """Stop the builder (its child process, if any); lookups after this convert in this process and
@@ -176,6 +177,21 @@ class UnwindTableCache:
         with reader_for(os.dup(fd), ELF_POLICY, name) as reader:
             return self._lookup(file_identity(fd), name, reader, need_rows)
 
+    def stored_rows(self, identity: FileIdentity) -> bytes | None:
+        """A file's rows without converting it: those held here, else read back from the table store (a file
+        whose rows were released or evicted, that a walk of stack copies needs: copies.py); None when neither
+        has them."""
+        with self._lock:
+            found = self._files.get(identity)
+            key = self._store_keys.get(identity)
+        if found is not None and found.table is not RELEASED and found.table.count:
+            return found.table.rows
+        if key is None:
+            return None
+        self.stats["stored_reloads"] += 1
+        stored = self.store.load(key, identity)
+        return stored.table.rows if stored is not None and stored.table.count else None
+
     def release_rows(self, identities: Iterable[FileIdentity]) -> int:
         """Drop these files' rows (the kernel holds them now), keeping the rest of what is known of them;
         the bytes dropped."""
@@ -238,12 +254,20 @@ class UnwindTableCache:
         key = store_key(reader.fd) if self.store.usable else None
         stored = self.store.load(key, identity) if key is not None else None
         if stored is not None:
+            self._stored(identity, key)
             return stored
         self.stats["conversions"] += 1
         unwind = self._builder.convert(reader, identity, self.cancelled.is_set)
-        if key is not None:
-            self.store.save(key, unwind)
+        if key is not None and self.store.save(key, unwind):
+            self._stored(identity, key)
         return unwind
+
+    def _stored(self, identity: FileIdentity, key: str) -> None:
+        with self._lock:
+            self._store_keys[identity] = key
+            self._store_keys.move_to_end(identity)
+            if len(self._store_keys) > MAX_FILES:
+                self._store_keys.popitem(last=False)
 
     def _from_debug_file(self, unwind: UnwindFile) -> UnwindFile:
         """``unwind`` with the rows of its separate debug file's .debug_frame, when there is one."""

@@ -8,13 +8,21 @@ read at an epoch >= E since the process's last exec (mappings are added as a pro
 replaces them all). A sample whose copy has no such tables yet waits, the process named in
 :meth:`StackCopies.wanted` so that its tables are loaded.
 
+When the copy store goes over its bound, the copies in it whose tables are there are walked at once, oldest
+first (:meth:`StackCopies.add_copies`, on the copy watcher's thread), until it is back under: only what a walk
+gives is kept for its sample (:class:`_Walk`), and only copies that wait for tables are dropped. Before, a busy
+process all of whose samples are copied (cc1, whose 436k rows did not fit a full row array) put 14 MB a second
+into the store between two drains, became its largest holder and lost its own copies, tables there or not
+(issue 43: cc1 29.3 % and 34.4 % complete in 2 of 9 rounds, 1,155 copies dropped in one).
+
 Bounds: copies wait at most WAIT_DRAINS drains for their tables, PENDING_DRAINS while they are being read
 (or MAX_COPY_BYTES of them altogether, the largest holder's oldest first); a copy no sample names goes after
 UNNAMED_DRAINS drains (an open off-CPU wait names its copy until it ends: :meth:`StackCopies.keep`);
 tables are kept for at most MAX_TABLE_PIDS processes, each process's last MAX_TABLES_PER_PID, and dropped
 one drain after the process exits; the rules they keep of the PCs looked up, at most MAX_RULES each and
 MAX_CACHED_RULES in all (a process whose copies hold garbage return addresses, with new mappings to be
-copied again, filled 65,536 a table: 588 MB for 16 such processes), and only PCs in a mapping. A sample that
+copied again, filled 65,536 a table: 588 MB for 16 such processes), and only PCs in a mapping; walks
+made to make room, MAX_WALKED_FRAMES frames in all (the oldest go first, their samples given up). A sample that
 gives up waiting keeps what the kernel took (its leaf, or the CFI walk up to where the copy would have gone
 on) and, when the copy goes on from it, the copy's own PC as a raw address (where the walk would have
 started: a CFI walk stopped at a JIT function's PC has no frame of its own), its stop "no_table".
@@ -35,7 +43,7 @@ from dataclasses import dataclass, field
 
 from optrace.bpf.unwindmaps import ProcessMapping
 from optrace.frontend.unwind.row import Rule
-from optrace.frontend.unwind.stackcopy import (MAX_FRAMES, NATIVES_CUT, ROOT_REACHED, chain_of, unwind_copy,
+from optrace.frontend.unwind.stackcopy import (DEPTH, MAX_FRAMES, NATIVES_CUT, ROOT_REACHED, chain_of, unwind_copy,
                                                with_runtime_frames, without_call_ends)
 from optrace.frontend.unwind.table import ROW, UnwindTable
 from optrace.model import RawSample, StackCopy, UserFrame
@@ -50,7 +58,24 @@ MAX_RULES = 1 << 16  # PCs whose rule a process's tables keep
 MAX_CACHED_RULES = 1 << 17  # and all tables together (about 150 bytes each: 19 MiB)
 MAX_FILE_TABLES = 1024  # files whose row lookups are kept (their rows, the unwind cache's or the kernel's)
 MAX_FILE_TABLE_BYTES = 16 << 20  # and the rows they hold, at most
+MAX_WALKED_FRAMES = 1 << 18  # frames of copies walked to make room, waiting for their samples (~50 B each)
+# Rows of files the kernel does not hold that the process tables keep (each file's once, see _shared); past this,
+# a mapping is kept without its rows and a walk through it asks ``rows_of`` (the table store's copy): serve
+# held 76-127 MB of them on this machine's processes, beside a 16 MB unwind cache (issue 40)
+MAX_HELD_ROW_BYTES = 16 << 20
 NO_TABLE = "no_table"  # the stop of a sample whose copy was never walked
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """A copy walked to make room: what its sample needs of it (``pcs`` only where runtime frames go in)."""
+
+    frames: tuple[UserFrame, ...]
+    status: str
+    continues: bool
+    runtime_ranges: tuple[tuple[int, int], ...]
+    pcs: tuple[int, ...]
+    drain: int
 
 
 @dataclass(frozen=True)
@@ -114,13 +139,28 @@ class _CopyStore:
         self._pid_bytes: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []  # (-bytes, pid), current while bytes == _pid_bytes[pid]
 
-    def put(self, copies: dict[int, StackCopy], drain: int) -> None:
+    def put(self, copies: dict[int, StackCopy], drain: int, bound: bool = True) -> None:
+        """Add ``copies``; with ``bound`` False the caller makes room (:meth:`over`, :meth:`held`, :meth:`trim`)."""
         with self._lock:
             for copy_id, copy in copies.items():
                 self._drop(copy_id)
                 self._copies[copy_id] = (copy, drain)
                 self._queues.setdefault(copy.pid, OrderedDict())[copy_id] = None
                 self._count(copy.pid, len(copy.stack))
+        if bound:
+            self.trim()
+
+    def over(self) -> bool:
+        return self._bytes > MAX_COPY_BYTES
+
+    def held(self) -> list[tuple[int, StackCopy]]:
+        """The copies held, oldest first."""
+        with self._lock:
+            return [(copy_id, copy) for copy_id, (copy, _) in self._copies.items()]
+
+    def trim(self) -> None:
+        """Back under MAX_COPY_BYTES: the largest holder's oldest copies dropped."""
+        with self._lock:
             while self._bytes > MAX_COPY_BYTES and self._copies:
                 self._drop(next(iter(self._queues[self._largest()])))
                 self._stats["dropped_bytes"] += 1
@@ -174,6 +214,44 @@ class _CopyStore:
         return self._heap[0][1]
 
 
+class _WalkStore:
+    """Walks by copy id until their samples take them, at most MAX_WALKED_FRAMES frames (oldest dropped first,
+    counted ``dropped_walks``); thread-safe."""
+
+    def __init__(self, stats: Counter[str]) -> None:
+        self._lock = threading.Lock()
+        self._walks: OrderedDict[int, _Walk] = OrderedDict()
+        self._frames = 0
+        self._stats = stats
+
+    def put(self, copy_id: int, walk: _Walk) -> None:
+        with self._lock:
+            self._pop(copy_id)
+            self._walks[copy_id] = walk
+            self._frames += len(walk.frames)
+            while self._frames > MAX_WALKED_FRAMES:
+                self._pop(next(iter(self._walks)))
+                self._stats["dropped_walks"] += 1
+
+    def take(self, copy_id: int) -> _Walk | None:
+        with self._lock:
+            return self._pop(copy_id)
+
+    def drop_unnamed(self, named: set[int], drain: int) -> None:
+        """Walks no sample named that came UNNAMED_DRAINS drains ago or earlier."""
+        with self._lock:
+            old = [i for i, walk in self._walks.items() if i not in named and drain - walk.drain >= UNNAMED_DRAINS]
+            for copy_id in old:
+                self._pop(copy_id)
+        self._stats["dropped_unnamed"] += len(old)
+
+    def _pop(self, copy_id: int) -> _Walk | None:
+        found = self._walks.pop(copy_id, None)
+        if found is not None:
+            self._frames -= len(found.frames)
+        return found
+
+
 @dataclass
 class _Waiting:
     sample: RawSample
@@ -183,7 +261,8 @@ class _Waiting:
 
 class StackCopies:
     """The copies and process tables of one session. ``rows_of(file_key)``: a file's rows where a mapping
-    came without them (the kernel holds them: bpf/unwindmaps.py), None when it has none either."""
+    came without them (the kernel holds them: bpf/unwindmaps.py; or its rows were over MAX_HELD_ROW_BYTES,
+    counted in ``stats["rows_not_held"]``: the table store has them), None when it has none either."""
 
     def __init__(self, rows_of: Callable[[Hashable], bytes | None] = lambda _key: None) -> None:
         self._rows_of = rows_of
@@ -191,6 +270,8 @@ class StackCopies:
         self._tables: OrderedDict[int, list[ProcessTables]] = OrderedDict()
         self.stats: Counter[str] = Counter()
         self._copies = _CopyStore(self.stats)
+        self._walks = _WalkStore(self.stats)
+        self._walk_lock = threading.Lock()  # walks run on the copy watcher's thread and the drain's
         self._kept: set[int] = set()  # ids open waits name
         self._waiting: list[_Waiting] = []
         self._arrived: list[RawSample] = []  # samples that began waiting since the last take_arrived
@@ -201,6 +282,7 @@ class StackCopies:
         self._files_used: set[Hashable] = set()  # files the walks went through since the last take
         self._rules_held = 0  # in all tables' ``rules``
         self._rows: dict[Hashable, tuple[bytes, int]] = {}  # file -> the rows its tables share, how many tables
+        self._held_row_bytes = 0  # of the rows in _rows
 
     # -- what comes in ------------------------------------------------------------------------------------
     def add_tables(self, pid: int, epoch: int, exec_epoch: int, mappings: Iterable[ProcessMapping]) -> None:
@@ -217,10 +299,25 @@ class StackCopies:
         """Copies read from the ring (from any thread); returns the processes among them whose tables are
         wanted: those without tables here, and those still ``alive`` the kernel holds no table for (a copy that
         does not go on from a CFI walk: a process whose table a new generation dropped is walked here meanwhile).
-        A process's stack at its exit (``shared``) is walked only if a sample names it (:meth:`wanted`)."""
-        self._copies.put(copies, self._drain)
+        A process's stack at its exit (``shared``) is walked only if a sample names it (:meth:`wanted`).
+        Over the store's bound, the copies whose tables are here are walked now (see the module docstring)."""
+        self._copies.put(copies, self._drain, bound=False)
+        if self._copies.over():
+            self._walk_held()
+        self._copies.trim()
         return {copy.pid for copy in copies.values() if not copy.shared and (
             self._tables_for(copy) is None or not copy.continues and alive(copy.pid))}
+
+    def _walk_held(self) -> None:
+        """Walk the held copies whose tables are here, oldest first, until the store is under its bound."""
+        for copy_id, copy in self._copies.held():
+            if not self._copies.over():
+                return
+            walk = None if copy.shared else self._walk(copy)
+            if walk is not None:
+                self._walks.put(copy_id, walk)
+                self._copies.take(copy_id)
+                self.stats["walked_to_make_room"] += 1
 
     def keep(self, ids: set[int]) -> None:
         """The copies open off-CPU waits name: kept until a sample names them."""
@@ -250,7 +347,8 @@ class StackCopies:
     def take_files_used(self) -> set[Hashable]:
         """The files (ProcessMapping.file_key) the walks since the last call went through: a file whose
         rows the kernel does not load until they are used needs them (bpf/unwindmaps.py's LAZY_ROWS)."""
-        used, self._files_used = self._files_used, set()
+        with self._walk_lock:
+            used, self._files_used = self._files_used, set()
         return used
 
     def take_arrived(self) -> list[RawSample]:
@@ -291,7 +389,9 @@ class StackCopies:
         return cpu, off
 
     def _forget_old(self) -> None:
-        self._copies.drop_unnamed({w.sample.copy for w in self._waiting} | self._kept, self._drain)
+        named = {w.sample.copy for w in self._waiting} | self._kept
+        self._copies.drop_unnamed(named, self._drain)
+        self._walks.drop_unnamed(named, self._drain)
         waiting = {w.sample.pid for w in self._waiting}
         gone = [pid for pid, at in self._exited.items() if at < self._drain and pid not in waiting]
         with self._lock:
@@ -302,29 +402,45 @@ class StackCopies:
 
     # -- walking ------------------------------------------------------------------------------------------
     def _walked(self, sample: RawSample) -> RawSample | None:
-        copy = self._copies.get(sample.copy)
-        if copy is None:  # dropped (MAX_COPY_BYTES): the kernel's part stays
-            return self._given_up(sample)
+        """The sample with its copy's walk, made as the copy came or now; None while its tables are not here."""
+        walk = self._walks.take(sample.copy)
+        if walk is None:
+            copy = self._copies.get(sample.copy)
+            if copy is None:  # dropped (MAX_COPY_BYTES): the kernel's part stays
+                return self._given_up(sample)
+            walk = self._walk(copy)
+            if walk is None:
+                return None
+            if not copy.shared:  # a shared one goes when no sample names it any more (UNNAMED_DRAINS)
+                self._copies.take(sample.copy)
+        walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
+        prefix = walked if walk.continues else ()
+        frames, status = walk.frames, walk.status
+        room = MAX_FRAMES - len(prefix)
+        if len(frames) > room:
+            frames, status = frames[:room], DEPTH
+        runtime = sample.runtime
+        if chain and walk.runtime_ranges:
+            cut = status not in ROOT_REACHED
+            frames, rest = with_runtime_frames(walk.pcs[:room], frames, chain, walk.runtime_ranges, cut)
+            runtime = runtime or (NATIVES_CUT if rest else "")
+        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=status, runtime=runtime,
+                                   epoch=0, copy=0)
+
+    def _walk(self, copy: StackCopy) -> _Walk | None:
+        """The copy walked with its process's tables, None when they are not here."""
         tables = self._tables_for(copy)
         if tables is None:
             return None
-        if not copy.shared:  # a shared one goes when no sample names it any more (UNNAMED_DRAINS)
-            self._copies.take(sample.copy)
-        walked, chain = chain_of(sample.user)  # (the thread's Python frames read with the copy: copypython.c)
-        prefix = walked if copy.continues else ()
         rules = tables.rules
-        walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1], MAX_FRAMES - len(prefix))
-        self.stats["walked"] += 1
-        self.stats["walk_" + walk.status] += 1
-        frames = tuple(map(tables.frame, walk.pcs))
-        self._files_used.update(m.file_key for m in map(tables.mapping_at, walk.pcs) if m is not None)
-        runtime = sample.runtime
-        if chain and copy.runtime_ranges:
-            cut = walk.status not in ROOT_REACHED
-            frames, rest = with_runtime_frames(walk.pcs, frames, chain, copy.runtime_ranges, cut)
-            runtime = runtime or (NATIVES_CUT if rest else "")
-        return dataclasses.replace(sample, user=(prefix + frames)[:MAX_FRAMES], stop=walk.status, runtime=runtime,
-                                   epoch=0, copy=0)
+        with self._walk_lock:
+            walk = unwind_copy(copy, lambda pc: (rules.get(pc) or self._rule_at(tables, pc))[1])
+            self.stats["walked"] += 1
+            self.stats["walk_" + walk.status] += 1
+            frames = tuple(map(tables.frame, walk.pcs))
+            self._files_used.update(m.file_key for m in map(tables.mapping_at, walk.pcs) if m is not None)
+        return _Walk(frames, walk.status, copy.continues, copy.runtime_ranges,
+                     walk.pcs if copy.runtime_ranges else (), self._drain)
 
     def _given_up(self, sample: RawSample) -> RawSample:
         self.stats["gave_up"] += 1
@@ -372,7 +488,8 @@ class StackCopies:
         """``mapping`` with the rows object the tables already hold for its file, when they hold the same rows
         (the lock held). A file the kernel does not hold comes with its rows, read again from the table store
         for each process: without this, each process's tables kept a copy of them (python3.11's 7.3 MB for
-        each of 14-30 processes beside the issue-40 attack on root's serve)."""
+        each of 14-30 processes beside the issue-40 attack on root's serve). A file new to the tables whose
+        rows would take them over MAX_HELD_ROW_BYTES comes without them (its walks ask ``rows_of``)."""
         if not mapping.rows:
             return mapping
         held = self._rows.get(mapping.file_key)
@@ -380,7 +497,11 @@ class StackCopies:
             self._rows[mapping.file_key] = (held[0], held[1] + 1)
             return dataclasses.replace(mapping, rows=held[0]) if held[0] is not mapping.rows else mapping
         if held is None:
+            if self._held_row_bytes + len(mapping.rows) > MAX_HELD_ROW_BYTES:
+                self.stats["rows_not_held"] += 1
+                return dataclasses.replace(mapping, rows=None)
             self._rows[mapping.file_key] = (mapping.rows, 1)
+            self._held_row_bytes += len(mapping.rows)
         return mapping
 
     def _release(self, dropped: Iterable[ProcessTables]) -> None:
@@ -393,6 +514,7 @@ class StackCopies:
                     self._rows[mapping.file_key] = (held[0], held[1] - 1)
                     if held[1] == 1:
                         del self._rows[mapping.file_key]
+                        self._held_row_bytes -= len(held[0])
 
     def _table(self, mapping: ProcessMapping) -> UnwindTable | None:
         table = self._files.get(mapping.file_key)

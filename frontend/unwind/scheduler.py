@@ -394,16 +394,17 @@ class UnwindScheduler:
         finally:
             self._unwind_queued.discard(pid)
 
-    def unwind_soon(self, pid: int) -> None:
+    def unwind_soon(self, pid: int, budgeted: bool = True) -> None:
         """The tables of a process whose stacks were copied, from its mappings captured now (see
         frontend/unwind/captures.py: a short-lived process is gone by the time the worker, busy converting
         another's files, gets to it); without a capture, or for a process whose exec the session did not
-        see (running before it: not short-lived, likely), :meth:`unwind_later`."""
+        see (running before it: not short-lived, likely), :meth:`unwind_later`. ``budgeted`` False: not
+        counted against the looks per second (the last drain's waiting samples: no later drain asks again)."""
         if self._captures is None or self.is_loaded(pid) or pid in self._captures.pending():
             return
         if not self.profiler.exec_epoch(pid):
-            self.unwind_later(pid)
-        elif self.budget.take("tables"):
+            self.unwind_later(pid, budgeted=budgeted)
+        elif not budgeted or self.budget.take("tables"):
             if self._captures.capture(pid, self.profiler.live_epoch(pid)):
                 self._python_early(pid)
             else:

@@ -96,8 +96,9 @@ class TableStore(EntryStore):
         self.entries.accepted(key)
         return found
 
-    def save(self, key: StoreKey, unwind: UnwindFile) -> None:
-        """Store ``unwind`` (converted without problems) under ``key``; a failure only costs the entry."""
+    def save(self, key: StoreKey, unwind: UnwindFile) -> bool:
+        """Store ``unwind`` (converted without problems) under ``key``; a failure only costs the entry. True
+        when it was stored."""
         if unwind.table.problems or not unwind.table.count:
-            return
-        self.entries.write(key, *encode_unwind_file(unwind))
+            return False
+        return self.entries.write(key, *encode_unwind_file(unwind))

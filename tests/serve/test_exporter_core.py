@@ -304,3 +304,17 @@ def test_process_tracker_indexes_each_process_once_and_forgets_it():
     for pid in (10, 11, 12):
         tracker.forget(pid)
     assert tracker.pids() == set()
+
+
+def test_the_daemon_gives_free_heap_back_every_trim_interval(monkeypatch):
+    """The drain loop gives glibc's free heap back (malloc_trim) every TRIM_EVERY_S, whatever the HTTP side does:
+    table and symbol loads free blocks in the middle of the heap (issue 40)."""
+    from optrace.frontend.serve import daemon as daemon_module
+    from serve.servekit import running_daemon
+
+    trims = []
+    monkeypatch.setattr(daemon_module, "TRIM_EVERY_S", 0.2)
+    monkeypatch.setattr(daemon_module, "release_free_memory", lambda: trims.append(time.monotonic()) or True)
+    with running_daemon(ServeOptions(listen=ListenAddress("127.0.0.1", 0), drain_interval_s=0.05)):
+        time.sleep(1.5)
+    assert 3 <= len(trims) <= 9, trims

@@ -10,7 +10,8 @@ import struct
 from collections import Counter
 
 from optrace.bpf.unwindmaps import ProcessMapping
-from optrace.frontend.unwind.copies import MAX_COPY_BYTES, NO_TABLE, WAIT_DRAINS, StackCopies
+from optrace.frontend.unwind.copies import (MAX_COPY_BYTES, MAX_HELD_ROW_BYTES, NO_TABLE, UNNAMED_DRAINS, WAIT_DRAINS,
+                                          StackCopies)
 from optrace.frontend.unwind.row import CFA_OUTERMOST, CFA_RSP, RBP_SAME, ROW
 from optrace.model import RawSample, StackCopy, UserFrame
 
@@ -170,6 +171,35 @@ def test_processes_of_one_file_share_its_rows():
     assert copies.resolve([sample])[0].user == walked_frames()  # the shared rows walk as the process's own
 
 
+def test_the_rows_of_files_the_kernel_does_not_hold_are_kept_within_a_byte_bound():
+    """64 processes each mapping a file of its own (1 MiB of rows each, the kernel holding none): the tables keep
+    at most MAX_HELD_ROW_BYTES of rows, the files past it without theirs (counted), and a walk through such a
+    file asks ``rows_of`` for them (the table store's copy in a session). Without the bound: 64 MB held (root's
+    serve held 76-127 MB of them on this machine's processes, issue 40)."""
+    import tracemalloc
+    rows = ROWS + b"".join(ROW.pack(0x3000 + pc, 0, 0, CFA_OUTERMOST, RBP_SAME) for pc in range((1 << 20) // ROW.size))
+    asked = []
+    copies = StackCopies(lambda key: asked.append(key) or rows)
+    tracemalloc.start()
+    try:
+        for pid in range(64):
+            own = dataclasses.replace(MAPPING, file_key=("file", pid), rows=bytes(bytearray(rows)))
+            copies.add_tables(PID + pid, 5, 3, [own])
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < MAX_HELD_ROW_BYTES + (4 << 20), held
+    assert copies.stats["rows_not_held"] >= 64 - MAX_HELD_ROW_BYTES // len(rows)
+    sample, copy = copied_sample(1)
+    copies.add_copies({1: copy})
+    assert copies.resolve([sample])[0].user == walked_frames()  # the first process's rows, held
+    last, copy = copied_sample(2)
+    last, copy = dataclasses.replace(last, pid=PID + 63), dataclasses.replace(copy, pid=PID + 63)
+    copies.add_copies({2: copy})
+    assert copies.resolve([last])[0].user == walked_frames()  # the last one's, asked for
+    assert asked == [("file", 63)]
+
+
 PAGE = 1 << 18  # a copy's bytes in the store-bound tests: 64 of them fill MAX_COPY_BYTES
 
 
@@ -195,6 +225,45 @@ def kept_after(added: list[tuple[int, int]]) -> tuple[StackCopies, list[int]]:
     walked = copies.resolve(samples)
     assert sum(s.stop == NO_TABLE for s in walked) + sum(s.user == walked_frames() for s in walked) == len(added)
     return copies, [s.tid for s in walked if s.user == walked_frames()]
+
+
+def test_over_its_bound_the_store_walks_the_copies_whose_tables_are_here_rather_than_drop_them():
+    """Issue 43: a busy process all of whose samples are copied while its tables are known (cc1, its rows refused
+    by a full row array) put more than MAX_COPY_BYTES into the store between two drains, was its largest holder
+    and lost its own copies (cc1 29-34 % complete). Over the bound, those are walked, not dropped: every one of
+    them is walked, and the copies of a process whose tables are not here yet stay."""
+    copies = StackCopies()
+    copies.add_tables(PID, 5, 3, [MAPPING])
+    samples = []
+    for copy_id in [1001, 1002, *range(1, 101)]:
+        sample, copy = sized_sample(PID if copy_id < 1000 else 7, copy_id)
+        copies.add_copies({copy_id: copy})  # one at a time, as the ring watcher reads them
+        samples.append(sample)
+    assert 100 * PAGE > MAX_COPY_BYTES
+    walked = copies.resolve(samples)
+    assert [s.tid for s in walked if s.user == walked_frames()] == list(range(1, 101))
+    assert copies.stats["dropped_bytes"] == 0 and copies.stats["walked_to_make_room"] > 0
+    assert copies.wanted() == {7}
+    copies.add_tables(7, 5, 3, [MAPPING])
+    assert [s.tid for s in copies.end_drain(())[0] if s.user == walked_frames()] == [1001, 1002]
+
+
+def test_walks_made_to_make_room_are_bounded_and_go_when_no_sample_names_them(monkeypatch):
+    monkeypatch.setattr("optrace.frontend.unwind.copies.MAX_COPY_BYTES", 1)  # every copy over the bound
+    monkeypatch.setattr("optrace.frontend.unwind.copies.MAX_WALKED_FRAMES", 6)  # 2 frames a walk: 3 kept
+    copies = StackCopies()
+    copies.add_tables(PID, 5, 3, [MAPPING])
+    samples = []
+    for copy_id in range(1, 6):
+        sample, copy = copied_sample(copy_id)
+        copies.add_copies({copy_id: copy})
+        samples.append(sample)
+    assert copies.stats["dropped_walks"] == 2 and copies.stats["dropped_bytes"] == 0
+    walked = copies.resolve(samples[:1] + samples[3:])
+    assert [(s.user, s.stop) for s in walked] == [(samples[0].user, NO_TABLE)] + [(walked_frames(), "outermost")] * 2
+    for _ in range(UNNAMED_DRAINS + 1):  # the one no sample named goes
+        copies.end_drain(())
+    assert copies.resolve(samples[2:3])[0].stop == NO_TABLE
 
 
 def test_a_flood_of_one_process_copies_does_not_evict_another_process_few():

@@ -47,6 +47,43 @@ def test_a_table_converted_once_is_read_back_by_the_next_session(tmp_path: Path)
     assert (stored.build_id, stored.loads, stored.identity) == (converted.build_id, converted.loads, converted.identity)
 
 
+def test_released_rows_are_read_back_from_the_store_without_converting(tmp_path: Path):
+    """The rows of a file the cache released (the kernel holds them) or evicted come back from the store for a
+    walk of stack copies (copies.py keeps at most MAX_HELD_ROW_BYTES of them): read, not converted again."""
+    session = _session(tmp_path)
+    converted = _lookup(session, LIBC)
+    assert session.stored_rows(converted.identity) is converted.table.rows  # still held: no read
+    session.release_rows([converted.identity])
+    assert session.stored_rows(converted.identity) == converted.table.rows
+    assert session.stats["conversions"] == 1 and session.stats["stored_reloads"] == 1
+    assert session.stored_rows(("frame pointers", converted.identity)) is None  # no file of the store's
+
+
+def test_entries_read_at_once_stay_within_a_byte_budget():
+    """A read that would take the entries being read over the budget waits for one to end (counted); one alone
+    may be larger than the budget."""
+    import threading
+    import time
+
+    from optrace.cachedir import ByteBudget
+
+    budget, order = ByteBudget(10), []
+
+    def second() -> None:
+        with budget.held(6):
+            order.append("second")
+
+    with budget.held(25):  # alone: over the budget, not held back
+        order.append("large")
+    with budget.held(6):
+        reader = threading.Thread(target=second)
+        reader.start()
+        time.sleep(0.2)
+        order.append("first done")
+    reader.join(5)
+    assert order == ["large", "first done", "second"] and budget.waits == 1
+
+
 def test_a_file_rewritten_in_place_with_its_old_size_and_mtime_is_converted_again(omit_fp_binary: Path, tmp_path: Path):
     """The owner can put back the mtime, not the ctime."""
     binary = tmp_path / "calls"
