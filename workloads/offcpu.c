@@ -5,9 +5,12 @@
  *
  * Designed (scale 1.0): sleeper 10 x 50 ms; pipe_reader waits for 10 messages that pipe_writer sends
  * after sleeping 100 ms each; mutex_waiter waits for the lock lock_holder keeps while it burns 1.2 s of
- * CPU; syncer writes 64 KiB and waits for it in fsync 16 times (x scale; a file in $TMPDIR or /var/tmp,
- * unlinked at once: fsync waits for the disk, in state D, where a tmpfs would not); burner burns 0.8 s of
- * CPU; main waits in join_workers. Burning is by CPU time (burn.h), so on a
+ * CPU; syncer writes a block and waits for it in fsync, 16 times (x scale) and more until its waits add up
+ * to 0.1 s (x scale), at most 400 times (x scale); the block is 64 KiB, twice as large after each fsync
+ * that took less than 2 ms, up to 4 MiB: a disk that answers a 64 KiB fsync in a millisecond gave 5 ms of
+ * waits in 5 rounds, too few to tell the disk's waits from noise (a file in $TMPDIR or /var/tmp, unlinked
+ * at once, written over from its start: fsync waits for the disk, in state D, where a tmpfs would not);
+ * burner burns 0.8 s of CPU; main waits in join_workers. Burning is by CPU time (burn.h), so on a
  * busy machine the burners take longer in wall time but the CPU share stays as designed. Each thread is
  * named after its role (its comm); the main thread keeps the program's name. */
 #define _GNU_SOURCE
@@ -119,9 +122,12 @@ __attribute__((noinline)) void sync_file(int fd)
         exit(2);
 }
 
+#define SYNC_MIN_BLOCK (64 << 10)
+#define SYNC_MAX_BLOCK (4 << 20)
+
 __attribute__((noinline)) double syncer(void)
 {
-    static char block[65536];
+    static char block[SYNC_MAX_BLOCK];
     const char *folder = getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
     char path[4096];
     snprintf(path, sizeof(path), "%s/optrace-offcpu-XXXXXX", folder);
@@ -129,15 +135,19 @@ __attribute__((noinline)) double syncer(void)
     if (fd < 0)
         exit(2);
     unlink(path);
-    double blocked = 0;
-    int rounds = (int)(16 * scale) + 1;
-    for (int i = 0; i < rounds; i++) {
+    double blocked = 0, enough = 0.1 * scale;
+    int rounds = (int)(16 * scale) + 1, most = (int)(400 * scale) + 1;
+    size_t size = SYNC_MIN_BLOCK;
+    for (int i = 0; i < most && (i < rounds || blocked < enough); i++) {
         block[0] = (char)i;
-        if (write(fd, block, sizeof(block)) != (ssize_t)sizeof(block))
+        if (pwrite(fd, block, size, 0) != (ssize_t)size)
             exit(2);
         double t0 = wall_now();
         sync_file(fd);
-        blocked += wall_now() - t0;
+        double took = wall_now() - t0;
+        blocked += took;
+        if (took < 0.002 && size < SYNC_MAX_BLOCK)
+            size *= 2;
     }
     close(fd);
     return blocked;

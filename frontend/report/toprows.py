@@ -5,8 +5,11 @@ before the interval's samples are added, so a function that stopped running fade
 refreshes (perf's ``hists__decay_entries``); with ``zero`` (perf top's ``-z``) each refresh shows that
 interval's samples alone (a **window** of one interval). Percentages are of the shown totals of all rows.
 
-Children totals grow only while the children column is on (the engine names whole stacks only then);
-their percentages are of the samples they were counted from, decayed alike.
+Children totals grow only while the children column is on (the engine names whole stacks only then), and
+only from samples whose stack is whole: one whose stack was never walked (its process's unwind tables came
+too late, see frontend/unwind/copies.py) has its leaf but not its callers, and counting it would show every
+caller short of its share (main at 88 % of a one-threaded program); it counts in the self column only.
+Children percentages are of the samples they were counted from, decayed alike.
 Totals are kept per (comm, pid, dso, symbol, kernel), the finest keys, and summed into the keys shown, so
 the sort can change without losing history. Children (inclusive) totals sum exactly over comm and pid
 (one sample has one process); with keys leaving out dso or symbol a stack with two frames of the shown
@@ -15,6 +18,7 @@ key would be credited twice, which is why ``symbol`` is always part of the keys.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from optrace.frontend.report.rows import ReportOptions, RowKey, build_rows
@@ -72,11 +76,15 @@ class LiveTotals:
     # so they are right from the first refresh with stacks, not after the older totals decay
     child_samples: float = 0.0
 
-    def add(self, frames: list[Frame], samples: list[Sample], stacks: bool = True) -> None:
+    def add(self, frames: list[Frame], samples: list[Sample], stacks: bool = True,
+            partial: Sequence[Sample] = ()) -> None:
         """One interval's symbolized samples: the old totals decay (or go), these are added. Children
-        totals only from whole stacks (``stacks``; leaf-only samples count as self only)."""
-        record = Record(meta=_META, frames=frames, samples=samples)
-        rows = build_rows(record, ReportOptions(sort=FINE_KEYS, children=stacks))
+        totals only from whole stacks (``stacks``; leaf-only samples count as self only); ``partial``: samples
+        of the interval whose stacks are not whole, self only."""
+        rows = build_rows(Record(meta=_META, frames=frames, samples=samples),
+                          ReportOptions(sort=FINE_KEYS, children=stacks))
+        if partial:
+            rows += build_rows(Record(meta=_META, frames=frames, samples=list(partial)), ReportOptions(sort=FINE_KEYS))
         factor = 0.0 if self.zero else DECAY
         for totals in (self.self_totals, self.child_totals):
             for key in list(totals):
@@ -87,8 +95,8 @@ class LiveTotals:
         for row in rows:
             if row.samples:
                 self.self_totals[row.key] = self.self_totals.get(row.key, 0.0) + row.samples
-            if stacks:
-                self.child_totals[row.key] = self.child_totals.get(row.key, 0.0) + (row.children or 0)
+            if stacks and row.children:
+                self.child_totals[row.key] = self.child_totals.get(row.key, 0.0) + row.children
         if stacks:
             self.child_samples += sum(sample.count for sample in samples)
 

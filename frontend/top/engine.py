@@ -17,6 +17,8 @@ from optrace.frontend.report.toprows import Header, LiveTotals, TopSnapshot, Vie
 from optrace.frontend.report.pythonview import leaf_only, python_view
 from optrace.frontend.session import TOP, ProfilingSession, SessionOptions
 from optrace.frontend.target import add_subprocesses, with_subprocesses
+from optrace.frontend.unwind.copies import NO_TABLE
+from optrace.model import RawSample, Sample
 
 
 @dataclass
@@ -71,12 +73,13 @@ class TopEngine:
         # unwind table is read (seconds after the attach on a loaded machine): its leaf is known now
         drained = self.session.drain(leaves=not view.children)
         raw = drained.samples if view.children else [leaf_only(sample) for sample in drained.samples]
-        frames, samples = self.session.symbolize(raw)
+        frames, named = self.session.symbolize(raw)
+        samples, partial = whole_stacks(raw, named) if view.children else (named, [])
         if not self.options.python_internals:
-            samples = python_view(frames, samples)
+            samples, partial = python_view(frames, samples), python_view(frames, partial)
         # between drains: a slow refresh before (the first waits for the kernel's symbols) is not this one's
         elapsed, self._last = max(drained.time - self._last, 1e-3), drained.time
-        count = sum(sample.count for sample in samples)
+        count = sum(sample.count for sample in samples + partial)
         self.refreshes += 1
         self.header.lost += sum(n for reason, n in drained.lost.items() if reason not in ("idle", "carried"))
         self.header.warnings += len(self.session.take_warnings())
@@ -84,8 +87,18 @@ class TopEngine:
             return
         self.header.samples_per_s = count / elapsed
         self.header.deep_stacks = deep_stack_share(drained.samples)
-        self.totals.add(frames, samples, stacks=view.children)
+        self.totals.add(frames, samples, stacks=view.children, partial=partial)
 
     def snapshot(self, limit: int | None = None) -> TopSnapshot:
         view = self.options.view
         return TopSnapshot(self.header, view, self.totals.rows(view, limit), time.strftime("%H:%M:%S"))
+
+
+def whole_stacks(raw: list[RawSample], named: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """The named samples (in the order of ``raw``) whose stacks are whole, and those whose stack copy was never
+    walked (their process's tables came too late: NO_TABLE), their callers unknown: self only (toprows.py)."""
+    whole: list[Sample] = []
+    partial: list[Sample] = []
+    for sample, row in zip(raw, named):
+        (partial if sample.stop == NO_TABLE else whole).append(row)
+    return whole, partial

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,23 @@ def wait_until(condition, session: ProfilingSession, what: str, timeout: float =
         drain_for(session, 0.5)
 
 
+def wait_mapped(pid: int, path: Path, timeout: float = 30) -> None:
+    """Until the process maps ``path`` (its libraries are mapped however loaded the machine is)."""
+    deadline = time.monotonic() + timeout
+    while str(path) not in Path(f"/proc/{pid}/maps").read_text():
+        assert time.monotonic() < deadline, f"{path} not mapped by {pid}"
+        time.sleep(0.05)
+
+
+def take_free_rows(maps: unwindmaps.UnwindMaps) -> None:
+    """Every free range of the row array taken, as other files' rows would (a new generation gives them back).
+    Whether files fit is the row space's to say (bpf/rowspace.py), not ``_capacity``'s."""
+    rows = maps._rows
+    for _, count in list(rows._free):
+        assert rows.allocate(count) is not None
+    assert not rows.fits([1])
+
+
 def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monkeypatch):
     for name in ("unwind-tree", "libunwindtree.so"):  # a second copy: files the first generation lacks
         shutil.copy2(workloads / name, tmp_path / name)
@@ -53,14 +71,16 @@ def test_a_new_generation_loads_the_live_process_again(workloads, tmp_path, monk
         session.copies.close()  # the copy watcher stops: else the second's first copies have its table loaded at once
         second = subprocess.Popen([str(tmp_path / "unwind-tree"), "60"])
         session.add_pid(second.pid)
-        time.sleep(0.5)  # its libraries mapped; no drain meanwhile, so the worker loads nothing
-        capacity = maps._capacity
-        maps._capacity = maps.sizes()["unwind_rows"]  # full: the copies' rows do not fit
+        wait_mapped(second.pid, tmp_path / "libunwindtree.so")  # no drain meanwhile, so the worker loads nothing
+        take_free_rows(maps)  # full: the copies' rows do not fit
         monkeypatch.setattr(unwindmaps, "MIN_GENERATION_SECONDS", 0.0)
+        # the first's files in use however long the second's tables take to read (5 s at load 34 here: its
+        # files were stale then, evicted to make room, and no generation started)
+        monkeypatch.setattr(unwindmaps, "ACTIVE_SECONDS", 3600.0)
         session.unwinder.unwind(second.pid)
-        maps._capacity = capacity
-        monkeypatch.setattr(unwindmaps, "MIN_GENERATION_SECONDS", 60.0)
-        assert maps.generation == 1 and set(session.unwinder._unwound) == {second.pid} and not maps.has_process(first.pid)
+        monkeypatch.undo()
+        assert maps.generation == 1, maps.stats
+        assert set(session.unwinder._unwound) == {second.pid} and not maps.has_process(first.pid)
 
         wait_until(lambda: maps.has_process(first.pid), session, "the first table loaded again")
         outcomes = drain_for(session, 2.0)
